@@ -1,0 +1,186 @@
+//! One source of time for the whole broker (R-TIME-3).
+//!
+//! Every deadline in tidings — TTL, delayed delivery, retry backoff, `Block` timeouts,
+//! request timeouts, close deadlines — is computed from a [`Clock`]. Production code uses
+//! [`SystemClock`]; tests use [`ManualClock`], which only moves when the test calls
+//! [`ManualClock::advance`], so schedules are asserted exactly and nothing sleeps.
+//!
+//! Waiting is the driver's job, never the clock's: a dispatcher that must wait until `t`
+//! asks [`Clock::wait_hint`] how long a real thread should block. A manual clock answers
+//! "until woken", and wakes every registered waiter when it is advanced.
+
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant, SystemTime};
+
+use parking_lot::Mutex;
+
+/// A source of monotonic and wall-clock time.
+///
+/// # Contract
+/// `now()` never goes backwards. `wall()` is used only to stamp messages and to judge
+/// expiry against message timestamps; scheduling uses `now()`.
+pub trait Clock: Send + Sync + 'static {
+    /// Monotonic time: deadlines, backoff, timeouts.
+    fn now(&self) -> Instant;
+    /// Wall-clock time: message timestamps and expiry.
+    fn wall(&self) -> SystemTime;
+    /// How long a real thread should block to reach `deadline`.
+    ///
+    /// `None` means "block until woken": the clock wakes waiters itself when time moves
+    /// (see [`Clock::register_waiter`]). The default computes the real remaining time.
+    fn wait_hint(&self, deadline: Instant) -> Option<Duration> {
+        Some(deadline.saturating_duration_since(self.now()))
+    }
+    /// Register something to wake whenever this clock jumps. Real clocks ignore it.
+    fn register_waiter(&self, _waiter: Weak<dyn ClockWaiter>) {}
+}
+
+/// Woken by a [`ManualClock`] when it is advanced.
+pub trait ClockWaiter: Send + Sync {
+    /// Time moved: re-check deadlines.
+    fn time_moved(&self);
+}
+
+/// The real clock: [`Instant::now`] and [`SystemTime::now`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> Instant {
+        Instant::now()
+    }
+    fn wall(&self) -> SystemTime {
+        SystemTime::now()
+    }
+}
+
+/// A clock that moves only when told to (R-TIME-3, R-EXE-2).
+///
+/// Clones share the same time. Its wall clock starts at 2026-01-01T00:00:00Z so message
+/// timestamps in tests are reproducible.
+#[derive(Clone)]
+pub struct ManualClock {
+    inner: Arc<ManualInner>,
+}
+
+struct ManualInner {
+    base: Instant,
+    wall_base: SystemTime,
+    state: Mutex<ManualState>,
+}
+
+struct ManualState {
+    offset: Duration,
+    waiters: Vec<Weak<dyn ClockWaiter>>,
+}
+
+/// 2026-01-01T00:00:00Z in seconds since the UNIX epoch.
+const MANUAL_WALL_START_SECS: u64 = 1_767_225_600;
+
+impl ManualClock {
+    /// A new manual clock at offset zero.
+    #[must_use]
+    pub fn new() -> Self {
+        Self {
+            inner: Arc::new(ManualInner {
+                base: Instant::now(),
+                wall_base: SystemTime::UNIX_EPOCH + Duration::from_secs(MANUAL_WALL_START_SECS),
+                state: Mutex::new(ManualState {
+                    offset: Duration::ZERO,
+                    waiters: Vec::new(),
+                }),
+            }),
+        }
+    }
+
+    /// Move time forward by `by` and wake every registered waiter.
+    pub fn advance(&self, by: Duration) {
+        let waiters: Vec<_> = {
+            let mut state = self.inner.state.lock();
+            state.offset += by;
+            state.waiters.retain(|w| w.strong_count() > 0);
+            state.waiters.iter().filter_map(Weak::upgrade).collect()
+        };
+        for waiter in waiters {
+            waiter.time_moved();
+        }
+    }
+
+    /// Move time forward to `deadline` if it lies in the future.
+    pub fn advance_to(&self, deadline: Instant) {
+        let now = self.now();
+        if deadline > now {
+            self.advance(deadline - now);
+        }
+    }
+
+    /// Time elapsed on this clock since it was created.
+    #[must_use]
+    pub fn elapsed(&self) -> Duration {
+        self.inner.state.lock().offset
+    }
+}
+
+impl Default for ManualClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl std::fmt::Debug for ManualClock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ManualClock")
+            .field("elapsed", &self.elapsed())
+            .finish()
+    }
+}
+
+impl Clock for ManualClock {
+    fn now(&self) -> Instant {
+        self.inner.base + self.inner.state.lock().offset
+    }
+    fn wall(&self) -> SystemTime {
+        self.inner.wall_base + self.inner.state.lock().offset
+    }
+    fn wait_hint(&self, deadline: Instant) -> Option<Duration> {
+        (deadline <= self.now()).then_some(Duration::ZERO)
+    }
+    fn register_waiter(&self, waiter: Weak<dyn ClockWaiter>) {
+        self.inner.state.lock().waiters.push(waiter);
+    }
+}
+
+/// A consistent reading of both clocks, taken once per step of the sans-IO core.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Now {
+    pub(crate) mono: Instant,
+    pub(crate) wall: SystemTime,
+}
+
+impl Now {
+    pub(crate) fn read(clock: &dyn Clock) -> Self {
+        Self {
+            mono: clock.now(),
+            wall: clock.wall(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // R-TIME-3
+    #[test]
+    fn manual_clock_moves_only_when_advanced() {
+        let clock = ManualClock::new();
+        let t0 = clock.now();
+        let w0 = clock.wall();
+        assert_eq!(clock.now(), t0);
+        clock.advance(Duration::from_millis(250));
+        assert_eq!(clock.now() - t0, Duration::from_millis(250));
+        assert_eq!(clock.wall().duration_since(w0).unwrap(), Duration::from_millis(250));
+        assert_eq!(clock.wait_hint(t0 + Duration::from_millis(100)), Some(Duration::ZERO));
+        assert_eq!(clock.wait_hint(t0 + Duration::from_secs(1)), None);
+    }
+}

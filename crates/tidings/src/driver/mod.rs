@@ -1,0 +1,58 @@
+//! Drivers: who runs the dispatchers and how they wait (R-EXE-1).
+//!
+//! A driver owns threads (or tasks) and real waiting; the subscription core owns every
+//! rule. Adding a driver means implementing [`Executor`] (start a subscription's dispatcher
+//! slots, stop them) and [`Wake`] (how a publisher wakes an idle slot).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::error::SubscribeError;
+use crate::subscription::shared::SubShared;
+
+pub(crate) mod manual;
+pub(crate) mod thread;
+
+/// Which driver runs the subscriptions' dispatchers (R-EXE-1).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Driver {
+    /// A dedicated OS thread per dispatcher slot (one per subscription, or one per lane /
+    /// per-key slot). Simple and isolating; right for tens to hundreds of subscriptions.
+    #[default]
+    Thread,
+    /// Nothing runs until the caller calls [`Broker::run_until_idle`](crate::Broker::run_until_idle),
+    /// which delivers everything deliverable in the caller's thread (R-EXE-2). For tests,
+    /// with a [`ManualClock`](crate::ManualClock).
+    Manual,
+}
+
+/// How a publisher (or a clock jump, or close) wakes an idle dispatcher slot.
+pub(crate) trait Wake: Send + Sync {
+    /// Slot `worker` has work.
+    fn wake(&self, worker: usize);
+    /// Every slot should re-check its state (close, clock jump).
+    fn wake_all(&self);
+}
+
+/// Runs subscriptions' dispatchers.
+pub(crate) trait Executor: Send + Sync {
+    /// Start the dispatcher slots of a new subscription.
+    fn start(&self, sub: &Arc<SubShared>) -> Result<(), SubscribeError>;
+    /// Wait until every dispatcher has stopped, or `deadline` (real time). True if all
+    /// stopped. A dispatcher that is the calling thread is not waited for.
+    fn wait_stopped(&self, deadline: Instant) -> bool;
+    /// Join stopped dispatchers; names of those still running at `deadline` (detached).
+    fn join(&self, deadline: Instant) -> Vec<String>;
+    /// True for the manual driver: the caller's thread delivers.
+    fn is_manual(&self) -> bool {
+        false
+    }
+}
+
+pub(crate) fn executor_for(driver: &Driver) -> Box<dyn Executor> {
+    match driver {
+        Driver::Thread => Box::new(thread::ThreadExecutor::new()),
+        Driver::Manual => Box::new(manual::ManualExecutor),
+    }
+}

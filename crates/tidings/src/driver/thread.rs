@@ -1,0 +1,166 @@
+//! The thread driver: one OS thread per dispatcher slot (R-EXE-1).
+//!
+//! Each thread loops: lock the subscription, poll the core, wait on its own condvar when
+//! idle (or until a retry is due), unlock, run the handler, report. A publisher wakes an
+//! idle thread only when the core says that slot was idle, so a busy dispatcher costs its
+//! publishers no system call.
+
+use std::cell::Cell;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::error::SubscribeError;
+use crate::subscription::core::Poll;
+use crate::subscription::shared::SubShared;
+
+use super::{Executor, Wake};
+
+static NEXT_EXECUTOR: AtomicU64 = AtomicU64::new(1);
+
+thread_local! {
+    /// The executor whose dispatcher runs on this thread (0 = none).
+    static CURRENT_EXECUTOR: Cell<u64> = const { Cell::new(0) };
+}
+
+struct Parking {
+    slots: Box<[Condvar]>,
+}
+
+impl Wake for Parking {
+    fn wake(&self, worker: usize) {
+        if let Some(cv) = self.slots.get(worker) {
+            cv.notify_one();
+        }
+    }
+    fn wake_all(&self) {
+        for cv in self.slots.iter() {
+            cv.notify_all();
+        }
+    }
+}
+
+/// Counts running dispatcher threads so close can wait for them with a deadline.
+struct Live {
+    running: Mutex<usize>,
+    changed: Condvar,
+}
+
+pub(crate) struct ThreadExecutor {
+    id: u64,
+    live: Arc<Live>,
+    handles: Mutex<Vec<(String, JoinHandle<()>)>>,
+}
+
+impl ThreadExecutor {
+    pub(crate) fn new() -> Self {
+        Self {
+            id: NEXT_EXECUTOR.fetch_add(1, Ordering::Relaxed),
+            live: Arc::new(Live {
+                running: Mutex::new(0),
+                changed: Condvar::new(),
+            }),
+            handles: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn on_this_thread(&self) -> usize {
+        usize::from(CURRENT_EXECUTOR.with(Cell::get) == self.id)
+    }
+}
+
+impl Executor for ThreadExecutor {
+    fn start(&self, sub: &Arc<SubShared>) -> Result<(), SubscribeError> {
+        let parking = Arc::new(Parking {
+            slots: (0..sub.workers()).map(|_| Condvar::new()).collect(),
+        });
+        sub.set_waker(parking.clone());
+        let mut handles = self.handles.lock();
+        // Reap threads of retired subscriptions so churn does not accumulate handles.
+        handles.retain(|(_, h)| !h.is_finished());
+        for worker in 0..sub.workers() {
+            let name = format!("tidings-{}-{worker}", sub.name);
+            let (task, parking, live, id) =
+                (sub.clone(), parking.clone(), self.live.clone(), self.id);
+            *live.running.lock() += 1;
+            let spawned = std::thread::Builder::new()
+                .name(name.clone())
+                .spawn(move || {
+                    CURRENT_EXECUTOR.with(|c| c.set(id));
+                    dispatch_loop(&task, &parking, worker);
+                    *live.running.lock() -= 1;
+                    live.changed.notify_all();
+                });
+            match spawned {
+                Ok(h) => handles.push((name, h)),
+                Err(e) => {
+                    *self.live.running.lock() -= 1;
+                    drop(handles);
+                    sub.close();
+                    return Err(SubscribeError::Spawn(e.to_string()));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn wait_stopped(&self, deadline: Instant) -> bool {
+        let me = self.on_this_thread();
+        let mut running = self.live.running.lock();
+        while *running > me {
+            if self.live.changed.wait_until(&mut running, deadline).timed_out() {
+                return *running <= me;
+            }
+        }
+        true
+    }
+
+    fn join(&self, deadline: Instant) -> Vec<String> {
+        self.wait_stopped(deadline);
+        let handles = std::mem::take(&mut *self.handles.lock());
+        let me = std::thread::current().id();
+        let mut unjoined = Vec::new();
+        for (name, h) in handles {
+            if h.thread().id() == me {
+                continue;
+            }
+            if h.is_finished() {
+                let _ = h.join();
+            } else {
+                unjoined.push(name);
+            }
+        }
+        unjoined
+    }
+}
+
+fn dispatch_loop(sub: &SubShared, parking: &Parking, worker: usize) {
+    let slot = &parking.slots[worker];
+    loop {
+        let mut core = sub.core.lock();
+        let delivery = loop {
+            match sub.poll_locked(&mut core, worker) {
+                Poll::Deliver(d) => break Some(d),
+                Poll::Stopped => break None,
+                Poll::Idle => slot.wait(&mut core),
+                Poll::WakeAt(t) => match sub.clock.wait_hint(t) {
+                    Some(d) => {
+                        slot.wait_for(&mut core, d);
+                    }
+                    None => slot.wait(&mut core),
+                },
+            }
+        };
+        let forwards = core.take_forwards();
+        drop(core);
+        sub.forward(forwards);
+        let Some(delivery) = delivery else {
+            return;
+        };
+        let outcome = sub.run(&delivery);
+        sub.complete(delivery, outcome);
+    }
+}

@@ -1,0 +1,100 @@
+//! Errors: one small enum per operation, each naming the limit or setting at fault (R-LIM-1).
+
+use crate::topic::TopicError;
+
+/// A configuration value was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// `setting` was `value`, which is not `expected`.
+    #[error("invalid {setting} = {value}: expected {expected}")]
+    Invalid {
+        /// The setting, e.g. `capacity` or `retry.multiplier`.
+        setting: &'static str,
+        /// The value given.
+        value: String,
+        /// What would have been accepted.
+        expected: &'static str,
+    },
+}
+
+impl ConfigError {
+    pub(crate) fn invalid(setting: &'static str, value: String, expected: &'static str) -> Self {
+        ConfigError::Invalid {
+            setting,
+            value,
+            expected,
+        }
+    }
+}
+
+/// Why `publish` refused a message. Nothing was offered to any subscription.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PublishError {
+    /// The topic is not a valid publish topic (R-RT-2).
+    #[error("invalid topic: {0}")]
+    InvalidTopic(TopicError),
+    /// The reply-to topic is not valid.
+    #[error("invalid reply-to topic: {0}")]
+    InvalidReplyTo(TopicError),
+    /// Payload over `Limits::max_payload_bytes` (R-LIM-1).
+    #[error("payload of {size} bytes exceeds the limit of {limit} bytes")]
+    PayloadTooLarge {
+        /// Bytes given.
+        size: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// More headers than `Limits::max_headers`.
+    #[error("{count} headers exceed the limit of {limit}")]
+    TooManyHeaders {
+        /// Headers given.
+        count: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// Header names and values over `Limits::max_header_bytes`.
+    #[error("headers of {size} bytes exceed the limit of {limit} bytes")]
+    HeadersTooLarge {
+        /// Bytes given.
+        size: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// Key over `Limits::max_key_bytes`.
+    #[error("key of {size} bytes exceeds the limit of {limit} bytes")]
+    KeyTooLarge {
+        /// Bytes given.
+        size: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// The broker is closed.
+    #[error("the broker is closed")]
+    Closed,
+}
+
+/// Why `subscribe` failed. No subscription was created.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SubscribeError {
+    /// The pattern is not valid (R-RT-2).
+    #[error("invalid pattern: {0}")]
+    InvalidPattern(TopicError),
+    /// An option is out of range or inconsistent (R-LIM-1).
+    #[error(transparent)]
+    InvalidOptions(#[from] ConfigError),
+    /// `Limits::max_subscriptions` reached.
+    #[error("subscription limit of {limit} reached")]
+    TooManySubscriptions {
+        /// The limit.
+        limit: usize,
+    },
+    /// The broker is closed.
+    #[error("the broker is closed")]
+    Closed,
+    /// The driver could not start a dispatcher (e.g. thread spawn failed).
+    #[error("could not start the dispatcher: {0}")]
+    Spawn(String),
+}

@@ -1,0 +1,47 @@
+//! Documented limits on what the broker accepts (R-LIM-1).
+
+use crate::error::ConfigError;
+
+/// Sizes and counts the broker refuses beyond, with a typed error naming the limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Largest payload in bytes. Default 8 MiB.
+    pub max_payload_bytes: usize,
+    /// Most headers on one message. Default 64.
+    pub max_headers: usize,
+    /// Largest total of header names and values in bytes. Default 64 KiB.
+    pub max_header_bytes: usize,
+    /// Largest key in bytes. Default 1 KiB.
+    pub max_key_bytes: usize,
+    /// Most live subscriptions on one broker. Default 1,000,000.
+    pub max_subscriptions: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_payload_bytes: 8 << 20,
+            max_headers: 64,
+            max_header_bytes: 64 << 10,
+            max_key_bytes: 1 << 10,
+            max_subscriptions: 1_000_000,
+        }
+    }
+}
+
+impl Limits {
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        let checks = [
+            ("limits.max_payload_bytes", self.max_payload_bytes),
+            ("limits.max_header_bytes", self.max_header_bytes),
+            ("limits.max_key_bytes", self.max_key_bytes),
+            ("limits.max_subscriptions", self.max_subscriptions),
+        ];
+        for (setting, value) in checks {
+            if value == 0 {
+                return Err(ConfigError::invalid(setting, "0".into(), "at least 1"));
+            }
+        }
+        Ok(())
+    }
+}

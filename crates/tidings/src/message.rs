@@ -1,0 +1,360 @@
+//! The immutable message (R-CORE-4).
+//!
+//! A [`Message`] is built once by [`Broker::publish`](crate::Broker::publish), stamped with
+//! a unique, time-ordered [`MessageId`] and a timestamp, wrapped in an `Arc`, and that same
+//! instance reaches every subscription: nothing is copied per subscriber.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+
+use crate::filter::HeaderLookup;
+use crate::topic::Topic;
+
+/// A unique, time-ordered message id.
+///
+/// Layout (128 bits, most significant first): 48 bits of milliseconds since the UNIX epoch,
+/// 16 bits of per-process nonce, 64 bits of a per-process sequence. Ids from one process
+/// compare in the order they were assigned; ids from different processes compare by time
+/// first.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct MessageId(u128);
+
+impl MessageId {
+    /// The raw 128-bit value.
+    #[must_use]
+    pub fn as_u128(self) -> u128 {
+        self.0
+    }
+    /// Rebuild an id from its raw value (for ids read back from a log).
+    #[must_use]
+    pub fn from_u128(raw: u128) -> Self {
+        Self(raw)
+    }
+    /// Milliseconds since the UNIX epoch encoded in the id.
+    #[must_use]
+    pub fn timestamp_ms(self) -> u64 {
+        (self.0 >> 80) as u64
+    }
+}
+
+impl fmt::Display for MessageId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:032x}", self.0)
+    }
+}
+
+impl fmt::Debug for MessageId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "MessageId({self})")
+    }
+}
+
+/// Assigns ids. One per broker; cheap and lock-free.
+#[derive(Debug)]
+pub(crate) struct IdGenerator {
+    nonce: u16,
+    seq: AtomicU64,
+}
+
+impl IdGenerator {
+    pub(crate) fn new() -> Self {
+        let now = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default();
+        // Per-process nonce from the sub-second clock and the process id: distinct brokers
+        // in distinct processes rarely share it, and the sequence keeps ids unique within one.
+        let nonce = (now.subsec_nanos() ^ std::process::id().rotate_left(16)) as u16;
+        Self {
+            nonce,
+            seq: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn next(&self, wall: SystemTime) -> MessageId {
+        let ms = millis_since_epoch(wall) & ((1 << 48) - 1);
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+        MessageId((u128::from(ms) << 80) | (u128::from(self.nonce) << 64) | u128::from(seq))
+    }
+}
+
+pub(crate) fn millis_since_epoch(t: SystemTime) -> u64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Delivery priority. Higher is delivered first; equal priorities in publish order (R-ORD-1).
+///
+/// Four levels, so queues are an array of FIFOs and push/pop are O(1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub enum Priority {
+    /// Delivered after everything else.
+    Low = 0,
+    /// The default.
+    #[default]
+    Normal = 1,
+    /// Ahead of normal traffic.
+    High = 2,
+    /// Ahead of everything.
+    Urgent = 3,
+}
+
+impl Priority {
+    /// Number of priority levels.
+    pub const LEVELS: usize = 4;
+    /// The level as an index, `0` = lowest.
+    #[must_use]
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// Message headers: ordered `name → value` string pairs. Lookups return the first match.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Headers(Vec<(String, String)>);
+
+impl Headers {
+    /// No headers.
+    #[must_use]
+    pub fn new() -> Self {
+        Self(Vec::new())
+    }
+    /// The first value for `name`.
+    #[must_use]
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+    /// Append a header.
+    pub fn insert(&mut self, name: impl Into<String>, value: impl Into<String>) {
+        self.0.push((name.into(), value.into()));
+    }
+    /// Number of headers.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+    /// True when there are no headers.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+    /// All headers in insertion order.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.0.iter().map(|(k, v)| (k.as_str(), v.as_str()))
+    }
+    /// Total bytes of names and values (what the header limit counts).
+    #[must_use]
+    pub fn byte_len(&self) -> usize {
+        self.0.iter().map(|(k, v)| k.len() + v.len()).sum()
+    }
+}
+
+impl HeaderLookup for Headers {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.get(name)
+    }
+}
+
+/// An immutable, published message. Handlers receive `&Message`.
+#[derive(Clone, Debug)]
+pub struct Message {
+    pub(crate) id: MessageId,
+    pub(crate) topic: Topic,
+    pub(crate) payload: Bytes,
+    pub(crate) headers: Headers,
+    pub(crate) key: Option<Bytes>,
+    pub(crate) priority: Priority,
+    pub(crate) timestamp: SystemTime,
+    pub(crate) expires_at: Option<SystemTime>,
+    pub(crate) deliver_at: Option<SystemTime>,
+    pub(crate) reply_to: Option<Topic>,
+    pub(crate) correlation_id: Option<String>,
+}
+
+impl Message {
+    /// Start building a message for `topic`. The topic is validated at publish.
+    #[must_use]
+    pub fn to(topic: impl Into<String>) -> MessageBuilder {
+        MessageBuilder::new(topic)
+    }
+    /// Unique, time-ordered id assigned at publish.
+    #[must_use]
+    pub fn id(&self) -> MessageId {
+        self.id
+    }
+    /// The topic it was published to.
+    #[must_use]
+    pub fn topic(&self) -> &Topic {
+        &self.topic
+    }
+    /// The payload bytes (shared, not copied).
+    #[must_use]
+    pub fn payload(&self) -> &Bytes {
+        &self.payload
+    }
+    /// The headers.
+    #[must_use]
+    pub fn headers(&self) -> &Headers {
+        &self.headers
+    }
+    /// The first value of header `name`.
+    #[must_use]
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name)
+    }
+    /// The ordering key, if any (keyed lanes, per-key concurrency).
+    #[must_use]
+    pub fn key(&self) -> Option<&[u8]> {
+        self.key.as_deref()
+    }
+    /// Delivery priority.
+    #[must_use]
+    pub fn priority(&self) -> Priority {
+        self.priority
+    }
+    /// Wall-clock time of publish.
+    #[must_use]
+    pub fn timestamp(&self) -> SystemTime {
+        self.timestamp
+    }
+    /// When the message expires, if it carries a TTL.
+    #[must_use]
+    pub fn expires_at(&self) -> Option<SystemTime> {
+        self.expires_at
+    }
+    /// When the message was scheduled for delivery, if it was delayed.
+    #[must_use]
+    pub fn deliver_at(&self) -> Option<SystemTime> {
+        self.deliver_at
+    }
+    /// Topic a reply should be published to (request-reply).
+    #[must_use]
+    pub fn reply_to(&self) -> Option<&Topic> {
+        self.reply_to.as_ref()
+    }
+    /// Correlation id linking a reply to its request.
+    #[must_use]
+    pub fn correlation_id(&self) -> Option<&str> {
+        self.correlation_id.as_deref()
+    }
+    /// Start a reply to this message: addressed to its `reply_to` topic with its correlation
+    /// id. `None` when the message asked for no reply.
+    #[must_use]
+    pub fn reply(&self) -> Option<MessageBuilder> {
+        let to = self.reply_to.as_ref()?;
+        let mut b = MessageBuilder::new(to.as_str());
+        b.correlation_id = self.correlation_id.clone();
+        Some(b)
+    }
+    /// True when `now` is at or past the expiry (its own, or `default_ttl` after publish).
+    pub(crate) fn is_expired(&self, now: SystemTime, default_ttl: Option<Duration>) -> bool {
+        let expiry = self
+            .expires_at
+            .or_else(|| default_ttl.map(|ttl| self.timestamp + ttl));
+        expiry.is_some_and(|at| now >= at)
+    }
+}
+
+impl HeaderLookup for Message {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name)
+    }
+}
+
+/// Builds a [`Message`]; [`Broker::publish`](crate::Broker::publish) validates and stamps it.
+#[derive(Clone, Debug)]
+#[must_use = "a message builder does nothing until it is published"]
+pub struct MessageBuilder {
+    pub(crate) topic: String,
+    pub(crate) payload: Bytes,
+    pub(crate) headers: Headers,
+    pub(crate) key: Option<Bytes>,
+    pub(crate) priority: Priority,
+    pub(crate) ttl: Option<Duration>,
+    pub(crate) expires_at: Option<SystemTime>,
+    pub(crate) delay: Option<Duration>,
+    pub(crate) deliver_at: Option<SystemTime>,
+    pub(crate) reply_to: Option<String>,
+    pub(crate) correlation_id: Option<String>,
+}
+
+impl MessageBuilder {
+    /// A builder for `topic` with an empty payload.
+    pub fn new(topic: impl Into<String>) -> Self {
+        Self {
+            topic: topic.into(),
+            payload: Bytes::new(),
+            headers: Headers::new(),
+            key: None,
+            priority: Priority::Normal,
+            ttl: None,
+            expires_at: None,
+            delay: None,
+            deliver_at: None,
+            reply_to: None,
+            correlation_id: None,
+        }
+    }
+    /// The payload. `Bytes`, `Vec<u8>`, `String` and `&'static` slices convert without copying.
+    pub fn payload(mut self, payload: impl Into<Bytes>) -> Self {
+        self.payload = payload.into();
+        self
+    }
+    /// Add a header.
+    pub fn header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.headers.insert(name, value);
+        self
+    }
+    /// The ordering key (copied once into shared bytes).
+    pub fn key(mut self, key: impl AsRef<[u8]>) -> Self {
+        self.key = Some(Bytes::copy_from_slice(key.as_ref()));
+        self
+    }
+    /// Delivery priority.
+    pub fn priority(mut self, priority: Priority) -> Self {
+        self.priority = priority;
+        self
+    }
+    /// Time to live, counted from publish (R-TIME-1).
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = Some(ttl);
+        self
+    }
+    /// Absolute expiry (R-TIME-1). Wins over `ttl` when both are set.
+    pub fn expires_at(mut self, at: SystemTime) -> Self {
+        self.expires_at = Some(at);
+        self
+    }
+    /// Deliver after `delay` (R-TIME-2). A zero delay is immediate.
+    pub fn delay(mut self, delay: Duration) -> Self {
+        self.delay = Some(delay);
+        self
+    }
+    /// Deliver at a wall-clock time (R-TIME-2). A time in the past is immediate.
+    pub fn deliver_at(mut self, at: SystemTime) -> Self {
+        self.deliver_at = Some(at);
+        self
+    }
+    /// Topic replies should go to.
+    pub fn reply_to(mut self, topic: impl Into<String>) -> Self {
+        self.reply_to = Some(topic.into());
+        self
+    }
+    /// Correlation id for request-reply.
+    pub fn correlation_id(mut self, id: impl Into<String>) -> Self {
+        self.correlation_id = Some(id.into());
+        self
+    }
+}
+
+impl From<&str> for MessageBuilder {
+    fn from(topic: &str) -> Self {
+        MessageBuilder::new(topic)
+    }
+}

@@ -1,0 +1,210 @@
+//! Subscription options: plain data with defaults (R-BP-1, R-DEL-2, R-ORD-3, R-ORD-4, R-RT-3).
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::error::ConfigError;
+use crate::filter::HeaderFilter;
+use crate::message::Message;
+use crate::retry::Retry;
+
+/// What `offer` does when the queue is full (R-BP-1). There is no unbounded queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Overflow {
+    /// Refuse the new message; it goes to the DLQ as `Overflow` and the publish report
+    /// lists the refusal. The publisher never stalls. The default.
+    #[default]
+    Reject,
+    /// Evict the oldest queued message of the lowest priority to make room; the eviction is
+    /// counted (`dead_lettered.dropped_oldest`) and, with `keep`, dead-lettered as
+    /// `DroppedOldest`. The new message is always accepted.
+    DropOldest {
+        /// Keep evicted messages in the DLQ.
+        keep: bool,
+    },
+    /// The publisher waits up to `timeout` for room, then the message is refused as
+    /// `Overflow` (and dead-lettered like `Reject`). A blocked publisher holds no broker
+    /// lock: other publishers and other subscriptions are unaffected. Closing the
+    /// subscription or broker wakes it with a `Closed` refusal.
+    Block {
+        /// Longest wait for room.
+        timeout: Duration,
+    },
+}
+
+/// Delivery semantics with respect to handler failure (R-DEL-1, R-DEL-2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum DeliveryMode {
+    /// Acknowledge only after the handler succeeds; retry by policy, then dead-letter.
+    #[default]
+    AtLeastOnce,
+    /// The message is removed before the handler runs and never redelivered. A failed call
+    /// is dead-lettered as `RetriesExhausted { attempts: 1 }` so it is still counted.
+    AtMostOnce,
+}
+
+/// How many handler calls of one subscription may run at once (R-CORE-3, R-ORD-3, R-ORD-4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Concurrency {
+    /// One dispatcher: max active == 1, priority-then-FIFO order. The default.
+    #[default]
+    Serial,
+    /// `n` dispatchers, each owning the keys that hash to it (stable FNV-1a hash). Order
+    /// holds per key; lanes run in parallel; messages without a key go to lane 0.
+    Lanes(usize),
+    /// Up to `max_in_flight` handler calls at once, never two of the same key: the next
+    /// message whose key is not in flight (or waiting to retry) is dispatched, so a
+    /// retrying key blocks only itself. Messages without a key form one ordered key.
+    PerKey {
+        /// Most handler calls in flight at once (≥ 1).
+        max_in_flight: usize,
+    },
+}
+
+impl Concurrency {
+    /// Number of dispatchers (worker slots) this mode needs.
+    pub(crate) fn workers(self) -> usize {
+        match self {
+            Concurrency::Serial => 1,
+            Concurrency::Lanes(n) => n,
+            Concurrency::PerKey { max_in_flight } => max_in_flight,
+        }
+    }
+}
+
+/// A predicate over the message, evaluated on offer (R-RT-3). Must be quick; it runs on
+/// the publisher's thread with no broker lock held.
+#[derive(Clone)]
+pub struct Predicate(Arc<dyn Fn(&Message) -> bool + Send + Sync>);
+
+impl Predicate {
+    /// Wrap a closure.
+    pub fn new(f: impl Fn(&Message) -> bool + Send + Sync + 'static) -> Self {
+        Self(Arc::new(f))
+    }
+    pub(crate) fn test(&self, message: &Message) -> bool {
+        (self.0)(message)
+    }
+}
+
+impl fmt::Debug for Predicate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Predicate(..)")
+    }
+}
+
+/// Dead-letter queue settings (R-DEL-4).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadLetterOptions {
+    /// Entries kept; the oldest is evicted (and counted) beyond it. Default 1024.
+    pub capacity: usize,
+    /// Also publish each dead letter to this topic, with headers `tidings-dlq-reason`,
+    /// `tidings-dlq-subscription`, `tidings-dlq-original-topic` and
+    /// `tidings-dlq-original-id`, so it can be subscribed to.
+    pub topic: Option<String>,
+    /// Keep messages left undelivered at unsubscribe/close as `Shutdown` entries.
+    pub keep_shutdown: bool,
+}
+
+impl Default for DeadLetterOptions {
+    fn default() -> Self {
+        Self {
+            capacity: 1024,
+            topic: None,
+            keep_shutdown: true,
+        }
+    }
+}
+
+/// Everything a subscription can be asked to do. Build with struct update syntax:
+///
+/// ```
+/// # use tidings::*; use std::time::Duration;
+/// let opts = SubscribeOptions {
+///     capacity: 128,
+///     retry: Retry::fixed(Duration::from_millis(10), 3),
+///     ..Default::default()
+/// };
+/// ```
+#[derive(Debug, Clone)]
+pub struct SubscribeOptions {
+    /// A name for diagnostics and thread names (defaults to the id).
+    pub name: Option<String>,
+    /// Queue capacity (≥ 1). Default 1024.
+    pub capacity: usize,
+    /// What happens when the queue is full. Default `Reject`.
+    pub overflow: Overflow,
+    /// Retry policy. Default exponential from 100 ms, ×2, 5 attempts.
+    pub retry: Retry,
+    /// At-least-once (default) or at-most-once.
+    pub delivery: DeliveryMode,
+    /// Dispatcher concurrency. Default `Serial`.
+    pub concurrency: Concurrency,
+    /// Predicate filter, evaluated on offer.
+    pub predicate: Option<Predicate>,
+    /// Declarative header filter, evaluated on offer.
+    pub header_filter: Option<HeaderFilter>,
+    /// Default time-to-live for messages without their own (R-TIME-1).
+    pub ttl: Option<Duration>,
+    /// Dead-letter queue settings.
+    pub dead_letter: DeadLetterOptions,
+}
+
+impl Default for SubscribeOptions {
+    fn default() -> Self {
+        Self {
+            name: None,
+            capacity: 1024,
+            overflow: Overflow::Reject,
+            retry: Retry::default(),
+            delivery: DeliveryMode::AtLeastOnce,
+            concurrency: Concurrency::Serial,
+            predicate: None,
+            header_filter: None,
+            ttl: None,
+            dead_letter: DeadLetterOptions::default(),
+        }
+    }
+}
+
+/// Largest number of lanes or per-key slots one subscription may ask for.
+pub const MAX_WORKERS_PER_SUBSCRIPTION: usize = 1024;
+
+impl SubscribeOptions {
+    /// Refuse out-of-range or inconsistent options (R-LIM-1).
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        if self.capacity == 0 {
+            return Err(ConfigError::invalid("capacity", "0".into(), "at least 1"));
+        }
+        let (setting, n) = match self.concurrency {
+            Concurrency::Serial => ("concurrency", 1),
+            Concurrency::Lanes(n) => ("concurrency.lanes", n),
+            Concurrency::PerKey { max_in_flight } => ("concurrency.max_in_flight", max_in_flight),
+        };
+        if n == 0 || n > MAX_WORKERS_PER_SUBSCRIPTION {
+            return Err(ConfigError::invalid(setting, n.to_string(), "between 1 and 1024"));
+        }
+        if let Overflow::Block { timeout } = self.overflow
+            && timeout.is_zero()
+        {
+            return Err(ConfigError::invalid(
+                "overflow.block.timeout",
+                "0s".into(),
+                "a non-zero timeout (use Reject to never wait)",
+            ));
+        }
+        if self.ttl.is_some_and(|t| t.is_zero()) {
+            return Err(ConfigError::invalid("ttl", "0s".into(), "a non-zero duration"));
+        }
+        if let Some(f) = &self.header_filter {
+            f.validate().map_err(|e| {
+                ConfigError::invalid("header_filter", e.to_string(), "a valid header filter")
+            })?;
+        }
+        self.retry.validate()
+    }
+}

@@ -1,0 +1,61 @@
+//! What publish and close tell the caller (R-CORE-5, R-CORE-6).
+
+use std::sync::Arc;
+
+use crate::message::{Message, MessageId};
+use crate::subscription::{Refusal, SubscriptionId};
+
+/// The outcome of one publish, known without waiting for delivery (R-CORE-5).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PublishReport {
+    /// The id stamped on the message.
+    pub id: MessageId,
+    /// Subscriptions whose queue accepted it.
+    pub accepted: usize,
+    /// Subscriptions that refused it, and why.
+    pub refused: Vec<(SubscriptionId, Refusal)>,
+    /// True when the message was held for delayed delivery: it will be offered when due,
+    /// and `accepted`/`refused` are zero/empty now.
+    pub scheduled: bool,
+}
+
+impl PublishReport {
+    /// Number of subscriptions the message matched (accepted + refused).
+    #[must_use]
+    pub fn matched(&self) -> usize {
+        self.accepted + self.refused.len()
+    }
+    /// Refusals with the given reason.
+    #[must_use]
+    pub fn refused_for(&self, reason: Refusal) -> usize {
+        self.refused.iter().filter(|(_, r)| *r == reason).count()
+    }
+}
+
+/// A message left undelivered at close.
+#[derive(Debug, Clone)]
+pub struct Undelivered {
+    /// The subscription it was queued for, or `None` for a delayed message still waiting
+    /// in the scheduler.
+    pub subscription: Option<SubscriptionId>,
+    /// The message.
+    pub message: Arc<Message>,
+}
+
+/// What `close` left behind (R-CORE-6). Empty on a second close.
+#[derive(Debug, Clone, Default)]
+pub struct CloseReport {
+    /// Messages queued, waiting to retry, or scheduled that were not delivered.
+    pub undelivered: Vec<Undelivered>,
+    /// Dispatcher threads still running a handler when the join deadline passed; they were
+    /// detached and exit when their handler returns.
+    pub unjoined: Vec<String>,
+}
+
+impl CloseReport {
+    /// True when nothing was left behind.
+    #[must_use]
+    pub fn is_clean(&self) -> bool {
+        self.undelivered.is_empty() && self.unjoined.is_empty()
+    }
+}

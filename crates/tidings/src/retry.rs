@@ -1,0 +1,309 @@
+//! Retry policies: the Strategy of R-DEL-3.
+//!
+//! A policy answers one question after a failed attempt: retry after how long, or give up?
+//! Retries happen in place (R-ORD-1): the failing message stays at the head of its
+//! subscription (or its lane, or its key) until it succeeds or is dead-lettered. The wait is
+//! a deadline handed to the driver, never a sleep, so `close()` interrupts it at once and
+//! the manual clock makes schedules exact in tests.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::error::ConfigError;
+use crate::handler::HandlerError;
+use crate::message::Message;
+
+/// A user-supplied retry strategy.
+///
+/// Called by the dispatcher after every failed attempt with the number of attempts made so
+/// far (starting at 1). Must be quick and must not call into the broker: it runs while the
+/// subscription's state is locked.
+pub trait RetryPolicy: Send + Sync + 'static {
+    /// `Some(delay)` to try again after `delay`, `None` to dead-letter the message.
+    fn retry_after(&self, attempts: u32, error: &HandlerError, message: &Message)
+    -> Option<Duration>;
+}
+
+/// How a subscription retries failed deliveries. See the module docs.
+#[derive(Clone)]
+#[non_exhaustive]
+pub enum Retry {
+    /// One attempt; a failure is dead-lettered as `RetriesExhausted { attempts: 1 }`.
+    None,
+    /// Up to `max_attempts` attempts, `delay` apart.
+    Fixed {
+        /// Wait between attempts.
+        delay: Duration,
+        /// Total attempts including the first (≥ 1).
+        max_attempts: u32,
+    },
+    /// `initial`, then × `multiplier` each time, capped at `max`, up to `max_attempts`.
+    Exponential {
+        /// First wait.
+        initial: Duration,
+        /// Growth factor (≥ 1.0).
+        multiplier: f64,
+        /// Largest wait.
+        max: Duration,
+        /// Total attempts including the first (≥ 1).
+        max_attempts: u32,
+        /// Fraction (0.0–1.0) of each wait removed at random, derived deterministically
+        /// from the message id and attempt so runs are reproducible.
+        jitter: f64,
+    },
+    /// A user-supplied strategy.
+    Custom(Arc<dyn RetryPolicy>),
+}
+
+impl Retry {
+    /// Exponential backoff from `initial` growing by `multiplier`; 5 attempts, 30 s cap,
+    /// no jitter until changed with the builder methods.
+    #[must_use]
+    pub fn exponential(initial: Duration, multiplier: f64) -> Self {
+        Retry::Exponential {
+            initial,
+            multiplier,
+            max: Duration::from_secs(30),
+            max_attempts: 5,
+            jitter: 0.0,
+        }
+    }
+    /// `max_attempts` attempts, `delay` apart.
+    #[must_use]
+    pub fn fixed(delay: Duration, max_attempts: u32) -> Self {
+        Retry::Fixed {
+            delay,
+            max_attempts,
+        }
+    }
+    /// A custom strategy.
+    #[must_use]
+    pub fn custom(policy: impl RetryPolicy) -> Self {
+        Retry::Custom(Arc::new(policy))
+    }
+    /// Set the total number of attempts (fixed and exponential).
+    #[must_use]
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        match &mut self {
+            Retry::Fixed { max_attempts, .. } | Retry::Exponential { max_attempts, .. } => {
+                *max_attempts = attempts;
+            }
+            Retry::None | Retry::Custom(_) => {}
+        }
+        self
+    }
+    /// Cap the exponential wait.
+    #[must_use]
+    pub fn max_delay(mut self, cap: Duration) -> Self {
+        if let Retry::Exponential { max, .. } = &mut self {
+            *max = cap;
+        }
+        self
+    }
+    /// Remove up to `fraction` of each exponential wait, pseudo-randomly.
+    #[must_use]
+    pub fn jitter(mut self, fraction: f64) -> Self {
+        if let Retry::Exponential { jitter, .. } = &mut self {
+            *jitter = fraction;
+        }
+        self
+    }
+
+    /// Refuse inconsistent settings (R-LIM-1).
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        match *self {
+            Retry::None | Retry::Custom(_) => Ok(()),
+            Retry::Fixed { max_attempts, .. } => check_attempts(max_attempts),
+            Retry::Exponential {
+                initial,
+                multiplier,
+                max,
+                max_attempts,
+                jitter,
+            } => {
+                check_attempts(max_attempts)?;
+                if !(multiplier.is_finite() && multiplier >= 1.0) {
+                    return Err(ConfigError::invalid(
+                        "retry.multiplier",
+                        format!("{multiplier}"),
+                        "a finite number >= 1.0",
+                    ));
+                }
+                if !(0.0..=1.0).contains(&jitter) {
+                    return Err(ConfigError::invalid(
+                        "retry.jitter",
+                        format!("{jitter}"),
+                        "a fraction between 0.0 and 1.0",
+                    ));
+                }
+                if max < initial {
+                    return Err(ConfigError::invalid(
+                        "retry.max_delay",
+                        format!("{max:?}"),
+                        "at least the initial delay",
+                    ));
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// The decision after `attempts` failed attempts.
+    pub(crate) fn decide(
+        &self,
+        attempts: u32,
+        error: &HandlerError,
+        message: &Message,
+    ) -> Option<Duration> {
+        match self {
+            Retry::None => None,
+            Retry::Fixed {
+                delay,
+                max_attempts,
+            } => (attempts < *max_attempts).then_some(*delay),
+            Retry::Exponential {
+                initial,
+                multiplier,
+                max,
+                max_attempts,
+                jitter,
+            } => {
+                if attempts >= *max_attempts {
+                    return None;
+                }
+                let exp = i32::try_from(attempts - 1).unwrap_or(i32::MAX);
+                let raw = initial.as_secs_f64() * multiplier.powi(exp);
+                let capped = raw.min(max.as_secs_f64());
+                let cut = if *jitter > 0.0 {
+                    jitter * unit_hash(message.id().as_u128(), attempts)
+                } else {
+                    0.0
+                };
+                Some(Duration::from_secs_f64(capped * (1.0 - cut)))
+            }
+            Retry::Custom(policy) => policy.retry_after(attempts, error, message),
+        }
+    }
+}
+
+fn check_attempts(max_attempts: u32) -> Result<(), ConfigError> {
+    if max_attempts == 0 {
+        return Err(ConfigError::invalid(
+            "retry.max_attempts",
+            "0".to_owned(),
+            "at least 1",
+        ));
+    }
+    Ok(())
+}
+
+/// A number in [0, 1) derived from `(id, attempt)` (splitmix64).
+fn unit_hash(id: u128, attempt: u32) -> f64 {
+    let mut z = (id as u64) ^ ((id >> 64) as u64) ^ u64::from(attempt).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    (z >> 11) as f64 / (1u64 << 53) as f64
+}
+
+impl Default for Retry {
+    /// Exponential from 100 ms, ×2, 5 attempts, capped at 30 s.
+    fn default() -> Self {
+        Retry::exponential(Duration::from_millis(100), 2.0)
+    }
+}
+
+impl fmt::Debug for Retry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Retry::None => f.write_str("Retry::None"),
+            Retry::Fixed {
+                delay,
+                max_attempts,
+            } => write!(f, "Retry::Fixed({delay:?} x{max_attempts})"),
+            Retry::Exponential {
+                initial,
+                multiplier,
+                max,
+                max_attempts,
+                jitter,
+            } => write!(
+                f,
+                "Retry::Exponential({initial:?} x{multiplier} max {max:?}, {max_attempts} attempts, jitter {jitter})"
+            ),
+            Retry::Custom(_) => f.write_str("Retry::Custom(..)"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::message::IdGenerator;
+    use crate::topic::Topic;
+
+    fn msg() -> Message {
+        let ids = IdGenerator::new();
+        Message {
+            id: ids.next(std::time::SystemTime::now()),
+            topic: Topic::new("t").unwrap(),
+            payload: bytes::Bytes::new(),
+            headers: Default::default(),
+            key: None,
+            priority: Default::default(),
+            timestamp: std::time::SystemTime::now(),
+            expires_at: None,
+            deliver_at: None,
+            reply_to: None,
+            correlation_id: None,
+        }
+    }
+
+    // R-DEL-3
+    #[test]
+    fn exponential_schedule_and_cap() {
+        let r = Retry::exponential(Duration::from_millis(100), 2.0)
+            .max_attempts(5)
+            .max_delay(Duration::from_millis(300));
+        let e = HandlerError::retry("x");
+        let m = msg();
+        let waits: Vec<_> = (1..=5).map(|a| r.decide(a, &e, &m)).collect();
+        assert_eq!(
+            waits,
+            vec![
+                Some(Duration::from_millis(100)),
+                Some(Duration::from_millis(200)),
+                Some(Duration::from_millis(300)),
+                Some(Duration::from_millis(300)),
+                None
+            ]
+        );
+    }
+
+    // R-DEL-3
+    #[test]
+    fn jitter_is_bounded_and_reproducible() {
+        let r = Retry::exponential(Duration::from_secs(1), 1.0)
+            .max_attempts(100)
+            .jitter(0.5);
+        let e = HandlerError::retry("x");
+        let m = msg();
+        for a in 1..50 {
+            let d = r.decide(a, &e, &m).unwrap();
+            assert!(d <= Duration::from_secs(1) && d >= Duration::from_millis(500));
+            assert_eq!(Some(d), r.decide(a, &e, &m));
+        }
+    }
+
+    // R-LIM-1
+    #[test]
+    fn inconsistent_policies_are_refused() {
+        assert!(Retry::fixed(Duration::ZERO, 0).validate().is_err());
+        assert!(Retry::exponential(Duration::from_millis(1), 0.5).validate().is_err());
+        assert!(Retry::exponential(Duration::from_millis(1), f64::NAN).validate().is_err());
+        assert!(Retry::exponential(Duration::from_millis(1), 2.0).jitter(1.5).validate().is_err());
+        assert!(Retry::exponential(Duration::from_secs(10), 2.0).max_delay(Duration::from_secs(1)).validate().is_err());
+        assert!(Retry::default().validate().is_ok());
+    }
+}

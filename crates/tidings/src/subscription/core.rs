@@ -1,0 +1,435 @@
+//! The sans-IO subscription state machine.
+//!
+//! [`Core`] does no I/O, spawns nothing and never sleeps. A driver owns it behind a mutex
+//! and calls, in this order per delivery:
+//!
+//! 1. [`Core::handle_offer`] from publishers (any thread) — filter already applied;
+//! 2. [`Core::poll_work`] from a dispatcher slot (`worker`) — returns a [`Delivery`], a
+//!    wake-up time, `Idle` or `Stopped`;
+//! 3. the driver runs the handler **with the lock released**;
+//! 4. [`Core::handle_completion`] with the outcome.
+//!
+//! Every message that enters ends in exactly one of: delivered, dead-lettered (by reason),
+//! or still queued / in flight; every refusal is counted by reason (R-DEL-6).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::clock::Now;
+use crate::dlq::DeadLetterReason;
+use crate::handler::HandlerError;
+use crate::message::Message;
+use crate::options::{Concurrency, DeliveryMode, Overflow, SubscribeOptions};
+use crate::queue::Queued;
+use crate::retry::Retry;
+use crate::stats::SubscriptionStats;
+
+use super::lanes::Lanes;
+use super::ledger::Ledger;
+use super::per_key::PerKey;
+
+/// A message handed to a driver for one handler call.
+#[derive(Debug)]
+#[must_use = "a delivery must be completed with handle_completion"]
+pub(crate) struct Delivery {
+    pub(crate) message: Arc<Message>,
+    /// 1 for the first attempt.
+    pub(crate) attempt: u32,
+    pub(crate) worker: usize,
+}
+
+/// A failed message waiting for its retry.
+#[derive(Debug)]
+pub(crate) struct Parked {
+    pub(crate) message: Arc<Message>,
+    pub(crate) attempts: u32,
+    pub(crate) due: Instant,
+}
+
+/// What a dispatch flavor offers next.
+pub(crate) enum Take {
+    Fresh(Queued),
+    Retry(Parked),
+    WakeAt(Instant),
+    Empty,
+}
+
+/// What a dispatcher slot should do next.
+#[derive(Debug)]
+#[must_use]
+pub(crate) enum Poll {
+    /// Run the handler on this, then report the outcome.
+    Deliver(Delivery),
+    /// Nothing to do before this time (a retry is due then).
+    WakeAt(Instant),
+    /// Nothing to do until an offer wakes this slot.
+    Idle,
+    /// The subscription is closed (or drained): the slot should exit.
+    Stopped,
+}
+
+/// The result of an offer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub(crate) enum Offered {
+    /// Accepted; wake this dispatcher slot if `Some` (it was idle).
+    Accepted(Option<usize>),
+    /// Refused for this reason (counted).
+    Refused(Refusal),
+    /// `Block` policy and no room: the publisher should wait for room and try again.
+    Full,
+}
+
+/// Why an offer was refused (R-CORE-5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Refusal {
+    /// The subscription's filter did not match.
+    Filtered,
+    /// The queue was full (R-BP-1).
+    Overflow,
+    /// The subscription or broker is closed.
+    Closed,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Open,
+    Draining { deadline: Option<Instant> },
+    Closed,
+}
+
+enum Flavor {
+    Lanes(Lanes),
+    PerKey(PerKey),
+}
+
+pub(crate) struct Core {
+    flavor: Flavor,
+    ledger: Ledger,
+    queued: usize,
+    capacity: usize,
+    overflow: Overflow,
+    retry: Retry,
+    delivery: DeliveryMode,
+    ttl: Option<Duration>,
+    max_in_flight: usize,
+    running: usize,
+    idle: Vec<bool>,
+    state: State,
+    blocked_publishers: usize,
+    space_freed: bool,
+}
+
+impl Core {
+    pub(crate) fn new(options: &SubscribeOptions) -> Self {
+        let workers = options.concurrency.workers();
+        let flavor = match options.concurrency {
+            Concurrency::PerKey { .. } => Flavor::PerKey(PerKey::default()),
+            _ => Flavor::Lanes(Lanes::new(workers)),
+        };
+        Self {
+            flavor,
+            ledger: Ledger::new(
+                options.dead_letter.capacity,
+                options.dead_letter.topic.is_some(),
+                options.dead_letter.keep_shutdown,
+            ),
+            queued: 0,
+            capacity: options.capacity,
+            overflow: options.overflow,
+            retry: options.retry.clone(),
+            delivery: options.delivery,
+            ttl: options.ttl,
+            max_in_flight: workers,
+            running: 0,
+            idle: vec![false; workers],
+            state: State::Open,
+            blocked_publishers: 0,
+            space_freed: false,
+        }
+    }
+
+    pub(crate) fn workers(&self) -> usize {
+        self.idle.len()
+    }
+
+    /// Count an offer the filter refused (the filter runs outside the lock).
+    pub(crate) fn handle_filtered(&mut self) {
+        self.ledger.offered += 1;
+        self.ledger.refused.filtered += 1;
+    }
+
+    /// Offer a message. With `may_wait` and the `Block` policy, a full queue returns
+    /// [`Offered::Full`] without counting anything, so the publisher can wait and retry;
+    /// the final attempt passes `may_wait = false` and a full queue is refused.
+    pub(crate) fn handle_offer(&mut self, message: &Arc<Message>, now: Now, may_wait: bool) -> Offered {
+        if self.state != State::Open {
+            self.ledger.offered += 1;
+            self.ledger.refused.closed += 1;
+            return Offered::Refused(Refusal::Closed);
+        }
+        if self.queued >= self.capacity {
+            match self.overflow {
+                Overflow::Block { .. } if may_wait => return Offered::Full,
+                Overflow::Reject | Overflow::Block { .. } => {
+                    self.ledger.offered += 1;
+                    self.ledger.refused.overflow += 1;
+                    self.ledger.dead_letter(message.clone(), DeadLetterReason::Overflow, 0, now.wall, true);
+                    return Offered::Refused(Refusal::Overflow);
+                }
+                Overflow::DropOldest { keep } => {
+                    let victim = match &mut self.flavor {
+                        Flavor::Lanes(l) => l.evict_for(message.key()),
+                        Flavor::PerKey(p) => p.evict_for(message.key()),
+                    };
+                    if let Some(v) = victim {
+                        self.queued -= 1;
+                        self.ledger.dead_letter(v.message, DeadLetterReason::DroppedOldest, 0, now.wall, keep);
+                    }
+                }
+            }
+        }
+        self.ledger.offered += 1;
+        self.ledger.accepted += 1;
+        self.queued += 1;
+        let item = Queued {
+            message: message.clone(),
+            enqueued: now.mono,
+        };
+        let target = match &mut self.flavor {
+            Flavor::Lanes(l) => Some(l.push(item)),
+            Flavor::PerKey(p) => {
+                p.push(item);
+                None
+            }
+        };
+        Offered::Accepted(self.claim_idle(target))
+    }
+
+    /// Clear and return the idle flag of `target` (or of any idle slot when `None`).
+    fn claim_idle(&mut self, target: Option<usize>) -> Option<usize> {
+        let slot = match target {
+            Some(w) => self.idle[w].then_some(w),
+            None => self.idle.iter().position(|idle| *idle),
+        }?;
+        self.idle[slot] = false;
+        Some(slot)
+    }
+
+    /// What dispatcher slot `worker` should do now.
+    pub(crate) fn poll_work(&mut self, worker: usize, now: Now) -> Poll {
+        loop {
+            match self.state {
+                State::Closed => return Poll::Stopped,
+                State::Draining { deadline: Some(d) } if now.mono >= d => return Poll::Stopped,
+                _ => {}
+            }
+            if self.running >= self.max_in_flight {
+                self.idle[worker] = true;
+                return Poll::Idle;
+            }
+            let take = match &mut self.flavor {
+                Flavor::Lanes(l) => l.take(worker, now.mono),
+                Flavor::PerKey(p) => p.take(now.mono),
+            };
+            match take {
+                Take::Fresh(q) => {
+                    self.queued -= 1;
+                    if self.blocked_publishers > 0 {
+                        self.space_freed = true;
+                    }
+                    self.ledger.in_flight += 1;
+                    if q.message.is_expired(now.wall, self.ttl) {
+                        self.finish_take(worker, &q.message, None);
+                        self.ledger.finished();
+                        self.ledger.dead_letter(q.message, DeadLetterReason::Expired, 0, now.wall, true);
+                        continue;
+                    }
+                    return self.start(worker, q.message, 1);
+                }
+                Take::Retry(p) => return self.start(worker, p.message, p.attempts + 1),
+                Take::WakeAt(t) => {
+                    // Per-key: a new offer of another key may be dispatchable before `t`.
+                    if matches!(self.flavor, Flavor::PerKey(_)) {
+                        self.idle[worker] = true;
+                    }
+                    return Poll::WakeAt(t);
+                }
+                Take::Empty => {
+                    if matches!(self.state, State::Draining { .. }) {
+                        return Poll::Stopped;
+                    }
+                    self.idle[worker] = true;
+                    return Poll::Idle;
+                }
+            }
+        }
+    }
+
+    fn start(&mut self, worker: usize, message: Arc<Message>, attempt: u32) -> Poll {
+        self.running += 1;
+        self.ledger.attempts += 1;
+        Poll::Deliver(Delivery {
+            message,
+            attempt,
+            worker,
+        })
+    }
+
+    fn finish_take(&mut self, worker: usize, message: &Arc<Message>, parked: Option<Parked>) {
+        match &mut self.flavor {
+            Flavor::Lanes(l) => l.finish(worker, parked),
+            Flavor::PerKey(p) => p.finish(&message.key, parked),
+        }
+    }
+
+    /// Report the outcome of a delivery. Retries are parked in place (R-ORD-1).
+    pub(crate) fn handle_completion(
+        &mut self,
+        delivery: Delivery,
+        outcome: Result<(), HandlerError>,
+        now: Now,
+    ) {
+        self.running -= 1;
+        let Delivery {
+            message,
+            attempt,
+            worker,
+        } = delivery;
+        let error = match outcome {
+            Ok(()) => {
+                self.finish_take(worker, &message, None);
+                self.ledger.finished();
+                self.ledger.delivered += 1;
+                return;
+            }
+            Err(e) => e,
+        };
+        self.ledger.failures += 1;
+        let reason = if !error.is_retryable() {
+            DeadLetterReason::Rejected {
+                error: error.message().to_owned(),
+            }
+        } else {
+            let retry_in = match self.delivery {
+                DeliveryMode::AtMostOnce => None,
+                DeliveryMode::AtLeastOnce => self.retry.decide(attempt, &error, &message),
+            };
+            match retry_in {
+                Some(_) if self.state != State::Open => {
+                    self.finish_take(worker, &message, None);
+                    self.ledger.finished();
+                    self.ledger.abandon(message, attempt, now.wall);
+                    return;
+                }
+                Some(wait) => {
+                    let parked = Parked {
+                        due: now.mono + wait,
+                        message: message.clone(),
+                        attempts: attempt,
+                    };
+                    self.finish_take(worker, &message, Some(parked));
+                    return;
+                }
+                None => DeadLetterReason::RetriesExhausted {
+                    attempts: attempt,
+                    last_error: error.message().to_owned(),
+                },
+            }
+        };
+        self.finish_take(worker, &message, None);
+        self.ledger.finished();
+        self.ledger.dead_letter(message, reason, attempt, now.wall, true);
+    }
+
+    /// Stop accepting; deliver what is queued until `deadline`; abandon retries at once.
+    pub(crate) fn begin_drain(&mut self, deadline: Option<Instant>, now: Now) {
+        if self.state == State::Open {
+            self.state = State::Draining { deadline };
+        }
+        self.abandon_parked(now);
+    }
+
+    /// Close for good: everything still queued or waiting to retry is abandoned (counted
+    /// as `Shutdown`). Returns every message abandoned since draining began.
+    pub(crate) fn close(&mut self, now: Now) -> Vec<Arc<Message>> {
+        self.state = State::Closed;
+        self.abandon_parked(now);
+        let queued = match &mut self.flavor {
+            Flavor::Lanes(l) => l.drain_queued(),
+            Flavor::PerKey(p) => p.drain_queued(),
+        };
+        for q in queued {
+            self.queued -= 1;
+            self.ledger.in_flight += 1;
+            self.ledger.finished();
+            self.ledger.abandon(q.message, 0, now.wall);
+        }
+        self.space_freed = true;
+        std::mem::take(&mut self.ledger.shutdown)
+    }
+
+    fn abandon_parked(&mut self, now: Now) {
+        let parked = match &mut self.flavor {
+            Flavor::Lanes(l) => l.take_parked(),
+            Flavor::PerKey(p) => p.take_parked(),
+        };
+        for p in parked {
+            self.ledger.finished();
+            self.ledger.abandon(p.message, p.attempts, now.wall);
+        }
+    }
+
+    /// Earliest retry due time, for the manual driver's "jump to next wake-up".
+    pub(crate) fn next_wake(&self) -> Option<Instant> {
+        match &self.flavor {
+            Flavor::Lanes(l) => l.next_wake(),
+            Flavor::PerKey(p) => p.next_wake(),
+        }
+    }
+
+    /// A publisher starts or stops waiting for room (`Block`).
+    pub(crate) fn set_blocked(&mut self, waiting: bool) {
+        if waiting {
+            self.blocked_publishers += 1;
+        } else {
+            self.blocked_publishers -= 1;
+        }
+    }
+
+    /// True once since room was made for blocked publishers.
+    pub(crate) fn take_space_freed(&mut self) -> bool {
+        std::mem::take(&mut self.space_freed)
+    }
+
+    pub(crate) fn take_forwards(&mut self) -> Vec<crate::dlq::DeadLetter> {
+        std::mem::take(&mut self.ledger.to_forward)
+    }
+
+    pub(crate) fn ledger_mut(&mut self) -> &mut Ledger {
+        &mut self.ledger
+    }
+
+    pub(crate) fn stats(&self, now: Instant) -> SubscriptionStats {
+        let l = &self.ledger;
+        let oldest = match &self.flavor {
+            Flavor::Lanes(x) => x.oldest_enqueued(),
+            Flavor::PerKey(x) => x.oldest_enqueued(),
+        };
+        SubscriptionStats {
+            offered: l.offered,
+            accepted: l.accepted,
+            refused: l.refused,
+            delivered: l.delivered,
+            dead_lettered: l.dead_lettered,
+            queued: self.queued as u64,
+            in_flight: l.in_flight,
+            attempts: l.attempts,
+            failures: l.failures,
+            dlq_len: l.dlq.len() as u64,
+            dlq_evicted: l.dlq.evicted(),
+            oldest_age: oldest.map(|t| now.saturating_duration_since(t)),
+        }
+    }
+}

@@ -1,0 +1,117 @@
+//! Serial and keyed-lane dispatch (R-CORE-3, R-ORD-1, R-ORD-3).
+//!
+//! Each lane is one priority-then-FIFO queue with at most one message in flight; a failing
+//! message is parked at the head of its lane until its retry is due (head-of-line, R-ORD-1).
+//! `Serial` is one lane. With `n` lanes a message goes to lane `fnv1a(key) % n`; messages
+//! without a key go to lane 0, so order holds per key and lanes run in parallel.
+
+use std::time::Instant;
+
+use crate::queue::{PriorityQueue, Queued};
+
+use super::core::{Parked, Take};
+
+#[derive(Debug, Default)]
+struct Lane {
+    queue: PriorityQueue,
+    running: bool,
+    parked: Option<Parked>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Lanes {
+    lanes: Vec<Lane>,
+}
+
+impl Lanes {
+    pub(crate) fn new(n: usize) -> Self {
+        Self {
+            lanes: (0..n).map(|_| Lane::default()).collect(),
+        }
+    }
+
+    pub(crate) fn lane_of(&self, key: Option<&[u8]>) -> usize {
+        match key {
+            Some(k) if self.lanes.len() > 1 => (fnv1a(k) % self.lanes.len() as u64) as usize,
+            _ => 0,
+        }
+    }
+
+    /// Enqueue; returns the lane whose dispatcher should be woken.
+    pub(crate) fn push(&mut self, item: Queued) -> usize {
+        let lane = self.lane_of(item.message.key());
+        self.lanes[lane].queue.push(item);
+        lane
+    }
+
+    pub(crate) fn take(&mut self, worker: usize, now: Instant) -> Take {
+        let lane = &mut self.lanes[worker];
+        if lane.running {
+            return Take::Empty;
+        }
+        if let Some(parked) = &lane.parked {
+            if parked.due > now {
+                return Take::WakeAt(parked.due);
+            }
+            lane.running = true;
+            return lane.parked.take().map_or(Take::Empty, Take::Retry);
+        }
+        match lane.queue.pop() {
+            Some(q) => {
+                lane.running = true;
+                Take::Fresh(q)
+            }
+            None => Take::Empty,
+        }
+    }
+
+    pub(crate) fn finish(&mut self, worker: usize, parked: Option<Parked>) {
+        let lane = &mut self.lanes[worker];
+        lane.running = false;
+        lane.parked = parked;
+    }
+
+    /// `DropOldest`: evict from the lane the newcomer goes to, else from the fullest lane.
+    pub(crate) fn evict_for(&mut self, key: Option<&[u8]>) -> Option<Queued> {
+        let target = self.lane_of(key);
+        if !self.lanes[target].queue.is_empty() {
+            return self.lanes[target].queue.pop_oldest_lowest();
+        }
+        self.lanes
+            .iter_mut()
+            .max_by_key(|l| l.queue.len())
+            .and_then(|l| l.queue.pop_oldest_lowest())
+    }
+
+    pub(crate) fn take_parked(&mut self) -> Vec<Parked> {
+        self.lanes.iter_mut().filter_map(|l| l.parked.take()).collect()
+    }
+
+    pub(crate) fn drain_queued(&mut self) -> Vec<Queued> {
+        self.lanes.iter_mut().flat_map(|l| l.queue.drain()).collect()
+    }
+
+    pub(crate) fn next_wake(&self) -> Option<Instant> {
+        self.lanes
+            .iter()
+            .filter_map(|l| l.parked.as_ref().map(|p| p.due))
+            .min()
+    }
+
+    pub(crate) fn oldest_enqueued(&self) -> Option<Instant> {
+        self.lanes
+            .iter()
+            .filter_map(|l| l.queue.oldest_enqueued())
+            .min()
+    }
+}
+
+/// FNV-1a: stable across runs and platforms, so a key always lands in the same lane.
+pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        hash ^= u64::from(*b);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    hash
+}

@@ -1,0 +1,87 @@
+//! The books of one subscription: counters, dead-letter queue, what close must report.
+//!
+//! Every path that ends a message's life goes through [`Ledger`], which is what makes
+//! conservation (R-DEL-6) hold by construction rather than by care at each call site.
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use crate::dlq::{DeadLetter, DeadLetterQueue, DeadLetterReason};
+use crate::message::Message;
+use crate::stats::{DeadLetterCounts, RefusedCounts};
+
+#[derive(Debug)]
+pub(crate) struct Ledger {
+    pub(crate) offered: u64,
+    pub(crate) accepted: u64,
+    pub(crate) refused: RefusedCounts,
+    pub(crate) delivered: u64,
+    pub(crate) dead_lettered: DeadLetterCounts,
+    pub(crate) in_flight: u64,
+    pub(crate) attempts: u64,
+    pub(crate) failures: u64,
+    pub(crate) dlq: DeadLetterQueue,
+    /// Dead letters to publish to the dead-letter topic once the lock is released.
+    pub(crate) to_forward: Vec<DeadLetter>,
+    /// Messages abandoned by unsubscribe/close, for the close report.
+    pub(crate) shutdown: Vec<Arc<Message>>,
+    forward: bool,
+    keep_shutdown: bool,
+}
+
+impl Ledger {
+    pub(crate) fn new(dlq_capacity: usize, forward: bool, keep_shutdown: bool) -> Self {
+        Self {
+            offered: 0,
+            accepted: 0,
+            refused: RefusedCounts::default(),
+            delivered: 0,
+            dead_lettered: DeadLetterCounts::default(),
+            in_flight: 0,
+            attempts: 0,
+            failures: 0,
+            dlq: DeadLetterQueue::new(dlq_capacity),
+            to_forward: Vec::new(),
+            shutdown: Vec::new(),
+            forward,
+            keep_shutdown,
+        }
+    }
+
+    /// Record a dead letter: counted by reason always, kept when `keep`.
+    pub(crate) fn dead_letter(
+        &mut self,
+        message: Arc<Message>,
+        reason: DeadLetterReason,
+        attempts: u32,
+        at: SystemTime,
+        keep: bool,
+    ) {
+        self.dead_lettered.count(&reason);
+        if !keep {
+            return;
+        }
+        let entry = DeadLetter {
+            message,
+            reason,
+            attempts,
+            at,
+        };
+        if self.forward {
+            self.to_forward.push(entry.clone());
+        }
+        self.dlq.push(entry);
+    }
+
+    /// An accepted message ends undelivered because its subscription is closing.
+    pub(crate) fn abandon(&mut self, message: Arc<Message>, attempts: u32, at: SystemTime) {
+        self.shutdown.push(message.clone());
+        let keep = self.keep_shutdown;
+        self.dead_letter(message, DeadLetterReason::Shutdown, attempts, at, keep);
+    }
+
+    /// A message taken off the queue finished (delivered or dead-lettered).
+    pub(crate) fn finished(&mut self) {
+        self.in_flight -= 1;
+    }
+}
