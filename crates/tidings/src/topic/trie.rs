@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::hash::{BuildHasher, Hasher};
 
 use super::{HASH, MAX_WORDS, Pattern, STAR, Topic};
 
@@ -36,7 +37,7 @@ use super::{HASH, MAX_WORDS, Pattern, STAR, Topic};
 /// once, which makes routing deterministic for a given set of entries.
 pub struct TopicTrie<V> {
     /// Literal patterns: full topic → entries sorted by id.
-    literal: HashMap<Box<str>, Vec<(u64, V)>>,
+    literal: HashMap<Box<str>, Vec<(u64, V)>, FastState>,
     /// Root of the wildcard-pattern trie.
     root: Node<V>,
     /// Number of entries in the trie (wildcard patterns).
@@ -51,7 +52,7 @@ pub struct TopicTrie<V> {
 /// (a compare is cheaper than hashing), a hash map beyond [`SMALL_FANOUT`].
 enum Children<V> {
     Small(Vec<(Box<str>, Node<V>)>),
-    Map(HashMap<Box<str>, Node<V>>),
+    Map(HashMap<Box<str>, Node<V>, FastState>),
 }
 
 const SMALL_FANOUT: usize = 8;
@@ -109,7 +110,7 @@ impl<V> Node<V> {
             && v.len() >= SMALL_FANOUT
             && !v.iter().any(|(k, _)| &**k == word)
         {
-            let map = std::mem::take(v).into_iter().collect();
+            let map: HashMap<_, _, FastState> = std::mem::take(v).into_iter().collect();
             self.children = Children::Map(map);
         }
         match &mut self.children {
@@ -140,6 +141,66 @@ impl<V> Node<V> {
                 }
             }
         }
+    }
+}
+
+/// A fast seeded hasher for short strings (folded 64×64→128 multiply, as in foldhash). The seed
+/// is drawn per process from std's random source, so colliding keys cannot be precomputed.
+#[derive(Clone, Copy)]
+struct FastState(u64);
+
+impl Default for FastState {
+    fn default() -> Self {
+        use std::sync::OnceLock;
+        static SEED: OnceLock<u64> = OnceLock::new();
+        Self(*SEED.get_or_init(|| std::collections::hash_map::RandomState::new().hash_one(0u64) | 1))
+    }
+}
+
+impl BuildHasher for FastState {
+    type Hasher = FastHasher;
+
+    #[inline]
+    fn build_hasher(&self) -> FastHasher {
+        FastHasher(self.0)
+    }
+}
+
+struct FastHasher(u64);
+
+const MUL: u64 = 0x9E37_79B9_7F4A_7C15;
+
+#[inline]
+fn fold_mul(a: u64, b: u64) -> u64 {
+    let full = u128::from(a) * u128::from(b);
+    (full as u64) ^ ((full >> 64) as u64)
+}
+
+impl Hasher for FastHasher {
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) {
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(c);
+            self.0 = fold_mul(self.0 ^ u64::from_le_bytes(b), MUL);
+        }
+        let rest = chunks.remainder();
+        if !rest.is_empty() {
+            let mut b = [0u8; 8];
+            b[..rest.len()].copy_from_slice(rest);
+            self.0 = fold_mul(self.0 ^ u64::from_le_bytes(b), MUL ^ rest.len() as u64);
+        }
+    }
+
+    #[inline]
+    fn write_u8(&mut self, i: u8) {
+        self.0 = fold_mul(self.0 ^ u64::from(i), MUL);
+    }
+
+    #[inline]
+    fn finish(&self) -> u64 {
+        fold_mul(self.0, MUL.rotate_left(17))
     }
 }
 
@@ -334,7 +395,7 @@ impl<V> TopicTrie<V> {
     #[must_use]
     pub fn new() -> Self {
         Self {
-            literal: HashMap::new(),
+            literal: HashMap::default(),
             root: Node::new(0, false),
             wild_len: 0,
             literal_len: 0,

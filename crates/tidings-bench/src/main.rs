@@ -1,0 +1,2 @@
+//! tidings-bench binary.
+fn main() {}

@@ -1,0 +1,151 @@
+//! Log configuration: segment size, fsync policy, retention, index density.
+
+use std::time::Duration;
+
+use crate::error::ConfigError;
+
+/// Largest record (encoded frame, see the [format](crate#record-layout)) the format allows: 1 GiB.
+pub const MAX_RECORD_BYTES: u32 = 1 << 30;
+
+/// Smallest accepted [`LogConfig::segment_bytes`].
+pub const MIN_SEGMENT_BYTES: u64 = 128;
+
+/// When appended data is forced to stable storage.
+///
+/// # Durability
+///
+/// * [`Fsync::Always`]: [`Log::append`](crate::Log::append) returns only after the record is
+///   synced (`fdatasync`). Concurrent appenders share one sync (group commit): the thread that
+///   finds no sync in flight becomes the leader, flushes the write buffer and syncs for every
+///   record written before it started; the others wait for it. Records become *visible* to
+///   readers only once synced, so no reader ever sees a record that a power cut could take back.
+/// * [`Fsync::Interval`]: a background thread (`tidings-log-flush`, joined on close/drop) flushes
+///   and syncs every interval; a power cut loses at most about one interval of acknowledged
+///   records. Records are visible as soon as `append` returns.
+/// * [`Fsync::Never`]: the log never syncs on its own except when a segment is sealed (rolled) and
+///   on [`Log::sync`](crate::Log::sync); the OS decides. Records are visible as soon as `append`
+///   returns.
+///
+/// Under `Interval` and `Never`, records still in the in-process write buffer are lost if the
+/// process is killed; set [`LogConfig::write_buffer_bytes`] to 0 to hand every append to the OS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fsync {
+    /// Sync before acknowledging every append (with group commit).
+    Always,
+    /// Sync from a background thread at this interval.
+    Interval(Duration),
+    /// Never sync except on segment roll, explicit [`Log::sync`](crate::Log::sync) and close.
+    Never,
+}
+
+/// Which old segments [`Log::apply_retention`](crate::Log::apply_retention) removes. Only whole
+/// sealed segments are removed, oldest first, never the active segment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Retention {
+    /// Remove the oldest sealed segments while the total size of all segments exceeds this.
+    pub max_bytes: Option<u64>,
+    /// Remove the oldest sealed segments whose newest record (largest timestamp) is older than
+    /// this, measured against the `now_ms` given to `apply_retention`.
+    pub max_age: Option<Duration>,
+}
+
+/// Configuration of one log (one stream directory).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogConfig {
+    /// A new segment is started when the next record would make the active segment larger than
+    /// this (a record larger than this gets a segment of its own). Default 64 MiB.
+    pub segment_bytes: u64,
+    /// Fsync policy. Default [`Fsync::Always`].
+    pub fsync: Fsync,
+    /// Retention applied by [`Log::apply_retention`](crate::Log::apply_retention). Default: keep
+    /// everything.
+    pub retention: Retention,
+    /// One offset-index entry (and at most one time-index entry) per this many bytes of records.
+    /// Default 4096.
+    pub index_interval_bytes: u32,
+    /// Largest encoded record accepted by `append`. Default 16 MiB, at most
+    /// [`MAX_RECORD_BYTES`].
+    pub max_record_bytes: u32,
+    /// Size of the in-process write buffer; it is handed to the OS when it grows past this, before
+    /// every sync and before a read that needs its contents. 0 writes every append through.
+    /// Default 256 KiB.
+    pub write_buffer_bytes: usize,
+    /// Check every record of every segment when opening (default `false`: only the last segment,
+    /// the only one a crash can damage, is scanned; sealed segments are checked lazily by reads
+    /// and fully by [`tools::verify`](crate::tools::verify)).
+    pub verify_on_open: bool,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        Self {
+            segment_bytes: 64 << 20,
+            fsync: Fsync::Always,
+            retention: Retention::default(),
+            index_interval_bytes: 4096,
+            max_record_bytes: 16 << 20,
+            write_buffer_bytes: 256 << 10,
+            verify_on_open: false,
+        }
+    }
+}
+
+impl LogConfig {
+    /// Checks the configuration; [`Log::open`](crate::Log::open) calls this first.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.segment_bytes == 0 {
+            return Err(ConfigError::ZeroSegmentBytes);
+        }
+        if self.segment_bytes < MIN_SEGMENT_BYTES {
+            return Err(ConfigError::SegmentBytesTooSmall {
+                value: self.segment_bytes,
+                min: MIN_SEGMENT_BYTES,
+            });
+        }
+        if self.index_interval_bytes == 0 {
+            return Err(ConfigError::ZeroIndexInterval);
+        }
+        if self.fsync == Fsync::Interval(Duration::ZERO) {
+            return Err(ConfigError::ZeroFsyncInterval);
+        }
+        if self.retention.max_bytes == Some(0) {
+            return Err(ConfigError::ZeroRetentionBytes);
+        }
+        if self.retention.max_age == Some(Duration::ZERO) {
+            return Err(ConfigError::ZeroRetentionAge);
+        }
+        if self.max_record_bytes == 0 || self.max_record_bytes > MAX_RECORD_BYTES {
+            return Err(ConfigError::MaxRecordBytes {
+                value: self.max_record_bytes,
+                max: MAX_RECORD_BYTES,
+            });
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_is_valid_and_bad_values_are_named() {
+        assert_eq!(LogConfig::default().validate(), Ok(()));
+        let bad = |f: fn(&mut LogConfig)| {
+            let mut c = LogConfig::default();
+            f(&mut c);
+            c.validate().unwrap_err()
+        };
+        // R-LIM-1: bad configuration is refused with a typed error naming the value.
+        assert_eq!(bad(|c| c.segment_bytes = 0), ConfigError::ZeroSegmentBytes);
+        assert_eq!(
+            bad(|c| c.segment_bytes = 5),
+            ConfigError::SegmentBytesTooSmall { value: 5, min: MIN_SEGMENT_BYTES }
+        );
+        assert_eq!(bad(|c| c.index_interval_bytes = 0), ConfigError::ZeroIndexInterval);
+        assert_eq!(bad(|c| c.fsync = Fsync::Interval(Duration::ZERO)), ConfigError::ZeroFsyncInterval);
+        assert_eq!(bad(|c| c.retention.max_bytes = Some(0)), ConfigError::ZeroRetentionBytes);
+        assert_eq!(bad(|c| c.retention.max_age = Some(Duration::ZERO)), ConfigError::ZeroRetentionAge);
+        assert!(matches!(bad(|c| c.max_record_bytes = 0), ConfigError::MaxRecordBytes { value: 0, .. }));
+    }
+}

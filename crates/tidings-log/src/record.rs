@@ -1,0 +1,359 @@
+//! Record types and the record codec (see the [record layout](crate#record-layout)).
+//!
+//! Encoding writes straight into the caller's buffer: no allocation per field. Decoding checks
+//! the length, the CRC-32C and the whole body structure before anything is trusted, and slices
+//! key, header values and payload out of the read buffer without copying.
+
+use std::fmt;
+use std::ops::Range;
+
+use bytes::Bytes;
+
+use crate::config::MAX_RECORD_BYTES;
+
+/// Bytes before the body: `u32` body length and `u32` CRC-32C.
+pub(crate) const FRAME_PREFIX: usize = 8;
+/// Smallest body: offset, timestamp, flags, header count.
+pub(crate) const MIN_BODY: usize = 8 + 8 + 1 + 4;
+/// Smallest whole frame.
+pub(crate) const MIN_FRAME: usize = FRAME_PREFIX + MIN_BODY;
+/// Longest header name.
+pub const MAX_HEADER_NAME: usize = u16::MAX as usize;
+
+const FLAG_KEY: u8 = 1;
+
+/// A record to append. The log assigns its offset.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Record {
+    /// Milliseconds since the UNIX epoch, chosen by the caller. Timestamps need not be monotonic;
+    /// see [`Log::offset_for_time`](crate::Log::offset_for_time).
+    pub timestamp_ms: u64,
+    /// Optional key.
+    pub key: Option<Bytes>,
+    /// Headers, in order; names are UTF-8 of at most 65,535 bytes.
+    pub headers: Vec<(String, Bytes)>,
+    /// The payload.
+    pub payload: Bytes,
+}
+
+impl Record {
+    /// A record with this timestamp and payload, no key, no headers.
+    pub fn new(timestamp_ms: u64, payload: impl Into<Bytes>) -> Self {
+        Self {
+            timestamp_ms,
+            key: None,
+            headers: Vec::new(),
+            payload: payload.into(),
+        }
+    }
+
+    /// Sets the key.
+    #[must_use]
+    pub fn with_key(mut self, key: impl Into<Bytes>) -> Self {
+        self.key = Some(key.into());
+        self
+    }
+
+    /// Adds a header.
+    #[must_use]
+    pub fn with_header(mut self, name: impl Into<String>, value: impl Into<Bytes>) -> Self {
+        self.headers.push((name.into(), value.into()));
+        self
+    }
+
+    /// Size of the encoded frame on disk, prefix included.
+    pub fn encoded_len(&self) -> u64 {
+        let mut n = (FRAME_PREFIX + MIN_BODY) as u64 + self.payload.len() as u64;
+        if let Some(k) = &self.key {
+            n += 4 + k.len() as u64;
+        }
+        for (name, value) in &self.headers {
+            n += 2 + name.len() as u64 + 4 + value.len() as u64;
+        }
+        n
+    }
+}
+
+/// A record read back from the log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredRecord {
+    /// The offset the log assigned.
+    pub offset: u64,
+    /// Timestamp given at append.
+    pub timestamp_ms: u64,
+    /// Key given at append.
+    pub key: Option<Bytes>,
+    /// Headers given at append.
+    pub headers: Vec<(String, Bytes)>,
+    /// Payload given at append.
+    pub payload: Bytes,
+}
+
+impl StoredRecord {
+    /// The record as it was appended (without its offset).
+    pub fn to_record(&self) -> Record {
+        Record {
+            timestamp_ms: self.timestamp_ms,
+            key: self.key.clone(),
+            headers: self.headers.clone(),
+            payload: self.payload.clone(),
+        }
+    }
+}
+
+/// One line: offset, timestamp, key, headers and a short payload preview.
+impl fmt::Display for StoredRecord {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "offset={} ts={}", self.offset, self.timestamp_ms)?;
+        if let Some(k) = &self.key {
+            write!(f, " key={}", Preview(k))?;
+        }
+        for (name, value) in &self.headers {
+            write!(f, " {}={}", name, Preview(value))?;
+        }
+        write!(f, " payload[{}]={}", self.payload.len(), Preview(&self.payload))
+    }
+}
+
+struct Preview<'a>(&'a [u8]);
+
+impl fmt::Display for Preview<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const MAX: usize = 48;
+        let shown = &self.0[..self.0.len().min(MAX)];
+        f.write_str("\"")?;
+        for chunk in shown.utf8_chunks() {
+            for c in chunk.valid().chars() {
+                write!(f, "{}", c.escape_debug())?;
+            }
+            for b in chunk.invalid() {
+                write!(f, "\\x{b:02x}")?;
+            }
+        }
+        f.write_str("\"")?;
+        if self.0.len() > MAX {
+            f.write_str("…")?;
+        }
+        Ok(())
+    }
+}
+
+/// Appends the frame of `record` with `offset` to `buf`. The caller has checked
+/// [`Record::encoded_len`] against the limits.
+pub(crate) fn encode_into(buf: &mut Vec<u8>, offset: u64, record: &Record) {
+    let start = buf.len();
+    let total = record.encoded_len() as usize;
+    buf.reserve(total);
+    let body_len = (total - FRAME_PREFIX) as u32;
+    buf.extend_from_slice(&body_len.to_le_bytes());
+    buf.extend_from_slice(&[0; 4]);
+    buf.extend_from_slice(&offset.to_le_bytes());
+    buf.extend_from_slice(&record.timestamp_ms.to_le_bytes());
+    match &record.key {
+        Some(k) => {
+            buf.push(FLAG_KEY);
+            buf.extend_from_slice(&(k.len() as u32).to_le_bytes());
+            buf.extend_from_slice(k);
+        }
+        None => buf.push(0),
+    }
+    buf.extend_from_slice(&(record.headers.len() as u32).to_le_bytes());
+    for (name, value) in &record.headers {
+        buf.extend_from_slice(&(name.len() as u16).to_le_bytes());
+        buf.extend_from_slice(name.as_bytes());
+        buf.extend_from_slice(&(value.len() as u32).to_le_bytes());
+        buf.extend_from_slice(value);
+    }
+    buf.extend_from_slice(&record.payload);
+    let crc = frame_crc(&buf[start..start + 4], &buf[start + FRAME_PREFIX..]);
+    buf[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+}
+
+fn frame_crc(len_bytes: &[u8], body: &[u8]) -> u32 {
+    crc32c::crc32c_append(crc32c::crc32c(len_bytes), body)
+}
+
+/// Result of looking at the bytes where a frame should start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Frame {
+    /// A complete, checksummed, well-formed frame.
+    Good {
+        /// Frame length, prefix included.
+        len: usize,
+        /// Offset stored in the record.
+        offset: u64,
+        /// Timestamp stored in the record.
+        timestamp_ms: u64,
+    },
+    /// Not enough bytes: at least `need` bytes are needed in total (a lower bound when the length
+    /// prefix itself is incomplete).
+    Incomplete {
+        /// Bytes needed from the frame start.
+        need: usize,
+    },
+    /// The bytes cannot be a frame.
+    Bad(&'static str),
+}
+
+/// Checks the frame starting at `buf[0]`.
+pub(crate) fn check_frame(buf: &[u8]) -> Frame {
+    let Some(prefix) = buf.get(..FRAME_PREFIX) else {
+        return Frame::Incomplete { need: FRAME_PREFIX };
+    };
+    let body_len = u32_at(prefix, 0) as usize;
+    if body_len < MIN_BODY {
+        return Frame::Bad("record length below the minimum");
+    }
+    if body_len > MAX_RECORD_BYTES as usize {
+        return Frame::Bad("record length above the format limit");
+    }
+    let len = FRAME_PREFIX + body_len;
+    let Some(body) = buf.get(FRAME_PREFIX..len) else {
+        return Frame::Incomplete { need: len };
+    };
+    if frame_crc(&prefix[..4], body) != u32_at(prefix, 4) {
+        return Frame::Bad("checksum mismatch");
+    }
+    if let Err(reason) = walk(body, |_, _| {}) {
+        return Frame::Bad(reason);
+    }
+    Frame::Good {
+        len,
+        offset: u64_at(body, 0),
+        timestamp_ms: u64_at(body, 8),
+    }
+}
+
+/// Decodes a frame already accepted by [`check_frame`], slicing out of `frame` without copying.
+pub(crate) fn decode(frame: &Bytes) -> Result<StoredRecord, &'static str> {
+    let body = frame.slice(FRAME_PREFIX.min(frame.len())..);
+    let mut headers = Vec::new();
+    let mut bad_name = false;
+    let layout = walk(&body, |name, value| match std::str::from_utf8(&body[name]) {
+        Ok(n) => headers.push((n.to_owned(), body.slice(value))),
+        Err(_) => bad_name = true,
+    })?;
+    if bad_name {
+        return Err("header name is not UTF-8");
+    }
+    Ok(StoredRecord {
+        offset: u64_at(&body, 0),
+        timestamp_ms: u64_at(&body, 8),
+        key: layout.key.map(|r| body.slice(r)),
+        headers,
+        payload: body.slice(layout.payload),
+    })
+}
+
+struct Layout {
+    key: Option<Range<usize>>,
+    payload: Range<usize>,
+}
+
+/// Walks a body, checking every length against the body size; calls `on_header(name, value)`.
+fn walk(body: &[u8], mut on_header: impl FnMut(Range<usize>, Range<usize>)) -> Result<Layout, &'static str> {
+    const MALFORMED: &str = "malformed record body";
+    if body.len() < MIN_BODY {
+        return Err(MALFORMED);
+    }
+    let flags = body[16];
+    if flags & !FLAG_KEY != 0 {
+        return Err("unknown record flags");
+    }
+    let mut at = 17;
+    let take = |at: &mut usize, n: usize| -> Result<Range<usize>, &'static str> {
+        let end = at.checked_add(n).filter(|&e| e <= body.len()).ok_or(MALFORMED)?;
+        let r = *at..end;
+        *at = end;
+        Ok(r)
+    };
+    let key = if flags & FLAG_KEY != 0 {
+        let r = take(&mut at, 4)?;
+        let n = u32_at(&body[r], 0) as usize;
+        Some(take(&mut at, n)?)
+    } else {
+        None
+    };
+    let r = take(&mut at, 4)?;
+    let count = u32_at(&body[r], 0);
+    for _ in 0..count {
+        let r = take(&mut at, 2)?;
+        let n = u16::from_le_bytes([body[r.start], body[r.start + 1]]) as usize;
+        let name = take(&mut at, n)?;
+        if std::str::from_utf8(&body[name.clone()]).is_err() {
+            return Err("header name is not UTF-8");
+        }
+        let r = take(&mut at, 4)?;
+        let n = u32_at(&body[r], 0) as usize;
+        let value = take(&mut at, n)?;
+        on_header(name, value);
+    }
+    Ok(Layout {
+        key,
+        payload: at..body.len(),
+    })
+}
+
+pub(crate) fn u32_at(b: &[u8], at: usize) -> u32 {
+    let mut a = [0; 4];
+    a.copy_from_slice(&b[at..at + 4]);
+    u32::from_le_bytes(a)
+}
+
+pub(crate) fn u64_at(b: &[u8], at: usize) -> u64 {
+    let mut a = [0; 8];
+    a.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(a)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Record {
+        Record::new(42, "hello")
+            .with_key("k")
+            .with_header("h1", "v1")
+            .with_header("", "")
+    }
+
+    #[test]
+    fn roundtrip_and_length() {
+        let r = sample();
+        let mut buf = Vec::new();
+        encode_into(&mut buf, 7, &r);
+        assert_eq!(buf.len() as u64, r.encoded_len());
+        let Frame::Good { len, offset, timestamp_ms } = check_frame(&buf) else {
+            panic!("frame not accepted")
+        };
+        assert_eq!((len, offset, timestamp_ms), (buf.len(), 7, 42));
+        let got = decode(&Bytes::from(buf)).unwrap();
+        assert_eq!(got.offset, 7);
+        assert_eq!(got.to_record(), r);
+        let plain = Record::new(1, Bytes::new());
+        assert_eq!(plain.encoded_len() as usize, MIN_FRAME);
+    }
+
+    #[test]
+    fn every_bit_flip_and_truncation_is_detected() {
+        let mut buf = Vec::new();
+        encode_into(&mut buf, 3, &sample());
+        for i in 0..buf.len() * 8 {
+            let mut b = buf.clone();
+            b[i / 8] ^= 1 << (i % 8);
+            assert!(!matches!(check_frame(&b), Frame::Good { .. }), "flip {i} accepted");
+        }
+        for cut in 0..buf.len() {
+            assert!(matches!(check_frame(&buf[..cut]), Frame::Incomplete { .. }), "cut {cut}");
+        }
+        assert!(matches!(check_frame(&[0; 64]), Frame::Bad(_)));
+    }
+
+    #[test]
+    fn display_is_one_line() {
+        let mut buf = Vec::new();
+        encode_into(&mut buf, 9, &sample());
+        let s = decode(&Bytes::from(buf)).unwrap().to_string();
+        assert_eq!(s, "offset=9 ts=42 key=\"k\" h1=\"v1\" =\"\" payload[5]=\"hello\"");
+    }
+}
