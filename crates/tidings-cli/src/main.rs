@@ -1,1 +1,2 @@
+//! The `tidings` command line (demo, bench, log tools).
 fn main() {}

@@ -140,12 +140,30 @@ mod tests {
         assert_eq!(bad(|c| c.segment_bytes = 0), ConfigError::ZeroSegmentBytes);
         assert_eq!(
             bad(|c| c.segment_bytes = 5),
-            ConfigError::SegmentBytesTooSmall { value: 5, min: MIN_SEGMENT_BYTES }
+            ConfigError::SegmentBytesTooSmall {
+                value: 5,
+                min: MIN_SEGMENT_BYTES
+            }
         );
-        assert_eq!(bad(|c| c.index_interval_bytes = 0), ConfigError::ZeroIndexInterval);
-        assert_eq!(bad(|c| c.fsync = Fsync::Interval(Duration::ZERO)), ConfigError::ZeroFsyncInterval);
-        assert_eq!(bad(|c| c.retention.max_bytes = Some(0)), ConfigError::ZeroRetentionBytes);
-        assert_eq!(bad(|c| c.retention.max_age = Some(Duration::ZERO)), ConfigError::ZeroRetentionAge);
-        assert!(matches!(bad(|c| c.max_record_bytes = 0), ConfigError::MaxRecordBytes { value: 0, .. }));
+        assert_eq!(
+            bad(|c| c.index_interval_bytes = 0),
+            ConfigError::ZeroIndexInterval
+        );
+        assert_eq!(
+            bad(|c| c.fsync = Fsync::Interval(Duration::ZERO)),
+            ConfigError::ZeroFsyncInterval
+        );
+        assert_eq!(
+            bad(|c| c.retention.max_bytes = Some(0)),
+            ConfigError::ZeroRetentionBytes
+        );
+        assert_eq!(
+            bad(|c| c.retention.max_age = Some(Duration::ZERO)),
+            ConfigError::ZeroRetentionAge
+        );
+        assert!(matches!(
+            bad(|c| c.max_record_bytes = 0),
+            ConfigError::MaxRecordBytes { value: 0, .. }
+        ));
     }
 }

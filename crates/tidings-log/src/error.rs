@@ -255,7 +255,3 @@ pub enum ToolError {
         reason: String,
     },
 }
-
-pub(crate) fn io_err(path: &std::path::Path) -> impl FnOnce(io::Error) -> (PathBuf, io::Error) + '_ {
-    move |e| (path.to_path_buf(), e)
-}

@@ -1,1 +1,201 @@
-//! placeholder
+//! `tidings-log`: the embedded, append-only, segmented log behind durable tidings streams
+//! (SPEC R-LOG-1, R-LOG-2, R-LOG-4, R-LIM-2).
+//!
+//! One [`Log`] per stream directory. Appends get consecutive offsets; reads go by offset or by
+//! time; old segments go by [`Retention`]; a crash at any point is recovered on the next
+//! [`Log::open`] without accepting a corrupt record or losing an acknowledged one.
+//!
+//! ```
+//! use tidings_log::{Fsync, Log, LogConfig, Record};
+//! # let dir = tempfile::tempdir().unwrap();
+//! let (log, _report) = Log::open(dir.path(), LogConfig { fsync: Fsync::Always, ..Default::default() })?;
+//! let offset = log.append(&Record::new(1_700_000_000_000, "hello").with_key("k"))?;
+//! let recs = log.read(offset, 10)?;
+//! assert_eq!(recs[0].payload, "hello");
+//! assert_eq!(log.offset_for_time(1_700_000_000_000)?, offset);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! # Contract
+//!
+//! * **Ordering.** Offsets are dense and increasing; a batch is contiguous; readers see a prefix.
+//! * **Durability.** Per [`Fsync`]: `Always` acknowledges only synced records (group commit);
+//!   `Interval(d)` syncs from a background thread every `d`; `Never` leaves it to the OS (and
+//!   to segment rolls and [`Log::sync`]). [`Log::durable_offset`] says what is synced.
+//! * **Failure.** A failed write or fsync poisons the writer ([`AppendError::Poisoned`] from then
+//!   on); nothing claims durability it does not have. Bad files are typed errors with the path
+//!   and byte offset, never panics.
+//!
+//! # On-disk format (version 1)
+//!
+//! All integers are little-endian. Checksums are CRC-32C (Castagnoli).
+//!
+//! ## Files
+//!
+//! A stream directory holds, for each segment with base offset `B` (the offset of its first
+//! record) written as 20 zero-padded decimal digits:
+//!
+//! | file | content |
+//! |---|---|
+//! | `BBBBBBBBBBBBBBBBBBBB.seg` | segment: header, then records |
+//! | `BBBBBBBBBBBBBBBBBBBB.idx` | sparse offset index (sealed segments only) |
+//! | `BBBBBBBBBBBBBBBBBBBB.tix` | time index (sealed segments only) |
+//! | `*.tmp` | index file being written; removed on open |
+//!
+//! Segments are contiguous: each one's base is the previous one's end offset. The last segment is
+//! the *active* one (appended to); the others are *sealed* (immutable). Other files are ignored
+//! and listed in [`RecoveryReport::ignored_files`]; a `.seg`/`.idx`/`.tix` file whose stem is not
+//! 20 digits is an error ([`OpenError::UnparseableName`]).
+//!
+//! ## Segment header
+//!
+//! 32 bytes:
+//!
+//! | bytes | field |
+//! |---|---|
+//! | 0..8 | magic `"TDNGSEG\0"` |
+//! | 8..10 | format version `u16` = 1 |
+//! | 10..16 | reserved, zero |
+//! | 16..24 | base offset `u64` (must equal the file name) |
+//! | 24..28 | reserved, zero |
+//! | 28..32 | CRC-32C of bytes 0..28 |
+//!
+//! ## Record layout
+//!
+//! Records follow the header back to back (no padding). One record (a *frame*):
+//!
+//! | bytes | field |
+//! |---|---|
+//! | 0..4 | `body_len: u32`, bytes of body that follow the 8-byte prefix (21 ..= 2^30) |
+//! | 4..8 | `crc: u32`, CRC-32C of bytes 0..4 followed by the whole body |
+//! | body 0..8 | `offset: u64` |
+//! | body 8..16 | `timestamp_ms: u64`, milliseconds since the UNIX epoch |
+//! | body 16 | `flags: u8`: bit 0 = key present; other bits must be 0 |
+//! | if key | `key_len: u32`, then `key_len` bytes |
+//! | | `header_count: u32` |
+//! | per header | `name_len: u16`, name (UTF-8), `value_len: u32`, value |
+//! | rest of body | payload |
+//!
+//! A frame is *valid* when the length is in range, the frame is complete, the CRC matches, every
+//! inner length fits exactly inside the body, flags are known, header names are UTF-8, and the
+//! stored offset is the one expected at that position.
+//!
+//! ## Index files
+//!
+//! Both index files: a 48-byte header — magic (`"TDNGIDX\0"` offset index, `"TDNGTIX\0"` time
+//! index), version `u16` = 1, reserved `u16`, entry count `u32`, base offset `u64`, covered
+//! segment length `u64`, segment end offset `u64`, segment max timestamp `u64` — then 16-byte
+//! entries, then a CRC-32C of everything before it.
+//!
+//! * Offset index entry: `(offset u64, byte position u64)`, one per `index_interval_bytes` of
+//!   records. A read seeks to the last entry at or before the wanted offset and scans forward.
+//! * Time index entry: `(max timestamp so far u64, offset u64)`: the largest timestamp of the
+//!   segment's records up to and including `offset`, added at offset-index points when it grew.
+//!   It is strictly increasing even when timestamps are not (as in Kafka).
+//!
+//! Index files are written (`*.tmp` then rename, not synced) when a segment is sealed. They are a
+//! cache, never trusted blindly: on open they are used only if magic, version, CRC, base offset
+//! and entry order check out, the covered length equals the segment's actual length, both files
+//! agree, and the last indexed position holds a record with the indexed offset; otherwise the
+//! segment is scanned and the files rewritten ([`RecoveryReport::rebuilt_indexes`]). Reads check
+//! the offset of the record found at an indexed position and fall back to a scan from the
+//! segment start if it differs. The active segment's indexes are rebuilt by the recovery scan.
+//!
+//! ## Time lookups
+//!
+//! [`Log::offset_for_time`]`(t)` is the first record **in offset order** whose own timestamp is
+//! `>= t` (equivalently, where the running maximum timestamp first reaches `t`); later records
+//! may carry smaller timestamps. The end offset if there is none.
+//!
+//! # Commit rules
+//!
+//! * Appends are encoded into an in-memory buffer, written (`pwrite`) when the buffer exceeds
+//!   [`LogConfig::write_buffer_bytes`], before every sync, and before a read needs them.
+//! * A record is *acknowledged durable* when it lies below [`Log::durable_offset`]: set only after
+//!   `fdatasync` of the active segment returned (group commit: one leader syncs for every record
+//!   written before it started).
+//! * Rolling: flush, `fdatasync` the old segment (under every policy, so sealed segments are
+//!   always complete on disk), write its index files, create the new segment, write and
+//!   `fdatasync` its header, fsync the directory, then append into it.
+//! * Every creation, rename or removal of files (roll, index rewrite, recovery repairs, retention)
+//!   is followed by an fsync of the directory before anything depends on it.
+//!
+//! # Recovery rules
+//!
+//! [`Log::open`] first validates without writing anything, then repairs:
+//!
+//! 1. Names: foreign files are ignored and reported; log extensions with bad names are errors.
+//!    Leftover `*.tmp` files and index files without their segment are removed.
+//! 2. Interrupted roll: if the last segment's whole content is a prefix of the header it should
+//!    have, or only zeros, it is removed ([`RecoveryReport::removed_incomplete_segment`]).
+//! 3. Headers: every segment header must be valid ([`OpenError::BadHeader`],
+//!    [`OpenError::UnsupportedVersion`]); a truncated header anywhere else is an error.
+//! 4. Sealed segments: loaded through their index files (see above) or scanned; with
+//!    [`LogConfig::verify_on_open`] every record is checked. Any bad record in a sealed segment
+//!    is [`OpenError::Corrupt`] — a sealed segment was synced before the next one existed, so a
+//!    crash cannot have damaged it.
+//! 5. The last segment is scanned record by record. At the first record that is incomplete or
+//!    invalid (at byte `p`), the rest of the file is searched byte by byte for a valid record
+//!    whose offset is at least the expected one (the *resync* search):
+//!    * **nothing valid after `p`: torn tail.** The file is truncated to `p` and synced, and the
+//!      cut is reported in [`RecoveryReport::truncated`] (file, byte offset, bytes dropped). This
+//!      covers a partial last record, a last record with a bad CRC, and zero-filled or garbage
+//!      tails.
+//!    * **a valid record after `p`: corruption in the middle.** [`OpenError::Corrupt`] names the
+//!      file and `p`; nothing is truncated, because silently dropping the valid records after it
+//!      could lose acknowledged data.
+//! 6. Segments must be contiguous ([`OpenError::Gap`]).
+//!
+//! A consequence: damage to the *last* record of the last segment is indistinguishable from a
+//! torn write and is truncated (and reported); anywhere else it stops the open.
+//!
+//! # Media assumptions
+//!
+//! * `fdatasync` returning success means the file's data and length survive a power cut; a
+//!   failed `fdatasync` may have lost dirty pages (hence poisoning, never retrying).
+//! * Directory fsync makes creations, renames and removals durable; `rename` is atomic.
+//! * Unsynced appended data survives a crash, if at all, as a prefix of what was written,
+//!   possibly followed by a torn write, zeros or garbage up to the file length (the length may
+//!   have reached the disk without the data). A crash cannot leave a hole followed by valid
+//!   later records; if a file system does that, the log reports `Corrupt` instead of guessing.
+//! * Sector writes need not be atomic: the CRC of each record catches torn sectors.
+//! * Bit rot in synced data is detected by CRC (on read, `verify`, or `verify_on_open`), never
+//!   repaired silently.
+//!
+//! # Modules
+//!
+//! Storage is pluggable ([`Storage`]) so tests can inject faults with
+//! [`testing::SimStorage`]; [`tools`] has `inspect`, `verify`, `dump` for a CLI.
+
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
+
+mod commit;
+mod config;
+mod dir;
+mod error;
+mod index;
+mod log;
+mod reader;
+mod record;
+mod recovery;
+mod retention;
+mod scan;
+mod segment;
+pub mod storage;
+mod tail;
+pub mod testing;
+pub mod tools;
+mod writer;
+
+pub use config::{Fsync, LogConfig, MAX_RECORD_BYTES, MIN_SEGMENT_BYTES, Retention};
+pub use error::{
+    AppendError, CloseError, ConfigError, OpenError, ReadError, RetentionError, ToolError,
+};
+pub use log::Log;
+pub use record::{MAX_HEADER_NAME, Record, StoredRecord};
+pub use recovery::{RecoveryReport, Truncation};
+pub use retention::{RemovedSegment, RetentionReport};
+pub use segment::FORMAT_VERSION;
+pub use storage::{FsStorage, Storage, StorageFile};
+pub use tail::AppendListener;

@@ -111,7 +111,12 @@ impl fmt::Display for StoredRecord {
         for (name, value) in &self.headers {
             write!(f, " {}={}", name, Preview(value))?;
         }
-        write!(f, " payload[{}]={}", self.payload.len(), Preview(&self.payload))
+        write!(
+            f,
+            " payload[{}]={}",
+            self.payload.len(),
+            Preview(&self.payload)
+        )
     }
 }
 
@@ -229,9 +234,11 @@ pub(crate) fn decode(frame: &Bytes) -> Result<StoredRecord, &'static str> {
     let body = frame.slice(FRAME_PREFIX.min(frame.len())..);
     let mut headers = Vec::new();
     let mut bad_name = false;
-    let layout = walk(&body, |name, value| match std::str::from_utf8(&body[name]) {
-        Ok(n) => headers.push((n.to_owned(), body.slice(value))),
-        Err(_) => bad_name = true,
+    let layout = walk(&body, |name, value| {
+        match std::str::from_utf8(&body[name]) {
+            Ok(n) => headers.push((n.to_owned(), body.slice(value))),
+            Err(_) => bad_name = true,
+        }
     })?;
     if bad_name {
         return Err("header name is not UTF-8");
@@ -251,7 +258,10 @@ struct Layout {
 }
 
 /// Walks a body, checking every length against the body size; calls `on_header(name, value)`.
-fn walk(body: &[u8], mut on_header: impl FnMut(Range<usize>, Range<usize>)) -> Result<Layout, &'static str> {
+fn walk(
+    body: &[u8],
+    mut on_header: impl FnMut(Range<usize>, Range<usize>),
+) -> Result<Layout, &'static str> {
     const MALFORMED: &str = "malformed record body";
     if body.len() < MIN_BODY {
         return Err(MALFORMED);
@@ -262,7 +272,10 @@ fn walk(body: &[u8], mut on_header: impl FnMut(Range<usize>, Range<usize>)) -> R
     }
     let mut at = 17;
     let take = |at: &mut usize, n: usize| -> Result<Range<usize>, &'static str> {
-        let end = at.checked_add(n).filter(|&e| e <= body.len()).ok_or(MALFORMED)?;
+        let end = at
+            .checked_add(n)
+            .filter(|&e| e <= body.len())
+            .ok_or(MALFORMED)?;
         let r = *at..end;
         *at = end;
         Ok(r)
@@ -323,7 +336,12 @@ mod tests {
         let mut buf = Vec::new();
         encode_into(&mut buf, 7, &r);
         assert_eq!(buf.len() as u64, r.encoded_len());
-        let Frame::Good { len, offset, timestamp_ms } = check_frame(&buf) else {
+        let Frame::Good {
+            len,
+            offset,
+            timestamp_ms,
+        } = check_frame(&buf)
+        else {
             panic!("frame not accepted")
         };
         assert_eq!((len, offset, timestamp_ms), (buf.len(), 7, 42));
@@ -341,10 +359,16 @@ mod tests {
         for i in 0..buf.len() * 8 {
             let mut b = buf.clone();
             b[i / 8] ^= 1 << (i % 8);
-            assert!(!matches!(check_frame(&b), Frame::Good { .. }), "flip {i} accepted");
+            assert!(
+                !matches!(check_frame(&b), Frame::Good { .. }),
+                "flip {i} accepted"
+            );
         }
         for cut in 0..buf.len() {
-            assert!(matches!(check_frame(&buf[..cut]), Frame::Incomplete { .. }), "cut {cut}");
+            assert!(
+                matches!(check_frame(&buf[..cut]), Frame::Incomplete { .. }),
+                "cut {cut}"
+            );
         }
         assert!(matches!(check_frame(&[0; 64]), Frame::Bad(_)));
     }
@@ -354,6 +378,9 @@ mod tests {
         let mut buf = Vec::new();
         encode_into(&mut buf, 9, &sample());
         let s = decode(&Bytes::from(buf)).unwrap().to_string();
-        assert_eq!(s, "offset=9 ts=42 key=\"k\" h1=\"v1\" =\"\" payload[5]=\"hello\"");
+        assert_eq!(
+            s,
+            "offset=9 ts=42 key=\"k\" h1=\"v1\" =\"\" payload[5]=\"hello\""
+        );
     }
 }

@@ -22,10 +22,11 @@
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, OnceLock, Weak};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use parking_lot::RwLock;
+use parking_lot::{Mutex, RwLock};
 
 use crate::clock::{Clock, ClockWaiter, Now, SystemClock};
 use crate::driver::{Driver, Executor, executor_for};
@@ -35,9 +36,11 @@ use crate::limits::Limits;
 use crate::message::{IdGenerator, Message, MessageBuilder};
 use crate::options::SubscribeOptions;
 use crate::report::{CloseReport, PublishReport, Undelivered};
+use crate::request::{Inbox, RequestError};
+use crate::scheduler::{Scheduled, Scheduler};
+use crate::subscription::Subscription;
 use crate::subscription::handle::SubscriptionId;
 use crate::subscription::shared::SubShared;
-use crate::subscription::Subscription;
 use crate::topic::trie::TopicTrie;
 use crate::topic::{Pattern, Topic};
 
@@ -93,6 +96,9 @@ impl BrokerBuilder {
             next_sub: AtomicU64::new(1),
             closed: AtomicBool::new(false),
             weak: weak.clone(),
+            scheduler: Arc::new(Scheduler::default()),
+            timer: Mutex::new(None),
+            inbox: OnceLock::new(),
         });
         let waiter: Weak<dyn ClockWaiter> = Arc::downgrade(&inner) as Weak<dyn ClockWaiter>;
         inner.clock.register_waiter(waiter);
@@ -148,6 +154,9 @@ pub(crate) struct BrokerInner {
     next_sub: AtomicU64,
     closed: AtomicBool,
     weak: Weak<BrokerInner>,
+    scheduler: Arc<Scheduler>,
+    timer: Mutex<Option<JoinHandle<()>>>,
+    inbox: OnceLock<Arc<Inbox>>,
 }
 
 impl Broker {
@@ -201,8 +210,75 @@ impl Broker {
     ///
     /// # Errors
     /// Invalid topic, limits exceeded, or the broker is closed: nothing was offered.
-    pub fn publish(&self, message: impl Into<MessageBuilder>) -> Result<PublishReport, PublishError> {
+    pub fn publish(
+        &self,
+        message: impl Into<MessageBuilder>,
+    ) -> Result<PublishReport, PublishError> {
         self.inner.publish_builder(message.into())
+    }
+
+    /// Send a request and wait for its reply (R-PAT-1).
+    ///
+    /// Publishes `message` with `reply_to` set to this broker's shared reply inbox and a
+    /// fresh correlation id, then waits up to `timeout` (on the broker's clock) for the
+    /// reply carrying that id. Responders answer with [`Message::reply`]. Under the manual
+    /// driver the request is delivered in this thread by `run_until_idle`, and the reply
+    /// must exist by the time that returns.
+    ///
+    /// # Errors
+    /// `NoResponders` at once when no subscription accepted the request; `Timeout` when
+    /// no reply came in time (the outstanding entry is removed either way).
+    pub fn request(
+        &self,
+        message: impl Into<MessageBuilder>,
+        timeout: Duration,
+    ) -> Result<Arc<Message>, RequestError> {
+        let inner = &self.inner;
+        let inbox = inner.inbox()?;
+        let id = inbox.register();
+        let request = message
+            .into()
+            .reply_to(inbox.topic.clone())
+            .correlation_id(id.clone());
+        let deadline = inner.clock.now() + timeout;
+        let report = match inner.publish_builder(request) {
+            Ok(r) => r,
+            Err(e) => {
+                inbox.forget(&id);
+                return Err(e.into());
+            }
+        };
+        if !report.scheduled && report.accepted == 0 {
+            inbox.forget(&id);
+            return Err(RequestError::NoResponders);
+        }
+        if inner.executor.is_manual() {
+            inner.run_until_idle();
+            let reply = inbox.try_take(&id);
+            inbox.forget(&id);
+            return reply.ok_or(RequestError::Timeout);
+        }
+        inbox
+            .wait(&id, deadline, inner.clock.as_ref())
+            .ok_or(RequestError::Timeout)
+    }
+
+    /// Requests waiting for a reply now (0 when none are outstanding).
+    #[must_use]
+    pub fn pending_requests(&self) -> usize {
+        self.inner.inbox.get().map_or(0, |i| i.outstanding())
+    }
+
+    /// Replies that arrived after their request timed out (dropped, counted here).
+    #[must_use]
+    pub fn late_replies(&self) -> u64 {
+        self.inner.inbox.get().map_or(0, |i| i.late_replies())
+    }
+
+    /// Delayed messages waiting in the scheduler (R-TIME-2).
+    #[must_use]
+    pub fn scheduled(&self) -> usize {
+        self.inner.scheduler.len()
     }
 
     /// Unsubscribe by id (R-CORE-6): effective for offers after it returns; a handler call
@@ -317,7 +393,89 @@ impl BrokerInner {
             return Err(PublishError::Closed);
         }
         let message = Arc::new(self.build_message(b)?);
+        if let Some(due) = self.due_time(&message) {
+            return self.schedule(due, message);
+        }
         Ok(self.route(&message))
+    }
+
+    /// The monotonic due time of a message delivered in the future (R-TIME-2).
+    fn due_time(&self, message: &Message) -> Option<Instant> {
+        let at = message.deliver_at()?;
+        let now = Now::read(self.clock.as_ref());
+        let wait = at.duration_since(now.wall).ok().filter(|d| !d.is_zero())?;
+        Some(now.mono + wait)
+    }
+
+    fn schedule(&self, due: Instant, message: Arc<Message>) -> Result<PublishReport, PublishError> {
+        let id = message.id();
+        let wants_timer = !self.executor.is_manual();
+        match self.scheduler.schedule(due, message, wants_timer) {
+            Scheduled::Closed => return Err(PublishError::Closed),
+            Scheduled::Held { start_timer: true } => self.start_timer(),
+            Scheduled::Held { start_timer: false } => {}
+        }
+        Ok(PublishReport {
+            id,
+            accepted: 0,
+            refused: Vec::new(),
+            scheduled: true,
+        })
+    }
+
+    /// One timer thread per broker offers due messages (R-TIME-2).
+    fn start_timer(&self) {
+        let (scheduler, clock, weak) = (
+            self.scheduler.clone(),
+            self.clock.clone(),
+            self.weak.clone(),
+        );
+        let spawned = std::thread::Builder::new()
+            .name("tidings-scheduler".into())
+            .spawn(move || {
+                while let Some(due) = scheduler.wait_due(clock.as_ref()) {
+                    let Some(broker) = weak.upgrade() else { return };
+                    for message in due {
+                        broker.route(&message);
+                    }
+                }
+            });
+        match spawned {
+            Ok(h) => *self.timer.lock() = Some(h),
+            // Without a timer thread the messages stay scheduled and are reported at close.
+            Err(e) => tracing::error!("tidings: could not start the scheduler thread: {e}"),
+        }
+    }
+
+    /// The shared reply inbox, created on first use (R-PAT-1).
+    fn inbox(&self) -> Result<Arc<Inbox>, RequestError> {
+        if let Some(i) = self.inbox.get() {
+            return Ok(i.clone());
+        }
+        let inbox = Arc::new(Inbox::new(self.ids.next(self.clock.wall()).as_u128() as u64));
+        let handler_inbox = inbox.clone();
+        let options = SubscribeOptions {
+            name: Some("reply-inbox".into()),
+            capacity: 1 << 16,
+            retry: crate::retry::Retry::None,
+            ..Default::default()
+        };
+        let mut sub = self
+            .subscribe(
+                &inbox.topic,
+                options,
+                Arc::new(move |m: &Message| handler_inbox.accept(m)),
+            )
+            .map_err(|e| RequestError::Inbox(e.to_string()))?;
+        match self.inbox.set(inbox) {
+            Ok(()) => sub.attached = false,
+            // Another thread won the race; drop (unsubscribe) ours and use theirs.
+            Err(_) => drop(sub),
+        }
+        self.inbox
+            .get()
+            .cloned()
+            .ok_or_else(|| RequestError::Inbox("inbox vanished".into()))
     }
 
     /// Validate limits and stamp id and time (R-CORE-4, R-LIM-1).
@@ -415,6 +573,10 @@ impl BrokerInner {
         let mut delivered = 0;
         loop {
             let mut progress = 0;
+            for message in self.scheduler.take_due(self.clock.now()) {
+                self.route(&message);
+                progress += 1;
+            }
             for sub in self.live() {
                 for worker in 0..sub.workers() {
                     while sub.step(worker) {
@@ -435,12 +597,20 @@ impl BrokerInner {
         self.live()
             .iter()
             .filter_map(|s| s.core.lock().next_wake())
+            .chain(self.scheduler.next_due())
             .min()
     }
 
     fn close(&self, drain: Duration) -> CloseReport {
         if self.closed.swap(true, Ordering::AcqRel) {
             return CloseReport::default();
+        }
+        let mut report = CloseReport::default();
+        for message in self.scheduler.close() {
+            report.undelivered.push(Undelivered {
+                subscription: None,
+                message,
+            });
         }
         let subs = self.live();
         let drain_until = self.clock.now() + drain;
@@ -452,7 +622,6 @@ impl BrokerInner {
         } else {
             self.executor.wait_stopped(Instant::now() + drain);
         }
-        let mut report = CloseReport::default();
         for sub in &subs {
             for message in sub.close() {
                 report.undelivered.push(Undelivered {
@@ -462,6 +631,11 @@ impl BrokerInner {
             }
         }
         report.unjoined = self.executor.join(Instant::now() + JOIN_GRACE);
+        if let Some(timer) = self.timer.lock().take()
+            && timer.thread().id() != std::thread::current().id()
+        {
+            let _ = timer.join();
+        }
         let mut reg = self.registry.write();
         reg.all.clear();
         reg.router = TopicTrie::default();
@@ -474,6 +648,10 @@ impl ClockWaiter for BrokerInner {
         for sub in self.live() {
             sub.wake_all();
         }
+        self.scheduler.wake();
+        if let Some(inbox) = self.inbox.get() {
+            inbox.wake();
+        }
     }
 }
 
@@ -482,4 +660,3 @@ impl Drop for BrokerInner {
         let _ = self.close(Duration::ZERO);
     }
 }
-

@@ -179,8 +179,14 @@ mod tests {
         assert_eq!(clock.now(), t0);
         clock.advance(Duration::from_millis(250));
         assert_eq!(clock.now() - t0, Duration::from_millis(250));
-        assert_eq!(clock.wall().duration_since(w0).unwrap(), Duration::from_millis(250));
-        assert_eq!(clock.wait_hint(t0 + Duration::from_millis(100)), Some(Duration::ZERO));
+        assert_eq!(
+            clock.wall().duration_since(w0).unwrap(),
+            Duration::from_millis(250)
+        );
+        assert_eq!(
+            clock.wait_hint(t0 + Duration::from_millis(100)),
+            Some(Duration::ZERO)
+        );
         assert_eq!(clock.wait_hint(t0 + Duration::from_secs(1)), None);
     }
 }

@@ -58,7 +58,10 @@ impl fmt::Display for DeadLetterReason {
             DeadLetterReason::RetriesExhausted {
                 attempts,
                 last_error,
-            } => write!(f, "retries exhausted after {attempts} attempts: {last_error}"),
+            } => write!(
+                f,
+                "retries exhausted after {attempts} attempts: {last_error}"
+            ),
             DeadLetterReason::Rejected { error } => write!(f, "rejected: {error}"),
             other => f.write_str(other.name()),
         }
@@ -127,7 +130,10 @@ impl DeadLetterQueue {
     }
 
     /// Remove and return the entries `select` picks, keeping the rest in order.
-    pub(crate) fn take_where(&mut self, mut select: impl FnMut(&DeadLetter) -> bool) -> Vec<DeadLetter> {
+    pub(crate) fn take_where(
+        &mut self,
+        mut select: impl FnMut(&DeadLetter) -> bool,
+    ) -> Vec<DeadLetter> {
         let mut taken = Vec::new();
         let mut kept = VecDeque::with_capacity(self.entries.len());
         for e in self.entries.drain(..) {

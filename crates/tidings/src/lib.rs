@@ -42,7 +42,6 @@ mod dedup;
 mod dlq;
 pub mod driver;
 mod error;
-#[path = "filter_stub.rs"]
 pub mod filter;
 mod handler;
 mod limits;
@@ -50,10 +49,11 @@ mod message;
 mod options;
 mod queue;
 mod report;
+mod request;
 mod retry;
+mod scheduler;
 mod stats;
 mod subscription;
-#[path = "topic_stub.rs"]
 pub mod topic;
 
 pub use broker::{Broker, BrokerBuilder, WeakBroker};
@@ -71,9 +71,10 @@ pub use options::{
     Predicate, SubscribeOptions,
 };
 pub use report::{CloseReport, PublishReport, Undelivered};
+pub use request::RequestError;
 pub use retry::{Retry, RetryPolicy};
 pub use stats::{DeadLetterCounts, RefusedCounts, SubscriptionStats};
+pub use subscription::handle::RedriveReport;
 pub use subscription::shared::DLQ_REASON_HEADER;
 pub use subscription::{Refusal, Subscription, SubscriptionId};
-pub use subscription::handle::RedriveReport;
 pub use topic::{Pattern, Topic, TopicError};

@@ -179,7 +179,6 @@ pub struct Message {
 
 impl Message {
     /// Start building a message for `topic`. The topic is validated at publish.
-    #[must_use]
     pub fn to(topic: impl Into<String>) -> MessageBuilder {
         MessageBuilder::new(topic)
     }
@@ -245,7 +244,6 @@ impl Message {
     }
     /// Start a reply to this message: addressed to its `reply_to` topic with its correlation
     /// id. `None` when the message asked for no reply.
-    #[must_use]
     pub fn reply(&self) -> Option<MessageBuilder> {
         let to = self.reply_to.as_ref()?;
         let mut b = MessageBuilder::new(to.as_str());

@@ -186,7 +186,11 @@ impl SubscribeOptions {
             Concurrency::PerKey { max_in_flight } => ("concurrency.max_in_flight", max_in_flight),
         };
         if n == 0 || n > MAX_WORKERS_PER_SUBSCRIPTION {
-            return Err(ConfigError::invalid(setting, n.to_string(), "between 1 and 1024"));
+            return Err(ConfigError::invalid(
+                setting,
+                n.to_string(),
+                "between 1 and 1024",
+            ));
         }
         if let Overflow::Block { timeout } = self.overflow
             && timeout.is_zero()
@@ -198,7 +202,11 @@ impl SubscribeOptions {
             ));
         }
         if self.ttl.is_some_and(|t| t.is_zero()) {
-            return Err(ConfigError::invalid("ttl", "0s".into(), "a non-zero duration"));
+            return Err(ConfigError::invalid(
+                "ttl",
+                "0s".into(),
+                "a non-zero duration",
+            ));
         }
         if let Some(f) = &self.header_filter {
             f.validate().map_err(|e| {

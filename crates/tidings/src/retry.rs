@@ -21,8 +21,12 @@ use crate::message::Message;
 /// subscription's state is locked.
 pub trait RetryPolicy: Send + Sync + 'static {
     /// `Some(delay)` to try again after `delay`, `None` to dead-letter the message.
-    fn retry_after(&self, attempts: u32, error: &HandlerError, message: &Message)
-    -> Option<Duration>;
+    fn retry_after(
+        &self,
+        attempts: u32,
+        error: &HandlerError,
+        message: &Message,
+    ) -> Option<Duration>;
 }
 
 /// How a subscription retries failed deliveries. See the module docs.
@@ -200,7 +204,8 @@ fn check_attempts(max_attempts: u32) -> Result<(), ConfigError> {
 
 /// A number in [0, 1) derived from `(id, attempt)` (splitmix64).
 fn unit_hash(id: u128, attempt: u32) -> f64 {
-    let mut z = (id as u64) ^ ((id >> 64) as u64) ^ u64::from(attempt).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    let mut z =
+        (id as u64) ^ ((id >> 64) as u64) ^ u64::from(attempt).wrapping_mul(0x9E37_79B9_7F4A_7C15);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^= z >> 31;
@@ -300,10 +305,28 @@ mod tests {
     #[test]
     fn inconsistent_policies_are_refused() {
         assert!(Retry::fixed(Duration::ZERO, 0).validate().is_err());
-        assert!(Retry::exponential(Duration::from_millis(1), 0.5).validate().is_err());
-        assert!(Retry::exponential(Duration::from_millis(1), f64::NAN).validate().is_err());
-        assert!(Retry::exponential(Duration::from_millis(1), 2.0).jitter(1.5).validate().is_err());
-        assert!(Retry::exponential(Duration::from_secs(10), 2.0).max_delay(Duration::from_secs(1)).validate().is_err());
+        assert!(
+            Retry::exponential(Duration::from_millis(1), 0.5)
+                .validate()
+                .is_err()
+        );
+        assert!(
+            Retry::exponential(Duration::from_millis(1), f64::NAN)
+                .validate()
+                .is_err()
+        );
+        assert!(
+            Retry::exponential(Duration::from_millis(1), 2.0)
+                .jitter(1.5)
+                .validate()
+                .is_err()
+        );
+        assert!(
+            Retry::exponential(Duration::from_secs(10), 2.0)
+                .max_delay(Duration::from_secs(1))
+                .validate()
+                .is_err()
+        );
         assert!(Retry::default().validate().is_ok());
     }
 }

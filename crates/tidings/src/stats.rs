@@ -96,6 +96,8 @@ pub struct SubscriptionStats {
     pub dlq_len: u64,
     /// DLQ entries evicted because the DLQ was full.
     pub dlq_evicted: u64,
+    /// Publishers waiting for room under `Overflow::Block` right now (R-BP-3).
+    pub blocked_publishers: u64,
     /// How long the oldest queued message has waited (R-BP-3).
     pub oldest_age: Option<Duration>,
 }

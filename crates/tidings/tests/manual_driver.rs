@@ -55,7 +55,9 @@ fn fan_out_priority_filters_retries_and_dlq_exactly() {
         .unwrap();
     // R-CORE-5: the report says who accepted and who refused, and why.
     for i in 0..6u32 {
-        let r = broker.publish(Message::to("orders").payload(i.to_string())).unwrap();
+        let r = broker
+            .publish(Message::to("orders").payload(i.to_string()))
+            .unwrap();
         let expect_filtered = usize::from(i % 2 == 1);
         assert_eq!(r.accepted, 3 - expect_filtered);
         assert_eq!(r.refused_for(Refusal::Filtered), expect_filtered);
@@ -102,7 +104,9 @@ fn fan_out_priority_filters_retries_and_dlq_exactly() {
 fn priority_then_fifo() {
     let (broker, _clock) = manual();
     let rec = Recorder::default();
-    let _s = broker.subscribe("t", SubscribeOptions::default(), rec.handler()).unwrap();
+    let _s = broker
+        .subscribe("t", SubscribeOptions::default(), rec.handler())
+        .unwrap();
     let plan = [
         ("l1", Priority::Low),
         ("n1", Priority::Normal),
@@ -114,10 +118,15 @@ fn priority_then_fifo() {
         ("h2", Priority::High),
     ];
     for (p, prio) in plan {
-        broker.publish(Message::to("t").payload(p).priority(prio)).unwrap();
+        broker
+            .publish(Message::to("t").payload(p).priority(prio))
+            .unwrap();
     }
     broker.run_until_idle();
-    assert_eq!(rec.take(), vec!["u1", "u2", "h1", "h2", "n1", "n2", "l1", "l2"]);
+    assert_eq!(
+        rec.take(),
+        vec!["u1", "u2", "h1", "h2", "n1", "n2", "l1", "l2"]
+    );
 }
 
 // R-ORD-1: a retry happens in place and blocks the messages behind it.
@@ -169,7 +178,10 @@ fn exponential_backoff_schedule_is_recorded() {
         .unwrap();
     broker.publish(Message::to("t").payload("x")).unwrap();
     let waits = drive(&broker, &clock);
-    assert_eq!(waits, vec![Duration::from_millis(100), Duration::from_millis(200)]);
+    assert_eq!(
+        waits,
+        vec![Duration::from_millis(100), Duration::from_millis(200)]
+    );
     let dlq = sub.dead_letters();
     assert_eq!(dlq.len(), 1);
     assert_eq!(dlq[0].attempts, 3); // R-DEL-1
@@ -221,7 +233,12 @@ fn rejected_errors_skip_retries() {
     broker.publish(Message::to("t")).unwrap();
     assert_eq!(broker.run_until_idle(), 1);
     let dlq = sub.dead_letters();
-    assert_eq!(dlq[0].reason, DeadLetterReason::Rejected { error: "malformed".into() });
+    assert_eq!(
+        dlq[0].reason,
+        DeadLetterReason::Rejected {
+            error: "malformed".into()
+        }
+    );
     assert_eq!(dlq[0].attempts, 1);
     assert_eq!(sub.stats().dead_lettered.rejected, 1);
     assert!(broker.next_wake().is_none());
@@ -303,8 +320,7 @@ fn dedup_records_only_after_success() {
         broker.publish(Message::to("t").payload("dup")).unwrap();
         broker.run_until_idle();
         drop(tap);
-        let v = captured.lock().clone();
-        v
+        captured.lock().clone()
     };
     assert_eq!(seen.lock().last().map(String::as_str), Some("dup"));
     // Deliver the same id straight to the decorator again: skipped.
@@ -345,16 +361,28 @@ fn dlq_bounded_drain_and_redrive() {
         )
         .unwrap();
     for i in 0..5 {
-        broker.publish(Message::to("t").payload(i.to_string())).unwrap();
+        broker
+            .publish(Message::to("t").payload(i.to_string()))
+            .unwrap();
     }
     broker.run_until_idle();
     let s = sub.stats();
     assert_eq!((s.dlq_len, s.dlq_evicted), (3, 2));
-    let listed: Vec<_> = sub.dead_letters().iter().map(|d| text(&d.message)).collect();
+    let listed: Vec<_> = sub
+        .dead_letters()
+        .iter()
+        .map(|d| text(&d.message))
+        .collect();
     assert_eq!(listed, vec!["2", "3", "4"]);
     fail.store(false, Ordering::SeqCst);
     let r = sub.redrive(|d| text(&d.message) != "3");
-    assert_eq!(r, RedriveReport { accepted: 2, refused: 0 });
+    assert_eq!(
+        r,
+        RedriveReport {
+            accepted: 2,
+            refused: 0
+        }
+    );
     broker.run_until_idle();
     assert_eq!(rec.take(), vec!["2", "4"]);
     let drained = sub.drain_dead_letters();
@@ -371,10 +399,15 @@ fn dead_letter_topic_forwarding() {
     let reasons = Arc::new(parking_lot::Mutex::new(Vec::new()));
     let r2 = reasons.clone();
     let _watch = broker
-        .subscribe("dlq.orders", SubscribeOptions::default(), move |m: &Message| {
-            r2.lock().push(m.header(DLQ_REASON_HEADER).unwrap_or("").to_owned());
-            Ok(())
-        })
+        .subscribe(
+            "dlq.orders",
+            SubscribeOptions::default(),
+            move |m: &Message| {
+                r2.lock()
+                    .push(m.header(DLQ_REASON_HEADER).unwrap_or("").to_owned());
+                Ok(())
+            },
+        )
         .unwrap();
     let _s = broker
         .subscribe(
@@ -411,12 +444,24 @@ fn reject_overflow_goes_to_dlq() {
         )
         .unwrap();
     let refused: usize = (0..5)
-        .map(|_| broker.publish(Message::to("t")).unwrap().refused_for(Refusal::Overflow))
+        .map(|_| {
+            broker
+                .publish(Message::to("t"))
+                .unwrap()
+                .refused_for(Refusal::Overflow)
+        })
         .sum();
     assert_eq!(refused, 3);
     let s = sub.stats();
-    assert_eq!((s.accepted, s.refused.overflow, s.dlq_len, s.queued), (2, 3, 3, 2));
-    assert!(sub.dead_letters().iter().all(|d| d.reason == DeadLetterReason::Overflow));
+    assert_eq!(
+        (s.accepted, s.refused.overflow, s.dlq_len, s.queued),
+        (2, 3, 3, 2)
+    );
+    assert!(
+        sub.dead_letters()
+            .iter()
+            .all(|d| d.reason == DeadLetterReason::Overflow)
+    );
     broker.run_until_idle();
     assert!(sub.stats().is_conserved()); // R-DEL-6
 }
@@ -443,7 +488,11 @@ fn same_message_instance_reaches_every_subscriber() {
     assert!(r1.id < r2.id);
     broker.run_until_idle();
     let seen = ptrs.lock().clone();
-    let first: Vec<_> = seen.iter().filter(|(_, id)| *id == r1.id).map(|(p, _)| *p).collect();
+    let first: Vec<_> = seen
+        .iter()
+        .filter(|(_, id)| *id == r1.id)
+        .map(|(p, _)| *p)
+        .collect();
     assert_eq!(first.len(), 3);
     assert!(first.iter().all(|p| *p == first[0]));
 }
@@ -465,49 +514,91 @@ fn limits_and_bad_configuration_are_typed_errors() {
         .build()
         .unwrap();
     assert_eq!(
-        broker.publish(Message::to("t").payload("12345")).unwrap_err(),
+        broker
+            .publish(Message::to("t").payload("12345"))
+            .unwrap_err(),
         PublishError::PayloadTooLarge { size: 5, limit: 4 }
     );
     assert_eq!(
-        broker.publish(Message::to("t").header("a", "1").header("b", "2")).unwrap_err(),
+        broker
+            .publish(Message::to("t").header("a", "1").header("b", "2"))
+            .unwrap_err(),
         PublishError::TooManyHeaders { count: 2, limit: 1 }
     );
     assert_eq!(
-        broker.publish(Message::to("t").header("abcd", "12345")).unwrap_err(),
+        broker
+            .publish(Message::to("t").header("abcd", "12345"))
+            .unwrap_err(),
         PublishError::HeadersTooLarge { size: 9, limit: 8 }
     );
     assert_eq!(
         broker.publish(Message::to("t").key("abc")).unwrap_err(),
         PublishError::KeyTooLarge { size: 3, limit: 2 }
     );
-    assert!(matches!(broker.publish(Message::to("")), Err(PublishError::InvalidTopic(_))));
-    assert!(matches!(broker.publish(Message::to("a.*")), Err(PublishError::InvalidTopic(_))));
+    assert!(matches!(
+        broker.publish(Message::to("")),
+        Err(PublishError::InvalidTopic(_))
+    ));
+    assert!(matches!(
+        broker.publish(Message::to("a.*")),
+        Err(PublishError::InvalidTopic(_))
+    ));
     let ok = |_m: &Message| Ok(());
     let bad = |o: SubscribeOptions| broker.subscribe("t", o, ok).unwrap_err();
     assert!(matches!(
-        bad(SubscribeOptions { capacity: 0, ..Default::default() }),
-        SubscribeError::InvalidOptions(ConfigError::Invalid { setting: "capacity", .. })
+        bad(SubscribeOptions {
+            capacity: 0,
+            ..Default::default()
+        }),
+        SubscribeError::InvalidOptions(ConfigError::Invalid {
+            setting: "capacity",
+            ..
+        })
     ));
     assert!(matches!(
-        bad(SubscribeOptions { concurrency: Concurrency::Lanes(0), ..Default::default() }),
-        SubscribeError::InvalidOptions(ConfigError::Invalid { setting: "concurrency.lanes", .. })
+        bad(SubscribeOptions {
+            concurrency: Concurrency::Lanes(0),
+            ..Default::default()
+        }),
+        SubscribeError::InvalidOptions(ConfigError::Invalid {
+            setting: "concurrency.lanes",
+            ..
+        })
     ));
     assert!(matches!(
-        bad(SubscribeOptions { retry: Retry::fixed(Duration::ZERO, 0), ..Default::default() }),
-        SubscribeError::InvalidOptions(ConfigError::Invalid { setting: "retry.max_attempts", .. })
+        bad(SubscribeOptions {
+            retry: Retry::fixed(Duration::ZERO, 0),
+            ..Default::default()
+        }),
+        SubscribeError::InvalidOptions(ConfigError::Invalid {
+            setting: "retry.max_attempts",
+            ..
+        })
     ));
     assert!(matches!(
         broker.subscribe("", SubscribeOptions::default(), ok),
         Err(SubscribeError::InvalidPattern(_))
     ));
-    let _first = broker.subscribe("t", SubscribeOptions::default(), ok).unwrap();
+    let _first = broker
+        .subscribe("t", SubscribeOptions::default(), ok)
+        .unwrap();
     assert_eq!(
-        broker.subscribe("t", SubscribeOptions::default(), ok).unwrap_err(),
+        broker
+            .subscribe("t", SubscribeOptions::default(), ok)
+            .unwrap_err(),
         SubscribeError::TooManySubscriptions { limit: 1 }
     );
     assert!(matches!(
-        Broker::builder().limits(Limits { max_payload_bytes: 0, ..Default::default() }).build(),
-        Err(ConfigError::Invalid { setting: "limits.max_payload_bytes", .. })
+        Broker::builder()
+            .limits(Limits {
+                max_payload_bytes: 0,
+                ..Default::default()
+            })
+            .build(),
+        Err(ConfigError::Invalid {
+            setting: "limits.max_payload_bytes",
+            ..
+        })
     ));
 }
 
@@ -516,11 +607,16 @@ fn limits_and_bad_configuration_are_typed_errors() {
 fn unsubscribe_refuses_later_offers_and_reports_queued() {
     let (broker, _clock) = manual();
     let rec = Recorder::default();
-    let sub = broker.subscribe("t", SubscribeOptions::default(), rec.handler()).unwrap();
+    let sub = broker
+        .subscribe("t", SubscribeOptions::default(), rec.handler())
+        .unwrap();
     broker.publish(Message::to("t").payload("queued")).unwrap();
     let id = sub.id();
     let left = broker.unsubscribe(id).unwrap();
-    assert_eq!(left.iter().map(|m| text(m)).collect::<Vec<_>>(), vec!["queued"]);
+    assert_eq!(
+        left.iter().map(|m| text(m)).collect::<Vec<_>>(),
+        vec!["queued"]
+    );
     assert_eq!(broker.publish(Message::to("t")).unwrap().matched(), 0);
     broker.run_until_idle();
     assert!(rec.take().is_empty());
@@ -558,11 +654,18 @@ fn manual_close_drains_and_reports_retries() {
     let report = broker.close(Duration::from_secs(1));
     // "bad" was waiting an hour to retry: abandoned at once; the drain then delivered
     // "good", which was queued behind it.
-    let left: Vec<_> = report.undelivered.iter().map(|u| text(&u.message)).collect();
+    let left: Vec<_> = report
+        .undelivered
+        .iter()
+        .map(|u| text(&u.message))
+        .collect();
     assert_eq!(left, vec!["bad"]);
     assert_eq!(rec.take(), vec!["good"]);
     assert!(report.unjoined.is_empty());
-    assert_eq!(broker.publish(Message::to("t")).unwrap_err(), PublishError::Closed);
+    assert_eq!(
+        broker.publish(Message::to("t")).unwrap_err(),
+        PublishError::Closed
+    );
     let s = sub.stats();
     assert_eq!((s.dead_lettered.shutdown, s.delivered), (1, 1));
     assert!(s.is_conserved());

@@ -168,7 +168,9 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
             Op::Publish(t) => {
                 let n = next_msg;
                 next_msg += 1;
-                broker.publish(Message::to(TOPICS[t]).payload(n.to_string())).unwrap();
+                broker
+                    .publish(Message::to(TOPICS[t]).payload(n.to_string()))
+                    .unwrap();
                 for m in model.iter_mut().filter(|m| m.topic == t && m.open) {
                     m.offer(n);
                 }
@@ -180,9 +182,16 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     retry: Retry::fixed(BACKOFF, MAX_ATTEMPTS),
                     ..Default::default()
                 };
-                let sub = broker.subscribe(TOPICS[t], opts, handler(b, Arc::clone(&log))).unwrap();
+                let sub = broker
+                    .subscribe(TOPICS[t], opts, handler(b, Arc::clone(&log)))
+                    .unwrap();
                 real.push((sub, log));
-                model.push(ModelSub { topic: t, behaviour: Some(b), open: true, ..Default::default() });
+                model.push(ModelSub {
+                    topic: t,
+                    behaviour: Some(b),
+                    open: true,
+                    ..Default::default()
+                });
             }
             Op::Unsubscribe(i) => {
                 if let Some((sub, _)) = real.get(i) {
@@ -219,7 +228,13 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
         let dlq: Vec<(u32, String, u32)> = sub
             .dead_letters()
             .iter()
-            .map(|d| (text(&d.message).parse().unwrap(), d.reason.name().to_owned(), d.attempts))
+            .map(|d| {
+                (
+                    text(&d.message).parse().unwrap(),
+                    d.reason.name().to_owned(),
+                    d.attempts,
+                )
+            })
             .collect();
         prop_assert_eq!(&dlq, &m.dlq, "DLQ of sub {}", i);
         let s = sub.stats();

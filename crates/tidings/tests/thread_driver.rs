@@ -32,16 +32,24 @@ fn blocked_subscriber_does_not_delay_others() {
         })
         .unwrap();
     let b_seen = Recorder::default();
-    let b = broker.subscribe("t", SubscribeOptions::default(), b_seen.handler()).unwrap();
+    let b = broker
+        .subscribe("t", SubscribeOptions::default(), b_seen.handler())
+        .unwrap();
     for i in 0..20 {
-        broker.publish(Message::to("t").payload(i.to_string())).unwrap();
+        broker
+            .publish(Message::to("t").payload(i.to_string()))
+            .unwrap();
     }
     // B gets all 20 while A is still stuck on its first message.
-    wait_until("B receives its 20 messages", PATIENCE, || b_seen.len() == 20);
+    wait_until("B receives its 20 messages", PATIENCE, || {
+        b_seen.len() == 20
+    });
     assert_eq!(a_seen.len(), 0);
     assert_eq!(a.stats().in_flight, 1);
     gate.wait();
-    wait_until("A receives its 20 messages", PATIENCE, || a_seen.len() == 20);
+    wait_until("A receives its 20 messages", PATIENCE, || {
+        a_seen.len() == 20
+    });
     let expected: Vec<String> = (0..20).map(|i| i.to_string()).collect();
     assert_eq!(a_seen.take(), expected);
     assert_eq!(b_seen.take(), expected);
@@ -100,7 +108,9 @@ fn per_publisher_order_and_one_active_handler() {
             let broker = broker.clone();
             s.spawn(move || {
                 for i in 0..200u32 {
-                    let r = broker.publish(Message::to("load").payload(format!("{p}:{i}"))).unwrap();
+                    let r = broker
+                        .publish(Message::to("load").payload(format!("{p}:{i}")))
+                        .unwrap();
                     assert_eq!(r.accepted, 3);
                 }
             });
@@ -150,19 +160,28 @@ fn reentrant_handlers_do_not_deadlock() {
             let b = w.upgrade().unwrap();
             let n: u32 = text(m).parse().unwrap();
             if n == 3 {
-                nc.lock().push(b.subscribe("side", SubscribeOptions::default(), ng.handler()).unwrap());
+                nc.lock().push(
+                    b.subscribe("side", SubscribeOptions::default(), ng.handler())
+                        .unwrap(),
+                );
             }
             if n > 0 {
-                b.publish(Message::to("chain").payload((n - 1).to_string())).unwrap();
-                b.publish(Message::to("side").payload(format!("from {n}"))).unwrap();
+                b.publish(Message::to("chain").payload((n - 1).to_string()))
+                    .unwrap();
+                b.publish(Message::to("side").payload(format!("from {n}")))
+                    .unwrap();
             }
             Ok(())
         })
         .unwrap();
     broker.publish(Message::to("quit")).unwrap();
     broker.publish(Message::to("chain").payload("5")).unwrap();
-    wait_until("quitter ran", PATIENCE, || quitter_calls.load(Ordering::SeqCst) == 1);
-    wait_until("newcomer got the later side messages", PATIENCE, || newcomer_got.len() == 3);
+    wait_until("quitter ran", PATIENCE, || {
+        quitter_calls.load(Ordering::SeqCst) == 1
+    });
+    wait_until("newcomer got the later side messages", PATIENCE, || {
+        newcomer_got.len() == 3
+    });
     assert_eq!(newcomer_got.take(), vec!["from 3", "from 2", "from 1"]);
     // The quitter is gone: later messages are not offered to it.
     assert_eq!(broker.publish(Message::to("quit")).unwrap().matched(), 0);
@@ -220,7 +239,9 @@ fn churn_keeps_conservation() {
             s.spawn(move || {
                 let mut i = 0u64;
                 while !stop.load(Ordering::Relaxed) {
-                    broker.publish(Message::to("churn").payload(format!("{p}:{i}"))).unwrap();
+                    broker
+                        .publish(Message::to("churn").payload(format!("{p}:{i}")))
+                        .unwrap();
                     i += 1;
                 }
             });
@@ -263,7 +284,9 @@ fn churn_keeps_conservation() {
 #[test]
 fn dropping_the_broker_closes_it() {
     let broker = Broker::new();
-    let sub = broker.subscribe("t", SubscribeOptions::default(), |_m: &Message| Ok(())).unwrap();
+    let sub = broker
+        .subscribe("t", SubscribeOptions::default(), |_m: &Message| Ok(()))
+        .unwrap();
     broker.publish(Message::to("t")).unwrap();
     let weak = broker.downgrade();
     drop(broker);

@@ -49,7 +49,10 @@ impl Storage for FsStorage {
             .write(mode == OpenMode::ReadWrite)
             .open(path)?;
         if !f.metadata()?.is_file() {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, "not a regular file"));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "not a regular file",
+            ));
         }
         Ok(Box::new(FsFile(f)))
     }

@@ -88,7 +88,11 @@ pub trait StorageFile: Send + Sync + fmt::Debug {
 
 /// Reads exactly `buf.len()` bytes at `offset`, failing with `UnexpectedEof` if the file is
 /// shorter.
-pub(crate) fn read_exact_at(file: &dyn StorageFile, mut buf: &mut [u8], mut offset: u64) -> io::Result<()> {
+pub(crate) fn read_exact_at(
+    file: &dyn StorageFile,
+    mut buf: &mut [u8],
+    mut offset: u64,
+) -> io::Result<()> {
     while !buf.is_empty() {
         match file.read_at(buf, offset) {
             Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
@@ -104,7 +108,11 @@ pub(crate) fn read_exact_at(file: &dyn StorageFile, mut buf: &mut [u8], mut offs
 }
 
 /// Writes all of `buf` at `offset`, looping over short writes.
-pub(crate) fn write_all_at(file: &dyn StorageFile, mut buf: &[u8], mut offset: u64) -> io::Result<()> {
+pub(crate) fn write_all_at(
+    file: &dyn StorageFile,
+    mut buf: &[u8],
+    mut offset: u64,
+) -> io::Result<()> {
     while !buf.is_empty() {
         match file.write_at(buf, offset) {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),

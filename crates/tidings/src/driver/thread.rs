@@ -111,7 +111,12 @@ impl Executor for ThreadExecutor {
         let me = self.on_this_thread();
         let mut running = self.live.running.lock();
         while *running > me {
-            if self.live.changed.wait_until(&mut running, deadline).timed_out() {
+            if self
+                .live
+                .changed
+                .wait_until(&mut running, deadline)
+                .timed_out()
+            {
                 return *running <= me;
             }
         }

@@ -163,7 +163,12 @@ impl Core {
     /// Offer a message. With `may_wait` and the `Block` policy, a full queue returns
     /// [`Offered::Full`] without counting anything, so the publisher can wait and retry;
     /// the final attempt passes `may_wait = false` and a full queue is refused.
-    pub(crate) fn handle_offer(&mut self, message: &Arc<Message>, now: Now, may_wait: bool) -> Offered {
+    pub(crate) fn handle_offer(
+        &mut self,
+        message: &Arc<Message>,
+        now: Now,
+        may_wait: bool,
+    ) -> Offered {
         if self.state != State::Open {
             self.ledger.offered += 1;
             self.ledger.refused.closed += 1;
@@ -175,7 +180,13 @@ impl Core {
                 Overflow::Reject | Overflow::Block { .. } => {
                     self.ledger.offered += 1;
                     self.ledger.refused.overflow += 1;
-                    self.ledger.dead_letter(message.clone(), DeadLetterReason::Overflow, 0, now.wall, true);
+                    self.ledger.dead_letter(
+                        message.clone(),
+                        DeadLetterReason::Overflow,
+                        0,
+                        now.wall,
+                        true,
+                    );
                     return Offered::Refused(Refusal::Overflow);
                 }
                 Overflow::DropOldest { keep } => {
@@ -185,7 +196,13 @@ impl Core {
                     };
                     if let Some(v) = victim {
                         self.queued -= 1;
-                        self.ledger.dead_letter(v.message, DeadLetterReason::DroppedOldest, 0, now.wall, keep);
+                        self.ledger.dead_letter(
+                            v.message,
+                            DeadLetterReason::DroppedOldest,
+                            0,
+                            now.wall,
+                            keep,
+                        );
                     }
                 }
             }
@@ -243,7 +260,13 @@ impl Core {
                     if q.message.is_expired(now.wall, self.ttl) {
                         self.finish_take(worker, &q.message, None);
                         self.ledger.finished();
-                        self.ledger.dead_letter(q.message, DeadLetterReason::Expired, 0, now.wall, true);
+                        self.ledger.dead_letter(
+                            q.message,
+                            DeadLetterReason::Expired,
+                            0,
+                            now.wall,
+                            true,
+                        );
                         continue;
                     }
                     return self.start(worker, q.message, 1);
@@ -340,7 +363,8 @@ impl Core {
         };
         self.finish_take(worker, &message, None);
         self.ledger.finished();
-        self.ledger.dead_letter(message, reason, attempt, now.wall, true);
+        self.ledger
+            .dead_letter(message, reason, attempt, now.wall, true);
     }
 
     /// Stop accepting; deliver what is queued until `deadline`; abandon retries at once.
@@ -429,6 +453,7 @@ impl Core {
             failures: l.failures,
             dlq_len: l.dlq.len() as u64,
             dlq_evicted: l.dlq.evicted(),
+            blocked_publishers: self.blocked_publishers as u64,
             oldest_age: oldest.map(|t| now.saturating_duration_since(t)),
         }
     }

@@ -84,11 +84,17 @@ impl Lanes {
     }
 
     pub(crate) fn take_parked(&mut self) -> Vec<Parked> {
-        self.lanes.iter_mut().filter_map(|l| l.parked.take()).collect()
+        self.lanes
+            .iter_mut()
+            .filter_map(|l| l.parked.take())
+            .collect()
     }
 
     pub(crate) fn drain_queued(&mut self) -> Vec<Queued> {
-        self.lanes.iter_mut().flat_map(|l| l.queue.drain()).collect()
+        self.lanes
+            .iter_mut()
+            .flat_map(|l| l.queue.drain())
+            .collect()
     }
 
     pub(crate) fn next_wake(&self) -> Option<Instant> {

@@ -1,11 +1,11 @@
 //! Subscriptions: the sans-IO core, its dispatch flavors, and the shared handle drivers run.
 
 pub(crate) mod core;
+pub(crate) mod handle;
 mod lanes;
 mod ledger;
 mod per_key;
 pub(crate) mod shared;
-pub(crate) mod handle;
 
 pub use self::core::Refusal;
 pub use handle::{Subscription, SubscriptionId};

@@ -109,7 +109,8 @@ impl PerKey {
             self.ready.remove(&(Reverse(prio), seq));
             if let Some((next_seq, head)) = kq.pending.front() {
                 let p = head.message.priority() as u8;
-                self.ready.insert((Reverse(p), *next_seq), victim_key.clone());
+                self.ready
+                    .insert((Reverse(p), *next_seq), victim_key.clone());
             } else {
                 self.keys.remove(&victim_key);
             }

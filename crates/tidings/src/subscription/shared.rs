@@ -114,7 +114,9 @@ impl SubShared {
     }
 
     fn passes_filter(&self, message: &Message) -> bool {
-        self.header_filter.as_ref().is_none_or(|f| f.matches(message))
+        self.header_filter
+            .as_ref()
+            .is_none_or(|f| f.matches(message))
             && self.predicate.as_ref().is_none_or(|p| p.test(message))
     }
 

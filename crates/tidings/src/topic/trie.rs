@@ -16,12 +16,14 @@ use super::{HASH, MAX_WORDS, Pattern, STAR, Topic};
 ///
 /// * Literal patterns (no wildcard) live in a hash map keyed by the whole topic: matching them is
 ///   one hash lookup, whatever their number.
-/// * Wildcard patterns live in a trie over words. Matching walks it word by word keeping the set
-///   of live nodes (an NFA simulation with duplicate states merged), so the cost grows with the
-///   topic's depth and the number of matching patterns, never with the number of patterns.
-///   When no wildcard pattern is stored the walk is skipped.
-/// * Matching does not allocate unless more than 16 trie nodes are live at once or more than
-///   16 distinct patterns match (then one reusable buffer per call).
+/// * Wildcard patterns live in a trie over words. Matching looks each topic word up once in a
+///   table of the words used by wildcard patterns, then walks the trie keeping the set of live
+///   nodes (an NFA simulation with duplicate states merged), one integer-keyed edge lookup per
+///   live node and word. So the cost grows with the topic's depth and the number of matching
+///   patterns, never with the number of patterns. When no wildcard pattern is stored the walk
+///   is skipped.
+/// * Matching does not allocate unless more than 8 trie nodes are live at once or more than 8
+///   distinct patterns match (then one buffer per call).
 ///
 /// # Equivalent patterns
 ///
@@ -35,117 +37,80 @@ use super::{HASH, MAX_WORDS, Pattern, STAR, Topic};
 ///
 /// [`for_each_match`](Self::for_each_match) reports matches in **ascending id** order, each id
 /// once, which makes routing deterministic for a given set of entries.
+///
+/// # Capacity
+///
+/// Trie nodes are numbered with `u32`; more than about four billion nodes (far beyond any
+/// memory this would fit in) panics.
 pub struct TopicTrie<V> {
     /// Literal patterns: full topic → entries sorted by id.
     literal: HashMap<Box<str>, Vec<(u64, V)>, FastState>,
-    /// Root of the wildcard-pattern trie.
-    root: Node<V>,
+    /// Words used by wildcard-trie edges → (word id, number of edges using it).
+    words: HashMap<Box<str>, (u32, u32), FastState>,
+    /// Word ids released by `words`, for reuse.
+    free_words: Vec<u32>,
+    /// Next never-used word id.
+    next_word: u32,
+    /// Literal-word edges of the trie: `edge_key(parent, word id)` → child node.
+    edges: HashMap<u64, u32, FastState>,
+    /// Trie nodes; index 0 is the root. Freed nodes are reset and listed in `free_nodes`.
+    nodes: Vec<Node<V>>,
+    free_nodes: Vec<u32>,
     /// Number of entries in the trie (wildcard patterns).
     wild_len: usize,
     /// Number of entries in `literal`.
     literal_len: usize,
-    /// Next node serial (deterministic tie-break when deduplicating many live nodes).
-    next_serial: u64,
 }
 
-/// Children of a node reached through literal words: a small vector while fan-out is small
-/// (a compare is cheaper than hashing), a hash map beyond [`SMALL_FANOUT`].
-enum Children<V> {
-    Small(Vec<(Box<str>, Node<V>)>),
-    Map(HashMap<Box<str>, Node<V>, FastState>),
-}
-
-const SMALL_FANOUT: usize = 8;
+/// "No node": the root (0) is never anybody's child.
+const NONE: u32 = 0;
+const ROOT: u32 = 0;
 
 struct Node<V> {
-    serial: u64,
-    /// This node was reached through a `#` edge, so it may consume any number of further words.
-    is_hash: bool,
     /// Entries whose (canonical) pattern ends here, sorted by id.
     entries: Vec<(u64, V)>,
-    children: Children<V>,
-    star: Option<Box<Node<V>>>,
-    hash: Option<Box<Node<V>>>,
+    /// Child through `*`, or `NONE`.
+    star: u32,
+    /// Child through `#`, or `NONE`.
+    hash: u32,
+    /// Number of literal-word edges from this node.
+    children: u32,
+    /// Bit `word_id % 64` is set for every literal-word edge ever added since the node was
+    /// created (a superset after removals): lets the walk skip most edge lookups that would miss.
+    bloom: u64,
+    /// This node was reached through a `#` edge, so it may consume any number of further words.
+    is_hash: bool,
 }
 
 impl<V> Node<V> {
-    fn new(serial: u64, is_hash: bool) -> Self {
+    fn new(is_hash: bool) -> Self {
         Self {
-            serial,
-            is_hash,
             entries: Vec::new(),
-            children: Children::Small(Vec::new()),
-            star: None,
-            hash: None,
+            star: NONE,
+            hash: NONE,
+            children: 0,
+            bloom: 0,
+            is_hash,
         }
     }
 
     fn is_empty(&self) -> bool {
-        self.entries.is_empty()
-            && self.star.is_none()
-            && self.hash.is_none()
-            && match &self.children {
-                Children::Small(v) => v.is_empty(),
-                Children::Map(m) => m.is_empty(),
-            }
-    }
-
-    #[inline]
-    fn child(&self, word: &str) -> Option<&Node<V>> {
-        match &self.children {
-            Children::Small(v) => v.iter().find(|(k, _)| &**k == word).map(|(_, n)| n),
-            Children::Map(m) => m.get(word),
-        }
-    }
-
-    fn child_mut(&mut self, word: &str) -> Option<&mut Node<V>> {
-        match &mut self.children {
-            Children::Small(v) => v.iter_mut().find(|(k, _)| &**k == word).map(|(_, n)| n),
-            Children::Map(m) => m.get_mut(word),
-        }
-    }
-
-    fn child_or_insert(&mut self, word: &str, serial: &mut u64) -> &mut Node<V> {
-        if let Children::Small(v) = &mut self.children
-            && v.len() >= SMALL_FANOUT
-            && !v.iter().any(|(k, _)| &**k == word)
-        {
-            let map: HashMap<_, _, FastState> = std::mem::take(v).into_iter().collect();
-            self.children = Children::Map(map);
-        }
-        match &mut self.children {
-            Children::Small(v) => {
-                let pos = match v.iter().position(|(k, _)| &**k == word) {
-                    Some(pos) => pos,
-                    None => {
-                        v.push((word.into(), Node::new(bump(serial), false)));
-                        v.len() - 1
-                    }
-                };
-                &mut v[pos].1
-            }
-            Children::Map(m) => m
-                .entry(word.into())
-                .or_insert_with(|| Node::new(bump(serial), false)),
-        }
-    }
-
-    fn remove_child(&mut self, word: &str) {
-        match &mut self.children {
-            Children::Small(v) => v.retain(|(k, _)| &**k != word),
-            Children::Map(m) => {
-                m.remove(word);
-                if m.len() <= SMALL_FANOUT / 2 {
-                    let v = std::mem::take(m).into_iter().collect();
-                    self.children = Children::Small(v);
-                }
-            }
-        }
+        self.entries.is_empty() && self.star == NONE && self.hash == NONE && self.children == 0
     }
 }
 
-/// A fast seeded hasher for short strings (folded 64×64→128 multiply, as in foldhash). The seed
-/// is drawn per process from std's random source, so colliding keys cannot be precomputed.
+#[inline]
+fn bloom_bit(word: u32) -> u64 {
+    1 << (word % 64)
+}
+
+#[inline]
+fn edge_key(parent: u32, word: u32) -> u64 {
+    (u64::from(parent) << 32) | u64::from(word)
+}
+
+/// A fast seeded hasher for short keys (folded 64×64→128 multiply, as in foldhash). The seed is
+/// drawn once per process from std's random source, so colliding keys cannot be precomputed.
 #[derive(Clone, Copy)]
 struct FastState(u64);
 
@@ -153,7 +118,7 @@ impl Default for FastState {
     fn default() -> Self {
         use std::sync::OnceLock;
         static SEED: OnceLock<u64> = OnceLock::new();
-        Self(*SEED.get_or_init(|| std::collections::hash_map::RandomState::new().hash_one(0u64) | 1))
+        Self(*SEED.get_or_init(|| std::collections::hash_map::RandomState::new().hash_one(0u64)))
     }
 }
 
@@ -169,6 +134,7 @@ impl BuildHasher for FastState {
 struct FastHasher(u64);
 
 const MUL: u64 = 0x9E37_79B9_7F4A_7C15;
+const MUL2: u64 = 0xA076_1D64_78BD_642F;
 
 #[inline]
 fn fold_mul(a: u64, b: u64) -> u64 {
@@ -179,18 +145,36 @@ fn fold_mul(a: u64, b: u64) -> u64 {
 impl Hasher for FastHasher {
     #[inline]
     fn write(&mut self, bytes: &[u8]) {
-        let mut chunks = bytes.chunks_exact(8);
-        for c in &mut chunks {
-            let mut b = [0u8; 8];
-            b.copy_from_slice(c);
-            self.0 = fold_mul(self.0 ^ u64::from_le_bytes(b), MUL);
-        }
-        let rest = chunks.remainder();
-        if !rest.is_empty() {
-            let mut b = [0u8; 8];
-            b[..rest.len()].copy_from_slice(rest);
-            self.0 = fold_mul(self.0 ^ u64::from_le_bytes(b), MUL ^ rest.len() as u64);
-        }
+        // Word-sized reads only (no byte copies into a buffer, which stall store forwarding);
+        // short inputs are read as (possibly overlapping) head and tail, as in wyhash/foldhash.
+        let len = bytes.len();
+        let (a, b) = if len <= 16 {
+            if len >= 8 {
+                (read_u64(bytes, 0), read_u64(bytes, len - 8))
+            } else if len >= 4 {
+                (
+                    u64::from(read_u32(bytes, 0)),
+                    u64::from(read_u32(bytes, len - 4)),
+                )
+            } else if len > 0 {
+                (
+                    (u64::from(bytes[0]) << 16) | (u64::from(bytes[len / 2]) << 8),
+                    u64::from(bytes[len - 1]),
+                )
+            } else {
+                (0, 0)
+            }
+        } else {
+            let mut h = self.0;
+            let mut i = 0;
+            while i + 16 < len {
+                h = fold_mul(read_u64(bytes, i) ^ h, read_u64(bytes, i + 8) ^ MUL);
+                i += 16;
+            }
+            self.0 = h;
+            (read_u64(bytes, len - 16), read_u64(bytes, len - 8))
+        };
+        self.0 = fold_mul(a ^ self.0, b ^ MUL ^ len as u64);
     }
 
     #[inline]
@@ -199,14 +183,28 @@ impl Hasher for FastHasher {
     }
 
     #[inline]
+    fn write_u64(&mut self, i: u64) {
+        self.0 = fold_mul(self.0 ^ i, MUL);
+    }
+
+    #[inline]
     fn finish(&self) -> u64 {
-        fold_mul(self.0, MUL.rotate_left(17))
+        fold_mul(self.0, MUL2)
     }
 }
 
-fn bump(serial: &mut u64) -> u64 {
-    *serial += 1;
-    *serial
+#[inline]
+fn read_u64(b: &[u8], at: usize) -> u64 {
+    let mut w = [0u8; 8];
+    w.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(w)
+}
+
+#[inline]
+fn read_u32(b: &[u8], at: usize) -> u32 {
+    let mut w = [0u8; 4];
+    w.copy_from_slice(&b[at..at + 4]);
+    u32::from_le_bytes(w)
 }
 
 /// One step of a canonical pattern.
@@ -282,6 +280,7 @@ struct Buf<T: Copy, const N: usize> {
 }
 
 impl<T: Copy, const N: usize> Buf<T, N> {
+    #[inline]
     fn new(fill: T) -> Self {
         Self {
             inline: [fill; N],
@@ -321,6 +320,7 @@ impl<T: Copy, const N: usize> Buf<T, N> {
         }
     }
 
+    #[inline]
     fn clear(&mut self) {
         self.len = 0;
         self.heap.clear();
@@ -328,49 +328,44 @@ impl<T: Copy, const N: usize> Buf<T, N> {
 }
 
 /// The live node set of the match walk, deduplicated.
-struct States<'t, V> {
-    buf: Buf<&'t Node<V>, 16>,
+struct States {
+    buf: Buf<u32, 8>,
     /// Set when pushes skipped the linear duplicate check (large sets); fixed by `finish`.
     dirty: bool,
 }
 
-impl<'t, V> States<'t, V> {
+impl States {
     const LINEAR: usize = 32;
 
-    fn new(fill: &'t Node<V>) -> Self {
+    #[inline]
+    fn new() -> Self {
         Self {
-            buf: Buf::new(fill),
+            buf: Buf::new(ROOT),
             dirty: false,
         }
     }
 
-    /// Adds `node` and, since `#` may match zero words, the `#` node below it.
     #[inline]
-    fn add(&mut self, mut node: &'t Node<V>) {
-        loop {
-            let s = self.buf.as_slice();
-            if s.len() <= Self::LINEAR {
-                if !s.iter().any(|n| std::ptr::eq(*n, node)) {
-                    self.buf.push(node);
-                }
-            } else {
-                self.dirty = true;
+    fn push(&mut self, node: u32) {
+        let s = self.buf.as_slice();
+        if s.len() <= Self::LINEAR {
+            if !s.contains(&node) {
                 self.buf.push(node);
             }
-            match &node.hash {
-                Some(h) => node = h,
-                None => break,
-            }
+        } else {
+            self.dirty = true;
+            self.buf.push(node);
         }
     }
 
+    #[inline]
     fn finish(&mut self) {
         if self.dirty {
             self.dirty = false;
             // Only reached once the set spilled to the heap (LINEAR >= inline capacity).
             let v = &mut self.buf.heap;
-            v.sort_unstable_by_key(|n| n.serial);
-            v.dedup_by_key(|n| n.serial);
+            v.sort_unstable();
+            v.dedup();
         }
     }
 }
@@ -386,6 +381,7 @@ impl<V> fmt::Debug for TopicTrie<V> {
         f.debug_struct("TopicTrie")
             .field("literal_entries", &self.literal_len)
             .field("wildcard_entries", &self.wild_len)
+            .field("trie_nodes", &(self.nodes.len() - self.free_nodes.len()))
             .finish_non_exhaustive()
     }
 }
@@ -396,10 +392,14 @@ impl<V> TopicTrie<V> {
     pub fn new() -> Self {
         Self {
             literal: HashMap::default(),
-            root: Node::new(0, false),
+            words: HashMap::default(),
+            free_words: Vec::new(),
+            next_word: 0,
+            edges: HashMap::default(),
+            nodes: vec![Node::new(false)],
+            free_nodes: Vec::new(),
             wild_len: 0,
             literal_len: 0,
-            next_serial: 0,
         }
     }
 
@@ -415,6 +415,72 @@ impl<V> TopicTrie<V> {
         self.len() == 0
     }
 
+    /// Removes every entry.
+    pub fn clear(&mut self) {
+        *self = Self::new();
+    }
+
+    fn alloc_node(&mut self, is_hash: bool) -> u32 {
+        if let Some(i) = self.free_nodes.pop() {
+            self.nodes[i as usize] = Node::new(is_hash);
+            i
+        } else {
+            let i = u32::try_from(self.nodes.len()).expect("more than u32::MAX trie nodes");
+            self.nodes.push(Node::new(is_hash));
+            i
+        }
+    }
+
+    /// The id of `word`, interned if new; counts one more edge using it.
+    fn intern(&mut self, word: &str) -> u32 {
+        if let Some(slot) = self.words.get_mut(word) {
+            slot.1 += 1;
+            return slot.0;
+        }
+        let id = self.free_words.pop().unwrap_or_else(|| {
+            let id = self.next_word;
+            self.next_word = self
+                .next_word
+                .checked_add(1)
+                .expect("more than u32::MAX words");
+            id
+        });
+        self.words.insert(word.into(), (id, 1));
+        id
+    }
+
+    fn release_word(&mut self, word: &str) {
+        if let Some(slot) = self.words.get_mut(word) {
+            slot.1 -= 1;
+            if slot.1 == 0 {
+                let id = slot.0;
+                self.words.remove(word);
+                self.free_words.push(id);
+            }
+        }
+    }
+
+    /// The child of `node` along `seg`, if it exists.
+    #[inline]
+    fn step(&self, node: u32, seg: Seg<'_>) -> Option<u32> {
+        let n = &self.nodes[node as usize];
+        let child = match seg {
+            Seg::Star => n.star,
+            Seg::Hash => n.hash,
+            Seg::Word(w) => {
+                let &(word, _) = self.words.get(w)?;
+                *self.edges.get(&edge_key(node, word))?
+            }
+        };
+        (child != NONE).then_some(child)
+    }
+
+    /// The node a canonical pattern ends at, if it exists.
+    fn find(&self, segs: &[Seg<'_>]) -> Option<u32> {
+        segs.iter()
+            .try_fold(ROOT, |node, &seg| self.step(node, seg))
+    }
+
     /// Stores `value` for `(pattern, id)`. If that key (up to pattern equivalence, see the type
     /// docs) was already present its value is replaced and the old one returned.
     pub fn insert(&mut self, pattern: &Pattern, id: u64, value: V) -> Option<V> {
@@ -427,27 +493,34 @@ impl<V> TopicTrie<V> {
             if old.is_none() {
                 self.literal_len += 1;
             }
-            old
-        } else {
-            let (segs, n) = canonical(pattern);
-            let mut node = &mut self.root;
-            for seg in &segs[..n] {
-                node = match *seg {
-                    Seg::Word(w) => node.child_or_insert(w, &mut self.next_serial),
-                    Seg::Star => node.star.get_or_insert_with(|| {
-                        Box::new(Node::new(bump(&mut self.next_serial), false))
-                    }),
-                    Seg::Hash => node.hash.get_or_insert_with(|| {
-                        Box::new(Node::new(bump(&mut self.next_serial), true))
-                    }),
-                };
-            }
-            let old = sorted_insert(&mut node.entries, id, value);
-            if old.is_none() {
-                self.wild_len += 1;
-            }
-            old
+            return old;
         }
+        let (segs, n) = canonical(pattern);
+        let mut node = ROOT;
+        for &seg in &segs[..n] {
+            if let Some(child) = self.step(node, seg) {
+                node = child;
+                continue;
+            }
+            let child = self.alloc_node(seg == Seg::Hash);
+            match seg {
+                Seg::Star => self.nodes[node as usize].star = child,
+                Seg::Hash => self.nodes[node as usize].hash = child,
+                Seg::Word(w) => {
+                    let word = self.intern(w);
+                    self.edges.insert(edge_key(node, word), child);
+                    let parent = &mut self.nodes[node as usize];
+                    parent.children += 1;
+                    parent.bloom |= bloom_bit(word);
+                }
+            }
+            node = child;
+        }
+        let old = sorted_insert(&mut self.nodes[node as usize].entries, id, value);
+        if old.is_none() {
+            self.wild_len += 1;
+        }
+        old
     }
 
     /// Removes `(pattern, id)` and returns its value, pruning nodes left empty. `None` when absent.
@@ -459,13 +532,45 @@ impl<V> TopicTrie<V> {
                 self.literal.remove(pattern.as_str());
             }
             self.literal_len -= 1;
-            Some(old)
-        } else {
-            let (segs, n) = canonical(pattern);
-            let old = remove_rec(&mut self.root, &segs[..n], id)?;
-            self.wild_len -= 1;
-            Some(old)
+            return Some(old);
         }
+        let (segs, n) = canonical(pattern);
+        let segs = &segs[..n];
+        // path[i] is the node reached after segs[..i].
+        let mut path = [ROOT; MAX_WORDS + 1];
+        for (i, &seg) in segs.iter().enumerate() {
+            path[i + 1] = self.step(path[i], seg)?;
+        }
+        let old = sorted_remove(&mut self.nodes[path[n] as usize].entries, id)?;
+        self.wild_len -= 1;
+        // Prune from the end while nodes are empty.
+        for i in (0..n).rev() {
+            let (parent, child) = (path[i], path[i + 1]);
+            if !self.nodes[child as usize].is_empty() {
+                break;
+            }
+            match segs[i] {
+                Seg::Star => self.nodes[parent as usize].star = NONE,
+                Seg::Hash => self.nodes[parent as usize].hash = NONE,
+                Seg::Word(w) => {
+                    if let Some(&(word, _)) = self.words.get(w) {
+                        self.edges.remove(&edge_key(parent, word));
+                    }
+                    self.release_word(w);
+                    self.nodes[parent as usize].children -= 1;
+                }
+            }
+            self.nodes[child as usize] = Node::new(false);
+            self.free_nodes.push(child);
+        }
+        if self.wild_len == 0 {
+            // Everything is empty again: drop the arena's and tables' memory too.
+            self.nodes.truncate(1);
+            self.free_nodes.clear();
+            self.free_words.clear();
+            self.next_word = 0;
+        }
+        Some(old)
     }
 
     /// The value stored for `(pattern, id)`, if any (up to pattern equivalence).
@@ -475,15 +580,7 @@ impl<V> TopicTrie<V> {
             self.literal.get(pattern.as_str())?
         } else {
             let (segs, n) = canonical(pattern);
-            let mut node = &self.root;
-            for seg in &segs[..n] {
-                node = match *seg {
-                    Seg::Word(w) => node.child(w)?,
-                    Seg::Star => node.star.as_deref()?,
-                    Seg::Hash => node.hash.as_deref()?,
-                };
-            }
-            &node.entries
+            &self.nodes[self.find(&segs[..n])? as usize].entries
         };
         let i = list.binary_search_by_key(&id, |e| e.0).ok()?;
         Some(&list[i].1)
@@ -495,23 +592,11 @@ impl<V> TopicTrie<V> {
             self.literal.get_mut(pattern.as_str())?
         } else {
             let (segs, n) = canonical(pattern);
-            let mut node = &mut self.root;
-            for seg in &segs[..n] {
-                node = match *seg {
-                    Seg::Word(w) => node.child_mut(w)?,
-                    Seg::Star => node.star.as_deref_mut()?,
-                    Seg::Hash => node.hash.as_deref_mut()?,
-                };
-            }
-            &mut node.entries
+            let node = self.find(&segs[..n])?;
+            &mut self.nodes[node as usize].entries
         };
         let i = list.binary_search_by_key(&id, |e| e.0).ok()?;
         Some(&mut list[i].1)
-    }
-
-    /// Removes every entry.
-    pub fn clear(&mut self) {
-        *self = Self::new();
     }
 
     /// Calls `f(id, value)` once for every id with a pattern matching `topic`, in ascending id
@@ -524,7 +609,7 @@ impl<V> TopicTrie<V> {
         let literal = if self.literal_len == 0 {
             None
         } else {
-            self.literal.get(topic.as_str())
+            self.literal.get(topic.as_str()).map(Vec::as_slice)
         };
         if self.wild_len == 0 {
             for (id, v) in literal.into_iter().flatten() {
@@ -533,43 +618,70 @@ impl<V> TopicTrie<V> {
             return;
         }
 
-        // Walk the wildcard trie.
-        let mut cur = States::new(&self.root);
-        let mut next = States::new(&self.root);
-        cur.add(&self.root);
+        // Walk the wildcard trie: `cur` holds the live nodes, closed under "a `#` child may
+        // match zero words".
+        let nodes = &self.nodes[..];
+        let mut a = States::new();
+        let mut b = States::new();
+        let (mut cur, mut next) = (&mut a, &mut b);
+        cur.push(ROOT);
+        close(nodes, cur, 0);
         for word in topic.words() {
+            // The word's id, looked up only if some live node has literal children.
+            let mut word_id: Option<Option<u32>> = None;
             next.buf.clear();
-            for &node in cur.buf.as_slice() {
+            for &id in cur.buf.as_slice() {
+                let node = &nodes[id as usize];
                 if node.is_hash {
-                    next.add(node);
+                    next.push(id);
                 }
-                if let Some(c) = node.child(word) {
-                    next.add(c);
+                if node.children != 0
+                    && let Some(w) =
+                        *word_id.get_or_insert_with(|| self.words.get(word).map(|&(w, _)| w))
+                    && node.bloom & bloom_bit(w) != 0
+                    && let Some(&c) = self.edges.get(&edge_key(id, w))
+                {
+                    next.push(c);
                 }
-                if let Some(s) = &node.star {
-                    next.add(s);
+                if node.star != NONE {
+                    next.push(node.star);
                 }
             }
+            close(nodes, next, 0);
             next.finish();
-            std::mem::swap(&mut cur, &mut next);
+            std::mem::swap(&mut cur, &mut next); // swaps the references only
             if cur.buf.as_slice().is_empty() {
                 break;
             }
         }
 
-        // Merge the sorted entry lists of the literal match and every final node.
-        let mut lists: Buf<&[(u64, V)], 16> = Buf::new(&[]);
+        // Merge the sorted entry lists of the literal match and every final node. Fast path:
+        // a single non-empty list (the common case) needs no merge.
+        let finals = cur.buf.as_slice();
+        let mut nonempty = finals
+            .iter()
+            .map(|&i| nodes[i as usize].entries.as_slice())
+            .filter(|e| !e.is_empty());
+        let first = literal.or_else(|| nonempty.next());
+        match (first, nonempty.next()) {
+            (None, _) => return,
+            (Some(one), None) => {
+                one.iter().for_each(|(id, v)| f(*id, v));
+                return;
+            }
+            (Some(_), Some(_)) => {}
+        }
+        let mut lists: Buf<&[(u64, V)], 8> = Buf::new(&[]);
         if let Some(l) = literal {
             lists.push(l);
         }
-        for node in cur.buf.as_slice() {
-            if !node.entries.is_empty() {
-                lists.push(&node.entries);
+        for &i in finals {
+            let e = &nodes[i as usize].entries;
+            if !e.is_empty() {
+                lists.push(e);
             }
         }
         match lists.as_mut_slice() {
-            [] => {}
-            [one] => one.iter().for_each(|(id, v)| f(*id, v)),
             many if many.len() <= 16 => merge(many, f),
             many => {
                 let mut all: Vec<(u64, &V)> = many
@@ -590,6 +702,20 @@ impl<V> TopicTrie<V> {
         let mut any = false;
         self.for_each_match(topic, |_, _| any = true);
         any
+    }
+}
+
+/// Adds the `#` child of every state from index `from` on (a `#` may match zero words). After
+/// canonicalisation a `#` node never has a `#` child, but newly added ones are scanned anyway.
+#[inline]
+fn close<V>(nodes: &[Node<V>], states: &mut States, from: usize) {
+    let mut i = from;
+    while let Some(&id) = states.buf.as_slice().get(i) {
+        let h = nodes[id as usize].hash;
+        if h != NONE {
+            states.push(h);
+        }
+        i += 1;
     }
 }
 
@@ -614,38 +740,6 @@ fn merge<V>(lists: &mut [&[(u64, V)]], mut f: impl FnMut(u64, &V)) {
     }
 }
 
-fn remove_rec<V>(node: &mut Node<V>, segs: &[Seg<'_>], id: u64) -> Option<V> {
-    let Some((seg, rest)) = segs.split_first() else {
-        return sorted_remove(&mut node.entries, id);
-    };
-    match *seg {
-        Seg::Word(w) => {
-            let child = node.child_mut(w)?;
-            let old = remove_rec(child, rest, id)?;
-            if child.is_empty() {
-                node.remove_child(w);
-            }
-            Some(old)
-        }
-        Seg::Star => {
-            let child = node.star.as_deref_mut()?;
-            let old = remove_rec(child, rest, id)?;
-            if child.is_empty() {
-                node.star = None;
-            }
-            Some(old)
-        }
-        Seg::Hash => {
-            let child = node.hash.as_deref_mut()?;
-            let old = remove_rec(child, rest, id)?;
-            if child.is_empty() {
-                node.hash = None;
-            }
-            Some(old)
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::super::tests::{AMQP_CASES, naive};
@@ -664,13 +758,38 @@ mod tests {
         out
     }
 
-    /// Counts nodes, to check pruning.
-    fn node_count<V>(n: &Node<V>) -> usize {
-        let kids: usize = match &n.children {
-            Children::Small(v) => v.iter().map(|(_, c)| node_count(c)).sum(),
-            Children::Map(m) => m.values().map(node_count).sum(),
-        };
-        1 + kids + n.star.as_deref().map_or(0, node_count) + n.hash.as_deref().map_or(0, node_count)
+    /// Live trie nodes (root included), to check pruning.
+    fn node_count<V>(trie: &TopicTrie<V>) -> usize {
+        trie.nodes.len() - trie.free_nodes.len()
+    }
+
+    /// Checks internal bookkeeping: edges, word references and child counts agree.
+    fn check_invariants<V>(trie: &TopicTrie<V>) {
+        let mut refs: HashMap<u32, u32> = HashMap::new();
+        let mut kids: HashMap<u32, u32> = HashMap::new();
+        for (&key, &child) in &trie.edges {
+            *refs.entry(key as u32).or_default() += 1;
+            *kids.entry((key >> 32) as u32).or_default() += 1;
+            let parent = &trie.nodes[(key >> 32) as usize];
+            assert_ne!(
+                parent.bloom & bloom_bit(key as u32),
+                0,
+                "bloom misses an edge"
+            );
+            assert!(!trie.free_nodes.contains(&child));
+        }
+        for &(id, count) in trie.words.values() {
+            assert_eq!(refs.get(&id).copied().unwrap_or(0), count);
+        }
+        assert_eq!(refs.len(), trie.words.len());
+        for (i, n) in trie.nodes.iter().enumerate() {
+            if !trie.free_nodes.contains(&(i as u32)) {
+                assert_eq!(kids.get(&(i as u32)).copied().unwrap_or(0), n.children);
+                assert!(i == 0 || !n.is_empty(), "empty live node {i}");
+            }
+        }
+        let entries: usize = trie.nodes.iter().map(|n| n.entries.len()).sum();
+        assert_eq!(entries, trie.wild_len);
     }
 
     #[test]
@@ -759,7 +878,7 @@ mod tests {
         assert_eq!(trie.remove(&p("#.#.#"), 7), Some(2));
         assert_eq!(trie.remove(&p("*.#"), 8), Some(3));
         assert!(trie.is_empty());
-        assert_eq!(node_count(&trie.root), 1);
+        assert_eq!(node_count(&trie), 1);
     }
 
     #[test]
@@ -786,24 +905,38 @@ mod tests {
         }
         assert!(trie.is_empty());
         assert!(trie.literal.is_empty());
-        assert_eq!(node_count(&trie.root), 1); // pruned back to the bare root
+        assert_eq!(node_count(&trie), 1); // pruned back to the bare root
         assert!(!trie.matches_any(&t("a.b.c")));
     }
 
     #[test]
-    fn wide_fanout_switches_to_map_and_back() {
+    fn shared_words_are_reference_counted() {
         let mut trie = TopicTrie::new();
         for i in 0..100u64 {
-            trie.insert(&p(&format!("w{i}.*")), i, i);
+            trie.insert(&p(&format!("w{i}.*.end")), i, i);
+            trie.insert(&p(&format!("#.w{i}")), 1000 + i, i);
         }
-        assert!(matches!(trie.root.children, Children::Map(_)));
-        assert_eq!(ids(&trie, "w42.x"), [42]); // R-RT-1
+        check_invariants(&trie);
+        assert_eq!(trie.words.len(), 101); // w0..w99 and "end"
+        assert_eq!(ids(&trie, "w42.x.end"), [42]); // R-RT-1
+        assert_eq!(ids(&trie, "a.b.w42"), [1042]); // R-RT-1
         for i in 0..98u64 {
-            assert_eq!(trie.remove(&p(&format!("w{i}.*")), i), Some(i));
+            assert_eq!(trie.remove(&p(&format!("w{i}.*.end")), i), Some(i));
+            check_invariants(&trie);
         }
-        assert!(matches!(trie.root.children, Children::Small(_)));
-        assert_eq!(ids(&trie, "w99.x"), [99]); // R-RT-1
-        assert_eq!(ids(&trie, "w42.x"), Vec::<u64>::new()); // R-RT-1
+        assert_eq!(trie.words.len(), 101); // still used by `#.wN`
+        assert_eq!(ids(&trie, "w99.x.end"), [99]); // R-RT-1
+        assert_eq!(ids(&trie, "w42.x.end"), Vec::<u64>::new()); // R-RT-1
+        for i in 0..100u64 {
+            assert_eq!(trie.remove(&p(&format!("#.w{i}")), 1000 + i), Some(i));
+        }
+        check_invariants(&trie);
+        assert_eq!(trie.words.len(), 3); // w98, w99, end
+        // Freed nodes and word ids are reused.
+        let before = trie.nodes.len();
+        trie.insert(&p("q.*"), 5, 5);
+        assert_eq!(trie.nodes.len(), before);
+        check_invariants(&trie);
     }
 
     #[test]
@@ -922,6 +1055,7 @@ mod tests {
                 }
                 prop_assert_eq!(trie.len(), model.len());
             }
+            check_invariants(&trie);
             for topic in &topics {
                 let tw: Vec<&str> = topic.split('.').collect();
                 let mut want: Vec<u64> = model
@@ -945,7 +1079,7 @@ mod tests {
                 prop_assert!(trie.remove(&p(&pat), id).is_some());
             }
             prop_assert!(trie.is_empty());
-            prop_assert_eq!(node_count(&trie.root), 1);
+            prop_assert_eq!(node_count(&trie), 1);
         }
     }
 }

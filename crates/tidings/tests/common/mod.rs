@@ -57,7 +57,9 @@ pub fn drive(broker: &Broker, clock: &ManualClock) -> Vec<Duration> {
     let mut waits = Vec::new();
     loop {
         broker.run_until_idle();
-        let Some(next) = broker.next_wake() else { break };
+        let Some(next) = broker.next_wake() else {
+            break;
+        };
         let now = tidings::Clock::now(clock);
         waits.push(next.saturating_duration_since(now));
         clock.advance_to(next);

@@ -1,0 +1,242 @@
+//! The read path: locate a segment, seek with the sparse index, validate every record read.
+//!
+//! Every record is checked (length, CRC-32C, body structure, and that its stored offset is the
+//! one expected at that position). If the record at an indexed position does not carry the
+//! indexed offset, the index is not trusted: the segment is re-read from its first record. Any
+//! other failure is [`ReadError::Corrupt`] with the file and byte offset.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use bytes::{Bytes, BytesMut};
+
+use crate::error::{AppendError, ReadError};
+use crate::log::Shared;
+use crate::record::{self, FRAME_PREFIX, Frame, StoredRecord, check_frame};
+use crate::segment::{HEADER_LEN, Segment};
+use crate::storage::read_exact_at;
+
+const READ_CHUNK: u64 = 64 << 10;
+
+/// Segments holding offsets `from..`, oldest first; empty when `from` precedes the first one.
+fn segments_from(sh: &Shared, from: u64) -> Vec<Arc<Segment>> {
+    let segs = sh.segments.read();
+    let i = segs.partition_point(|s| s.base <= from);
+    if i == 0 {
+        Vec::new()
+    } else {
+        segs[i - 1..].to_vec()
+    }
+}
+
+pub(crate) fn read(sh: &Shared, from: u64, max: usize) -> Result<Vec<StoredRecord>, ReadError> {
+    let earliest = sh.start.load(Ordering::Acquire);
+    if from < earliest {
+        return Err(ReadError::OutOfRetention {
+            requested: from,
+            earliest,
+        });
+    }
+    let end = sh.visible.load(Ordering::SeqCst);
+    if from > end {
+        return Err(ReadError::BeyondEnd {
+            requested: from,
+            end,
+        });
+    }
+    let mut out = Vec::new();
+    if from == end || max == 0 {
+        return Ok(out);
+    }
+    let segs = segments_from(sh, from);
+    if segs.is_empty() {
+        let earliest = sh.start.load(Ordering::Acquire);
+        return Err(ReadError::OutOfRetention {
+            requested: from,
+            earliest,
+        });
+    }
+    out.reserve(max.min((end - from) as usize).min(1024));
+    let mut next = from;
+    for seg in segs {
+        let until = seg.end().min(end);
+        if next >= until {
+            continue;
+        }
+        for_each_frame(sh, &seg, next, until, &mut |frame| {
+            let rec =
+                record::decode(&frame.bytes).map_err(|reason| corrupt(&seg, frame.pos, reason))?;
+            out.push(rec);
+            Ok(out.len() < max)
+        })?;
+        if out.len() >= max || until >= end {
+            break;
+        }
+        next = until;
+    }
+    Ok(out)
+}
+
+pub(crate) fn offset_for_time(sh: &Shared, t: u64) -> Result<u64, ReadError> {
+    let end = sh.visible.load(Ordering::SeqCst);
+    let segs: Vec<Arc<Segment>> = sh.segments.read().clone();
+    for seg in segs {
+        if seg.base >= end {
+            break;
+        }
+        if seg.max_ts().is_none_or(|m| m < t) {
+            continue;
+        }
+        let from = seg.index.read().time_floor(seg.base, t);
+        let until = seg.end().min(end);
+        let mut found = None;
+        for_each_frame(sh, &seg, from, until, &mut |frame| {
+            if frame.timestamp_ms >= t {
+                found = Some(frame.offset);
+                return Ok(false);
+            }
+            Ok(true)
+        })?;
+        if let Some(o) = found {
+            return Ok(o);
+        }
+    }
+    Ok(end)
+}
+
+pub(crate) struct FrameRef {
+    pub(crate) offset: u64,
+    pub(crate) timestamp_ms: u64,
+    pub(crate) pos: u64,
+    pub(crate) bytes: Bytes,
+}
+
+fn corrupt(seg: &Segment, pos: u64, reason: &'static str) -> ReadError {
+    ReadError::Corrupt {
+        path: seg.path.clone(),
+        byte_offset: pos,
+        reason,
+    }
+}
+
+/// Calls `f` for every record of `seg` with offset in `from..until` until it returns `false`.
+pub(crate) fn for_each_frame(
+    sh: &Shared,
+    seg: &Segment,
+    from: u64,
+    until: u64,
+    f: &mut dyn FnMut(FrameRef) -> Result<bool, ReadError>,
+) -> Result<(), ReadError> {
+    let (mut off, mut pos) = seg.index.read().floor(seg.base, from);
+    let mut trust_index = pos != HEADER_LEN;
+    let mut chunk = Chunk::default();
+    while off < until {
+        let (len, stored, ts) = match chunk.frame(sh, seg, pos)? {
+            Frame::Good {
+                len,
+                offset,
+                timestamp_ms,
+            } => (len, offset, timestamp_ms),
+            Frame::Bad(reason) => return Err(corrupt(seg, pos, reason)),
+            Frame::Incomplete { .. } => {
+                return Err(corrupt(
+                    seg,
+                    pos,
+                    "record extends past the end of the segment",
+                ));
+            }
+        };
+        if stored != off {
+            if trust_index {
+                trust_index = false;
+                (off, pos) = (seg.base, HEADER_LEN);
+                continue;
+            }
+            return Err(corrupt(seg, pos, "record offset out of sequence"));
+        }
+        trust_index = false;
+        if off >= from {
+            let bytes = chunk.slice(pos, len);
+            if !f(FrameRef {
+                offset: off,
+                timestamp_ms: ts,
+                pos,
+                bytes,
+            })? {
+                return Ok(());
+            }
+        }
+        pos += len as u64;
+        off += 1;
+    }
+    Ok(())
+}
+
+#[derive(Default)]
+struct Chunk {
+    bytes: Bytes,
+    start: u64,
+}
+
+impl Chunk {
+    fn covers(&self, pos: u64, need: u64) -> bool {
+        pos >= self.start && pos + need <= self.start + self.bytes.len() as u64
+    }
+
+    fn slice(&self, pos: u64, len: usize) -> Bytes {
+        let at = (pos - self.start) as usize;
+        self.bytes.slice(at..at + len)
+    }
+
+    /// Makes `pos..pos + need` available, flushing the writer if those bytes are still buffered.
+    fn fill(&mut self, sh: &Shared, seg: &Segment, pos: u64, need: u64) -> Result<bool, ReadError> {
+        if self.covers(pos, need) {
+            return Ok(true);
+        }
+        let mut flushed = seg.flushed.load(Ordering::Acquire);
+        if pos + need > flushed && pos + need <= seg.size() {
+            flush_for_read(sh, seg)?;
+            flushed = seg.flushed.load(Ordering::Acquire);
+        }
+        if pos + need > flushed {
+            return Ok(false);
+        }
+        let len = need.max(READ_CHUNK.min(flushed - pos)) as usize;
+        let mut buf = BytesMut::zeroed(len);
+        read_exact_at(&*seg.file, &mut buf, pos).map_err(|source| ReadError::Io {
+            path: seg.path.clone(),
+            source,
+        })?;
+        self.bytes = buf.freeze();
+        self.start = pos;
+        Ok(true)
+    }
+
+    fn frame(&mut self, sh: &Shared, seg: &Segment, pos: u64) -> Result<Frame, ReadError> {
+        if !self.fill(sh, seg, pos, FRAME_PREFIX as u64)? {
+            return Ok(Frame::Incomplete { need: FRAME_PREFIX });
+        }
+        let at = (pos - self.start) as usize;
+        match check_frame(&self.bytes[at..]) {
+            Frame::Incomplete { need } if need > FRAME_PREFIX => {
+                if !self.fill(sh, seg, pos, need as u64)? {
+                    return Ok(Frame::Incomplete { need });
+                }
+                let at = (pos - self.start) as usize;
+                Ok(check_frame(&self.bytes[at..]))
+            }
+            f => Ok(f),
+        }
+    }
+}
+
+fn flush_for_read(sh: &Shared, seg: &Segment) -> Result<(), ReadError> {
+    let mut w = sh.writer.lock();
+    if !std::ptr::eq(Arc::as_ptr(&w.active), seg) {
+        return Ok(());
+    }
+    w.flush(sh).map_err(|e| match e {
+        AppendError::Io { path, source } => ReadError::Io { path, source },
+        _ => ReadError::Poisoned,
+    })
+}

@@ -1,0 +1,132 @@
+//! The single writer: encodes records into an in-memory buffer, hands the buffer to the storage
+//! when it is large (or before a sync or a read that needs it), and rolls segments.
+//!
+//! # Roll
+//!
+//! When the next record would push the active segment past `segment_bytes` (and the segment
+//! already holds a record), the writer: flushes its buffer; syncs the old segment (whatever the
+//! fsync policy, so a sealed segment is always complete on disk); writes the old segment's index
+//! files (best effort: they are a checked cache); creates the new segment, writes and syncs its
+//! header; syncs the directory; and only then appends into it. A failure at any step poisons the
+//! writer.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use crate::error::AppendError;
+use crate::index::{IndexBuilder, SealedInfo};
+use crate::log::Shared;
+use crate::record::{self, Record};
+use crate::recovery::{create_segment, write_index_files};
+use crate::segment::{HEADER_LEN, Segment};
+use crate::storage::write_all_at;
+
+/// State owned by whoever holds the writer lock.
+#[derive(Debug)]
+pub(crate) struct Writer {
+    pub(crate) active: Arc<Segment>,
+    buf: Vec<u8>,
+    /// Next offset to assign.
+    pub(crate) next: u64,
+    builder: IndexBuilder,
+    pub(crate) closed: bool,
+}
+
+impl Writer {
+    pub(crate) fn new(active: Arc<Segment>, builder: IndexBuilder) -> Self {
+        let next = active.end();
+        Self {
+            active,
+            buf: Vec::new(),
+            next,
+            builder,
+            closed: false,
+        }
+    }
+
+    /// Appends one record whose encoded length `len` was checked against the limits.
+    pub(crate) fn append(
+        &mut self,
+        sh: &Shared,
+        rec: &Record,
+        len: u64,
+    ) -> Result<u64, AppendError> {
+        let size = self.active.size();
+        if size > HEADER_LEN && size + len > sh.config.segment_bytes {
+            self.roll(sh)?;
+        }
+        let pos = self.active.size();
+        let offset = self.next;
+        if let Some(p) = self.builder.on_record(offset, pos, len, rec.timestamp_ms) {
+            p.apply(&mut self.active.index.write());
+        }
+        record::encode_into(&mut self.buf, offset, rec);
+        self.active.size.store(pos + len, Ordering::Release);
+        // Only the writer updates `max_ts`: no read-modify-write needed.
+        let seg_max = &self.active.max_ts;
+        if offset == self.active.base || rec.timestamp_ms > seg_max.load(Ordering::Relaxed) {
+            seg_max.store(rec.timestamp_ms, Ordering::Release);
+        }
+        self.next += 1;
+        self.active.end.store(self.next, Ordering::Release);
+        if self.buf.len() >= sh.config.write_buffer_bytes {
+            self.flush(sh)?;
+        }
+        Ok(offset)
+    }
+
+    /// Hands the buffer to the storage (no sync). A failure poisons the writer.
+    pub(crate) fn flush(&mut self, sh: &Shared) -> Result<(), AppendError> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        if sh.commit.is_poisoned() {
+            return Err(AppendError::Poisoned);
+        }
+        let at = self.active.flushed.load(Ordering::Acquire);
+        match write_all_at(&*self.active.file, &self.buf, at) {
+            Ok(()) => {
+                self.active
+                    .flushed
+                    .store(at + self.buf.len() as u64, Ordering::Release);
+                self.buf.clear();
+                Ok(())
+            }
+            Err(source) => Err(sh.commit.poison_with(&self.active.path, source)),
+        }
+    }
+
+    fn roll(&mut self, sh: &Shared) -> Result<(), AppendError> {
+        self.flush(sh)?;
+        let old = self.active.clone();
+        if let Err(e) = old.file.sync_data() {
+            return Err(sh.commit.poison_with(&old.path, e));
+        }
+        sh.commit.mark_durable(sh, self.next);
+        let info = SealedInfo {
+            covered_len: old.size(),
+            end: old.end(),
+            max_ts: old.max_ts.load(Ordering::Acquire),
+        };
+        // Best effort: index files are checked on load and rebuilt when missing or bad.
+        let _ = write_index_files(&*sh.storage, &sh.dir, old.base, &info, &old.index.read());
+        let (path, file) = create_segment(&*sh.storage, &sh.dir, self.next)
+            .map_err(|(p, e)| sh.commit.poison_with(&p, e))?;
+        if let Err(e) = sh.storage.sync_dir(&sh.dir) {
+            return Err(sh.commit.poison_with(&sh.dir, e));
+        }
+        let seg = Arc::new(Segment::new(
+            self.next,
+            path,
+            file,
+            Default::default(),
+            self.next,
+            HEADER_LEN,
+            0,
+        ));
+        sh.segments.write().push(seg.clone());
+        self.active = seg;
+        self.builder = IndexBuilder::new(sh.config.index_interval_bytes);
+        Ok(())
+    }
+}

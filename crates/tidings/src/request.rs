@@ -1,0 +1,136 @@
+//! Request-reply over the broker (R-PAT-1).
+//!
+//! One reply inbox per broker: a single internal subscription on `_inbox.<nonce>` and a
+//! table of outstanding correlation ids. A request publishes with `reply_to` = the inbox
+//! and a fresh correlation id, then waits (on the broker's clock) for the reply with that
+//! id. A timed-out request removes its entry, so the table never keeps leftovers; a reply
+//! arriving after its request gave up is counted in `late_replies` and dropped.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::clock::Clock;
+use crate::error::PublishError;
+use crate::handler::HandlerError;
+use crate::message::Message;
+
+/// Why a request got no reply.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RequestError {
+    /// No subscription accepted the request (none matched, or all refused it).
+    #[error("no subscriber accepted the request")]
+    NoResponders,
+    /// No reply within the timeout.
+    #[error("no reply within the timeout")]
+    Timeout,
+    /// The request could not be published.
+    #[error(transparent)]
+    Publish(#[from] PublishError),
+    /// The reply inbox could not be created.
+    #[error("the reply inbox could not be created: {0}")]
+    Inbox(String),
+}
+
+pub(crate) struct Inbox {
+    pub(crate) topic: String,
+    pending: Mutex<HashMap<String, Option<Arc<Message>>>>,
+    arrived: Condvar,
+    next: AtomicU64,
+    late: AtomicU64,
+}
+
+impl Inbox {
+    pub(crate) fn new(nonce: u64) -> Self {
+        Self {
+            topic: format!("_inbox.{nonce:016x}"),
+            pending: Mutex::new(HashMap::new()),
+            arrived: Condvar::new(),
+            next: AtomicU64::new(0),
+            late: AtomicU64::new(0),
+        }
+    }
+
+    /// Register a new outstanding request; returns its correlation id.
+    pub(crate) fn register(&self) -> String {
+        let id = format!("r{}", self.next.fetch_add(1, Ordering::Relaxed));
+        self.pending.lock().insert(id.clone(), None);
+        id
+    }
+
+    pub(crate) fn forget(&self, id: &str) {
+        self.pending.lock().remove(id);
+    }
+
+    /// The inbox subscription's handler body.
+    pub(crate) fn accept(&self, reply: &Message) -> Result<(), HandlerError> {
+        let Some(id) = reply.correlation_id() else {
+            self.late.fetch_add(1, Ordering::Relaxed);
+            return Ok(());
+        };
+        let mut pending = self.pending.lock();
+        match pending.get_mut(id) {
+            Some(slot @ None) => {
+                *slot = Some(Arc::new(reply.clone()));
+                drop(pending);
+                self.arrived.notify_all();
+            }
+            _ => {
+                self.late.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        Ok(())
+    }
+
+    /// Take the reply for `id` if it has arrived (removing the entry).
+    pub(crate) fn try_take(&self, id: &str) -> Option<Arc<Message>> {
+        let mut pending = self.pending.lock();
+        let reply = pending.get_mut(id)?.take()?;
+        pending.remove(id);
+        Some(reply)
+    }
+
+    /// Wait for the reply to `id` until `deadline` on `clock`; the entry is removed either way.
+    pub(crate) fn wait(
+        &self,
+        id: &str,
+        deadline: Instant,
+        clock: &dyn Clock,
+    ) -> Option<Arc<Message>> {
+        let mut pending = self.pending.lock();
+        loop {
+            if let Some(Some(_)) = pending.get(id) {
+                return pending.remove(id).flatten();
+            }
+            let hint = clock.wait_hint(deadline);
+            match hint {
+                Some(d) if d.is_zero() => {
+                    pending.remove(id);
+                    return None;
+                }
+                Some(d) => {
+                    self.arrived.wait_for(&mut pending, d);
+                }
+                None => self.arrived.wait(&mut pending),
+            }
+        }
+    }
+
+    /// Wake waiters (the clock jumped).
+    pub(crate) fn wake(&self) {
+        drop(self.pending.lock());
+        self.arrived.notify_all();
+    }
+
+    pub(crate) fn outstanding(&self) -> usize {
+        self.pending.lock().len()
+    }
+
+    pub(crate) fn late_replies(&self) -> u64 {
+        self.late.load(Ordering::Relaxed)
+    }
+}

@@ -1,0 +1,152 @@
+//! Delayed and scheduled messages (R-TIME-2).
+//!
+//! One scheduler per broker: a min-heap keyed by (due time, publish sequence), so due
+//! messages are offered in due-time order and ties in publish order. Under the thread
+//! driver one timer thread (started on the first delayed publish) waits for the earliest
+//! due time; under the manual driver `run_until_idle` releases what is due. Nothing waits
+//! per message. Close cancels what is pending and reports it.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::clock::Clock;
+use crate::message::Message;
+
+struct Entry {
+    due: Instant,
+    seq: u64,
+    message: Arc<Message>,
+}
+
+impl PartialEq for Entry {
+    fn eq(&self, other: &Self) -> bool {
+        (self.due, self.seq) == (other.due, other.seq)
+    }
+}
+impl Eq for Entry {}
+impl PartialOrd for Entry {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Entry {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.due, self.seq).cmp(&(other.due, other.seq))
+    }
+}
+
+#[derive(Default)]
+struct State {
+    heap: BinaryHeap<Reverse<Entry>>,
+    seq: u64,
+    closed: bool,
+    timer_started: bool,
+}
+
+#[derive(Default)]
+pub(crate) struct Scheduler {
+    state: Mutex<State>,
+    changed: Condvar,
+}
+
+/// What `schedule` asks of the caller.
+pub(crate) enum Scheduled {
+    /// Held; start the timer thread if `start_timer`.
+    Held { start_timer: bool },
+    /// The scheduler is closed.
+    Closed,
+}
+
+impl Scheduler {
+    pub(crate) fn schedule(
+        &self,
+        due: Instant,
+        message: Arc<Message>,
+        wants_timer: bool,
+    ) -> Scheduled {
+        let mut s = self.state.lock();
+        if s.closed {
+            return Scheduled::Closed;
+        }
+        let seq = s.seq;
+        s.seq += 1;
+        let earliest = s.heap.peek().is_none_or(|Reverse(e)| due < e.due);
+        s.heap.push(Reverse(Entry { due, seq, message }));
+        let start_timer = wants_timer && !s.timer_started;
+        s.timer_started |= start_timer;
+        drop(s);
+        if earliest {
+            self.changed.notify_all();
+        }
+        Scheduled::Held { start_timer }
+    }
+
+    /// Remove and return every message due at `now`, in (due, publish) order.
+    pub(crate) fn take_due(&self, now: Instant) -> Vec<Arc<Message>> {
+        let mut s = self.state.lock();
+        Self::pop_due(&mut s, now)
+    }
+
+    fn pop_due(s: &mut State, now: Instant) -> Vec<Arc<Message>> {
+        let mut due = Vec::new();
+        while s.heap.peek().is_some_and(|Reverse(e)| e.due <= now) {
+            if let Some(Reverse(e)) = s.heap.pop() {
+                due.push(e.message);
+            }
+        }
+        due
+    }
+
+    pub(crate) fn next_due(&self) -> Option<Instant> {
+        self.state.lock().heap.peek().map(|Reverse(e)| e.due)
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.state.lock().heap.len()
+    }
+
+    /// Timer thread body: block until something is due (or close), return it. `None` once
+    /// closed.
+    pub(crate) fn wait_due(&self, clock: &dyn Clock) -> Option<Vec<Arc<Message>>> {
+        let mut s = self.state.lock();
+        loop {
+            if s.closed {
+                return None;
+            }
+            let due = Self::pop_due(&mut s, clock.now());
+            if !due.is_empty() {
+                return Some(due);
+            }
+            match s.heap.peek().map(|Reverse(e)| e.due) {
+                None => self.changed.wait(&mut s),
+                Some(at) => match clock.wait_hint(at) {
+                    Some(d) => {
+                        self.changed.wait_for(&mut s, d);
+                    }
+                    None => self.changed.wait(&mut s),
+                },
+            }
+        }
+    }
+
+    /// Wake the timer (the clock jumped).
+    pub(crate) fn wake(&self) {
+        drop(self.state.lock());
+        self.changed.notify_all();
+    }
+
+    /// Cancel everything pending; returns it in due order.
+    pub(crate) fn close(&self) -> Vec<Arc<Message>> {
+        let mut s = self.state.lock();
+        s.closed = true;
+        let mut rest: Vec<Entry> = s.heap.drain().map(|Reverse(e)| e).collect();
+        drop(s);
+        self.changed.notify_all();
+        rest.sort();
+        rest.into_iter().map(|e| e.message).collect()
+    }
+}
