@@ -40,7 +40,7 @@ use crate::request::{Inbox, RequestError};
 use crate::scheduler::{Scheduled, Scheduler};
 use crate::subscription::Subscription;
 use crate::subscription::handle::SubscriptionId;
-use crate::subscription::shared::SubShared;
+use crate::subscription::shared::{HandlerKind, SubShared};
 use crate::topic::trie::TopicTrie;
 use crate::topic::{Pattern, Topic};
 
@@ -203,7 +203,7 @@ impl Broker {
         options: SubscribeOptions,
         handler: impl Handler,
     ) -> Result<Subscription, SubscribeError> {
-        self.inner.subscribe(pattern, options, Arc::new(handler))
+        self.inner.subscribe(pattern, options, HandlerKind::Sync(Arc::new(handler)))
     }
 
     /// Publish a message (see the module docs for the contract).
@@ -340,11 +340,11 @@ impl std::fmt::Debug for Broker {
 }
 
 impl BrokerInner {
-    fn subscribe(
+    pub(crate) fn subscribe(
         &self,
         pattern: &str,
         options: SubscribeOptions,
-        handler: Arc<dyn Handler>,
+        handler: HandlerKind,
     ) -> Result<Subscription, SubscribeError> {
         let pattern = Pattern::new(pattern).map_err(SubscribeError::InvalidPattern)?;
         options.validate()?;
@@ -402,9 +402,9 @@ impl BrokerInner {
     /// The monotonic due time of a message delivered in the future (R-TIME-2).
     fn due_time(&self, message: &Message) -> Option<Instant> {
         let at = message.deliver_at()?;
-        let now = Now::read(self.clock.as_ref());
-        let wait = at.duration_since(now.wall).ok().filter(|d| !d.is_zero())?;
-        Some(now.mono + wait)
+        let now = Now::new(self.clock.as_ref());
+        let wait = at.duration_since(now.wall()).ok().filter(|d| !d.is_zero())?;
+        Some(now.mono() + wait)
     }
 
     fn schedule(&self, due: Instant, message: Arc<Message>) -> Result<PublishReport, PublishError> {
@@ -464,7 +464,7 @@ impl BrokerInner {
             .subscribe(
                 &inbox.topic,
                 options,
-                Arc::new(move |m: &Message| handler_inbox.accept(m)),
+                HandlerKind::Sync(Arc::new(move |m: &Message| handler_inbox.accept(m))),
             )
             .map_err(|e| RequestError::Inbox(e.to_string()))?;
         match self.inbox.set(inbox) {
@@ -515,17 +515,17 @@ impl BrokerInner {
             .map(Topic::new)
             .transpose()
             .map_err(PublishError::InvalidReplyTo)?;
-        let now = Now::read(self.clock.as_ref());
-        let expires_at = b.expires_at.or_else(|| b.ttl.map(|ttl| now.wall + ttl));
-        let deliver_at = b.deliver_at.or_else(|| b.delay.map(|d| now.wall + d));
+        let wall = self.clock.wall();
+        let expires_at = b.expires_at.or_else(|| b.ttl.map(|ttl| wall + ttl));
+        let deliver_at = b.deliver_at.or_else(|| b.delay.map(|d| wall + d));
         Ok(Message {
-            id: self.ids.next(now.wall),
+            id: self.ids.next(wall),
             topic,
             payload: b.payload,
             headers: b.headers,
             key: b.key,
             priority: b.priority,
-            timestamp: now.wall,
+            timestamp: wall,
             expires_at,
             deliver_at,
             reply_to,

@@ -9,6 +9,7 @@
 //! asks [`Clock::wait_hint`] how long a real thread should block. A manual clock answers
 //! "until woken", and wakes every registered waiter when it is advanced.
 
+use std::cell::Cell;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -150,19 +151,39 @@ impl Clock for ManualClock {
     }
 }
 
-/// A consistent reading of both clocks, taken once per step of the sans-IO core.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Now {
-    pub(crate) mono: Instant,
-    pub(crate) wall: SystemTime,
+/// The time of one step of the sans-IO core, read from the clock at most once per kind
+/// and only when a decision needs it (most deliveries need no clock read at all).
+pub(crate) struct Now<'a> {
+    clock: &'a dyn Clock,
+    mono: Cell<Option<Instant>>,
+    wall: Cell<Option<SystemTime>>,
 }
 
-impl Now {
-    pub(crate) fn read(clock: &dyn Clock) -> Self {
+impl<'a> Now<'a> {
+    pub(crate) fn new(clock: &'a dyn Clock) -> Self {
         Self {
-            mono: clock.now(),
-            wall: clock.wall(),
+            clock,
+            mono: Cell::new(None),
+            wall: Cell::new(None),
         }
+    }
+
+    pub(crate) fn mono(&self) -> Instant {
+        if let Some(t) = self.mono.get() {
+            return t;
+        }
+        let t = self.clock.now();
+        self.mono.set(Some(t));
+        t
+    }
+
+    pub(crate) fn wall(&self) -> SystemTime {
+        if let Some(t) = self.wall.get() {
+            return t;
+        }
+        let t = self.clock.wall();
+        self.wall.set(Some(t));
+        t
     }
 }
 

@@ -11,7 +11,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use parking_lot::{Condvar, Mutex};
+use crossbeam_utils::Backoff;
+use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use crate::error::SubscribeError;
 use crate::subscription::core::Poll;
@@ -144,28 +145,43 @@ impl Executor for ThreadExecutor {
 
 fn dispatch_loop(sub: &SubShared, parking: &Parking, worker: usize) {
     let slot = &parking.slots[worker];
+    // Spin, then yield, before parking: a dispatcher that keeps up with its publisher
+    // finds the next message without a futex round trip (the way crossbeam channels wait).
+    let backoff = Backoff::new();
+    let mut core = sub.core.lock();
     loop {
-        let mut core = sub.core.lock();
-        let delivery = loop {
-            match sub.poll_locked(&mut core, worker) {
-                Poll::Deliver(d) => break Some(d),
-                Poll::Stopped => break None,
-                Poll::Idle => slot.wait(&mut core),
-                Poll::WakeAt(t) => match sub.clock.wait_hint(t) {
-                    Some(d) => {
-                        slot.wait_for(&mut core, d);
-                    }
-                    None => slot.wait(&mut core),
-                },
+        match sub.poll_locked(&mut core, worker) {
+            Poll::Deliver(delivery) => {
+                backoff.reset();
+                let forwards = core.take_forwards();
+                let outcome = MutexGuard::unlocked(&mut core, || {
+                    sub.forward(forwards);
+                    sub.run(&delivery)
+                });
+                // Report and poll for the next message under one lock acquisition.
+                core.handle_completion(delivery, outcome, &sub.now());
             }
-        };
-        let forwards = core.take_forwards();
-        drop(core);
-        sub.forward(forwards);
-        let Some(delivery) = delivery else {
-            return;
-        };
-        let outcome = sub.run(&delivery);
-        sub.complete(delivery, outcome);
+            Poll::Stopped => break,
+            Poll::Idle if !backoff.is_completed() => {
+                MutexGuard::unlocked(&mut core, || backoff.snooze());
+            }
+            Poll::Idle => {
+                slot.wait(&mut core);
+                backoff.reset();
+            }
+            Poll::WakeAt(t) => match sub.clock.wait_hint(t) {
+                Some(d) => {
+                    slot.wait_for(&mut core, d);
+                }
+                None => slot.wait(&mut core),
+            },
+        }
+        if core.has_forwards() {
+            let forwards = core.take_forwards();
+            MutexGuard::unlocked(&mut core, || sub.forward(forwards));
+        }
     }
+    let forwards = core.take_forwards();
+    drop(core);
+    sub.forward(forwards);
 }

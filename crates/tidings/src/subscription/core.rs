@@ -166,7 +166,7 @@ impl Core {
     pub(crate) fn handle_offer(
         &mut self,
         message: &Arc<Message>,
-        now: Now,
+        now: &Now<'_>,
         may_wait: bool,
     ) -> Offered {
         if self.state != State::Open {
@@ -184,7 +184,7 @@ impl Core {
                         message.clone(),
                         DeadLetterReason::Overflow,
                         0,
-                        now.wall,
+                        now.wall(),
                         true,
                     );
                     return Offered::Refused(Refusal::Overflow);
@@ -200,7 +200,7 @@ impl Core {
                             v.message,
                             DeadLetterReason::DroppedOldest,
                             0,
-                            now.wall,
+                            now.wall(),
                             keep,
                         );
                     }
@@ -212,7 +212,7 @@ impl Core {
         self.queued += 1;
         let item = Queued {
             message: message.clone(),
-            enqueued: now.mono,
+            enqueued: now.mono(),
         };
         let target = match &mut self.flavor {
             Flavor::Lanes(l) => Some(l.push(item)),
@@ -235,11 +235,11 @@ impl Core {
     }
 
     /// What dispatcher slot `worker` should do now.
-    pub(crate) fn poll_work(&mut self, worker: usize, now: Now) -> Poll {
+    pub(crate) fn poll_work(&mut self, worker: usize, now: &Now<'_>) -> Poll {
         loop {
             match self.state {
                 State::Closed => return Poll::Stopped,
-                State::Draining { deadline: Some(d) } if now.mono >= d => return Poll::Stopped,
+                State::Draining { deadline: Some(d) } if now.mono() >= d => return Poll::Stopped,
                 _ => {}
             }
             if self.running >= self.max_in_flight {
@@ -247,24 +247,30 @@ impl Core {
                 return Poll::Idle;
             }
             let take = match &mut self.flavor {
-                Flavor::Lanes(l) => l.take(worker, now.mono),
-                Flavor::PerKey(p) => p.take(now.mono),
+                Flavor::Lanes(l) => l.take(worker, now),
+                Flavor::PerKey(p) => p.take(now),
             };
             match take {
                 Take::Fresh(q) => {
                     self.queued -= 1;
-                    if self.blocked_publishers > 0 {
+                    // Wake blocked publishers once a quarter of the queue is free, so a
+                    // publisher refills in a batch instead of one futex round trip per slot.
+                    if self.blocked_publishers > 0
+                        && self.capacity - self.queued >= (self.capacity / 4).max(1)
+                    {
                         self.space_freed = true;
                     }
                     self.ledger.in_flight += 1;
-                    if q.message.is_expired(now.wall, self.ttl) {
+                    if (q.message.expires_at.is_some() || self.ttl.is_some())
+                        && q.message.is_expired(now.wall(), self.ttl)
+                    {
                         self.finish_take(worker, &q.message, None);
                         self.ledger.finished();
                         self.ledger.dead_letter(
                             q.message,
                             DeadLetterReason::Expired,
                             0,
-                            now.wall,
+                            now.wall(),
                             true,
                         );
                         continue;
@@ -312,7 +318,7 @@ impl Core {
         &mut self,
         delivery: Delivery,
         outcome: Result<(), HandlerError>,
-        now: Now,
+        now: &Now<'_>,
     ) {
         self.running -= 1;
         let Delivery {
@@ -343,12 +349,12 @@ impl Core {
                 Some(_) if self.state != State::Open => {
                     self.finish_take(worker, &message, None);
                     self.ledger.finished();
-                    self.ledger.abandon(message, attempt, now.wall);
+                    self.ledger.abandon(message, attempt, now.wall());
                     return;
                 }
                 Some(wait) => {
                     let parked = Parked {
-                        due: now.mono + wait,
+                        due: now.mono() + wait,
                         message: message.clone(),
                         attempts: attempt,
                     };
@@ -364,11 +370,11 @@ impl Core {
         self.finish_take(worker, &message, None);
         self.ledger.finished();
         self.ledger
-            .dead_letter(message, reason, attempt, now.wall, true);
+            .dead_letter(message, reason, attempt, now.wall(), true);
     }
 
     /// Stop accepting; deliver what is queued until `deadline`; abandon retries at once.
-    pub(crate) fn begin_drain(&mut self, deadline: Option<Instant>, now: Now) {
+    pub(crate) fn begin_drain(&mut self, deadline: Option<Instant>, now: &Now<'_>) {
         if self.state == State::Open {
             self.state = State::Draining { deadline };
         }
@@ -377,7 +383,7 @@ impl Core {
 
     /// Close for good: everything still queued or waiting to retry is abandoned (counted
     /// as `Shutdown`). Returns every message abandoned since draining began.
-    pub(crate) fn close(&mut self, now: Now) -> Vec<Arc<Message>> {
+    pub(crate) fn close(&mut self, now: &Now<'_>) -> Vec<Arc<Message>> {
         self.state = State::Closed;
         self.abandon_parked(now);
         let queued = match &mut self.flavor {
@@ -388,20 +394,20 @@ impl Core {
             self.queued -= 1;
             self.ledger.in_flight += 1;
             self.ledger.finished();
-            self.ledger.abandon(q.message, 0, now.wall);
+            self.ledger.abandon(q.message, 0, now.wall());
         }
         self.space_freed = true;
         std::mem::take(&mut self.ledger.shutdown)
     }
 
-    fn abandon_parked(&mut self, now: Now) {
+    fn abandon_parked(&mut self, now: &Now<'_>) {
         let parked = match &mut self.flavor {
             Flavor::Lanes(l) => l.take_parked(),
             Flavor::PerKey(p) => p.take_parked(),
         };
         for p in parked {
             self.ledger.finished();
-            self.ledger.abandon(p.message, p.attempts, now.wall);
+            self.ledger.abandon(p.message, p.attempts, now.wall());
         }
     }
 
@@ -425,6 +431,10 @@ impl Core {
     /// True once since room was made for blocked publishers.
     pub(crate) fn take_space_freed(&mut self) -> bool {
         std::mem::take(&mut self.space_freed)
+    }
+
+    pub(crate) fn has_forwards(&self) -> bool {
+        !self.ledger.to_forward.is_empty()
     }
 
     pub(crate) fn take_forwards(&mut self) -> Vec<crate::dlq::DeadLetter> {

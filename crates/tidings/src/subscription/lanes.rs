@@ -7,6 +7,7 @@
 
 use std::time::Instant;
 
+use crate::clock::Now;
 use crate::queue::{PriorityQueue, Queued};
 
 use super::core::{Parked, Take};
@@ -44,13 +45,13 @@ impl Lanes {
         lane
     }
 
-    pub(crate) fn take(&mut self, worker: usize, now: Instant) -> Take {
+    pub(crate) fn take(&mut self, worker: usize, now: &Now<'_>) -> Take {
         let lane = &mut self.lanes[worker];
         if lane.running {
             return Take::Empty;
         }
         if let Some(parked) = &lane.parked {
-            if parked.due > now {
+            if parked.due > now.mono() {
                 return Take::WakeAt(parked.due);
             }
             lane.running = true;

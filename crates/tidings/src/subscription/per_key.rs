@@ -13,6 +13,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 
+use crate::clock::Now;
 use crate::queue::Queued;
 
 use super::core::{Parked, Take};
@@ -47,7 +48,11 @@ impl PerKey {
         }
     }
 
-    pub(crate) fn take(&mut self, now: Instant) -> Take {
+    pub(crate) fn take(&mut self, now: &Now<'_>) -> Take {
+        if self.parked.is_empty() {
+            return self.take_ready();
+        }
+        let now = now.mono();
         if let Some(i) = self
             .parked
             .iter()
@@ -58,16 +63,20 @@ impl PerKey {
         {
             return Take::Retry(self.parked.swap_remove(i));
         }
+        match self.take_ready() {
+            Take::Empty => self.next_wake().map_or(Take::Empty, Take::WakeAt),
+            fresh => fresh,
+        }
+    }
+
+    fn take_ready(&mut self) -> Take {
         if let Some((_, key)) = self.ready.pop_first() {
             let kq = self.keys.get_mut(&key).expect("ready key has a queue");
             let (_, item) = kq.pending.pop_front().expect("ready key has a message");
             kq.busy = true;
             return Take::Fresh(item);
         }
-        match self.next_wake() {
-            Some(due) => Take::WakeAt(due),
-            None => Take::Empty,
-        }
+        Take::Empty
     }
 
     pub(crate) fn finish(&mut self, key: &Key, parked: Option<Parked>) {

@@ -23,12 +23,18 @@ use super::handle::SubscriptionId;
 /// Header naming the reason on messages forwarded to a dead-letter topic.
 pub const DLQ_REASON_HEADER: &str = "tidings-dlq-reason";
 
+/// The subscriber's code: a plain function/trait object, or (tokio driver) an async one.
+pub(crate) enum HandlerKind {
+    /// `Fn(&Message) -> Result<(), HandlerError>`, run by any driver.
+    Sync(Arc<dyn Handler>),
+}
+
 pub(crate) struct SubShared {
     pub(crate) id: SubscriptionId,
     pub(crate) name: String,
     pub(crate) pattern: Pattern,
     pub(crate) core: Mutex<Core>,
-    handler: Arc<dyn Handler>,
+    pub(crate) handler: HandlerKind,
     predicate: Option<Predicate>,
     header_filter: Option<HeaderFilter>,
     overflow: Overflow,
@@ -46,7 +52,7 @@ impl SubShared {
         id: SubscriptionId,
         pattern: Pattern,
         options: &SubscribeOptions,
-        handler: Arc<dyn Handler>,
+        handler: HandlerKind,
         clock: Arc<dyn Clock>,
         broker: Weak<BrokerInner>,
     ) -> Self {
@@ -78,8 +84,8 @@ impl SubShared {
         let _ = self.waker.set(waker);
     }
 
-    pub(crate) fn now(&self) -> Now {
-        Now::read(self.clock.as_ref())
+    pub(crate) fn now(&self) -> Now<'_> {
+        Now::new(self.clock.as_ref())
     }
 
     /// Offer a message (R-CORE-2: runs filters on the caller's thread, holds only this
@@ -95,7 +101,7 @@ impl SubShared {
     /// Offer without applying the filter (redrive).
     pub(crate) fn offer_unfiltered(&self, message: &Arc<Message>) -> Result<(), Refusal> {
         let mut core = self.core.lock();
-        let mut outcome = core.handle_offer(message, self.now(), true);
+        let mut outcome = core.handle_offer(message, &self.now(), true);
         if outcome == Offered::Full {
             outcome = self.wait_for_room(&mut core, message);
         }
@@ -127,18 +133,18 @@ impl SubShared {
         let Overflow::Block { timeout } = self.overflow else {
             return Offered::Full;
         };
-        let deadline = self.now().mono + timeout;
+        let deadline = self.now().mono() + timeout;
         core.set_blocked(true);
         let outcome = loop {
             match self.clock.wait_hint(deadline) {
-                Some(d) if d.is_zero() => break core.handle_offer(message, self.now(), false),
+                Some(d) if d.is_zero() => break core.handle_offer(message, &self.now(), false),
                 Some(d) => {
                     self.space.wait_for(core, d);
                 }
                 None => self.space.wait(core),
             }
             let now = self.now();
-            match core.handle_offer(message, now, now.mono < deadline) {
+            match core.handle_offer(message, &now, now.mono() < deadline) {
                 Offered::Full => continue,
                 other => break other,
             }
@@ -149,7 +155,7 @@ impl SubShared {
 
     /// Next thing for slot `worker`, with this subscription's lock held by the caller.
     pub(crate) fn poll_locked(&self, core: &mut MutexGuard<'_, Core>, worker: usize) -> Poll {
-        let poll = core.poll_work(worker, self.now());
+        let poll = core.poll_work(worker, &self.now());
         if core.take_space_freed() {
             self.space.notify_all();
         }
@@ -168,13 +174,15 @@ impl SubShared {
 
     /// Run the handler for one delivery: no lock held, panics caught (R-CORE-2, R-DEL-1).
     pub(crate) fn run(&self, delivery: &Delivery) -> Result<(), HandlerError> {
-        invoke(self.handler.as_ref(), &delivery.message)
+        match &self.handler {
+            HandlerKind::Sync(h) => invoke(h.as_ref(), &delivery.message),
+        }
     }
 
     /// Report a delivery's outcome.
     pub(crate) fn complete(&self, delivery: Delivery, outcome: Result<(), HandlerError>) {
         let mut core = self.core.lock();
-        core.handle_completion(delivery, outcome, self.now());
+        core.handle_completion(delivery, outcome, &self.now());
         let forwards = core.take_forwards();
         drop(core);
         self.forward(forwards);
@@ -211,7 +219,7 @@ impl SubShared {
 
     pub(crate) fn begin_drain(&self, deadline: Option<std::time::Instant>) {
         let mut core = self.core.lock();
-        core.begin_drain(deadline, self.now());
+        core.begin_drain(deadline, &self.now());
         let forwards = core.take_forwards();
         drop(core);
         self.forward(forwards);
@@ -221,7 +229,7 @@ impl SubShared {
     /// Close: refuse offers, abandon what is queued. Returns what was abandoned.
     pub(crate) fn close(&self) -> Vec<Arc<Message>> {
         let mut core = self.core.lock();
-        let abandoned = core.close(self.now());
+        let abandoned = core.close(&self.now());
         let forwards = core.take_forwards();
         drop(core);
         self.forward(forwards);
