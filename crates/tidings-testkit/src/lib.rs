@@ -1,1 +1,12 @@
-//! placeholder
+//! Test helpers for tidings and the one behavioural suite every driver runs (R-DIST-2).
+//!
+//! A [`Backend`] says how to build a broker and how to wait for it to settle: the manual
+//! backend drives the broker in the test's thread and jumps its manual clock to the next
+//! wake-up; the threaded backends wait (bounded, generous) for a condition. Each function
+//! in [`suite`] is written once and run against every backend by `tests/conformance.rs`;
+//! later backends (durable log, JetStream) implement [`Backend`] and run the same suite.
+
+pub mod backend;
+pub mod suite;
+
+pub use backend::{Backend, ManualBackend, ThreadedBackend};

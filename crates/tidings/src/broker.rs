@@ -87,9 +87,10 @@ impl BrokerBuilder {
     /// Build the broker. Fails on inconsistent limits.
     pub fn build(self) -> Result<Broker, ConfigError> {
         self.limits.validate()?;
+        let executor = executor_for(&self.driver, &self.clock)?;
         let inner = Arc::new_cyclic(|weak| BrokerInner {
             registry: RwLock::new(Registry::default()),
-            executor: executor_for(&self.driver),
+            executor,
             clock: self.clock,
             limits: self.limits,
             ids: IdGenerator::new(),
@@ -203,7 +204,8 @@ impl Broker {
         options: SubscribeOptions,
         handler: impl Handler,
     ) -> Result<Subscription, SubscribeError> {
-        self.inner.subscribe(pattern, options, HandlerKind::Sync(Arc::new(handler)))
+        self.inner
+            .subscribe(pattern, options, HandlerKind::Sync(Arc::new(handler)))
     }
 
     /// Publish a message (see the module docs for the contract).
@@ -403,7 +405,10 @@ impl BrokerInner {
     fn due_time(&self, message: &Message) -> Option<Instant> {
         let at = message.deliver_at()?;
         let now = Now::new(self.clock.as_ref());
-        let wait = at.duration_since(now.wall()).ok().filter(|d| !d.is_zero())?;
+        let wait = at
+            .duration_since(now.wall())
+            .ok()
+            .filter(|d| !d.is_zero())?;
         Some(now.mono() + wait)
     }
 

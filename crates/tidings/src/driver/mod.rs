@@ -11,6 +11,7 @@ use crate::error::SubscribeError;
 use crate::subscription::shared::SubShared;
 
 pub(crate) mod manual;
+pub(crate) mod pool;
 pub(crate) mod thread;
 
 /// Which driver runs the subscriptions' dispatchers (R-EXE-1).
@@ -25,6 +26,14 @@ pub enum Driver {
     /// which delivers everything deliverable in the caller's thread (R-EXE-2). For tests,
     /// with a [`ManualClock`](crate::ManualClock).
     Manual,
+    /// A fixed set of worker threads shared by all subscriptions; a subscription is
+    /// scheduled only when it has work and is not already running (an actor mailbox), runs
+    /// at most a batch of 64 deliveries, then yields. For thousands of subscriptions.
+    /// `workers: 0` means the machine's available parallelism.
+    Pool {
+        /// Number of worker threads (0 = available parallelism).
+        workers: usize,
+    },
 }
 
 /// How a publisher (or a clock jump, or close) wakes an idle dispatcher slot.
@@ -33,6 +42,8 @@ pub(crate) trait Wake: Send + Sync {
     fn wake(&self, worker: usize);
     /// Every slot should re-check its state (close, clock jump).
     fn wake_all(&self);
+    /// Pool driver: the slot left the run queue and is idle (a no-op elsewhere).
+    fn unschedule(&self, _worker: usize) {}
 }
 
 /// Runs subscriptions' dispatchers.
@@ -50,9 +61,26 @@ pub(crate) trait Executor: Send + Sync {
     }
 }
 
-pub(crate) fn executor_for(driver: &Driver) -> Box<dyn Executor> {
-    match driver {
+pub(crate) fn executor_for(
+    driver: &Driver,
+    clock: &Arc<dyn crate::clock::Clock>,
+) -> Result<Box<dyn Executor>, crate::error::ConfigError> {
+    Ok(match driver {
         Driver::Thread => Box::new(thread::ThreadExecutor::new()),
         Driver::Manual => Box::new(manual::ManualExecutor),
-    }
+        Driver::Pool { workers } => {
+            let n = match *workers {
+                0 => std::thread::available_parallelism().map_or(2, usize::from),
+                n => n,
+            };
+            let pool = pool::PoolExecutor::new(n, clock.clone()).map_err(|e| {
+                crate::error::ConfigError::invalid(
+                    "driver.pool",
+                    e.to_string(),
+                    "spawnable worker threads",
+                )
+            })?;
+            Box::new(pool)
+        }
+    })
 }

@@ -201,6 +201,14 @@ impl SubShared {
         }
     }
 
+    /// Pool driver: the slot is no longer queued or running (called with the core lock
+    /// held, so an offer that follows sees the slot idle and schedules it again).
+    pub(crate) fn mailbox_clear(&self, worker: usize) {
+        if let Some(w) = self.waker.get() {
+            w.unschedule(worker);
+        }
+    }
+
     pub(crate) fn wake(&self, worker: usize) {
         if let Some(w) = self.waker.get() {
             w.wake(worker);

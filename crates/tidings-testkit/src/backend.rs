@@ -1,0 +1,94 @@
+//! How the suite builds and drives a broker.
+
+use std::time::{Duration, Instant};
+
+use tidings::{Broker, Clock, Driver, ManualClock};
+
+/// A way to build brokers and wait for them.
+pub trait Backend {
+    /// A short name for failure messages.
+    fn name(&self) -> String;
+    /// A fresh broker.
+    fn broker(&self) -> Broker;
+    /// Make progress until `cond` holds; panic naming `what` if it never does.
+    fn settle(&self, broker: &Broker, what: &str, cond: &mut dyn FnMut() -> bool);
+    /// True when delivery happens only inside `settle` (the manual driver).
+    fn is_manual(&self) -> bool {
+        false
+    }
+}
+
+/// The manual driver on a manual clock: deterministic, no sleeps.
+#[derive(Default)]
+pub struct ManualBackend {
+    clock: ManualClock,
+}
+
+impl Backend for ManualBackend {
+    fn name(&self) -> String {
+        "manual".into()
+    }
+    fn broker(&self) -> Broker {
+        Broker::builder()
+            .driver(Driver::Manual)
+            .clock(self.clock.clone())
+            .build()
+            .expect("valid configuration")
+    }
+    fn settle(&self, broker: &Broker, what: &str, cond: &mut dyn FnMut() -> bool) {
+        for _ in 0..10_000 {
+            broker.run_until_idle();
+            if cond() {
+                return;
+            }
+            match broker.next_wake() {
+                Some(t) => self.clock.advance_to(t.max(self.clock.now())),
+                None => break,
+            }
+        }
+        assert!(cond(), "[manual] never settled: {what}");
+    }
+    fn is_manual(&self) -> bool {
+        true
+    }
+}
+
+/// A real driver on the system clock; `settle` waits up to 30 s.
+pub struct ThreadedBackend {
+    driver: Driver,
+    label: String,
+}
+
+impl ThreadedBackend {
+    /// A backend building brokers with `driver`.
+    #[must_use]
+    pub fn new(label: &str, driver: Driver) -> Self {
+        Self {
+            driver,
+            label: label.into(),
+        }
+    }
+}
+
+impl Backend for ThreadedBackend {
+    fn name(&self) -> String {
+        self.label.clone()
+    }
+    fn broker(&self) -> Broker {
+        Broker::builder()
+            .driver(self.driver.clone())
+            .build()
+            .expect("valid configuration")
+    }
+    fn settle(&self, _broker: &Broker, what: &str, cond: &mut dyn FnMut() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !cond() {
+            assert!(
+                Instant::now() < deadline,
+                "[{}] timed out: {what}",
+                self.label
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}

@@ -1,0 +1,343 @@
+//! The pool driver: a fixed set of worker threads shared by every subscription (R-EXE-1).
+//!
+//! Each dispatcher slot is an actor mailbox with a *scheduled* flag: a slot enters the run
+//! queue only when it has work and is not already queued or running, so no two workers are
+//! ever inside one slot (max active == 1 per slot). A worker runs a slot for at most
+//! [`BATCH`] deliveries, then puts it at the back of the run queue, so one hot subscription
+//! cannot starve the others. A retry wait occupies no worker: the slot is parked on the
+//! pool's timer thread, which re-schedules it when due.
+//!
+//! Memory per idle subscription is the subscription itself plus one flag per slot: no
+//! thread, no stack.
+
+use std::cell::Cell;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::clock::Clock;
+use crate::error::SubscribeError;
+use crate::subscription::core::Poll;
+use crate::subscription::shared::SubShared;
+
+use super::{Executor, Wake};
+
+/// Most deliveries a worker makes for one slot before yielding it.
+pub const BATCH: usize = 64;
+
+static NEXT_POOL: AtomicU64 = AtomicU64::new(1);
+
+thread_local! {
+    static CURRENT_POOL: Cell<u64> = const { Cell::new(0) };
+}
+
+struct Task {
+    sub: Arc<SubShared>,
+    worker: usize,
+}
+
+struct Timer {
+    due: Instant,
+    seq: u64,
+    sub: Weak<SubShared>,
+    worker: usize,
+}
+
+impl PartialEq for Timer {
+    fn eq(&self, o: &Self) -> bool {
+        (self.due, self.seq) == (o.due, o.seq)
+    }
+}
+impl Eq for Timer {}
+impl PartialOrd for Timer {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Timer {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        (self.due, self.seq).cmp(&(o.due, o.seq))
+    }
+}
+
+struct Shared {
+    id: u64,
+    run_queue: Mutex<VecDeque<Task>>,
+    work: Condvar,
+    timers: Mutex<(BinaryHeap<Reverse<Timer>>, u64)>,
+    timer_changed: Condvar,
+    shutdown: AtomicBool,
+    /// Slots that have not yet reported `Stopped`.
+    live_slots: AtomicUsize,
+    stopped: Mutex<()>,
+    stopped_cv: Condvar,
+    clock: Arc<dyn Clock>,
+}
+
+/// The mailbox flags of one subscription's slots.
+struct Mailbox {
+    scheduled: Box<[AtomicBool]>,
+    sub: Weak<SubShared>,
+    pool: Arc<Shared>,
+}
+
+impl Mailbox {
+    fn schedule(&self, worker: usize) {
+        let Some(flag) = self.scheduled.get(worker) else {
+            return;
+        };
+        if flag.swap(true, Ordering::AcqRel) {
+            return; // already queued or running: it will see the new work
+        }
+        let Some(sub) = self.sub.upgrade() else {
+            return;
+        };
+        self.pool.run_queue.lock().push_back(Task { sub, worker });
+        self.pool.work.notify_one();
+    }
+}
+
+impl Wake for Mailbox {
+    fn wake(&self, worker: usize) {
+        self.schedule(worker);
+    }
+    fn wake_all(&self) {
+        for w in 0..self.scheduled.len() {
+            self.schedule(w);
+        }
+    }
+    fn unschedule(&self, worker: usize) {
+        if let Some(flag) = self.scheduled.get(worker) {
+            flag.store(false, Ordering::Release);
+        }
+    }
+}
+
+pub(crate) struct PoolExecutor {
+    shared: Arc<Shared>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    mailboxes: Mutex<Vec<Weak<Mailbox>>>,
+}
+
+impl PoolExecutor {
+    pub(crate) fn new(workers: usize, clock: Arc<dyn Clock>) -> Result<Self, std::io::Error> {
+        let shared = Arc::new(Shared {
+            id: NEXT_POOL.fetch_add(1, Ordering::Relaxed),
+            run_queue: Mutex::new(VecDeque::new()),
+            work: Condvar::new(),
+            timers: Mutex::new((BinaryHeap::new(), 0)),
+            timer_changed: Condvar::new(),
+            shutdown: AtomicBool::new(false),
+            live_slots: AtomicUsize::new(0),
+            stopped: Mutex::new(()),
+            stopped_cv: Condvar::new(),
+            clock,
+        });
+        let mut threads = Vec::with_capacity(workers + 1);
+        for i in 0..workers.max(1) {
+            let s = shared.clone();
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("tidings-pool-{i}"))
+                    .spawn(move || worker_loop(&s))?,
+            );
+        }
+        let s = shared.clone();
+        threads.push(
+            std::thread::Builder::new()
+                .name("tidings-pool-timer".into())
+                .spawn(move || timer_loop(&s))?,
+        );
+        Ok(Self {
+            shared,
+            threads: Mutex::new(threads),
+            mailboxes: Mutex::new(Vec::new()),
+        })
+    }
+
+    fn on_pool_thread(&self) -> bool {
+        CURRENT_POOL.with(Cell::get) == self.shared.id
+    }
+}
+
+impl Executor for PoolExecutor {
+    fn start(&self, sub: &Arc<SubShared>) -> Result<(), SubscribeError> {
+        let mailbox = Arc::new(Mailbox {
+            scheduled: (0..sub.workers()).map(|_| AtomicBool::new(false)).collect(),
+            sub: Arc::downgrade(sub),
+            pool: self.shared.clone(),
+        });
+        self.shared
+            .live_slots
+            .fetch_add(sub.workers(), Ordering::AcqRel);
+        sub.set_waker(mailbox.clone());
+        let mut boxes = self.mailboxes.lock();
+        boxes.retain(|m| m.strong_count() > 0);
+        boxes.push(Arc::downgrade(&mailbox));
+        drop(boxes);
+        // Run each slot once so it reaches its idle state (and sees anything already queued).
+        mailbox.wake_all();
+        Ok(())
+    }
+
+    fn wait_stopped(&self, deadline: Instant) -> bool {
+        let me = usize::from(self.on_pool_thread());
+        let mut guard = self.shared.stopped.lock();
+        while self.shared.live_slots.load(Ordering::Acquire) > me {
+            if self
+                .shared
+                .stopped_cv
+                .wait_until(&mut guard, deadline)
+                .timed_out()
+            {
+                return self.shared.live_slots.load(Ordering::Acquire) <= me;
+            }
+        }
+        true
+    }
+
+    fn join(&self, deadline: Instant) -> Vec<String> {
+        self.wait_stopped(deadline);
+        self.shared.shutdown.store(true, Ordering::Release);
+        drop(self.shared.run_queue.lock());
+        self.shared.work.notify_all();
+        drop(self.shared.timers.lock());
+        self.shared.timer_changed.notify_all();
+        let me = std::thread::current().id();
+        let mut unjoined = Vec::new();
+        for h in std::mem::take(&mut *self.threads.lock()) {
+            if h.thread().id() == me {
+                continue;
+            }
+            // Pool threads exit as soon as their current slot's handler returns.
+            let name = h.thread().name().unwrap_or("tidings-pool").to_owned();
+            if self.wait_finished(&h, deadline) {
+                let _ = h.join();
+            } else {
+                unjoined.push(name);
+            }
+        }
+        unjoined
+    }
+}
+
+impl PoolExecutor {
+    fn wait_finished(&self, h: &JoinHandle<()>, deadline: Instant) -> bool {
+        let mut guard = self.shared.stopped.lock();
+        while !h.is_finished() {
+            let step = Instant::now() + std::time::Duration::from_millis(5);
+            if self
+                .shared
+                .stopped_cv
+                .wait_until(&mut guard, step.min(deadline))
+                .timed_out()
+                && Instant::now() >= deadline
+            {
+                return h.is_finished();
+            }
+        }
+        true
+    }
+}
+
+fn worker_loop(pool: &Arc<Shared>) {
+    CURRENT_POOL.with(|c| c.set(pool.id));
+    loop {
+        let task = {
+            let mut q = pool.run_queue.lock();
+            loop {
+                if let Some(t) = q.pop_front() {
+                    break t;
+                }
+                if pool.shutdown.load(Ordering::Acquire) {
+                    return;
+                }
+                pool.work.wait(&mut q);
+            }
+        };
+        run_slot(pool, task);
+    }
+}
+
+/// Run one slot for up to `BATCH` deliveries, then re-queue, park or retire it.
+fn run_slot(pool: &Arc<Shared>, task: Task) {
+    let Task { sub, worker } = task;
+    let mailbox_flag = |sub: &SubShared| sub.mailbox_clear(worker);
+    for _ in 0..BATCH {
+        let mut core = sub.core.lock();
+        match sub.poll_locked(&mut core, worker) {
+            Poll::Deliver(delivery) => {
+                let forwards = core.take_forwards();
+                drop(core);
+                sub.forward(forwards);
+                let outcome = sub.run(&delivery);
+                sub.complete(delivery, outcome);
+            }
+            Poll::Idle => {
+                // Clear the flag under the core lock: an offer after this sees the slot
+                // idle and schedules it again, so no wake-up is lost.
+                mailbox_flag(&sub);
+                return;
+            }
+            Poll::WakeAt(due) => {
+                mailbox_flag(&sub);
+                drop(core);
+                let mut timers = pool.timers.lock();
+                let seq = timers.1;
+                timers.1 += 1;
+                timers.0.push(Reverse(Timer {
+                    due,
+                    seq,
+                    sub: Arc::downgrade(&sub),
+                    worker,
+                }));
+                drop(timers);
+                pool.timer_changed.notify_one();
+                return;
+            }
+            Poll::Stopped => {
+                drop(core);
+                pool.live_slots.fetch_sub(1, Ordering::AcqRel);
+                drop(pool.stopped.lock());
+                pool.stopped_cv.notify_all();
+                return;
+            }
+        }
+    }
+    // Batch used up: yield the slot to the back of the run queue (fairness).
+    pool.run_queue.lock().push_back(Task { sub, worker });
+    pool.work.notify_one();
+}
+
+fn timer_loop(pool: &Arc<Shared>) {
+    let mut timers = pool.timers.lock();
+    loop {
+        if pool.shutdown.load(Ordering::Acquire) {
+            return;
+        }
+        let now = pool.clock.now();
+        while timers.0.peek().is_some_and(|Reverse(t)| t.due <= now) {
+            let Some(Reverse(t)) = timers.0.pop() else {
+                break;
+            };
+            if let Some(sub) = t.sub.upgrade() {
+                sub.wake(t.worker);
+            }
+        }
+        match timers.0.peek().map(|Reverse(t)| t.due) {
+            None => pool.timer_changed.wait(&mut timers),
+            Some(due) => match pool.clock.wait_hint(due) {
+                Some(d) => {
+                    pool.timer_changed.wait_for(&mut timers, d);
+                }
+                // A manual clock wakes every slot itself when it moves.
+                None => pool.timer_changed.wait(&mut timers),
+            },
+        };
+    }
+}
