@@ -39,11 +39,9 @@ impl DriverKind {
     /// INTEGRATION POINT for the lead: when `Driver::Pool` / the tokio driver land, replace
     /// the two `Err(NOT_BUILT…)` arms below (nothing else in the bench needs to change).
     pub(crate) fn build(self, env: &Env) -> Result<Driver, String> {
-        let _ = env;
         match self {
             DriverKind::Thread => Ok(Driver::Thread),
-            // → Ok(Driver::Pool { workers: env.cores })
-            DriverKind::Pool => Err(NOT_BUILT.to_owned()),
+            DriverKind::Pool => Ok(Driver::Pool { workers: env.cores }),
             // → Ok(Driver::Tokio(env.tokio.handle().clone()))  (or whatever the variant is)
             DriverKind::Tokio => Err(NOT_BUILT.to_owned()),
         }

@@ -354,8 +354,11 @@ pub fn request_reply(b: &dyn Backend) {
     broker.close(Duration::from_secs(5));
 }
 
+/// One suite case: its name and body.
+pub type Case = (&'static str, fn(&dyn Backend));
+
 /// Every suite function, by name.
-pub const ALL: &[(&str, fn(&dyn Backend))] = &[
+pub const ALL: &[Case] = &[
     (
         "fan_out_order_and_exclusivity",
         fan_out_order_and_exclusivity,

@@ -66,6 +66,8 @@ pub struct BrokerBuilder {
     clock: Arc<dyn Clock>,
     driver: Driver,
     limits: Limits,
+    /// Streams' data directory (`BrokerBuilder::data_dir`, src/stream/api.rs).
+    pub(crate) data_dir: Option<std::path::PathBuf>,
 }
 
 impl BrokerBuilder {
@@ -100,6 +102,7 @@ impl BrokerBuilder {
             scheduler: Arc::new(Scheduler::default()),
             timer: Mutex::new(None),
             inbox: OnceLock::new(),
+            streams: crate::stream::Streams::new(self.data_dir),
         });
         let waiter: Weak<dyn ClockWaiter> = Arc::downgrade(&inner) as Weak<dyn ClockWaiter>;
         inner.clock.register_waiter(waiter);
@@ -128,7 +131,7 @@ impl BrokerBuilder {
 /// ```
 #[derive(Clone)]
 pub struct Broker {
-    inner: Arc<BrokerInner>,
+    pub(crate) inner: Arc<BrokerInner>,
 }
 
 /// A handle that does not keep the broker open; for handlers that publish (a handler that
@@ -148,7 +151,7 @@ impl WeakBroker {
 
 pub(crate) struct BrokerInner {
     registry: RwLock<Registry>,
-    executor: Box<dyn Executor>,
+    pub(crate) executor: Box<dyn Executor>,
     pub(crate) clock: Arc<dyn Clock>,
     limits: Limits,
     ids: IdGenerator,
@@ -158,6 +161,8 @@ pub(crate) struct BrokerInner {
     scheduler: Arc<Scheduler>,
     timer: Mutex<Option<JoinHandle<()>>>,
     inbox: OnceLock<Arc<Inbox>>,
+    /// Durable streams and durable subscriptions (src/stream).
+    pub(crate) streams: crate::stream::Streams,
 }
 
 impl Broker {
@@ -167,6 +172,7 @@ impl Broker {
             clock: Arc::new(SystemClock),
             driver: Driver::Thread,
             limits: Limits::default(),
+            data_dir: None,
         }
     }
 
@@ -348,6 +354,18 @@ impl BrokerInner {
         options: SubscribeOptions,
         handler: HandlerKind,
     ) -> Result<Subscription, SubscribeError> {
+        self.subscribe_with(pattern, options, handler, true)
+    }
+
+    /// `routed: false` creates a subscription outside the topic router, fed only by its
+    /// owner (a durable subscription's pump, src/stream/pump.rs).
+    pub(crate) fn subscribe_with(
+        &self,
+        pattern: &str,
+        options: SubscribeOptions,
+        handler: HandlerKind,
+        routed: bool,
+    ) -> Result<Subscription, SubscribeError> {
         let pattern = Pattern::new(pattern).map_err(SubscribeError::InvalidPattern)?;
         options.validate()?;
         if self.closed.load(Ordering::Acquire) {
@@ -370,7 +388,9 @@ impl BrokerInner {
                 });
             }
             self.executor.start(&shared)?;
-            reg.router.insert(&pattern, id.0, shared.clone());
+            if routed {
+                reg.router.insert(&pattern, id.0, shared.clone());
+            }
             reg.all.insert(id, shared.clone());
         }
         Ok(Subscription {
@@ -395,10 +415,14 @@ impl BrokerInner {
             return Err(PublishError::Closed);
         }
         let message = Arc::new(self.build_message(b)?);
-        if let Some(due) = self.due_time(&message) {
-            return self.schedule(due, message);
-        }
-        Ok(self.route(&message))
+        // Durable streams first: a failed append fails the publish (src/stream).
+        let streams = self.streams.append(&message)?;
+        let mut report = match self.due_time(&message) {
+            Some(due) => self.schedule(due, message)?,
+            None => self.route(&message),
+        };
+        report.streams = streams;
+        Ok(report)
     }
 
     /// The monotonic due time of a message delivered in the future (R-TIME-2).
@@ -425,6 +449,7 @@ impl BrokerInner {
             accepted: 0,
             refused: Vec::new(),
             scheduled: true,
+            streams: Vec::new(),
         })
     }
 
@@ -535,6 +560,7 @@ impl BrokerInner {
             deliver_at,
             reply_to,
             correlation_id: b.correlation_id,
+            log_offset: None,
         })
     }
 
@@ -551,6 +577,7 @@ impl BrokerInner {
             accepted: 0,
             refused: Vec::new(),
             scheduled: false,
+            streams: Vec::new(),
         };
         for sub in targets.drain(..) {
             match sub.offer(message) {
@@ -636,6 +663,8 @@ impl BrokerInner {
             }
         }
         report.unjoined = self.executor.join(Instant::now() + JOIN_GRACE);
+        // Stop stream pumps, write durable positions, close stream logs (src/stream).
+        self.streams.close();
         if let Some(timer) = self.timer.lock().take()
             && timer.thread().id() != std::thread::current().id()
         {

@@ -73,6 +73,15 @@ pub enum PublishError {
     /// The broker is closed.
     #[error("the broker is closed")]
     Closed,
+    /// Appending to a durable stream failed; the message was not offered to any
+    /// subscription. Streams earlier in name order may already hold it (the error says which).
+    #[error("append to stream {stream:?} failed: {error}")]
+    Stream {
+        /// The stream whose append failed.
+        stream: String,
+        /// The log's error, with the stream directory.
+        error: String,
+    },
 }
 
 /// Why `subscribe` failed. No subscription was created.
@@ -97,4 +106,8 @@ pub enum SubscribeError {
     /// The driver could not start a dispatcher (e.g. thread spawn failed).
     #[error("could not start the dispatcher: {0}")]
     Spawn(String),
+    /// An async handler was given to a broker whose driver is not
+    /// [`Driver::Tokio`](crate::Driver): only the tokio driver can await it (R-EXE-3).
+    #[error("async handlers need the tokio driver")]
+    AsyncHandlerNeedsTokio,
 }

@@ -36,7 +36,11 @@
 
 #![warn(missing_docs)]
 
+#[cfg(feature = "tokio")]
+mod async_handler;
 mod broker;
+#[cfg(feature = "tokio")]
+mod broker_async;
 mod clock;
 mod dedup;
 mod dlq;
@@ -53,9 +57,12 @@ mod request;
 mod retry;
 mod scheduler;
 mod stats;
+mod stream;
 mod subscription;
 pub mod topic;
 
+#[cfg(feature = "tokio")]
+pub use async_handler::{AsyncHandler, HandlerFuture};
 pub use broker::{Broker, BrokerBuilder, WeakBroker};
 pub use clock::{Clock, ClockWaiter, ManualClock, SystemClock};
 pub use dedup::{DedupStore, Deduplicating, InMemoryDedupStore};
@@ -74,7 +81,12 @@ pub use report::{CloseReport, PublishReport, Undelivered};
 pub use request::RequestError;
 pub use retry::{Retry, RetryPolicy};
 pub use stats::{DeadLetterCounts, RefusedCounts, SubscriptionStats};
+pub use stream::{
+    DEFAULT_COMMIT_EVERY, DurableDeadLetter, DurableSubscription, StartAt, Stream, StreamConfig,
+    StreamError,
+};
 pub use subscription::handle::RedriveReport;
 pub use subscription::shared::DLQ_REASON_HEADER;
 pub use subscription::{Refusal, Subscription, SubscriptionId};
+pub use tidings_log::{Fsync, LogConfig, RecoveryReport, Retention, RetentionReport};
 pub use topic::{Pattern, Topic, TopicError};

@@ -175,6 +175,8 @@ pub struct Message {
     pub(crate) deliver_at: Option<SystemTime>,
     pub(crate) reply_to: Option<Topic>,
     pub(crate) correlation_id: Option<String>,
+    /// Offset in the stream this instance was read from (durable subscriptions only).
+    pub(crate) log_offset: Option<u64>,
 }
 
 impl Message {
@@ -241,6 +243,12 @@ impl Message {
     #[must_use]
     pub fn correlation_id(&self) -> Option<&str> {
         self.correlation_id.as_deref()
+    }
+    /// The stream offset this message was read from, when it was delivered by a durable
+    /// subscription (R-LOG-3); `None` for messages delivered straight from `publish`.
+    #[must_use]
+    pub fn offset(&self) -> Option<u64> {
+        self.log_offset
     }
     /// Start a reply to this message: addressed to its `reply_to` topic with its correlation
     /// id. `None` when the message asked for no reply.

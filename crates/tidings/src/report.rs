@@ -17,6 +17,9 @@ pub struct PublishReport {
     /// True when the message was held for delayed delivery: it will be offered when due,
     /// and `accepted`/`refused` are zero/empty now.
     pub scheduled: bool,
+    /// Durable streams the message was appended to, in name order (R-LOG-1). Under
+    /// `Fsync::Always` it is synced in each of them when publish returns.
+    pub streams: Vec<String>,
 }
 
 impl PublishReport {

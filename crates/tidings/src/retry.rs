@@ -262,6 +262,7 @@ mod tests {
             deliver_at: None,
             reply_to: None,
             correlation_id: None,
+            log_offset: None,
         }
     }
 

@@ -18,7 +18,8 @@ const PATIENCE: Duration = Duration::from_secs(60);
 #[test]
 fn keyed_lanes_keep_key_order_and_run_in_parallel() {
     let broker = Broker::new();
-    let seen: Arc<Mutex<HashMap<String, Vec<(u32, u32)>>>> = Arc::default();
+    type ByKey = HashMap<String, Vec<(u32, u32)>>;
+    let seen: Arc<Mutex<ByKey>> = Arc::default();
     let active = Arc::new(AtomicUsize::new(0));
     let overlap = Arc::new(AtomicUsize::new(0));
     let (s, a, o) = (seen.clone(), active.clone(), overlap.clone());

@@ -13,9 +13,12 @@ use crate::subscription::shared::SubShared;
 pub(crate) mod manual;
 pub(crate) mod pool;
 pub(crate) mod thread;
+#[cfg(feature = "tokio")]
+pub(crate) mod tokio;
 
 /// Which driver runs the subscriptions' dispatchers (R-EXE-1).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+// Not `PartialEq`: a tokio `Handle` has no stable identity to compare.
+#[derive(Debug, Clone, Default)]
 #[non_exhaustive]
 pub enum Driver {
     /// A dedicated OS thread per dispatcher slot (one per subscription, or one per lane /
@@ -34,6 +37,14 @@ pub enum Driver {
         /// Number of worker threads (0 = available parallelism).
         workers: usize,
     },
+    /// One tokio task per dispatcher slot, spawned on this runtime (R-EXE-1). The only
+    /// driver that runs async handlers ([`Broker::subscribe_async`](crate::Broker::subscribe_async),
+    /// R-EXE-3). Sync handlers run inline on the runtime's worker threads and must not
+    /// block. From inside the runtime, close with
+    /// [`Broker::close_async`](crate::Broker::close_async) (the sync `close` cannot wait
+    /// for the tasks there and reports them as unjoined).
+    #[cfg(feature = "tokio")]
+    Tokio(::tokio::runtime::Handle),
 }
 
 /// How a publisher (or a clock jump, or close) wakes an idle dispatcher slot.
@@ -59,6 +70,11 @@ pub(crate) trait Executor: Send + Sync {
     fn is_manual(&self) -> bool {
         false
     }
+    /// The tokio driver's runtime: async handlers are accepted only when this is `Some`.
+    #[cfg(feature = "tokio")]
+    fn tokio_handle(&self) -> Option<::tokio::runtime::Handle> {
+        None
+    }
 }
 
 pub(crate) fn executor_for(
@@ -68,6 +84,8 @@ pub(crate) fn executor_for(
     Ok(match driver {
         Driver::Thread => Box::new(thread::ThreadExecutor::new()),
         Driver::Manual => Box::new(manual::ManualExecutor),
+        #[cfg(feature = "tokio")]
+        Driver::Tokio(handle) => Box::new(tokio::TokioExecutor::new(handle.clone())),
         Driver::Pool { workers } => {
             let n = match *workers {
                 0 => std::thread::available_parallelism().map_or(2, usize::from),

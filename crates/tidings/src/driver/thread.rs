@@ -125,7 +125,9 @@ impl Executor for ThreadExecutor {
     }
 
     fn join(&self, deadline: Instant) -> Vec<String> {
-        self.wait_stopped(deadline);
+        // Once every dispatcher has decremented the live count it is only returning, so
+        // joining it cannot block for long; `is_finished` may still lag behind the count.
+        let all_stopped = self.wait_stopped(deadline);
         let handles = std::mem::take(&mut *self.handles.lock());
         let me = std::thread::current().id();
         let mut unjoined = Vec::new();
@@ -133,7 +135,7 @@ impl Executor for ThreadExecutor {
             if h.thread().id() == me {
                 continue;
             }
-            if h.is_finished() {
+            if all_stopped || h.is_finished() {
                 let _ = h.join();
             } else {
                 unjoined.push(name);

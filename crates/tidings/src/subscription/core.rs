@@ -331,6 +331,7 @@ impl Core {
                 self.finish_take(worker, &message, None);
                 self.ledger.finished();
                 self.ledger.delivered += 1;
+                self.ledger.completed(&message);
                 return;
             }
             Err(e) => e,
@@ -435,10 +436,23 @@ impl Core {
 
     pub(crate) fn has_forwards(&self) -> bool {
         !self.ledger.to_forward.is_empty()
+            || self
+                .ledger
+                .completions
+                .as_ref()
+                .is_some_and(|c| !c.is_empty())
     }
 
-    pub(crate) fn take_forwards(&mut self) -> Vec<crate::dlq::DeadLetter> {
-        std::mem::take(&mut self.ledger.to_forward)
+    pub(crate) fn take_forwards(&mut self) -> super::ledger::Forwards {
+        super::ledger::Forwards {
+            dead: std::mem::take(&mut self.ledger.to_forward),
+            finished: self
+                .ledger
+                .completions
+                .as_mut()
+                .map(std::mem::take)
+                .unwrap_or_default(),
+        }
     }
 
     pub(crate) fn ledger_mut(&mut self) -> &mut Ledger {

@@ -27,6 +27,25 @@ pub(crate) struct Ledger {
     pub(crate) shutdown: Vec<Arc<Message>>,
     forward: bool,
     keep_shutdown: bool,
+    /// Completion record for durable subscriptions (`None` = disabled, zero cost): every
+    /// message that finished by delivery or dead-lettering (never `Shutdown`).
+    pub(crate) completions: Option<Vec<Finished>>,
+}
+
+/// A message that finished for good: delivered (`dead_letter: None`) or dead-lettered with
+/// this reason and attempt count. Drained after the lock is released (see `SubShared`).
+#[derive(Debug, Clone)]
+pub(crate) struct Finished {
+    pub(crate) message: Arc<Message>,
+    pub(crate) dead_letter: Option<(DeadLetterReason, u32)>,
+}
+
+/// What is handed out of the lock after an operation: dead letters to publish to the
+/// dead-letter topic, and completions for a durable subscription's commit hook.
+#[derive(Debug, Default)]
+pub(crate) struct Forwards {
+    pub(crate) dead: Vec<DeadLetter>,
+    pub(crate) finished: Vec<Finished>,
 }
 
 impl Ledger {
@@ -45,6 +64,17 @@ impl Ledger {
             shutdown: Vec::new(),
             forward,
             keep_shutdown,
+            completions: None,
+        }
+    }
+
+    /// Note a successful delivery for the completion hook, when enabled.
+    pub(crate) fn completed(&mut self, message: &Arc<Message>) {
+        if let Some(c) = &mut self.completions {
+            c.push(Finished {
+                message: message.clone(),
+                dead_letter: None,
+            });
         }
     }
 
@@ -58,6 +88,14 @@ impl Ledger {
         keep: bool,
     ) {
         self.dead_lettered.count(&reason);
+        if let Some(c) = &mut self.completions
+            && !matches!(reason, DeadLetterReason::Shutdown)
+        {
+            c.push(Finished {
+                message: message.clone(),
+                dead_letter: Some((reason.clone(), attempts)),
+            });
+        }
         if !keep {
             return;
         }

@@ -9,7 +9,6 @@ use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use crate::broker::BrokerInner;
 use crate::clock::{Clock, Now};
-use crate::dlq::DeadLetter;
 use crate::driver::Wake;
 use crate::filter::HeaderFilter;
 use crate::handler::{Handler, HandlerError, invoke};
@@ -19,6 +18,7 @@ use crate::topic::Pattern;
 
 use super::core::{Core, Delivery, Offered, Poll, Refusal};
 use super::handle::SubscriptionId;
+use super::ledger::Forwards;
 
 /// Header naming the reason on messages forwarded to a dead-letter topic.
 pub const DLQ_REASON_HEADER: &str = "tidings-dlq-reason";
@@ -27,6 +27,10 @@ pub const DLQ_REASON_HEADER: &str = "tidings-dlq-reason";
 pub(crate) enum HandlerKind {
     /// `Fn(&Message) -> Result<(), HandlerError>`, run by any driver.
     Sync(Arc<dyn Handler>),
+    /// An [`AsyncHandler`](crate::AsyncHandler): awaited by the tokio driver only (the broker
+    /// refuses it at subscribe under any other driver, so [`SubShared::run`] never sees it).
+    #[cfg(feature = "tokio")]
+    Async(Arc<dyn crate::async_handler::AsyncHandler>),
 }
 
 pub(crate) struct SubShared {
@@ -45,7 +49,13 @@ pub(crate) struct SubShared {
     space: Condvar,
     broker: Weak<BrokerInner>,
     workers: usize,
+    // --- durable streams (src/stream): completion hook, set once; see `set_on_finished`.
+    on_finished: OnceLock<FinishedHook>,
 }
+
+/// Called (outside the subscription lock) with messages that finished for good.
+pub(crate) type FinishedHook = Arc<dyn Fn(Vec<Finished>) + Send + Sync>;
+pub(crate) use super::ledger::Finished;
 
 impl SubShared {
     pub(crate) fn new(
@@ -72,6 +82,15 @@ impl SubShared {
             waker: OnceLock::new(),
             space: Condvar::new(),
             broker,
+            on_finished: OnceLock::new(),
+        }
+    }
+
+    /// Durable subscriptions: record completions in the ledger and hand them to `hook`
+    /// after each operation, outside the lock. Set before the first offer.
+    pub(crate) fn set_on_finished(&self, hook: FinishedHook) {
+        if self.on_finished.set(hook).is_ok() {
+            self.core.lock().ledger_mut().completions = Some(Vec::new());
         }
     }
 
@@ -176,6 +195,21 @@ impl SubShared {
     pub(crate) fn run(&self, delivery: &Delivery) -> Result<(), HandlerError> {
         match &self.handler {
             HandlerKind::Sync(h) => invoke(h.as_ref(), &delivery.message),
+            // Unreachable: refused at subscribe under non-tokio drivers, and the tokio
+            // driver awaits it via `async_handler`. Dead-letter rather than panic.
+            #[cfg(feature = "tokio")]
+            HandlerKind::Async(_) => Err(HandlerError::reject(
+                "async handler run by a sync driver path",
+            )),
+        }
+    }
+
+    /// The async handler, if this subscription has one (tokio driver).
+    #[cfg(feature = "tokio")]
+    pub(crate) fn async_handler(&self) -> Option<&Arc<dyn crate::async_handler::AsyncHandler>> {
+        match &self.handler {
+            HandlerKind::Async(h) => Some(h),
+            HandlerKind::Sync(_) => None,
         }
     }
 
@@ -246,7 +280,17 @@ impl SubShared {
     }
 
     /// Publish dead letters to the dead-letter topic, if one is configured (R-DEL-4).
-    pub(crate) fn forward(&self, entries: Vec<DeadLetter>) {
+    /// Also hands completions to the durable-stream hook, if one is set.
+    pub(crate) fn forward(&self, forwards: Forwards) {
+        let Forwards {
+            dead: entries,
+            finished,
+        } = forwards;
+        if !finished.is_empty()
+            && let Some(hook) = self.on_finished.get()
+        {
+            hook(finished);
+        }
         let (Some(topic), false) = (&self.dlq_topic, entries.is_empty()) else {
             return;
         };

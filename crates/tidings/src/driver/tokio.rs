@@ -1,0 +1,264 @@
+//! The tokio driver: one task per dispatcher slot on a caller-supplied runtime (R-EXE-1,
+//! R-EXE-3).
+//!
+//! Each task runs the same loop as a thread-driver dispatcher, as an `async fn`: poll the
+//! subscription core, run the handler, report the outcome; when the core says the slot is
+//! idle, await the slot's [`Notify`] (whose `notify_one` stores a permit, so a wake-up that
+//! arrives before the task awaits is not lost); when a retry is due later, await the notify
+//! or a tokio sleep, whichever comes first. With a [`ManualClock`](crate::ManualClock) the
+//! clock's `wait_hint` says "until woken" and the broker wakes every slot when the clock is
+//! advanced.
+//!
+//! # Handlers on the runtime
+//! * Async handlers ([`AsyncHandler`](crate::AsyncHandler)) are awaited inside the slot's
+//!   task; a panic while building or polling the future is caught and treated as a
+//!   retryable error, exactly like a sync handler's panic.
+//! * Sync handlers are called inline, on a runtime worker thread: **they must not block**
+//!   (no long computations, no blocking I/O, no `Broker::request`). Use an async handler,
+//!   or move blocking work to `tokio::task::spawn_blocking`, otherwise.
+//!
+//! # Waiting for tasks at close
+//! Close waits for the tasks with a real-time deadline. From a thread that is inside a
+//! tokio runtime context (a task, `block_on`, `spawn_blocking`), blocking could deadlock the
+//! runtime the tasks need, so the sync [`Broker::close`](crate::Broker::close) does not wait
+//! there: tasks still running are reported in `CloseReport::unjoined`.
+//! [`Broker::close_async`](crate::Broker::close_async) performs the waiting off the runtime's
+//! worker threads and so does wait.
+
+use std::cell::Cell;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::Poll as TaskPoll;
+use std::time::Instant;
+
+use ::tokio::runtime::Handle;
+use ::tokio::sync::Notify;
+use ::tokio::task::JoinHandle;
+use parking_lot::{Condvar, Mutex};
+
+use crate::async_handler::{AsyncHandler, HandlerFuture};
+use crate::error::SubscribeError;
+use crate::handler::HandlerError;
+use crate::message::Message;
+use crate::subscription::core::Poll;
+use crate::subscription::shared::SubShared;
+
+use super::{Executor, Wake};
+
+/// Deliveries a slot makes before yielding to the runtime, so a busy subscription cannot
+/// starve other tasks (sync handlers never reach an `.await`).
+const BATCH: u32 = 64;
+
+thread_local! {
+    /// Set on a thread that may block waiting for tasks even though it is inside a runtime
+    /// context (the blocking-pool thread used by `Broker::close_async`).
+    static MAY_BLOCK: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Run `f` with blocking waits for tokio tasks allowed on this thread (which must not be
+/// a runtime worker thread).
+pub(crate) fn allow_blocking<R>(f: impl FnOnce() -> R) -> R {
+    struct Reset(bool);
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            MAY_BLOCK.with(|c| c.set(self.0));
+        }
+    }
+    let _reset = Reset(MAY_BLOCK.with(|c| c.replace(true)));
+    f()
+}
+
+/// True when this thread may block waiting for dispatcher tasks.
+fn may_block() -> bool {
+    MAY_BLOCK.with(Cell::get) || Handle::try_current().is_err()
+}
+
+/// One notify per dispatcher slot.
+struct Slots {
+    slots: Box<[Notify]>,
+}
+
+impl Wake for Slots {
+    fn wake(&self, worker: usize) {
+        if let Some(n) = self.slots.get(worker) {
+            n.notify_one();
+        }
+    }
+    fn wake_all(&self) {
+        // `notify_one` (not `notify_waiters`) so a slot between its poll and its await
+        // still finds the permit.
+        for n in self.slots.iter() {
+            n.notify_one();
+        }
+    }
+}
+
+/// Counts live dispatcher tasks so close can wait for them with a deadline.
+struct Live {
+    running: Mutex<usize>,
+    changed: Condvar,
+}
+
+/// Marks its task done and decrements the live count when the task's body ends — also
+/// when the runtime drops it unfinished (runtime shutdown), so close never waits for a task
+/// that no longer exists. (`JoinHandle::is_finished` lags behind: it turns true only after
+/// the task's output is stored, so close asks this flag instead.)
+struct LiveGuard {
+    live: Arc<Live>,
+    done: Arc<AtomicBool>,
+}
+
+impl Drop for LiveGuard {
+    fn drop(&mut self) {
+        self.done.store(true, Ordering::Release);
+        *self.live.running.lock() -= 1;
+        self.live.changed.notify_all();
+    }
+}
+
+/// A spawned dispatcher task.
+struct Task {
+    name: String,
+    done: Arc<AtomicBool>,
+    handle: JoinHandle<()>,
+}
+
+pub(crate) struct TokioExecutor {
+    handle: Handle,
+    live: Arc<Live>,
+    tasks: Mutex<Vec<Task>>,
+}
+
+impl TokioExecutor {
+    pub(crate) fn new(handle: Handle) -> Self {
+        Self {
+            handle,
+            live: Arc::new(Live {
+                running: Mutex::new(0),
+                changed: Condvar::new(),
+            }),
+            tasks: Mutex::new(Vec::new()),
+        }
+    }
+}
+
+impl Executor for TokioExecutor {
+    fn start(&self, sub: &Arc<SubShared>) -> Result<(), SubscribeError> {
+        let slots = Arc::new(Slots {
+            slots: (0..sub.workers()).map(|_| Notify::new()).collect(),
+        });
+        sub.set_waker(slots.clone());
+        let mut tasks = self.tasks.lock();
+        // Forget finished tasks of retired subscriptions so churn does not accumulate them.
+        tasks.retain(|t| !t.done.load(Ordering::Acquire));
+        for worker in 0..sub.workers() {
+            let name = format!("tidings-{}-{worker}", sub.name);
+            *self.live.running.lock() += 1;
+            let done = Arc::new(AtomicBool::new(false));
+            let guard = LiveGuard {
+                live: self.live.clone(),
+                done: done.clone(),
+            };
+            let (sub, slots) = (sub.clone(), slots.clone());
+            let handle = self.handle.spawn(async move {
+                let _guard = guard;
+                dispatch(&sub, &slots, worker).await;
+            });
+            tasks.push(Task { name, done, handle });
+        }
+        Ok(())
+    }
+
+    fn wait_stopped(&self, deadline: Instant) -> bool {
+        let mut running = self.live.running.lock();
+        if !may_block() {
+            return *running == 0;
+        }
+        while *running > 0 {
+            if self
+                .live
+                .changed
+                .wait_until(&mut running, deadline)
+                .timed_out()
+            {
+                return *running == 0;
+            }
+        }
+        true
+    }
+
+    fn join(&self, deadline: Instant) -> Vec<String> {
+        self.wait_stopped(deadline);
+        let me = ::tokio::task::try_id();
+        std::mem::take(&mut *self.tasks.lock())
+            .into_iter()
+            .filter(|t| !t.done.load(Ordering::Acquire) && Some(t.handle.id()) != me)
+            .map(|t| t.name)
+            .collect()
+    }
+
+    fn tokio_handle(&self) -> Option<Handle> {
+        Some(self.handle.clone())
+    }
+}
+
+/// One dispatcher slot's loop (the thread driver's loop, awaiting instead of blocking).
+async fn dispatch(sub: &SubShared, slots: &Slots, worker: usize) {
+    let notify = &slots.slots[worker];
+    let mut batch = 0u32;
+    loop {
+        match sub.poll(worker) {
+            Poll::Deliver(delivery) => {
+                let outcome = match sub.async_handler() {
+                    Some(handler) => run_async(handler, delivery.message.clone()).await,
+                    None => sub.run(&delivery),
+                };
+                sub.complete(delivery, outcome);
+                batch += 1;
+                if batch >= BATCH {
+                    batch = 0;
+                    ::tokio::task::yield_now().await;
+                }
+            }
+            Poll::Stopped => break,
+            Poll::Idle => {
+                batch = 0;
+                notify.notified().await;
+            }
+            Poll::WakeAt(t) => {
+                batch = 0;
+                match sub.clock.wait_hint(t) {
+                    Some(d) if d.is_zero() => ::tokio::task::yield_now().await,
+                    Some(d) => {
+                        ::tokio::select! {
+                            () = notify.notified() => {}
+                            () = ::tokio::time::sleep(d) => {}
+                        }
+                    }
+                    None => notify.notified().await,
+                }
+            }
+        }
+    }
+}
+
+/// Await an async handler, turning a panic (while building or polling its future) into a
+/// retryable error (R-DEL-1), without spawning a task per delivery.
+async fn run_async(
+    handler: &Arc<dyn AsyncHandler>,
+    message: Arc<Message>,
+) -> Result<(), HandlerError> {
+    let mut fut: HandlerFuture<'_> =
+        match catch_unwind(AssertUnwindSafe(|| handler.handle(message))) {
+            Ok(fut) => fut,
+            Err(payload) => return Err(HandlerError::from_panic(payload.as_ref())),
+        };
+    std::future::poll_fn(
+        move |cx| match catch_unwind(AssertUnwindSafe(|| fut.as_mut().poll(cx))) {
+            Ok(poll) => poll,
+            Err(payload) => TaskPoll::Ready(Err(HandlerError::from_panic(payload.as_ref()))),
+        },
+    )
+    .await
+}

@@ -1,0 +1,116 @@
+//! The committed-position store of one durable subscription (R-LOG-3).
+//!
+//! `<data_dir>/consumers/<stream>/<name>.offset` holds one line, `tidings-offset 1 <N>\n`,
+//! where `N` is the next offset to consume (everything below it finished). It is replaced
+//! atomically: write `<name>.offset.tmp`, fsync it, rename over the old file, fsync the
+//! directory. A crash leaves either the old or the new file, never a mix; a stale `.tmp` is
+//! ignored and overwritten.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use super::error::StreamError;
+
+const MAGIC: &str = "tidings-offset 1 ";
+
+#[derive(Debug)]
+pub(crate) struct OffsetStore {
+    dir: PathBuf,
+    path: PathBuf,
+    tmp: PathBuf,
+}
+
+/// fsync a directory so creations and renames in it are durable.
+pub(crate) fn sync_dir(dir: &Path) -> Result<(), StreamError> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| StreamError::io(dir, e))
+}
+
+/// `create_dir_all`, then fsync the new directory and its parent.
+pub(crate) fn ensure_dir(dir: &Path) -> Result<(), StreamError> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    fs::create_dir_all(dir).map_err(|e| StreamError::io(dir, e))?;
+    sync_dir(dir)?;
+    if let Some(parent) = dir.parent() {
+        sync_dir(parent)?;
+    }
+    Ok(())
+}
+
+impl OffsetStore {
+    pub(crate) fn new(dir: &Path, name: &str) -> Self {
+        Self {
+            dir: dir.to_path_buf(),
+            path: dir.join(format!("{name}.offset")),
+            tmp: dir.join(format!("{name}.offset.tmp")),
+        }
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The committed position, `None` when nothing was ever committed.
+    pub(crate) fn load(&self) -> Result<Option<u64>, StreamError> {
+        let bytes = match fs::read(&self.path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(StreamError::io(&self.path, e)),
+        };
+        let bad = |reason: &str| StreamError::BadOffsetFile {
+            path: self.path.clone(),
+            reason: reason.to_owned(),
+        };
+        let text = std::str::from_utf8(&bytes).map_err(|_| bad("not UTF-8"))?;
+        let rest = text
+            .strip_prefix(MAGIC)
+            .ok_or_else(|| bad("missing `tidings-offset 1` header"))?;
+        let digits = rest
+            .strip_suffix('\n')
+            .ok_or_else(|| bad("missing final newline"))?;
+        digits
+            .parse::<u64>()
+            .map(Some)
+            .map_err(|_| bad("offset is not a decimal number"))
+    }
+
+    /// Durably replace the committed position with `offset`.
+    pub(crate) fn store(&self, offset: u64) -> Result<(), StreamError> {
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&self.tmp)
+            .map_err(|e| StreamError::io(&self.tmp, e))?;
+        f.write_all(format!("{MAGIC}{offset}\n").as_bytes())
+            .and_then(|()| f.sync_all())
+            .map_err(|e| StreamError::io(&self.tmp, e))?;
+        drop(f);
+        fs::rename(&self.tmp, &self.path).map_err(|e| StreamError::io(&self.path, e))?;
+        sync_dir(&self.dir)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn store_load_and_foreign_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = OffsetStore::new(dir.path(), "billing");
+        assert_eq!(s.load().unwrap(), None);
+        s.store(42).unwrap();
+        assert_eq!(s.load().unwrap(), Some(42));
+        s.store(7).unwrap();
+        assert_eq!(s.load().unwrap(), Some(7));
+        // R-LIM-2: a foreign file is a typed error naming the path.
+        fs::write(s.path(), "hello").unwrap();
+        let e = s.load().unwrap_err().to_string();
+        assert!(e.contains("billing.offset"), "{e}");
+    }
+}

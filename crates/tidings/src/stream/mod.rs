@@ -1,0 +1,280 @@
+//! Durable streams and durable subscriptions (SPEC §8, R-BP-2).
+//!
+//! A **stream** is a `tidings-log` in `<data_dir>/streams/<name>/` that captures every
+//! published message whose topic matches one of its patterns: `publish` appends the message
+//! once to each matching stream *before* offering it to buffered subscriptions, and its
+//! [`PublishReport::streams`](crate::PublishReport::streams) lists them. Under
+//! `Fsync::Always` publish returns only once the record is synced; an append failure makes
+//! publish fail (`PublishError::Stream`) and nothing is offered.
+//!
+//! A **durable subscription** is an ordinary subscription (same core, dispatcher, driver,
+//! retry, DLQ, TTL, lanes, counters) that is *not* in the topic router; a pump thread reads
+//! the stream from its cursor and offers the messages whose topic matches its filter,
+//! keeping at most `capacity` messages outstanding (queued or in flight): when the window is
+//! full the pump waits, it never refuses (R-BP-2: the consumer only lags).
+//!
+//! # Commit rules (R-LOG-3)
+//! The committed position is the *low watermark*: the lowest offset offered and not yet
+//! finished (or the cursor, when nothing is outstanding). A message finishes when its
+//! handler succeeded or it was dead-lettered (for dead letters: after it was appended to the
+//! subscription's durable DLQ log). Messages abandoned at close (`Shutdown`) never finish,
+//! so they are redelivered after a restart. The position is written (temp file, fsync,
+//! rename, fsync dir) every `commit_every` completions, when the pump is idle, on seek and
+//! on close. After a crash, the messages redelivered are exactly those finished but not yet
+//! covered by the last written position: at-least-once across restarts.
+//!
+//! See `docs/design.md` for the on-disk layout and encoding.
+
+pub(crate) mod api;
+pub(crate) mod codec;
+pub(crate) mod commit;
+pub(crate) mod config;
+pub(crate) mod durable;
+pub(crate) mod error;
+pub(crate) mod pump;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::SystemTime;
+
+use parking_lot::{Mutex, RwLock};
+use tidings_log::{Log, RecoveryReport, RetentionReport};
+
+use crate::error::PublishError;
+use crate::message::{Message, millis_since_epoch};
+use crate::topic::Pattern;
+
+pub use config::{DEFAULT_COMMIT_EVERY, StartAt, StreamConfig};
+pub use durable::{DurableDeadLetter, DurableSubscription};
+pub use error::StreamError;
+
+/// Check a stream or subscription name: it becomes a file name.
+pub(crate) fn check_name(what: &'static str, name: &str) -> Result<(), StreamError> {
+    let bad = |reason| StreamError::InvalidName {
+        what,
+        name: name.to_owned(),
+        reason,
+    };
+    if name.is_empty() || name.len() > 200 {
+        return Err(bad("must be 1 to 200 bytes"));
+    }
+    if name.starts_with('.') {
+        return Err(bad("must not start with '.'"));
+    }
+    if !name
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+    {
+        return Err(bad(
+            "only ASCII letters, digits, '-', '_' and '.' are allowed",
+        ));
+    }
+    Ok(())
+}
+
+/// One open stream.
+#[derive(Debug)]
+pub(crate) struct StreamInner {
+    pub(crate) name: String,
+    pub(crate) patterns: Vec<Pattern>,
+    pub(crate) log: Log,
+    pub(crate) dir: PathBuf,
+    pub(crate) recovery: RecoveryReport,
+    pub(crate) commit_every: usize,
+}
+
+/// A handle on an open stream (cheap to clone).
+#[derive(Debug, Clone)]
+pub struct Stream {
+    pub(crate) inner: Arc<StreamInner>,
+}
+
+impl Stream {
+    /// The stream's name.
+    #[must_use]
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+    /// Its directory, `<data_dir>/streams/<name>`.
+    #[must_use]
+    pub fn dir(&self) -> &Path {
+        &self.inner.dir
+    }
+    /// The patterns it captures.
+    #[must_use]
+    pub fn patterns(&self) -> &[Pattern] {
+        &self.inner.patterns
+    }
+    /// What opening the log found and repaired (torn tail, rebuilt indexes, ignored files).
+    #[must_use]
+    pub fn recovery(&self) -> &RecoveryReport {
+        &self.inner.recovery
+    }
+    /// The earliest retained offset.
+    #[must_use]
+    pub fn start_offset(&self) -> u64 {
+        self.inner.log.start_offset()
+    }
+    /// One past the last readable record.
+    #[must_use]
+    pub fn end_offset(&self) -> u64 {
+        self.inner.log.end_offset()
+    }
+    /// Read up to `max` messages from `from` (each carries its [`Message::offset`]).
+    pub fn read(&self, from: u64, max: usize) -> Result<Vec<Message>, StreamError> {
+        let records = self
+            .inner
+            .log
+            .read(from, max)
+            .map_err(|e| self.inner.read_error(e))?;
+        records
+            .into_iter()
+            .map(|r| {
+                let offset = r.offset;
+                codec::decode(r).map_err(|reason| StreamError::Decode {
+                    dir: self.inner.dir.clone(),
+                    offset,
+                    reason,
+                })
+            })
+            .collect()
+    }
+    /// Remove old segments per the stream's retention, judging age against `now`.
+    pub fn apply_retention(&self, now: SystemTime) -> Result<RetentionReport, StreamError> {
+        self.inner
+            .log
+            .apply_retention(millis_since_epoch(now))
+            .map_err(|source| StreamError::Retention {
+                dir: self.inner.dir.clone(),
+                source,
+            })
+    }
+}
+
+impl StreamInner {
+    pub(crate) fn read_error(&self, e: tidings_log::ReadError) -> StreamError {
+        match e {
+            tidings_log::ReadError::OutOfRetention {
+                requested,
+                earliest,
+            } => StreamError::OutOfRetention {
+                requested,
+                earliest,
+            },
+            tidings_log::ReadError::BeyondEnd { requested, end } => {
+                StreamError::BeyondEnd { requested, end }
+            }
+            source => StreamError::Read {
+                dir: self.dir.clone(),
+                source,
+            },
+        }
+    }
+
+    /// Resolve a start position against the log (R-LOG-4).
+    pub(crate) fn resolve(&self, at: StartAt) -> Result<u64, StreamError> {
+        let (start, end) = (self.log.start_offset(), self.log.end_offset());
+        match at {
+            StartAt::Earliest => Ok(start),
+            StartAt::Latest => Ok(end),
+            StartAt::Offset(o) if o < start => Err(StreamError::OutOfRetention {
+                requested: o,
+                earliest: start,
+            }),
+            StartAt::Offset(o) if o > end => Err(StreamError::BeyondEnd { requested: o, end }),
+            StartAt::Offset(o) => Ok(o),
+            StartAt::Time(t) => self
+                .log
+                .offset_for_time(millis_since_epoch(t))
+                .map_err(|e| self.read_error(e)),
+        }
+    }
+}
+
+/// The broker's streams (a field of `BrokerInner`).
+#[derive(Default)]
+pub(crate) struct Streams {
+    pub(crate) data_dir: Option<PathBuf>,
+    /// Fast path: false until the first stream is created.
+    any: AtomicBool,
+    pub(crate) map: RwLock<BTreeMap<String, Arc<StreamInner>>>,
+    pub(crate) durables: Mutex<BTreeMap<(String, String), Weak<durable::Durable>>>,
+    closed: AtomicBool,
+}
+
+impl Streams {
+    pub(crate) fn new(data_dir: Option<PathBuf>) -> Self {
+        Self {
+            data_dir,
+            ..Self::default()
+        }
+    }
+
+    /// Append `message` to every matching stream; the names of those that hold it.
+    /// Returns at once (no allocation, no lock) when the broker has no stream.
+    pub(crate) fn append(&self, message: &Message) -> Result<Vec<String>, PublishError> {
+        if !self.any.load(Ordering::Acquire) {
+            return Ok(Vec::new());
+        }
+        let targets: Vec<Arc<StreamInner>> = self
+            .map
+            .read()
+            .values()
+            .filter(|s| s.patterns.iter().any(|p| p.matches(message.topic())))
+            .cloned()
+            .collect();
+        if targets.is_empty() {
+            return Ok(Vec::new());
+        }
+        let record = codec::encode(message);
+        let mut names = Vec::with_capacity(targets.len());
+        for s in targets {
+            s.log.append(&record).map_err(|e| PublishError::Stream {
+                stream: s.name.clone(),
+                error: format!(
+                    "{e} (in {}; streams already holding the message: {names:?})",
+                    s.dir.display()
+                ),
+            })?;
+            names.push(s.name.clone());
+        }
+        Ok(names)
+    }
+
+    pub(crate) fn mark_nonempty(&self) {
+        self.any.store(true, Ordering::Release);
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    /// Broker close: stop every pump, write every durable position (abandoned messages
+    /// are not finished, so they stay above it), close every log.
+    pub(crate) fn close(&self) {
+        if self.closed.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let durables: Vec<_> = self
+            .durables
+            .lock()
+            .values()
+            .filter_map(Weak::upgrade)
+            .collect();
+        for d in &durables {
+            d.request_stop();
+        }
+        for d in &durables {
+            d.shutdown();
+        }
+        let streams = std::mem::take(&mut *self.map.write());
+        self.any.store(false, Ordering::Release);
+        for s in streams.values() {
+            if let Err(e) = s.log.close() {
+                tracing::error!("tidings: closing stream {}: {e}", s.name);
+            }
+        }
+    }
+}

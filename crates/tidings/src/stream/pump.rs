@@ -1,0 +1,117 @@
+//! The pump: reads a stream from a durable subscription's cursor and offers matching
+//! messages into the subscription's queue, keeping at most `window` outstanding (R-BP-2).
+//!
+//! It waits for room instead of refusing, so the queue never overflows; it waits for
+//! appends with `Log::wait_for_append` (woken by appends, bounded so stop is noticed), and
+//! when idle it writes the commit position if it moved.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tidings_log::ReadError;
+
+use crate::subscription::Refusal;
+use crate::subscription::shared::SubShared;
+
+use super::codec;
+use super::durable::Durable;
+use super::error::StreamError;
+
+/// Longest wait before re-checking the stop flag and flushing an idle commit.
+const IDLE_WAIT: Duration = Duration::from_millis(50);
+/// Most records read per batch.
+const BATCH: usize = 256;
+
+pub(crate) fn run(d: Arc<Durable>, sub: Arc<SubShared>) {
+    loop {
+        // Wait for room in the window (or stop).
+        let (from, room) = {
+            let mut st = d.state.lock();
+            loop {
+                if d.stopping() {
+                    return;
+                }
+                if st.error.is_none() && st.pending.len() < d.window {
+                    break;
+                }
+                if d.room.wait_for(&mut st, IDLE_WAIT).timed_out() {
+                    d.flush_locked(&mut st);
+                }
+            }
+            (st.cursor, d.window - st.pending.len())
+        };
+        let records = match d.stream.log.read(from, room.min(BATCH)) {
+            Ok(r) => r,
+            Err(ReadError::OutOfRetention { earliest, .. }) => {
+                // Retention, not memory, is the limit (R-BP-2): skip what is gone, counted.
+                let mut st = d.state.lock();
+                if st.cursor == from {
+                    st.skipped += earliest - from;
+                    st.cursor = earliest;
+                    tracing::warn!(
+                        "tidings: durable {} skipped offsets {from}..{earliest} removed by retention",
+                        d.name
+                    );
+                }
+                continue;
+            }
+            Err(ReadError::BeyondEnd { .. }) => {
+                d.stream.log.wait_for_append(from, IDLE_WAIT);
+                continue;
+            }
+            Err(e) => {
+                d.halt(d.stream.read_error(e));
+                continue;
+            }
+        };
+        if records.is_empty() {
+            d.flush_locked(&mut d.state.lock());
+            d.stream.log.wait_for_append(from, IDLE_WAIT);
+            continue;
+        }
+        for rec in records {
+            let offset = rec.offset;
+            let message = match codec::decode(rec) {
+                Ok(m) => Arc::new(m),
+                Err(reason) => {
+                    // Never skip what we cannot read: stop here, say why (R-LIM-2).
+                    d.halt(StreamError::Decode {
+                        dir: d.stream.dir.clone(),
+                        offset,
+                        reason,
+                    });
+                    break;
+                }
+            };
+            let wanted = d.filter.matches(message.topic());
+            {
+                let mut st = d.state.lock();
+                if st.cursor != offset || d.stopping() {
+                    break; // a seek moved the cursor (or we are stopping): re-read.
+                }
+                st.cursor = offset + 1;
+                if !wanted {
+                    continue;
+                }
+                st.pending.insert(offset);
+            }
+            match sub.offer(&message) {
+                Ok(()) => {}
+                Err(Refusal::Closed) => {
+                    // Not accepted: it must be read again after a restart.
+                    let mut st = d.state.lock();
+                    st.pending.remove(&offset);
+                    if st.cursor == offset + 1 {
+                        st.cursor = offset;
+                    }
+                    return;
+                }
+                // Filtered by predicate/header filter: finished without delivery.
+                Err(Refusal::Filtered) => d.finish(offset),
+                // Overflow cannot happen (the window is the capacity) unless a redrive
+                // raced; the core dead-lettered it and the hook finished it durably.
+                Err(_) => {}
+            }
+        }
+    }
+}

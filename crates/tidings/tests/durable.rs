@@ -1,0 +1,471 @@
+//! Durable streams and durable subscriptions (SPEC §8 R-LOG-1..4, R-BP-2, R-BP-3, R-LIM-2).
+//!
+//! Thread driver, real files in a temp dir, every wait bounded.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime};
+
+use parking_lot::Mutex;
+use tidings::{
+    Broker, Clock, Concurrency, Fsync, HandlerError, ManualClock, Message, Priority, Retention,
+    Retry, StartAt, StreamConfig, StreamError, SubscribeOptions,
+};
+
+const WAIT: Duration = Duration::from_secs(10);
+
+fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + WAIT;
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+fn broker(dir: &Path) -> Broker {
+    Broker::builder().data_dir(dir).build().unwrap()
+}
+
+fn orders(b: &Broker) -> tidings::Stream {
+    b.create_stream(StreamConfig::new("orders", ["orders.#"]).fsync(Fsync::Always))
+        .unwrap()
+}
+
+/// Records the offsets a handler saw, in order.
+#[derive(Clone, Default)]
+struct Seen(Arc<Mutex<Vec<u64>>>);
+
+impl Seen {
+    fn handler(&self) -> impl Fn(&Message) -> Result<(), HandlerError> + Send + Sync + 'static {
+        let seen = self.0.clone();
+        move |m: &Message| {
+            seen.lock()
+                .push(m.offset().expect("durable messages carry their offset"));
+            Ok(())
+        }
+    }
+    fn get(&self) -> Vec<u64> {
+        self.0.lock().clone()
+    }
+    fn len(&self) -> usize {
+        self.0.lock().len()
+    }
+}
+
+fn publish_n(b: &Broker, topic: &str, range: std::ops::Range<u64>) {
+    for i in range {
+        let r = b
+            .publish(
+                Message::to(topic)
+                    .key(format!("k{i}"))
+                    .payload(i.to_string()),
+            )
+            .unwrap();
+        assert_eq!(r.streams, ["orders"]);
+    }
+}
+
+fn offset_file(dir: &Path, stream: &str, name: &str) -> u64 {
+    let text = std::fs::read_to_string(
+        dir.join("consumers")
+            .join(stream)
+            .join(format!("{name}.offset")),
+    )
+    .unwrap();
+    text.trim_end().rsplit(' ').next().unwrap().parse().unwrap()
+}
+
+#[test]
+fn publish_appends_whole_message_to_matching_streams_and_reopens() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new();
+    let b = Broker::builder()
+        .data_dir(dir.path())
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let s = orders(&b);
+    b.create_stream(StreamConfig::new("all", ["#"])).unwrap();
+    assert!(matches!(
+        b.create_stream(StreamConfig::new("all", ["x"])),
+        Err(StreamError::AlreadyExists(_))
+    ));
+    let r = b
+        .publish(
+            Message::to("orders.created")
+                .key("order-42")
+                .header("h", "v")
+                .priority(Priority::High)
+                .ttl(Duration::from_secs(60))
+                .reply_to("inbox.a")
+                .correlation_id("c-1")
+                .payload("p"),
+        )
+        .unwrap();
+    // R-LOG-1 / R-CORE-5: the report names the streams holding the message.
+    assert_eq!(r.streams, ["all", "orders"]);
+    assert_eq!(
+        b.publish(Message::to("users.created")).unwrap().streams,
+        ["all"]
+    );
+    let m = &s.read(0, 10).unwrap()[0];
+    // R-CORE-4: every field survives the log.
+    assert_eq!(m.id(), r.id);
+    assert_eq!(m.topic().as_str(), "orders.created");
+    assert_eq!(m.key(), Some(&b"order-42"[..]));
+    assert_eq!(m.header("h"), Some("v"));
+    assert_eq!(m.priority(), Priority::High);
+    assert_eq!(m.timestamp(), clock.wall());
+    assert_eq!(m.expires_at(), Some(clock.wall() + Duration::from_secs(60)));
+    assert_eq!(m.reply_to().map(|t| t.as_str()), Some("inbox.a"));
+    assert_eq!(m.correlation_id(), Some("c-1"));
+    assert_eq!(m.payload(), "p");
+    assert_eq!(m.offset(), Some(0));
+    b.close(Duration::ZERO);
+    drop(b);
+
+    // Reopen: same data dir, same name → the existing log, recovered (R-LOG-2).
+    let b = broker(dir.path());
+    let s = orders(&b);
+    assert!(!s.recovery().created);
+    assert_eq!(s.end_offset(), 1);
+    // Without a data dir there are no streams.
+    assert!(matches!(
+        Broker::new().create_stream(StreamConfig::new("x", ["#"])),
+        Err(StreamError::NoDataDir)
+    ));
+}
+
+#[test]
+fn durable_from_earliest_receives_everything_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = broker(dir.path());
+    let s = orders(&b);
+    publish_n(&b, "orders.created", 0..50);
+    b.publish(Message::to("orders.cancelled")).unwrap(); // offset 50: filtered out
+    let seen = Seen::default();
+    let d = b
+        .subscribe_durable(
+            "billing",
+            "orders",
+            "orders.created",
+            StartAt::Earliest,
+            SubscribeOptions {
+                capacity: 8,
+                ..Default::default()
+            },
+            seen.handler(),
+        )
+        .unwrap();
+    publish_n(&b, "orders.created", 51..100);
+    wait_until("100 deliveries", || seen.len() == 99);
+    let expected: Vec<u64> = (0..100).filter(|o| *o != 50).collect();
+    // R-LOG-3: every message, in log order.
+    assert_eq!(seen.get(), expected);
+    // Committed after the idle flush: everything finished (R-LOG-3), no lag (R-BP-3).
+    wait_until("commit", || d.committed() == s.end_offset());
+    assert_eq!(d.lag(), 0);
+    assert_eq!(offset_file(dir.path(), "orders", "billing"), 100);
+    assert_eq!(d.stats().delivered, 99);
+    // A second live subscriber with the same name is refused.
+    assert!(matches!(
+        b.subscribe_durable(
+            "billing",
+            "orders",
+            "#",
+            StartAt::Earliest,
+            Default::default(),
+            seen.handler()
+        ),
+        Err(StreamError::DurableInUse { .. })
+    ));
+}
+
+#[test]
+fn restart_resumes_from_committed_without_losing_acknowledged_messages() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = || SubscribeOptions {
+        capacity: 32,
+        concurrency: Concurrency::PerKey { max_in_flight: 4 },
+        retry: Retry::fixed(Duration::from_millis(5), 1_000_000),
+        ..Default::default()
+    };
+    let run1 = Seen::default();
+    {
+        let b = broker(dir.path());
+        b.create_stream(StreamConfig::new("orders", ["orders.#"]).commit_every(1000))
+            .unwrap();
+        publish_n(&b, "orders.created", 0..20);
+        let ok = run1.handler();
+        let d = b
+            .subscribe_durable(
+                "billing",
+                "orders",
+                "orders.*",
+                StartAt::Earliest,
+                opts(),
+                move |m: &Message| match m.payload().as_ref() {
+                    b"5" => Err(HandlerError::reject("bad order")),
+                    b"7" => Err(HandlerError::retry("still failing")), // retrying at close
+                    _ => ok(m),
+                },
+            )
+            .unwrap();
+        wait_until("18 successes, one DLQ entry, a retry", || {
+            run1.len() == 18 && d.stats().dlq_len == 1 && d.stats().attempts >= 21
+        });
+        // R-DEL-4 + R-LOG-3: the dead letter is durable before the position passes it.
+        let dl = d.durable_dead_letters().unwrap();
+        assert_eq!(dl.len(), 1);
+        assert_eq!(dl[0].message.offset(), Some(5));
+        assert!(dl[0].reason.contains("bad order"), "{}", dl[0].reason);
+        // Low watermark: offset 7 is still retrying, so nothing at or above it is committed.
+        wait_until("idle commit", || d.committed() == 7);
+        let report = b.close(Duration::ZERO);
+        assert!(
+            report
+                .undelivered
+                .iter()
+                .any(|u| u.message.offset() == Some(7))
+        );
+    }
+    // The position written at close: 7 was abandoned (Shutdown), not committed.
+    let committed = offset_file(dir.path(), "orders", "billing");
+    assert_eq!(committed, 7);
+
+    let run2 = Seen::default();
+    let b = broker(dir.path());
+    let s = orders(&b);
+    let d = b
+        .subscribe_durable(
+            "billing",
+            "orders",
+            "orders.*",
+            StartAt::Latest,
+            opts(),
+            run2.handler(),
+        )
+        .unwrap();
+    // StartAt is ignored: the committed position wins.
+    wait_until("redelivery", || run2.len() == 13);
+    wait_until("commit", || d.committed() == s.end_offset());
+    let (r1, r2): (BTreeSet<u64>, BTreeSet<u64>) = (
+        run1.get().into_iter().collect(),
+        run2.get().into_iter().collect(),
+    );
+    let dlq: BTreeSet<u64> = [5].into();
+    // R-LOG-3: no acknowledged-then-lost message: every offset succeeded or is in the DLQ.
+    let all: BTreeSet<u64> = r1.union(&r2).chain(dlq.iter()).copied().collect();
+    assert_eq!(all, (0..20).collect());
+    // Duplicates are exactly the finished-but-uncommitted ones (finished at or above 7).
+    let dups: BTreeSet<u64> = r1.intersection(&r2).copied().collect();
+    let uncommitted: BTreeSet<u64> = r1.iter().copied().filter(|o| *o >= committed).collect();
+    assert_eq!(dups, uncommitted);
+    assert_eq!(r2, (7..20).collect());
+    // The durable DLQ survived the restart.
+    assert_eq!(d.durable_dead_letters().unwrap().len(), 1);
+}
+
+#[test]
+fn replay_from_offset_time_earliest_latest_and_seek() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = broker(dir.path());
+    orders(&b);
+    publish_n(&b, "orders.created", 0..10);
+    std::thread::sleep(Duration::from_millis(20));
+    let t = SystemTime::now();
+    std::thread::sleep(Duration::from_millis(5));
+    publish_n(&b, "orders.created", 10..20);
+    let sub = |name: &str, at: StartAt| {
+        let seen = Seen::default();
+        let d = b
+            .subscribe_durable(name, "orders", "#", at, Default::default(), seen.handler())
+            .unwrap();
+        (seen, d)
+    };
+    // R-LOG-4: by offset, by time (first record at or after), earliest, latest.
+    let (by_offset, _d1) = sub("by-offset", StartAt::Offset(3));
+    let (by_time, _d2) = sub("by-time", StartAt::Time(t));
+    let (earliest, _d3) = sub("earliest", StartAt::Earliest);
+    let (latest, d4) = sub("latest", StartAt::Latest);
+    wait_until("replays", || {
+        by_offset.len() == 17 && by_time.len() == 10 && earliest.len() == 20
+    });
+    assert_eq!(by_offset.get(), (3..20).collect::<Vec<_>>());
+    assert_eq!(by_time.get(), (10..20).collect::<Vec<_>>());
+    assert_eq!(earliest.get(), (0..20).collect::<Vec<_>>());
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(latest.get().is_empty());
+    publish_n(&b, "orders.created", 20..21);
+    wait_until("latest", || latest.len() == 1);
+    assert_eq!(latest.get(), [20]);
+    // seek back: redelivered from there, position committed at once.
+    assert_eq!(d4.seek(StartAt::Offset(15)).unwrap(), 15);
+    assert_eq!(d4.committed(), 15);
+    wait_until("seek replay", || latest.len() == 7);
+    assert_eq!(latest.get(), [20, 15, 16, 17, 18, 19, 20]);
+    assert!(matches!(
+        d4.seek(StartAt::Offset(1000)),
+        Err(StreamError::BeyondEnd {
+            requested: 1000,
+            end: 21
+        })
+    ));
+}
+
+#[test]
+fn slow_consumer_only_lags_and_lag_shrinks() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = broker(dir.path());
+    orders(&b);
+    publish_n(&b, "orders.created", 0..100);
+    let gate = Arc::new(AtomicBool::new(false));
+    let g = gate.clone();
+    let d = b
+        .subscribe_durable(
+            "slow",
+            "orders",
+            "#",
+            StartAt::Earliest,
+            SubscribeOptions {
+                capacity: 4,
+                ..Default::default()
+            },
+            move |_: &Message| {
+                while !g.load(Ordering::Acquire) {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Ok::<(), HandlerError>(())
+            },
+        )
+        .unwrap();
+    wait_until("window full", || d.outstanding() == 4);
+    std::thread::sleep(Duration::from_millis(30));
+    // R-BP-2: bounded window, nothing refused; the consumer only lags (R-BP-3: reported).
+    assert_eq!(d.outstanding(), 4);
+    assert_eq!(d.position(), 4);
+    assert_eq!(d.lag(), 100);
+    let st = d.stats();
+    assert_eq!(st.refused.overflow, 0);
+    assert!(st.queued <= 4);
+    gate.store(true, Ordering::Release);
+    let mut samples = vec![d.lag()];
+    wait_until("caught up", || {
+        samples.push(d.lag());
+        d.lag() == 0
+    });
+    assert!(
+        samples.windows(2).all(|w| w[1] <= w[0]),
+        "lag must only shrink: {samples:?}"
+    );
+    assert_eq!(d.stats().delivered, 100);
+}
+
+#[test]
+fn out_of_retention_start_is_a_typed_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = broker(dir.path());
+    let s = b
+        .create_stream(
+            StreamConfig::new("orders", ["orders.#"])
+                .segment_bytes(tidings_log::MIN_SEGMENT_BYTES)
+                .retention(Retention {
+                    max_bytes: Some(1),
+                    max_age: None,
+                }),
+        )
+        .unwrap();
+    publish_n(&b, "orders.created", 0..10);
+    let removed = s.apply_retention(SystemTime::now()).unwrap();
+    assert!(!removed.removed.is_empty());
+    let earliest = s.start_offset();
+    assert!(earliest > 0);
+    let seen = Seen::default();
+    // R-LOG-4: a start that retention removed is refused with the typed error.
+    let err = b
+        .subscribe_durable(
+            "late",
+            "orders",
+            "#",
+            StartAt::Offset(0),
+            Default::default(),
+            seen.handler(),
+        )
+        .unwrap_err();
+    assert!(
+        matches!(err, StreamError::OutOfRetention { requested: 0, earliest: e } if e == earliest),
+        "{err}"
+    );
+    let d = b
+        .subscribe_durable(
+            "ok",
+            "orders",
+            "#",
+            StartAt::Earliest,
+            Default::default(),
+            seen.handler(),
+        )
+        .unwrap();
+    wait_until("retained records", || seen.len() as u64 == 10 - earliest);
+    assert!(matches!(
+        d.seek(StartAt::Offset(0)),
+        Err(StreamError::OutOfRetention { requested: 0, .. })
+    ));
+}
+
+#[test]
+fn foreign_files_are_reported_with_their_path() {
+    // R-LIM-2: a corrupt or foreign file is a clear error naming it; no panic.
+    let dir = tempfile::tempdir().unwrap();
+    let sdir = dir.path().join("streams").join("orders");
+    std::fs::create_dir_all(&sdir).unwrap();
+    let seg = sdir.join("00000000000000000000.seg");
+    std::fs::write(&seg, b"this is not a tidings segment, it is a text file!!").unwrap();
+    let b = broker(dir.path());
+    let err = b
+        .create_stream(StreamConfig::new("orders", ["orders.#"]))
+        .unwrap_err();
+    assert!(matches!(err, StreamError::Open { .. }));
+    assert!(err.to_string().contains(&*seg.to_string_lossy()), "{err}");
+
+    std::fs::remove_file(&seg).unwrap();
+    let bad_name = sdir.join("notes.seg");
+    std::fs::write(&bad_name, b"x").unwrap();
+    let err = b
+        .create_stream(StreamConfig::new("orders", ["orders.#"]))
+        .unwrap_err();
+    assert!(err.to_string().contains("notes.seg"), "{err}");
+
+    // Other foreign files are ignored and listed in the recovery report.
+    std::fs::remove_file(&bad_name).unwrap();
+    std::fs::write(sdir.join("README.txt"), b"hello").unwrap();
+    let s = b
+        .create_stream(StreamConfig::new("orders", ["orders.#"]))
+        .unwrap();
+    assert_eq!(s.recovery().ignored_files.len(), 1);
+
+    // A foreign offset file.
+    let cdir = dir.path().join("consumers").join("orders");
+    std::fs::create_dir_all(&cdir).unwrap();
+    std::fs::write(cdir.join("billing.offset"), b"garbage").unwrap();
+    let err = b
+        .subscribe_durable(
+            "billing",
+            "orders",
+            "#",
+            StartAt::Earliest,
+            Default::default(),
+            Seen::default().handler(),
+        )
+        .unwrap_err();
+    assert!(matches!(err, StreamError::BadOffsetFile { .. }));
+    assert!(err.to_string().contains("billing.offset"), "{err}");
+
+    // Bad names never reach the file system.
+    assert!(matches!(
+        b.create_stream(StreamConfig::new("../etc", ["#"])),
+        Err(StreamError::InvalidName { .. })
+    ));
+}

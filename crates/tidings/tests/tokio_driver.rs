@@ -1,0 +1,410 @@
+//! The tokio driver and async handlers (R-EXE-1, R-EXE-3), run with `--features tokio`
+//! (CI: `cargo test --workspace --all-features`).
+#![cfg(feature = "tokio")]
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use tidings::{
+    Broker, DeadLetterReason, Driver, HandlerError, Message, RequestError, Retry, SubscribeError,
+    SubscribeOptions,
+};
+
+/// Generous bound for every wait: these tests assert outcomes, never timings.
+const PATIENCE: Duration = Duration::from_secs(20);
+
+fn tokio_broker() -> Broker {
+    Broker::builder()
+        .driver(Driver::Tokio(tokio::runtime::Handle::current()))
+        .build()
+        .unwrap()
+}
+
+fn text(m: &Message) -> String {
+    String::from_utf8_lossy(m.payload()).into_owned()
+}
+
+/// Await `cond` (checked every 2 ms of tokio time) for up to `PATIENCE` of real time.
+async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + PATIENCE;
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// Tracks concurrently active handler calls and the maximum seen.
+#[derive(Default)]
+struct Activity {
+    active: AtomicUsize,
+    max: AtomicUsize,
+}
+
+impl Activity {
+    fn enter(&self) {
+        let now = self.active.fetch_add(1, Ordering::SeqCst) + 1;
+        self.max.fetch_max(now, Ordering::SeqCst);
+    }
+    fn exit(&self) {
+        self.active.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+type Seen = Arc<Mutex<Vec<(u32, u32)>>>;
+
+fn record(log: &Seen, m: &Message) {
+    let t = text(m);
+    let (p, i) = t.split_once(':').unwrap();
+    log.lock().push((p.parse().unwrap(), i.parse().unwrap()));
+}
+
+// Fan-out to async and sync handlers on the tokio driver; 4 publisher tasks × 200: each
+// subscription sees every message, each publisher's in order, one handler call at a time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fan_out_order_and_one_active_handler() {
+    let broker = tokio_broker();
+    let options = || SubscribeOptions {
+        capacity: 1000,
+        ..Default::default()
+    };
+    let mut subs = Vec::new();
+    for n in 0..4 {
+        let activity = Arc::new(Activity::default());
+        let seen: Seen = Arc::default();
+        let (act, log) = (activity.clone(), seen.clone());
+        let sub = if n % 2 == 0 {
+            broker
+                .subscribe_async("load", options(), move |m: Arc<Message>| {
+                    let (act, log) = (act.clone(), log.clone());
+                    async move {
+                        act.enter();
+                        record(&log, &m);
+                        tokio::task::yield_now().await; // suspend mid-handler
+                        act.exit();
+                        Ok(())
+                    }
+                })
+                .unwrap()
+        } else {
+            broker
+                .subscribe("load", options(), move |m: &Message| {
+                    act.enter();
+                    record(&log, m);
+                    act.exit();
+                    Ok::<(), HandlerError>(())
+                })
+                .unwrap()
+        };
+        subs.push((sub, activity, seen));
+    }
+    let mut publishers = Vec::new();
+    for p in 0..4u32 {
+        let broker = broker.clone();
+        publishers.push(tokio::spawn(async move {
+            for i in 0..200u32 {
+                let r = broker
+                    .publish_async(Message::to("load").payload(format!("{p}:{i}")))
+                    .await
+                    .unwrap();
+                assert_eq!(r.accepted, 4); // R-CORE-1: fan-out to every matching subscription
+            }
+        }));
+    }
+    for p in publishers {
+        p.await.unwrap();
+    }
+    for (sub, activity, seen) in &subs {
+        eventually("all 800 delivered", || sub.stats().delivered == 800).await;
+        let mut next: HashMap<u32, u32> = HashMap::new();
+        for &(p, i) in seen.lock().iter() {
+            let expect = next.entry(p).or_insert(0);
+            assert_eq!(i, *expect, "publisher {p} out of order"); // R-ORD-2
+            *expect += 1;
+        }
+        assert_eq!(activity.max.load(Ordering::SeqCst), 1); // R-CORE-3 on R-EXE-1's tokio driver
+        assert_eq!(seen.lock().len(), 800); // R-CORE-1: each message exactly once
+        assert!(sub.stats().is_conserved()); // R-DEL-6
+    }
+    let report = broker.close_async(Duration::from_secs(5)).await;
+    assert!(report.is_clean(), "{report:?}"); // R-CORE-6
+}
+
+// An async handler that awaits a one-hour tokio sleep completes under paused time: the
+// dispatcher task really awaits it (R-EXE-3) instead of blocking a thread.
+#[tokio::test(start_paused = true)]
+async fn async_handler_awaits_tokio_sleep_under_paused_time() {
+    let broker = tokio_broker();
+    let slept: Arc<Mutex<Vec<Duration>>> = Arc::default();
+    let log = slept.clone();
+    let sub = broker
+        .subscribe_async(
+            "nap",
+            SubscribeOptions::default(),
+            move |_m: Arc<Message>| {
+                let log = log.clone();
+                async move {
+                    let start = tokio::time::Instant::now();
+                    tokio::time::sleep(Duration::from_secs(3600)).await;
+                    log.lock().push(start.elapsed());
+                    Ok(())
+                }
+            },
+        )
+        .unwrap();
+    broker.publish(Message::to("nap")).unwrap();
+    let mut spins = 0;
+    while sub.stats().delivered == 0 {
+        spins += 1;
+        assert!(spins < 100_000, "the async handler never completed");
+        tokio::time::sleep(Duration::from_secs(60)).await; // auto-advances paused time
+    }
+    assert_eq!(slept.lock().len(), 1); // R-EXE-3: awaited exactly once, to completion
+    assert!(slept.lock()[0] >= Duration::from_secs(3600)); // slept on tokio's (paused) clock
+    let report = broker.close_async(Duration::from_secs(5)).await;
+    assert!(report.is_clean(), "{report:?}"); // R-CORE-6
+}
+
+// A failing async handler is retried by the policy, then dead-lettered with its error.
+#[tokio::test]
+async fn failing_async_handler_is_retried_then_dead_lettered() {
+    let broker = tokio_broker();
+    let calls = Arc::new(AtomicU32::new(0));
+    let c = calls.clone();
+    let sub = broker
+        .subscribe_async(
+            "fail",
+            SubscribeOptions {
+                retry: Retry::fixed(Duration::from_millis(1), 3),
+                ..Default::default()
+            },
+            move |_m: Arc<Message>| {
+                let c = c.clone();
+                async move {
+                    c.fetch_add(1, Ordering::SeqCst);
+                    tokio::task::yield_now().await;
+                    Err(HandlerError::retry("backend down"))
+                }
+            },
+        )
+        .unwrap();
+    broker.publish(Message::to("fail").payload("x")).unwrap();
+    eventually("dead-lettered", || sub.stats().dlq_len == 1).await;
+    assert_eq!(calls.load(Ordering::SeqCst), 3); // R-DEL-1: max_attempts handler calls
+    let dead = sub.dead_letters();
+    assert_eq!(dead.len(), 1); // R-DEL-4
+    assert!(matches!(
+        dead[0].reason,
+        DeadLetterReason::RetriesExhausted { attempts: 3, .. }
+    )); // R-DEL-1
+    assert_eq!(dead[0].last_error(), Some("backend down"));
+    let stats = sub.stats();
+    assert_eq!((stats.attempts, stats.failures, stats.delivered), (3, 3, 0));
+    assert!(stats.is_conserved()); // R-DEL-6
+    let report = broker.close_async(Duration::from_secs(5)).await;
+    assert!(report.is_clean(), "{report:?}"); // R-CORE-6
+}
+
+// A panic inside an async handler's future is caught, retried, then dead-lettered with the
+// panic text; the dispatcher task survives and delivers the next message.
+#[tokio::test]
+async fn panicking_async_handler_is_caught_retried_and_dead_lettered() {
+    let broker = tokio_broker();
+    let ok = Arc::new(AtomicU32::new(0));
+    let o = ok.clone();
+    let sub = broker
+        .subscribe_async(
+            "boom",
+            SubscribeOptions {
+                retry: Retry::fixed(Duration::from_millis(1), 3),
+                ..Default::default()
+            },
+            move |m: Arc<Message>| {
+                let o = o.clone();
+                async move {
+                    tokio::task::yield_now().await;
+                    if text(&m) == "panic" {
+                        panic!("kaboom");
+                    }
+                    o.fetch_add(1, Ordering::SeqCst);
+                    Ok(())
+                }
+            },
+        )
+        .unwrap();
+    broker
+        .publish(Message::to("boom").payload("panic"))
+        .unwrap();
+    broker.publish(Message::to("boom").payload("fine")).unwrap();
+    eventually("panic dead-lettered and next delivered", || {
+        let s = sub.stats();
+        s.dlq_len == 1 && s.delivered == 1
+    })
+    .await;
+    let dead = sub.dead_letters();
+    assert!(matches!(
+        dead[0].reason,
+        DeadLetterReason::RetriesExhausted { attempts: 3, .. }
+    )); // R-DEL-1: a panic is a retryable failure
+    assert!(dead[0].last_error().unwrap().contains("kaboom")); // R-DEL-1: panic text kept
+    assert_eq!(ok.load(Ordering::SeqCst), 1); // the dispatcher survived the panics
+    assert!(sub.stats().is_conserved()); // R-DEL-6
+    let report = broker.close_async(Duration::from_secs(5)).await;
+    assert!(report.is_clean(), "{report:?}"); // R-CORE-6
+}
+
+// Request-reply from async code with an async responder that replies via publish_async.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn async_request_reply() {
+    let broker = tokio_broker();
+    let weak = broker.downgrade();
+    let _responder = broker
+        .subscribe_async(
+            "svc.echo",
+            SubscribeOptions::default(),
+            move |m: Arc<Message>| {
+                let weak = weak.clone();
+                async move {
+                    let Some(broker) = weak.upgrade() else {
+                        return Ok(());
+                    };
+                    let reply = m.reply().expect("request has reply_to");
+                    broker
+                        .publish_async(reply.payload(format!("echo {}", text(&m))))
+                        .await?;
+                    Ok(())
+                }
+            },
+        )
+        .unwrap();
+    for i in 0..10 {
+        let reply = broker
+            .request_async(
+                Message::to("svc.echo").payload(format!("{i}")),
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap();
+        assert_eq!(text(&reply), format!("echo {i}")); // R-PAT-1: correlated reply
+    }
+    assert_eq!(broker.pending_requests(), 0); // R-PAT-1: no leftover entries
+    let none = broker
+        .request_async(Message::to("svc.nobody"), Duration::from_secs(1))
+        .await;
+    assert_eq!(none.unwrap_err(), RequestError::NoResponders); // R-PAT-1
+    let report = broker.close_async(Duration::from_secs(5)).await;
+    assert!(report.is_clean(), "{report:?}"); // R-CORE-6
+}
+
+// Sync close from a thread outside the runtime drains and joins the tasks.
+#[test]
+fn close_from_outside_the_runtime_drains_and_joins() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let broker = Broker::builder()
+        .driver(Driver::Tokio(rt.handle().clone()))
+        .build()
+        .unwrap();
+    let sub = broker
+        .subscribe_async(
+            "slow",
+            SubscribeOptions::default(),
+            |_m: Arc<Message>| async {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                Ok(())
+            },
+        )
+        .unwrap();
+    for i in 0..20 {
+        broker
+            .publish(Message::to("slow").payload(format!("{i}")))
+            .unwrap();
+    }
+    let report = broker.close(Duration::from_secs(10));
+    assert!(report.is_clean(), "{report:?}"); // R-CORE-6: drained and joined
+    assert_eq!(sub.stats().delivered, 20); // R-CORE-6: queued messages delivered in the drain
+}
+
+// close_async inside a current-thread runtime: the waiting happens off the only worker
+// thread, so the dispatcher tasks can drain the queue.
+#[tokio::test]
+async fn close_async_inside_a_current_thread_runtime_drains() {
+    let broker = tokio_broker();
+    let sub = broker
+        .subscribe_async(
+            "slow",
+            SubscribeOptions::default(),
+            |_m: Arc<Message>| async {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                Ok(())
+            },
+        )
+        .unwrap();
+    for i in 0..20 {
+        broker
+            .publish(Message::to("slow").payload(format!("{i}")))
+            .unwrap();
+    }
+    let report = broker.close_async(Duration::from_secs(10)).await;
+    assert!(report.is_clean(), "{report:?}"); // R-CORE-6
+    assert_eq!(sub.stats().delivered, 20); // R-CORE-6: drained
+    assert_eq!(
+        broker.publish(Message::to("slow")).unwrap_err(),
+        tidings::PublishError::Closed
+    ); // R-CORE-6: refuses after close
+}
+
+// The sync close called from inside a task (the only worker thread of a current-thread
+// runtime) returns instead of deadlocking, reporting the busy dispatcher as unjoined.
+#[tokio::test]
+async fn sync_close_inside_the_runtime_does_not_deadlock() {
+    let broker = tokio_broker();
+    let started = Arc::new(AtomicBool::new(false));
+    let s = started.clone();
+    let sub = broker
+        .subscribe_async(
+            "stuck",
+            SubscribeOptions {
+                name: Some("stuck".into()),
+                ..Default::default()
+            },
+            move |_m: Arc<Message>| {
+                let s = s.clone();
+                async move {
+                    s.store(true, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_secs(3600)).await;
+                    Ok(())
+                }
+            },
+        )
+        .unwrap();
+    broker.publish(Message::to("stuck").payload("a")).unwrap();
+    broker.publish(Message::to("stuck").payload("b")).unwrap();
+    eventually("handler started", || started.load(Ordering::SeqCst)).await;
+    let report = broker.close(Duration::from_secs(1)); // must return: R-CORE-6
+    assert_eq!(report.unjoined, vec!["tidings-stuck-0".to_string()]); // R-CORE-6: reported
+    assert_eq!(report.undelivered.len(), 1); // R-CORE-6: "b" was still queued
+    assert_eq!(text(&report.undelivered[0].message), "b");
+    assert!(sub.stats().is_conserved()); // R-DEL-6
+}
+
+// Async handlers need a driver that can await them: any other driver refuses at subscribe.
+#[test]
+fn async_handler_without_tokio_driver_is_refused() {
+    for driver in [Driver::Thread, Driver::Manual] {
+        let broker = Broker::builder().driver(driver).build().unwrap();
+        let err = broker
+            .subscribe_async("t", SubscribeOptions::default(), |_m: Arc<Message>| async {
+                Ok(())
+            })
+            .unwrap_err();
+        assert_eq!(err, SubscribeError::AsyncHandlerNeedsTokio); // R-EXE-3
+        assert!(broker.subscriptions().is_empty());
+        assert!(broker.close(Duration::from_secs(1)).is_clean());
+    }
+}
