@@ -43,7 +43,7 @@ impl DriverKind {
             DriverKind::Thread => Ok(Driver::Thread),
             DriverKind::Pool => Ok(Driver::Pool { workers: env.cores }),
             // → Ok(Driver::Tokio(env.tokio.handle().clone()))  (or whatever the variant is)
-            DriverKind::Tokio => Err(NOT_BUILT.to_owned()),
+            DriverKind::Tokio => Ok(Driver::Tokio(env.tokio.handle().clone())),
         }
     }
 }

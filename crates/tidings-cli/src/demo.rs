@@ -185,7 +185,6 @@ struct Row {
 // ---------------------------------------------------------------------------------------
 // The scenario.
 
-#[allow(clippy::too_many_lines)] // one linear story reads best in one function
 fn scenario(orders: u32) -> DemoResult<bool> {
     let t0 = Instant::now();
     let stamp = || format!("  [{:>5} ms]", t0.elapsed().as_millis());

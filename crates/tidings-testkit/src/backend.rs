@@ -92,3 +92,49 @@ impl Backend for ThreadedBackend {
         }
     }
 }
+
+/// The tokio driver on its own multi-thread runtime (feature `tokio`).
+#[cfg(feature = "tokio")]
+pub struct TokioBackend {
+    runtime: tokio::runtime::Runtime,
+}
+
+#[cfg(feature = "tokio")]
+impl TokioBackend {
+    /// A backend with a 2-worker runtime.
+    ///
+    /// # Panics
+    /// If the runtime cannot be built (a test-environment failure).
+    #[must_use]
+    pub fn new() -> Self {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("tokio runtime");
+        Self { runtime }
+    }
+}
+
+#[cfg(feature = "tokio")]
+impl Default for TokioBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[cfg(feature = "tokio")]
+impl Backend for TokioBackend {
+    fn name(&self) -> String {
+        "tokio".into()
+    }
+    fn broker(&self) -> Broker {
+        Broker::builder()
+            .driver(Driver::Tokio(self.runtime.handle().clone()))
+            .build()
+            .expect("valid configuration")
+    }
+    fn settle(&self, broker: &Broker, what: &str, cond: &mut dyn FnMut() -> bool) {
+        ThreadedBackend::new("tokio", Driver::Thread).settle(broker, what, cond);
+    }
+}

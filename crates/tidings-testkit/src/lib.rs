@@ -9,4 +9,6 @@
 pub mod backend;
 pub mod suite;
 
+#[cfg(feature = "tokio")]
+pub use backend::TokioBackend;
 pub use backend::{Backend, ManualBackend, ThreadedBackend};

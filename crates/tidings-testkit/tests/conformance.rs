@@ -49,6 +49,8 @@ conformance!(
     pool,
     ThreadedBackend::new("pool", Driver::Pool { workers: 2 })
 );
+#[cfg(feature = "tokio")]
+conformance!(tokio, tidings_testkit::TokioBackend::new());
 
 #[test]
 fn every_suite_case_is_wired() {

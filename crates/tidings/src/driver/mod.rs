@@ -1,8 +1,8 @@
 //! Drivers: who runs the dispatchers and how they wait (R-EXE-1).
 //!
 //! A driver owns threads (or tasks) and real waiting; the subscription core owns every
-//! rule. Adding a driver means implementing [`Executor`] (start a subscription's dispatcher
-//! slots, stop them) and [`Wake`] (how a publisher wakes an idle slot).
+//! rule. Adding a driver means implementing `Executor` (start a subscription's dispatcher
+//! slots, stop them) and `Wake` (how a publisher wakes an idle slot).
 
 use std::sync::Arc;
 use std::time::Instant;
