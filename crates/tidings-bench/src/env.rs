@@ -5,9 +5,6 @@ use std::thread::JoinHandle;
 
 use tidings::Driver;
 
-/// Note used when a driver exists in this list but not yet in `tidings`.
-pub(crate) const NOT_BUILT: &str = "driver not built yet";
-
 /// A tidings driver the benchmarks run under. Each is one entry in [`DRIVERS`]; the cases
 /// `fanout/n=*/<driver>`, `latency/*/<driver>` and `scale/*/<driver>` follow this list.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,9 +32,6 @@ impl DriverKind {
     }
 
     /// The `tidings::Driver` for this kind, or why it cannot be built.
-    ///
-    /// INTEGRATION POINT for the lead: when `Driver::Pool` / the tokio driver land, replace
-    /// the two `Err(NOT_BUILT…)` arms below (nothing else in the bench needs to change).
     pub(crate) fn build(self, env: &Env) -> Result<Driver, String> {
         match self {
             DriverKind::Thread => Ok(Driver::Thread),
