@@ -671,3 +671,44 @@ fn manual_close_drains_and_reports_retries() {
     assert!(s.is_conserved());
     assert!(broker.close(Duration::ZERO).is_clean());
 }
+
+// R-PAT-2: the pattern shapes are visible in the API — a Handler trait object (Observer),
+// a custom retry Strategy, and a wrapping Decorator — and compose.
+#[test]
+fn observer_strategy_and_decorator_compose() {
+    struct Audit(Arc<parking_lot::Mutex<Vec<String>>>);
+    impl Handler for Audit {
+        fn handle(&self, m: &Message) -> Result<(), HandlerError> {
+            if text(m) == "retry-me" && self.0.lock().is_empty() {
+                self.0.lock().push("failed once".into());
+                return Err(HandlerError::retry("first call fails"));
+            }
+            self.0.lock().push(text(m));
+            Ok(())
+        }
+    }
+    struct TwiceThenStop;
+    impl RetryPolicy for TwiceThenStop {
+        fn retry_after(&self, attempts: u32, _e: &HandlerError, _m: &Message) -> Option<Duration> {
+            (attempts < 2).then_some(Duration::from_millis(7 * u64::from(attempts)))
+        }
+    }
+    let (broker, clock) = manual();
+    let log = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let _s = broker
+        .subscribe(
+            "t",
+            SubscribeOptions {
+                retry: Retry::custom(TwiceThenStop),
+                ..Default::default()
+            },
+            Deduplicating::new(Audit(log.clone())),
+        )
+        .unwrap();
+    broker
+        .publish(Message::to("t").payload("retry-me"))
+        .unwrap();
+    let waits = drive(&broker, &clock);
+    assert_eq!(waits, vec![Duration::from_millis(7)]); // the custom strategy decided
+    assert_eq!(*log.lock(), vec!["failed once", "retry-me"]);
+}
