@@ -44,8 +44,11 @@ fn blocked_subscriber_does_not_delay_others() {
     wait_until("B receives its 20 messages", PATIENCE, || {
         b_seen.len() == 20
     });
+    // A's dispatcher thread may start after B has finished: wait for it to be stuck.
+    wait_until("A is stuck in its first message", PATIENCE, || {
+        a.stats().in_flight == 1
+    });
     assert_eq!(a_seen.len(), 0);
-    assert_eq!(a.stats().in_flight, 1);
     gate.wait();
     wait_until("A receives its 20 messages", PATIENCE, || {
         a_seen.len() == 20
