@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::clock::Clock;
+use crate::clock::{Clock, wait_until};
 use crate::error::PublishError;
 use crate::handler::HandlerError;
 use crate::message::Message;
@@ -106,16 +106,9 @@ impl Inbox {
             if let Some(Some(_)) = pending.get(id) {
                 return pending.remove(id).flatten();
             }
-            let hint = clock.wait_hint(deadline);
-            match hint {
-                Some(d) if d.is_zero() => {
-                    pending.remove(id);
-                    return None;
-                }
-                Some(d) => {
-                    self.arrived.wait_for(&mut pending, d);
-                }
-                None => self.arrived.wait(&mut pending),
+            if wait_until(clock, &self.arrived, &mut pending, Some(deadline)) {
+                pending.remove(id);
+                return None;
             }
         }
     }

@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::clock::Clock;
+use crate::clock::{Clock, wait_until};
 use crate::message::Message;
 
 struct Entry {
@@ -121,15 +121,8 @@ impl Scheduler {
             if !due.is_empty() {
                 return Some(due);
             }
-            match s.heap.peek().map(|Reverse(e)| e.due) {
-                None => self.changed.wait(&mut s),
-                Some(at) => match clock.wait_hint(at) {
-                    Some(d) => {
-                        self.changed.wait_for(&mut s, d);
-                    }
-                    None => self.changed.wait(&mut s),
-                },
-            }
+            let next = s.heap.peek().map(|Reverse(e)| e.due);
+            wait_until(clock, &self.changed, &mut s, next);
         }
     }
 

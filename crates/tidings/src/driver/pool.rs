@@ -13,18 +13,19 @@
 use std::cell::Cell;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::clock::Clock;
+use crate::clock::{Clock, wait_until};
 use crate::error::SubscribeError;
 use crate::subscription::core::Poll;
 use crate::subscription::shared::SubShared;
 
+use super::live::LiveCount;
 use super::{Executor, Wake};
 
 /// Most deliveries a worker makes for one slot before yielding it.
@@ -73,9 +74,9 @@ struct Shared {
     timer_changed: Condvar,
     shutdown: AtomicBool,
     /// Slots that have not yet reported `Stopped`.
-    live_slots: AtomicUsize,
-    stopped: Mutex<()>,
-    stopped_cv: Condvar,
+    live_slots: LiveCount,
+    /// Worker and timer threads still running.
+    live_threads: LiveCount,
     clock: Arc<dyn Clock>,
 }
 
@@ -121,7 +122,6 @@ impl Wake for Mailbox {
 pub(crate) struct PoolExecutor {
     shared: Arc<Shared>,
     threads: Mutex<Vec<JoinHandle<()>>>,
-    mailboxes: Mutex<Vec<Weak<Mailbox>>>,
 }
 
 impl PoolExecutor {
@@ -133,31 +133,49 @@ impl PoolExecutor {
             timers: Mutex::new((BinaryHeap::new(), 0)),
             timer_changed: Condvar::new(),
             shutdown: AtomicBool::new(false),
-            live_slots: AtomicUsize::new(0),
-            stopped: Mutex::new(()),
-            stopped_cv: Condvar::new(),
+            live_slots: LiveCount::default(),
+            live_threads: LiveCount::default(),
             clock,
         });
-        let mut threads = Vec::with_capacity(workers + 1);
-        for i in 0..workers.max(1) {
-            let s = shared.clone();
-            threads.push(
-                std::thread::Builder::new()
-                    .name(format!("tidings-pool-{i}"))
-                    .spawn(move || worker_loop(&s))?,
-            );
-        }
-        let s = shared.clone();
-        threads.push(
-            std::thread::Builder::new()
-                .name("tidings-pool-timer".into())
-                .spawn(move || timer_loop(&s))?,
-        );
-        Ok(Self {
+        let pool = Self {
             shared,
-            threads: Mutex::new(threads),
-            mailboxes: Mutex::new(Vec::new()),
-        })
+            threads: Mutex::new(Vec::with_capacity(workers + 1)),
+        };
+        for i in 0..workers.max(1) {
+            pool.spawn(format!("tidings-pool-{i}"), worker_loop)?;
+        }
+        pool.spawn("tidings-pool-timer".into(), timer_loop)?;
+        Ok(pool)
+    }
+
+    /// Start one pool thread running `body`; on failure stop the ones already started.
+    fn spawn(&self, name: String, body: fn(&Arc<Shared>)) -> Result<(), std::io::Error> {
+        let s = self.shared.clone();
+        s.live_threads.enter(1);
+        let spawned = std::thread::Builder::new().name(name).spawn(move || {
+            body(&s);
+            s.live_threads.exit();
+        });
+        match spawned {
+            Ok(h) => {
+                self.threads.lock().push(h);
+                Ok(())
+            }
+            Err(e) => {
+                self.shared.live_threads.exit();
+                self.stop_threads();
+                Err(e)
+            }
+        }
+    }
+
+    /// Tell the worker and timer threads to exit once idle.
+    fn stop_threads(&self) {
+        self.shared.shutdown.store(true, Ordering::Release);
+        drop(self.shared.run_queue.lock());
+        self.shared.work.notify_all();
+        drop(self.shared.timers.lock());
+        self.shared.timer_changed.notify_all();
     }
 
     fn on_pool_thread(&self) -> bool {
@@ -172,14 +190,8 @@ impl Executor for PoolExecutor {
             sub: Arc::downgrade(sub),
             pool: self.shared.clone(),
         });
-        self.shared
-            .live_slots
-            .fetch_add(sub.workers(), Ordering::AcqRel);
+        self.shared.live_slots.enter(sub.workers());
         sub.set_waker(mailbox.clone());
-        let mut boxes = self.mailboxes.lock();
-        boxes.retain(|m| m.strong_count() > 0);
-        boxes.push(Arc::downgrade(&mailbox));
-        drop(boxes);
         // Run each slot once so it reaches its idle state (and sees anything already queued).
         mailbox.wake_all();
         Ok(())
@@ -187,61 +199,31 @@ impl Executor for PoolExecutor {
 
     fn wait_stopped(&self, deadline: Instant) -> bool {
         let me = usize::from(self.on_pool_thread());
-        let mut guard = self.shared.stopped.lock();
-        while self.shared.live_slots.load(Ordering::Acquire) > me {
-            if self
-                .shared
-                .stopped_cv
-                .wait_until(&mut guard, deadline)
-                .timed_out()
-            {
-                return self.shared.live_slots.load(Ordering::Acquire) <= me;
-            }
-        }
-        true
+        self.shared.live_slots.wait_at_most(me, deadline)
     }
 
     fn join(&self, deadline: Instant) -> Vec<String> {
         self.wait_stopped(deadline);
-        self.shared.shutdown.store(true, Ordering::Release);
-        drop(self.shared.run_queue.lock());
-        self.shared.work.notify_all();
-        drop(self.shared.timers.lock());
-        self.shared.timer_changed.notify_all();
+        self.stop_threads();
+        // A pool thread exits as soon as its current slot's handler returns; once the
+        // live count says every other one has, joining them cannot block for long.
+        let all_exited = self
+            .shared
+            .live_threads
+            .wait_at_most(usize::from(self.on_pool_thread()), deadline);
         let me = std::thread::current().id();
         let mut unjoined = Vec::new();
         for h in std::mem::take(&mut *self.threads.lock()) {
             if h.thread().id() == me {
                 continue;
             }
-            // Pool threads exit as soon as their current slot's handler returns.
-            let name = h.thread().name().unwrap_or("tidings-pool").to_owned();
-            if self.wait_finished(&h, deadline) {
+            if all_exited || h.is_finished() {
                 let _ = h.join();
             } else {
-                unjoined.push(name);
+                unjoined.push(h.thread().name().unwrap_or("tidings-pool").to_owned());
             }
         }
         unjoined
-    }
-}
-
-impl PoolExecutor {
-    fn wait_finished(&self, h: &JoinHandle<()>, deadline: Instant) -> bool {
-        let mut guard = self.shared.stopped.lock();
-        while !h.is_finished() {
-            let step = Instant::now() + std::time::Duration::from_millis(5);
-            if self
-                .shared
-                .stopped_cv
-                .wait_until(&mut guard, step.min(deadline))
-                .timed_out()
-                && Instant::now() >= deadline
-            {
-                return h.is_finished();
-            }
-        }
-        true
     }
 }
 
@@ -302,9 +284,7 @@ fn run_slot(pool: &Arc<Shared>, task: Task) {
             }
             Poll::Stopped => {
                 drop(core);
-                pool.live_slots.fetch_sub(1, Ordering::AcqRel);
-                drop(pool.stopped.lock());
-                pool.stopped_cv.notify_all();
+                pool.live_slots.exit();
                 return;
             }
         }
@@ -329,15 +309,8 @@ fn timer_loop(pool: &Arc<Shared>) {
                 sub.wake(t.worker);
             }
         }
-        match timers.0.peek().map(|Reverse(t)| t.due) {
-            None => pool.timer_changed.wait(&mut timers),
-            Some(due) => match pool.clock.wait_hint(due) {
-                Some(d) => {
-                    pool.timer_changed.wait_for(&mut timers, d);
-                }
-                // A manual clock wakes every slot itself when it moves.
-                None => pool.timer_changed.wait(&mut timers),
-            },
-        };
+        // A manual clock wakes every slot itself when it moves.
+        let next = timers.0.peek().map(|Reverse(t)| t.due);
+        wait_until(pool.clock.as_ref(), &pool.timer_changed, &mut timers, next);
     }
 }

@@ -14,10 +14,12 @@ use std::time::Instant;
 use crossbeam_utils::Backoff;
 use parking_lot::{Condvar, Mutex, MutexGuard};
 
+use crate::clock::wait_until;
 use crate::error::SubscribeError;
 use crate::subscription::core::Poll;
 use crate::subscription::shared::SubShared;
 
+use super::live::LiveCount;
 use super::{Executor, Wake};
 
 static NEXT_EXECUTOR: AtomicU64 = AtomicU64::new(1);
@@ -44,15 +46,9 @@ impl Wake for Parking {
     }
 }
 
-/// Counts running dispatcher threads so close can wait for them with a deadline.
-struct Live {
-    running: Mutex<usize>,
-    changed: Condvar,
-}
-
 pub(crate) struct ThreadExecutor {
     id: u64,
-    live: Arc<Live>,
+    live: Arc<LiveCount>,
     handles: Mutex<Vec<(String, JoinHandle<()>)>>,
 }
 
@@ -60,10 +56,7 @@ impl ThreadExecutor {
     pub(crate) fn new() -> Self {
         Self {
             id: NEXT_EXECUTOR.fetch_add(1, Ordering::Relaxed),
-            live: Arc::new(Live {
-                running: Mutex::new(0),
-                changed: Condvar::new(),
-            }),
+            live: Arc::default(),
             handles: Mutex::new(Vec::new()),
         }
     }
@@ -86,19 +79,18 @@ impl Executor for ThreadExecutor {
             let name = format!("tidings-{}-{worker}", sub.name);
             let (task, parking, live, id) =
                 (sub.clone(), parking.clone(), self.live.clone(), self.id);
-            *live.running.lock() += 1;
+            live.enter(1);
             let spawned = std::thread::Builder::new()
                 .name(name.clone())
                 .spawn(move || {
                     CURRENT_EXECUTOR.with(|c| c.set(id));
                     dispatch_loop(&task, &parking, worker);
-                    *live.running.lock() -= 1;
-                    live.changed.notify_all();
+                    live.exit();
                 });
             match spawned {
                 Ok(h) => handles.push((name, h)),
                 Err(e) => {
-                    *self.live.running.lock() -= 1;
+                    self.live.exit();
                     drop(handles);
                     sub.close();
                     return Err(SubscribeError::Spawn(e.to_string()));
@@ -109,19 +101,7 @@ impl Executor for ThreadExecutor {
     }
 
     fn wait_stopped(&self, deadline: Instant) -> bool {
-        let me = self.on_this_thread();
-        let mut running = self.live.running.lock();
-        while *running > me {
-            if self
-                .live
-                .changed
-                .wait_until(&mut running, deadline)
-                .timed_out()
-            {
-                return *running <= me;
-            }
-        }
-        true
+        self.live.wait_at_most(self.on_this_thread(), deadline)
     }
 
     fn join(&self, deadline: Instant) -> Vec<String> {
@@ -171,12 +151,9 @@ fn dispatch_loop(sub: &SubShared, parking: &Parking, worker: usize) {
                 slot.wait(&mut core);
                 backoff.reset();
             }
-            Poll::WakeAt(t) => match sub.clock.wait_hint(t) {
-                Some(d) => {
-                    slot.wait_for(&mut core, d);
-                }
-                None => slot.wait(&mut core),
-            },
+            Poll::WakeAt(t) => {
+                wait_until(sub.clock.as_ref(), slot, &mut core, Some(t));
+            }
         }
         if core.has_forwards() {
             let forwards = core.take_forwards();

@@ -35,7 +35,7 @@ use std::time::Instant;
 use ::tokio::runtime::Handle;
 use ::tokio::sync::Notify;
 use ::tokio::task::JoinHandle;
-use parking_lot::{Condvar, Mutex};
+use parking_lot::Mutex;
 
 use crate::async_handler::{AsyncHandler, HandlerFuture};
 use crate::error::SubscribeError;
@@ -44,6 +44,7 @@ use crate::message::Message;
 use crate::subscription::core::Poll;
 use crate::subscription::shared::SubShared;
 
+use super::live::LiveCount;
 use super::{Executor, Wake};
 
 /// Deliveries a slot makes before yielding to the runtime, so a busy subscription cannot
@@ -94,26 +95,19 @@ impl Wake for Slots {
     }
 }
 
-/// Counts live dispatcher tasks so close can wait for them with a deadline.
-struct Live {
-    running: Mutex<usize>,
-    changed: Condvar,
-}
-
 /// Marks its task done and decrements the live count when the task's body ends — also
 /// when the runtime drops it unfinished (runtime shutdown), so close never waits for a task
 /// that no longer exists. (`JoinHandle::is_finished` lags behind: it turns true only after
 /// the task's output is stored, so close asks this flag instead.)
 struct LiveGuard {
-    live: Arc<Live>,
+    live: Arc<LiveCount>,
     done: Arc<AtomicBool>,
 }
 
 impl Drop for LiveGuard {
     fn drop(&mut self) {
         self.done.store(true, Ordering::Release);
-        *self.live.running.lock() -= 1;
-        self.live.changed.notify_all();
+        self.live.exit();
     }
 }
 
@@ -126,7 +120,7 @@ struct Task {
 
 pub(crate) struct TokioExecutor {
     handle: Handle,
-    live: Arc<Live>,
+    live: Arc<LiveCount>,
     tasks: Mutex<Vec<Task>>,
 }
 
@@ -134,10 +128,7 @@ impl TokioExecutor {
     pub(crate) fn new(handle: Handle) -> Self {
         Self {
             handle,
-            live: Arc::new(Live {
-                running: Mutex::new(0),
-                changed: Condvar::new(),
-            }),
+            live: Arc::default(),
             tasks: Mutex::new(Vec::new()),
         }
     }
@@ -154,7 +145,7 @@ impl Executor for TokioExecutor {
         tasks.retain(|t| !t.done.load(Ordering::Acquire));
         for worker in 0..sub.workers() {
             let name = format!("tidings-{}-{worker}", sub.name);
-            *self.live.running.lock() += 1;
+            self.live.enter(1);
             let done = Arc::new(AtomicBool::new(false));
             let guard = LiveGuard {
                 live: self.live.clone(),
@@ -171,21 +162,10 @@ impl Executor for TokioExecutor {
     }
 
     fn wait_stopped(&self, deadline: Instant) -> bool {
-        let mut running = self.live.running.lock();
         if !may_block() {
-            return *running == 0;
+            return self.live.running() == 0;
         }
-        while *running > 0 {
-            if self
-                .live
-                .changed
-                .wait_until(&mut running, deadline)
-                .timed_out()
-            {
-                return *running == 0;
-            }
-        }
-        true
+        self.live.wait_at_most(0, deadline)
     }
 
     fn join(&self, deadline: Instant) -> Vec<String> {

@@ -8,7 +8,7 @@ use std::sync::{Arc, OnceLock, Weak};
 use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use crate::broker::BrokerInner;
-use crate::clock::{Clock, Now};
+use crate::clock::{Clock, Now, wait_until};
 use crate::driver::Wake;
 use crate::filter::HeaderFilter;
 use crate::handler::{Handler, HandlerError, invoke};
@@ -155,12 +155,8 @@ impl SubShared {
         let deadline = self.now().mono() + timeout;
         core.set_blocked(true);
         let outcome = loop {
-            match self.clock.wait_hint(deadline) {
-                Some(d) if d.is_zero() => break core.handle_offer(message, &self.now(), false),
-                Some(d) => {
-                    self.space.wait_for(core, d);
-                }
-                None => self.space.wait(core),
+            if wait_until(self.clock.as_ref(), &self.space, core, Some(deadline)) {
+                break core.handle_offer(message, &self.now(), false);
             }
             let now = self.now();
             match core.handle_offer(message, &now, now.mono() < deadline) {

@@ -1,0 +1,42 @@
+//! How many dispatchers (threads, tasks or pool slots) are still running, so close can wait
+//! for them with a deadline instead of polling.
+
+use std::time::Instant;
+
+use parking_lot::{Condvar, Mutex};
+
+#[derive(Default)]
+pub(crate) struct LiveCount {
+    running: Mutex<usize>,
+    changed: Condvar,
+}
+
+impl LiveCount {
+    /// `n` more are running.
+    pub(crate) fn enter(&self, n: usize) {
+        *self.running.lock() += n;
+    }
+
+    /// One stopped.
+    pub(crate) fn exit(&self) {
+        *self.running.lock() -= 1;
+        self.changed.notify_all();
+    }
+
+    /// How many are running now.
+    pub(crate) fn running(&self) -> usize {
+        *self.running.lock()
+    }
+
+    /// Wait until at most `allowed` are running (`allowed` > 0 when the caller is one of
+    /// them), or until `deadline`. True when the count got there.
+    pub(crate) fn wait_at_most(&self, allowed: usize, deadline: Instant) -> bool {
+        let mut running = self.running.lock();
+        while *running > allowed {
+            if self.changed.wait_until(&mut running, deadline).timed_out() {
+                return *running <= allowed;
+            }
+        }
+        true
+    }
+}
