@@ -1,8 +1,10 @@
 //! How the suite builds and drives a broker.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tidings::{Broker, Clock, Driver, ManualClock};
+
+use crate::helpers::wait_until;
 
 /// A way to build brokers and wait for them.
 pub trait Backend {
@@ -81,15 +83,11 @@ impl Backend for ThreadedBackend {
             .expect("valid configuration")
     }
     fn settle(&self, _broker: &Broker, what: &str, cond: &mut dyn FnMut() -> bool) {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !cond() {
-            assert!(
-                Instant::now() < deadline,
-                "[{}] timed out: {what}",
-                self.label
-            );
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        wait_until(
+            &format!("[{}] {what}", self.label),
+            Duration::from_secs(30),
+            cond,
+        );
     }
 }
 

@@ -7,6 +7,7 @@
 //! later backends (durable log, JetStream) implement [`Backend`] and run the same suite.
 
 pub mod backend;
+pub mod helpers;
 pub mod suite;
 
 #[cfg(feature = "tokio")]

@@ -2,7 +2,6 @@
 //! SPEC ids are named beside the assertions that prove them.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
@@ -10,27 +9,7 @@ use parking_lot::Mutex;
 use tidings::*;
 
 use crate::backend::Backend;
-
-fn text(m: &Message) -> String {
-    String::from_utf8_lossy(m.payload()).into_owned()
-}
-
-/// Counts concurrently active handler calls and remembers the maximum.
-#[derive(Default)]
-struct Activity {
-    active: AtomicUsize,
-    max: AtomicUsize,
-}
-
-impl Activity {
-    fn enter(&self) {
-        let n = self.active.fetch_add(1, Ordering::SeqCst) + 1;
-        self.max.fetch_max(n, Ordering::SeqCst);
-    }
-    fn exit(&self) {
-        self.active.fetch_sub(1, Ordering::SeqCst);
-    }
-}
+use crate::helpers::{Activity, text};
 
 /// Fan-out to 3 subscriptions; per-publisher order; max active == 1; conservation.
 pub fn fan_out_order_and_exclusivity(b: &dyn Backend) {
@@ -82,7 +61,7 @@ pub fn fan_out_order_and_exclusivity(b: &dyn Backend) {
             assert_eq!(i, *e, "[{}] publisher order", b.name()); // R-ORD-2
             *e += 1;
         }
-        assert_eq!(act.max.load(Ordering::SeqCst), 1, "[{}]", b.name()); // R-CORE-3
+        assert_eq!(act.max(), 1, "[{}]", b.name()); // R-CORE-3
         assert!(sub.stats().is_conserved(), "[{}]", b.name()); // R-DEL-6
     }
     broker.close(Duration::from_secs(5));

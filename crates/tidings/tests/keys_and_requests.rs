@@ -1,15 +1,13 @@
 //! Keyed lanes, per-key concurrency and request-reply under real threads.
 
-mod common;
-
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use common::{text, wait_until};
 use parking_lot::Mutex;
 use tidings::*;
+use tidings_testkit::helpers::{text, wait_until};
 
 const PATIENCE: Duration = Duration::from_secs(60);
 

@@ -1,13 +1,11 @@
 //! Deterministic tests of the core on the manual driver and manual clock (R-EXE-2).
 
-mod common;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use common::{Recorder, drive, manual, text};
 use tidings::*;
+use tidings_testkit::helpers::{Recorder, drive, manual, text};
 
 fn payloads(n: std::ops::Range<u32>) -> Vec<String> {
     n.map(|i| i.to_string()).collect()

@@ -3,16 +3,14 @@
 //! unsubscribe, dispatch steps and clock advances; handler outcomes ok / fail k times /
 //! reject / panic. Same deliveries in the same order, same DLQ entries, exact counters.
 
-mod common;
-
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{manual, text};
 use parking_lot::Mutex;
 use proptest::prelude::*;
 use tidings::*;
+use tidings_testkit::helpers::{manual, text};
 
 const TOPICS: [&str; 2] = ["a", "b"];
 const CAPACITY: usize = 3;

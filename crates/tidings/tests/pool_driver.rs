@@ -1,13 +1,11 @@
 //! The pool driver: actor-mailbox exclusivity, fairness by counting, and scale (R-EXE-1).
 
-mod common;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use common::wait_until;
 use tidings::*;
+use tidings_testkit::helpers::wait_until;
 
 const PATIENCE: Duration = Duration::from_secs(120);
 

@@ -1,16 +1,14 @@
 //! The thread driver under real concurrency: isolation, ordering, re-entrancy, close, churn.
 //! Bounded waits with generous timeouts; assertions on invariants, never on timings.
 
-mod common;
-
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier, OnceLock};
 use std::time::{Duration, Instant};
 
-use common::{Recorder, text, wait_until};
 use parking_lot::Mutex;
 use tidings::*;
+use tidings_testkit::helpers::{Activity, Recorder, text, wait_until};
 
 const PATIENCE: Duration = Duration::from_secs(30);
 
@@ -58,23 +56,6 @@ fn blocked_subscriber_does_not_delay_others() {
     assert_eq!(b_seen.take(), expected);
     assert!(a.stats().is_conserved() && b.stats().is_conserved());
     assert!(broker.close(Duration::from_secs(5)).is_clean());
-}
-
-/// Tracks concurrently active handler calls and the maximum seen.
-#[derive(Default)]
-struct Activity {
-    active: AtomicUsize,
-    max: AtomicUsize,
-}
-
-impl Activity {
-    fn enter(&self) {
-        let now = self.active.fetch_add(1, Ordering::SeqCst) + 1;
-        self.max.fetch_max(now, Ordering::SeqCst);
-    }
-    fn exit(&self) {
-        self.active.fetch_sub(1, Ordering::SeqCst);
-    }
 }
 
 // Test 4: 4 publishers × 200 messages: per-publisher order and max active == 1.
@@ -127,7 +108,7 @@ fn per_publisher_order_and_one_active_handler() {
             assert_eq!(i, *expect, "publisher {p} out of order"); // R-ORD-2
             *expect += 1;
         }
-        assert_eq!(activity.max.load(Ordering::SeqCst), 1); // R-CORE-3
+        assert_eq!(activity.max(), 1); // R-CORE-3
         assert!(sub.stats().is_conserved()); // R-DEL-6
     }
     assert!(broker.close(Duration::from_secs(5)).is_clean());

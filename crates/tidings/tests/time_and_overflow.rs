@@ -1,11 +1,9 @@
 //! TTL, delayed delivery and overflow policies on the manual clock: exact, no sleeps.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{Recorder, manual, text};
 use tidings::*;
+use tidings_testkit::helpers::{Recorder, manual, text, wait_until};
 
 const MS: Duration = Duration::from_millis(1);
 
@@ -217,7 +215,7 @@ fn overflow_block_times_out_exactly_on_the_manual_clock() {
         let b = broker.clone();
         let blocked = s.spawn(move || b.publish(Message::to("t").payload("fifth")).unwrap());
         // Advance in steps; the publisher must still be waiting until exactly 250ms.
-        common::wait_until("publisher is blocked", Duration::from_secs(30), || {
+        wait_until("publisher is blocked", Duration::from_secs(30), || {
             sub.stats().blocked_publishers == 1 // R-BP-3
         });
         clock.advance(249 * MS);

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -12,6 +12,7 @@ use tidings::{
     Broker, DeadLetterReason, Driver, HandlerError, Message, RequestError, Retry, SubscribeError,
     SubscribeOptions,
 };
+use tidings_testkit::helpers::{Activity, text};
 
 /// Generous bound for every wait: these tests assert outcomes, never timings.
 const PATIENCE: Duration = Duration::from_secs(20);
@@ -23,33 +24,12 @@ fn tokio_broker() -> Broker {
         .unwrap()
 }
 
-fn text(m: &Message) -> String {
-    String::from_utf8_lossy(m.payload()).into_owned()
-}
-
 /// Await `cond` (checked every 2 ms of tokio time) for up to `PATIENCE` of real time.
 async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
     let deadline = Instant::now() + PATIENCE;
     while !cond() {
         assert!(Instant::now() < deadline, "timed out waiting for: {what}");
         tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-}
-
-/// Tracks concurrently active handler calls and the maximum seen.
-#[derive(Default)]
-struct Activity {
-    active: AtomicUsize,
-    max: AtomicUsize,
-}
-
-impl Activity {
-    fn enter(&self) {
-        let now = self.active.fetch_add(1, Ordering::SeqCst) + 1;
-        self.max.fetch_max(now, Ordering::SeqCst);
-    }
-    fn exit(&self) {
-        self.active.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -124,7 +104,7 @@ async fn fan_out_order_and_one_active_handler() {
             assert_eq!(i, *expect, "publisher {p} out of order"); // R-ORD-2
             *expect += 1;
         }
-        assert_eq!(activity.max.load(Ordering::SeqCst), 1); // R-CORE-3 on R-EXE-1's tokio driver
+        assert_eq!(activity.max(), 1); // R-CORE-3 on R-EXE-1's tokio driver
         assert_eq!(seen.lock().len(), 800); // R-CORE-1: each message exactly once
         assert!(sub.stats().is_conserved()); // R-DEL-6
     }
