@@ -1,14 +1,14 @@
 //! The thread driver under real concurrency: isolation, ordering, re-entrancy, close, churn.
 //! Bounded waits with generous timeouts; assertions on invariants, never on timings.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier, OnceLock};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use tidings::*;
-use tidings_testkit::helpers::{Activity, Recorder, text, wait_until};
+use tidings_testkit::helpers::{Recorder, text, wait_until};
+use tidings_testkit::{ThreadedBackend, suite};
 
 const PATIENCE: Duration = Duration::from_secs(30);
 
@@ -58,60 +58,11 @@ fn blocked_subscriber_does_not_delay_others() {
     assert!(broker.close(Duration::from_secs(5)).is_clean());
 }
 
-// Test 4: 4 publishers × 200 messages: per-publisher order and max active == 1.
+// Test 4: 4 publishers × 200 messages: per-publisher order (R-ORD-2) and max active == 1
+// (R-CORE-3), with conservation (R-DEL-6) — the shared suite case at the size.
 #[test]
 fn per_publisher_order_and_one_active_handler() {
-    let broker = Broker::new();
-    let mut subs = Vec::new();
-    for _ in 0..3 {
-        let activity = Arc::new(Activity::default());
-        let seen: Arc<Mutex<Vec<(u32, u32)>>> = Arc::default();
-        let (act, log) = (activity.clone(), seen.clone());
-        let sub = broker
-            .subscribe(
-                "load",
-                SubscribeOptions {
-                    capacity: 1000,
-                    ..Default::default()
-                },
-                move |m: &Message| {
-                    act.enter();
-                    let t = text(m);
-                    let (p, i) = t.split_once(':').unwrap();
-                    log.lock().push((p.parse().unwrap(), i.parse().unwrap()));
-                    std::thread::yield_now();
-                    act.exit();
-                    Ok(())
-                },
-            )
-            .unwrap();
-        subs.push((sub, activity, seen));
-    }
-    std::thread::scope(|s| {
-        for p in 0..4u32 {
-            let broker = broker.clone();
-            s.spawn(move || {
-                for i in 0..200u32 {
-                    let r = broker
-                        .publish(Message::to("load").payload(format!("{p}:{i}")))
-                        .unwrap();
-                    assert_eq!(r.accepted, 3);
-                }
-            });
-        }
-    });
-    for (sub, activity, seen) in &subs {
-        wait_until("all 800 delivered", PATIENCE, || seen.lock().len() == 800);
-        let mut next: HashMap<u32, u32> = HashMap::new();
-        for &(p, i) in seen.lock().iter() {
-            let expect = next.entry(p).or_insert(0);
-            assert_eq!(i, *expect, "publisher {p} out of order"); // R-ORD-2
-            *expect += 1;
-        }
-        assert_eq!(activity.max(), 1); // R-CORE-3
-        assert!(sub.stats().is_conserved()); // R-DEL-6
-    }
-    assert!(broker.close(Duration::from_secs(5)).is_clean());
+    suite::fan_out_with(&ThreadedBackend::new("thread", Driver::Thread), 4, 200);
 }
 
 // Test 5: handlers that unsubscribe themselves, publish (to their own topic too) and
