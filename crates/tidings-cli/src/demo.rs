@@ -12,6 +12,8 @@
 //! | `reminders` | `reminders.*` | delayed delivery |
 //! | `pricing` | `rpc.*` | request-reply with [`Message::reply`] |
 //!
+//! Then a durable stream survives a crash (see [`durable_demo`]).
+//!
 //! The run ends with a per-subscription table (the R-DEL-6 conservation check per row), a
 //! table of DLQ entries by reason, the close report and a list of checks; the exit code is 1
 //! when a check fails.
@@ -19,6 +21,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::error::Error;
 use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
@@ -31,6 +34,7 @@ use tidings::{
 };
 
 use crate::EXIT_PROBLEM;
+use crate::durable_demo;
 
 /// Arguments of `tidings demo`.
 #[derive(Debug, Args)]
@@ -39,6 +43,10 @@ pub(crate) struct DemoArgs {
     #[arg(long, value_name = "N", default_value_t = 200,
           value_parser = clap::value_parser!(u32).range(20..=1000))]
     orders: u32,
+    /// Directory for the durable part (default: a fresh one under the temp dir, removed
+    /// afterwards).
+    #[arg(long, value_name = "DIR")]
+    data_dir: Option<PathBuf>,
 }
 
 /// Queue capacity of `gated`: it accepts one order into its handler plus this many.
@@ -56,7 +64,15 @@ const PATIENCE: Duration = Duration::from_secs(10);
 
 /// Run the demo; exit 0 when every check passed.
 pub(crate) fn run(args: &DemoArgs) -> ExitCode {
-    match scenario(args.orders) {
+    let (dir, temporary) = match &args.data_dir {
+        Some(d) => (d.clone(), false),
+        None => (durable_demo::fresh_dir(), true),
+    };
+    let outcome = scenario(args.orders, &dir);
+    if temporary {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    match outcome {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(EXIT_PROBLEM),
         Err(e) => {
@@ -66,9 +82,9 @@ pub(crate) fn run(args: &DemoArgs) -> ExitCode {
     }
 }
 
-type DemoResult<T> = Result<T, Box<dyn Error>>;
+pub(crate) type DemoResult<T> = Result<T, Box<dyn Error>>;
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
@@ -185,7 +201,7 @@ struct Row {
 // ---------------------------------------------------------------------------------------
 // The scenario.
 
-fn scenario(orders: u32) -> DemoResult<bool> {
+fn scenario(orders: u32, data_dir: &Path) -> DemoResult<bool> {
     let t0 = Instant::now();
     let stamp = || format!("  [{:>5} ms]", t0.elapsed().as_millis());
     let broker = Broker::new(); // thread driver, system clock
@@ -560,7 +576,7 @@ fn scenario(orders: u32) -> DemoResult<bool> {
         get(pricing),
     );
     let gated_in = GATED_CAPACITY as u64 + 1;
-    let checks: Vec<(String, bool)> = vec![
+    let mut checks: Vec<(String, bool)> = vec![
         (
             format!("fast delivered all {orders} orders"),
             fs.delivered == n,
@@ -616,6 +632,7 @@ fn scenario(orders: u32) -> DemoResult<bool> {
                 && subs.iter().all(|s| s.stats().in_flight == 0),
         ),
     ];
+    checks.extend(durable_demo::scenario(data_dir)?);
     let passed = checks.iter().filter(|(_, ok)| *ok).count();
     println!("\nchecks");
     for (what, ok) in &checks {
@@ -648,7 +665,7 @@ fn all_idle(subs: &[&Subscription]) -> bool {
 }
 
 /// Poll `done` every 2 ms until it holds or `PATIENCE` passes.
-fn wait_until(mut done: impl FnMut() -> bool) -> bool {
+pub(crate) fn wait_until(mut done: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + PATIENCE;
     loop {
         if done() {

@@ -14,6 +14,7 @@
 
 mod bench;
 mod demo;
+mod durable_demo;
 mod log;
 
 use std::process::ExitCode;
