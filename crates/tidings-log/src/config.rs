@@ -57,7 +57,8 @@ pub struct LogConfig {
     pub segment_bytes: u64,
     /// Fsync policy. Default [`Fsync::Always`].
     pub fsync: Fsync,
-    /// Retention applied by [`Log::apply_retention`](crate::Log::apply_retention). Default: keep
+    /// Retention, applied after every segment roll (age judged against the newest record
+    /// appended) and by [`Log::apply_retention`](crate::Log::apply_retention). Default: keep
     /// everything.
     pub retention: Retention,
     /// One offset-index entry (and at most one time-index entry) per this many bytes of records.

@@ -38,6 +38,8 @@ pub(crate) struct Shared {
     pub(crate) tail: Tail,
     pub(crate) closed: AtomicBool,
     pub(crate) retention_lock: Mutex<()>,
+    /// Why the last retention pass run after a roll failed, if it did.
+    pub(crate) retention_error: Mutex<Option<String>>,
     /// Appenders between entering `append` and finishing their write (group commit window).
     pub(crate) appending: AtomicUsize,
 }
@@ -129,6 +131,7 @@ impl Log {
             tail,
             closed: AtomicBool::new(false),
             retention_lock: Mutex::new(()),
+            retention_error: Mutex::new(None),
             appending: AtomicUsize::new(0),
             config,
         });
@@ -197,11 +200,11 @@ impl Log {
         if always {
             sh.appending.fetch_add(1, Ordering::SeqCst);
         }
-        let range = self.write_locked(records, lens);
+        let written = self.write_locked(records, lens);
         if always {
             sh.appending.fetch_sub(1, Ordering::SeqCst);
         }
-        let range = range?;
+        let (range, rolled) = written?;
         if always && !range.is_empty() {
             let synced = sh.commit.sync_to(sh, range.end);
             sh.publish();
@@ -209,10 +212,40 @@ impl Log {
         } else {
             sh.publish();
         }
+        if rolled {
+            self.retain_after_roll(records);
+        }
         Ok(range)
     }
 
-    fn write_locked(&self, records: &[Record], lens: &[u64]) -> Result<Range<u64>, AppendError> {
+    /// Retention after a roll, outside the writer lock, judging age against the newest record
+    /// just appended. The append already succeeded, so a failure is kept for
+    /// [`Log::retention_error`] rather than returned.
+    fn retain_after_roll(&self, records: &[Record]) {
+        let policy = self.shared.config.retention;
+        if policy.max_bytes.is_none() && policy.max_age.is_none() {
+            return;
+        }
+        let now_ms = records.iter().map(|r| r.timestamp_ms).max().unwrap_or(0);
+        let outcome = retention::apply(&self.shared, now_ms)
+            .err()
+            .map(|e| e.to_string());
+        *self.shared.retention_error.lock() = outcome;
+    }
+
+    /// Why the retention pass run after the last segment roll failed (`None` when it
+    /// succeeded or has not run). Retention is applied after every roll and by
+    /// [`Log::apply_retention`].
+    #[must_use]
+    pub fn retention_error(&self) -> Option<String> {
+        self.shared.retention_error.lock().clone()
+    }
+
+    fn write_locked(
+        &self,
+        records: &[Record],
+        lens: &[u64],
+    ) -> Result<(Range<u64>, bool), AppendError> {
         let sh = &*self.shared;
         let range = {
             let mut w = sh.writer.lock();
@@ -236,7 +269,7 @@ impl Log {
                 // Only the writer raises `visible` under these policies.
                 sh.visible.store(w.next, Ordering::SeqCst);
             }
-            first..w.next
+            (first..w.next, std::mem::take(&mut w.rolled))
         };
         Ok(range)
     }

@@ -1,5 +1,11 @@
 //! Retention: remove whole old segments by total size and by age.
 //!
+//! # When
+//!
+//! After every segment roll (outside the writer lock, judging age against the newest record
+//! just appended; a failure is kept for `Log::retention_error`, the append already
+//! succeeded), and whenever `Log::apply_retention` is called with an explicit time.
+//!
 //! # Rules
 //!
 //! Only sealed segments are removed, always a prefix (oldest first, so offsets stay contiguous),

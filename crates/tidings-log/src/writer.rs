@@ -8,7 +8,8 @@
 //! fsync policy, so a sealed segment is always complete on disk); writes the old segment's index
 //! files (best effort: they are a checked cache); creates the new segment, writes and syncs its
 //! header; syncs the directory; and only then appends into it. A failure at any step poisons the
-//! writer.
+//! writer. After the append that rolled releases the lock, the log applies its retention
+//! policy.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -30,6 +31,8 @@ pub(crate) struct Writer {
     pub(crate) next: u64,
     builder: IndexBuilder,
     pub(crate) closed: bool,
+    /// A segment was sealed since the last append returned: retention is due.
+    pub(crate) rolled: bool,
 }
 
 impl Writer {
@@ -41,6 +44,7 @@ impl Writer {
             next,
             builder,
             closed: false,
+            rolled: false,
         }
     }
 
@@ -127,6 +131,7 @@ impl Writer {
         sh.segments.write().push(seg.clone());
         self.active = seg;
         self.builder = IndexBuilder::new(sh.config.index_interval_bytes);
+        self.rolled = true;
         Ok(())
     }
 }

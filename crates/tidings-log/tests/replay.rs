@@ -110,6 +110,11 @@ fn time_lookup_with_out_of_order_timestamps() {
 fn retention_by_size_removes_whole_old_segments_only() {
     let tmp = tempfile::tempdir().unwrap();
     let max = 2000;
+    // Written without a policy (retention also runs after every roll, see below), then
+    // reopened with one and applied explicitly.
+    let (log, _) = Log::open(tmp.path(), config(Retention::default())).unwrap();
+    fill(&log, 100);
+    drop(log);
     let (log, _) = Log::open(
         tmp.path(),
         config(Retention {
@@ -118,8 +123,6 @@ fn retention_by_size_removes_whole_old_segments_only() {
         }),
     )
     .unwrap();
-    fill(&log, 100);
-    log.sync().unwrap(); // so the file sizes below include the write buffer
     let before = segment_files(tmp.path());
     let sizes: Vec<u64> = before
         .iter()
@@ -178,6 +181,15 @@ fn retention_by_size_removes_whole_old_segments_only() {
 fn retention_by_age() {
     let tmp = tempfile::tempdir().unwrap();
     let age = Duration::from_secs(1);
+    let (log, _) = Log::open(tmp.path(), config(Retention::default())).unwrap();
+    for i in 0..30 {
+        log.append(&Record::new(1_000 + i, vec![1u8; 60])).unwrap();
+    }
+    for i in 0..30 {
+        log.append(&Record::new(100_000 + i, vec![2u8; 60]))
+            .unwrap();
+    }
+    drop(log);
     let (log, _) = Log::open(
         tmp.path(),
         config(Retention {
@@ -186,13 +198,6 @@ fn retention_by_age() {
         }),
     )
     .unwrap();
-    for i in 0..30 {
-        log.append(&Record::new(1_000 + i, vec![1u8; 60])).unwrap();
-    }
-    for i in 0..30 {
-        log.append(&Record::new(100_000 + i, vec![2u8; 60]))
-            .unwrap();
-    }
     let now = 100_500;
     let rep = log.apply_retention(now).unwrap();
     assert!(!rep.removed.is_empty());
@@ -210,4 +215,57 @@ fn retention_by_age() {
     assert_eq!(segment_files(tmp.path()).len(), 1);
     assert_eq!(log.end_offset(), 60);
     let _ = record_for(0);
+}
+
+#[test]
+fn retention_runs_after_every_roll() {
+    // R-LOG-1: a log with a size policy stays within it while appending, without anyone
+    // calling apply_retention; only whole old segments go.
+    let tmp = tempfile::tempdir().unwrap();
+    let max = 2000;
+    let (log, _) = Log::open(
+        tmp.path(),
+        config(Retention {
+            max_bytes: Some(max),
+            max_age: None,
+        }),
+    )
+    .unwrap();
+    fill(&log, 200);
+    log.sync().unwrap();
+    let files = segment_files(tmp.path());
+    let sealed: u64 = files[..files.len() - 1]
+        .iter()
+        .map(|p| std::fs::metadata(p).unwrap().len())
+        .sum();
+    assert!(sealed <= max, "sealed segments hold {sealed} bytes");
+    assert!(log.start_offset() > 0);
+    assert_eq!(log.start_offset(), base_of(&files[0]));
+    assert_eq!(log.retention_error(), None);
+    let rest = read_all(&log);
+    rest.iter().for_each(assert_intact);
+    assert_eq!(rest.len() as u64, 200 - log.start_offset());
+
+    // An age policy judges age against the newest record appended: old segments go once a
+    // record far newer rolls the log.
+    let tmp = tempfile::tempdir().unwrap();
+    let (log, _) = Log::open(
+        tmp.path(),
+        config(Retention {
+            max_bytes: None,
+            max_age: Some(Duration::from_secs(1)),
+        }),
+    )
+    .unwrap();
+    for i in 0..30 {
+        log.append(&Record::new(1_000 + i, vec![1u8; 60])).unwrap();
+    }
+    assert_eq!(log.start_offset(), 0, "nothing is old yet");
+    for i in 0..30 {
+        log.append(&Record::new(100_000 + i, vec![2u8; 60]))
+            .unwrap();
+    }
+    assert!(log.start_offset() > 0 && log.start_offset() <= 30);
+    let first = log.read(log.start_offset(), 100).unwrap();
+    assert!(first.iter().any(|r| r.timestamp_ms >= 99_000));
 }

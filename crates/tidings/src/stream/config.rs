@@ -51,7 +51,8 @@ impl StreamConfig {
         self.log.fsync = fsync;
         self
     }
-    /// Size/age retention, applied by [`Stream::apply_retention`](crate::Stream::apply_retention).
+    /// Size/age retention, applied after every segment roll and by
+    /// [`Stream::apply_retention`](crate::Stream::apply_retention).
     pub fn retention(mut self, retention: Retention) -> Self {
         self.log.retention = retention;
         self

@@ -141,7 +141,10 @@ impl Stream {
             })
             .collect()
     }
-    /// Remove old segments per the stream's retention, judging age against `now`.
+
+    /// Remove old segments per the stream's retention, judging age against `now`. The log
+    /// already does this after every segment roll; call it for a stream that has stopped
+    /// receiving messages, whose old segments would otherwise age in place.
     pub fn apply_retention(&self, now: SystemTime) -> Result<RetentionReport, StreamError> {
         self.inner
             .log
