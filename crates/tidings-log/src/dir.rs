@@ -83,6 +83,7 @@ pub(crate) fn list(storage: &dyn Storage, dir: &Path) -> io::Result<Listing> {
             NameKind::Unparseable => out.bad.push(BadEntry::Unparseable(path)),
             NameKind::Temp => out.temps.push(path),
             NameKind::Foreign => out.foreign.push(path),
+            NameKind::Lock => {}
         }
     }
     Ok(out)

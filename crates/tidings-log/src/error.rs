@@ -82,6 +82,13 @@ pub enum OpenError {
         /// What is wrong with it.
         reason: &'static str,
     },
+    /// Another handle (in this or another process) has the log open: two writers would
+    /// corrupt it.
+    #[error("{} is locked: the log is open elsewhere", path.display())]
+    Locked {
+        /// The lock file.
+        path: PathBuf,
+    },
     /// A segment written by a format version this build does not read.
     #[error("{} has unsupported format version {version} (this build reads {supported})", path.display())]
     UnsupportedVersion {

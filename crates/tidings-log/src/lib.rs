@@ -41,6 +41,7 @@
 //! | `BBBBBBBBBBBBBBBBBBBB.idx` | sparse offset index (sealed segments only) |
 //! | `BBBBBBBBBBBBBBBBBBBB.tix` | time index (sealed segments only) |
 //! | `*.tmp` | index file being written; removed on open |
+//! | `LOCK` | empty; an advisory exclusive lock (`File::try_lock`) is held on it from open to close, so a second handle, in this or another process, gets [`OpenError::Locked`] |
 //!
 //! Segments are contiguous: each one's base is the previous one's end offset. The last segment is
 //! the *active* one (appended to); the others are *sealed* (immutable). Other files are ignored
@@ -197,5 +198,5 @@ pub use record::{MAX_HEADER_NAME, Record, StoredRecord};
 pub use recovery::{RecoveryReport, Truncation};
 pub use retention::{RemovedSegment, RetentionReport};
 pub use segment::FORMAT_VERSION;
-pub use storage::{FsStorage, Storage, StorageFile};
+pub use storage::{DirLock, FsStorage, LOCK_FILE, Storage, StorageFile};
 pub use tail::AppendListener;

@@ -16,7 +16,7 @@ use crate::record::{MAX_HEADER_NAME, Record, StoredRecord};
 use crate::recovery::{RecoveryReport, recover};
 use crate::retention::{self, RetentionReport};
 use crate::segment::Segment;
-use crate::storage::{FsStorage, Storage};
+use crate::storage::{DirLock, FsStorage, LOCK_FILE, Storage};
 use crate::tail::{AppendListener, Tail};
 use crate::writer::Writer;
 
@@ -85,6 +85,8 @@ impl Shared {
 pub struct Log {
     shared: Arc<Shared>,
     flusher: Mutex<Option<Flusher>>,
+    /// Held until close: one writing `Log` per directory at a time.
+    lock: Mutex<DirLock>,
 }
 
 impl Log {
@@ -109,6 +111,15 @@ impl Log {
         dir: &Path,
         config: LogConfig,
     ) -> Result<(Log, RecoveryReport), OpenError> {
+        let io = |path: PathBuf| move |source| OpenError::Io { path, source };
+        storage.create_dir_all(dir).map_err(io(dir.to_path_buf()))?;
+        let lock_path = dir.join(LOCK_FILE);
+        let lock = storage.lock_dir(dir).map_err(|e| match e.kind() {
+            std::io::ErrorKind::WouldBlock => OpenError::Locked {
+                path: lock_path.clone(),
+            },
+            _ => io(lock_path.clone())(e),
+        })?;
         let rec = recover(&*storage, dir, &config)?;
         let active = rec.segments.last().cloned().ok_or_else(|| OpenError::Io {
             path: dir.to_path_buf(),
@@ -148,6 +159,7 @@ impl Log {
             Log {
                 shared,
                 flusher: Mutex::new(flusher),
+                lock: Mutex::new(lock),
             },
             rec.report,
         ))
@@ -370,10 +382,17 @@ impl Log {
         retention::apply(&self.shared, now_ms)
     }
 
-    /// Closes the log: stops the flusher, flushes the write buffer, and syncs under `Always` and
-    /// `Interval`. Idempotent; later appends fail with [`AppendError::Closed`], reads keep working,
-    /// waiters return.
+    /// Closes the log: stops the flusher, flushes the write buffer, syncs under `Always` and
+    /// `Interval`, and releases the directory lock (another handle may then open it).
+    /// Idempotent; later appends fail with [`AppendError::Closed`], reads keep working, waiters
+    /// return.
     pub fn close(&self) -> Result<(), CloseError> {
+        let closed = self.close_writer();
+        *self.lock.lock() = DirLock::none();
+        closed
+    }
+
+    fn close_writer(&self) -> Result<(), CloseError> {
         let sh = &*self.shared;
         let first = {
             let mut w = sh.writer.lock();

@@ -52,6 +52,8 @@ pub(crate) enum NameKind {
     Unparseable,
     /// A leftover temporary file (`*.tmp`).
     Temp,
+    /// The directory's lock file.
+    Lock,
     /// Anything else.
     Foreign,
 }
@@ -59,6 +61,9 @@ pub(crate) enum NameKind {
 pub(crate) fn classify(name: &str) -> NameKind {
     if name.ends_with(".tmp") {
         return NameKind::Temp;
+    }
+    if name == crate::storage::LOCK_FILE {
+        return NameKind::Lock;
     }
     let Some((stem, ext)) = name.rsplit_once('.') else {
         return NameKind::Foreign;

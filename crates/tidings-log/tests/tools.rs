@@ -71,7 +71,7 @@ fn verify_reports_every_problem_with_path_and_offset() {
     drop(log);
     let mut segs: Vec<_> = dir_bytes(tmp.path())
         .into_iter()
-        .filter(|(p, _)| p.extension().unwrap() == "seg")
+        .filter(|(p, _)| p.extension().is_some_and(|e| e == "seg"))
         .collect();
     // Two corrupt records in one sealed segment, one in another, and a torn tail.
     let (p0, mut b0) = segs.remove(0);

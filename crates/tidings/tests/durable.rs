@@ -472,3 +472,32 @@ fn foreign_files_are_reported_with_their_path() {
         Err(StreamError::InvalidName { .. })
     ));
 }
+
+#[test]
+fn a_second_broker_cannot_open_a_stream_in_use() {
+    // R-LOG-2: two brokers on one data dir would interleave appends; the second is refused.
+    let dir = tempfile::tempdir().unwrap();
+    let first = broker(dir.path());
+    let _s = orders(&first);
+    let second = broker(dir.path());
+    let err = second
+        .create_stream(StreamConfig::new("orders", ["orders.#"]))
+        .unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            StreamError::Open {
+                source: tidings_log::OpenError::Locked { .. },
+                ..
+            }
+        ),
+        "{err}"
+    );
+    first.close(Duration::ZERO);
+    // Once the first broker closed, the stream opens with everything it held.
+    assert!(
+        second
+            .create_stream(StreamConfig::new("orders", ["orders.#"]))
+            .is_ok()
+    );
+}

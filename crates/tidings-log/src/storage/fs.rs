@@ -4,7 +4,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::path::Path;
 
-use super::{DirEntry, OpenMode, Storage, StorageFile};
+use super::{DirEntry, DirLock, LOCK_FILE, OpenMode, Storage, StorageFile};
 
 /// [`Storage`] on the real file system.
 ///
@@ -19,6 +19,25 @@ struct FsFile(File);
 impl Storage for FsStorage {
     fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
         fs::create_dir_all(dir)
+    }
+
+    /// `flock`-style advisory lock on `dir/LOCK` ([`File::try_lock`]): exclusive between
+    /// processes and between two opens in one process; released when the process dies.
+    fn lock_dir(&self, dir: &Path) -> io::Result<DirLock> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(dir.join(LOCK_FILE))?;
+        match file.try_lock() {
+            Ok(()) => Ok(DirLock::held(file)),
+            Err(fs::TryLockError::WouldBlock) => Err(io::Error::new(
+                io::ErrorKind::WouldBlock,
+                "the log directory is locked by another handle",
+            )),
+            Err(fs::TryLockError::Error(e)) => Err(e),
+        }
     }
 
     fn list_dir(&self, dir: &Path) -> io::Result<Vec<DirEntry>> {

@@ -61,6 +61,34 @@ pub trait Storage: Send + Sync + fmt::Debug {
     fn remove(&self, path: &Path) -> io::Result<()>;
     /// Makes the entries of `dir` (creations, renames, removals) durable.
     fn sync_dir(&self, dir: &Path) -> io::Result<()>;
+    /// Takes the exclusive lock of the log in `dir` (the file [`LOCK_FILE`]), held until the
+    /// returned guard is dropped; `ErrorKind::WouldBlock` when another handle — in this or
+    /// another process — holds it. The default takes no lock (in-memory storages).
+    fn lock_dir(&self, _dir: &Path) -> io::Result<DirLock> {
+        Ok(DirLock::none())
+    }
+}
+
+/// The name of the lock file in a log directory.
+pub const LOCK_FILE: &str = "LOCK";
+
+/// An exclusive lock on a log directory; released on drop.
+#[derive(Debug)]
+pub struct DirLock {
+    /// The locked file, kept open for the lock's life (the lock is released on close).
+    _file: Option<std::fs::File>,
+}
+
+impl DirLock {
+    /// A guard that holds no lock (for storages without one).
+    #[must_use]
+    pub fn none() -> Self {
+        Self { _file: None }
+    }
+
+    pub(crate) fn held(file: std::fs::File) -> Self {
+        Self { _file: Some(file) }
+    }
 }
 
 /// An open file. Positional reads and writes only, so readers never disturb the writer.
