@@ -37,7 +37,7 @@ use crate::message::{IdGenerator, Message, MessageBuilder};
 use crate::options::SubscribeOptions;
 use crate::report::{CloseReport, PublishReport, Undelivered};
 use crate::request::{Inbox, RequestError};
-use crate::scheduler::{Scheduled, Scheduler};
+use crate::scheduler::{Due, Scheduled, Scheduler, Target};
 use crate::subscription::Subscription;
 use crate::subscription::handle::SubscriptionId;
 use crate::subscription::shared::{HandlerKind, SubShared};
@@ -426,7 +426,7 @@ impl BrokerInner {
     }
 
     /// The monotonic due time of a message delivered in the future (R-TIME-2).
-    fn due_time(&self, message: &Message) -> Option<Instant> {
+    pub(crate) fn due_time(&self, message: &Message) -> Option<Instant> {
         let at = message.deliver_at()?;
         let now = Now::new(self.clock.as_ref());
         let wait = at
@@ -438,11 +438,8 @@ impl BrokerInner {
 
     fn schedule(&self, due: Instant, message: Arc<Message>) -> Result<PublishReport, PublishError> {
         let id = message.id();
-        let wants_timer = !self.executor.is_manual();
-        match self.scheduler.schedule(due, message, wants_timer) {
-            Scheduled::Closed => return Err(PublishError::Closed),
-            Scheduled::Held { start_timer: true } => self.start_timer(),
-            Scheduled::Held { start_timer: false } => {}
+        if !self.schedule_for(due, message, Target::Route) {
+            return Err(PublishError::Closed);
         }
         Ok(PublishReport {
             id,
@@ -451,6 +448,30 @@ impl BrokerInner {
             scheduled: true,
             streams: Vec::new(),
         })
+    }
+
+    /// Hold `message` until `due`, then hand it to `target`. False when the broker is closed.
+    pub(crate) fn schedule_for(&self, due: Instant, message: Arc<Message>, target: Target) -> bool {
+        let wants_timer = !self.executor.is_manual();
+        match self.scheduler.schedule(due, message, target, wants_timer) {
+            Scheduled::Closed => false,
+            Scheduled::Held { start_timer } => {
+                if start_timer {
+                    self.start_timer();
+                }
+                true
+            }
+        }
+    }
+
+    /// Offer a message that became due.
+    fn release(&self, (message, target): Due) {
+        match target {
+            Target::Route => {
+                self.route(&message);
+            }
+            Target::Only(_, offer) => offer(&message),
+        }
     }
 
     /// One timer thread per broker offers due messages (R-TIME-2).
@@ -465,8 +486,8 @@ impl BrokerInner {
             .spawn(move || {
                 while let Some(due) = scheduler.wait_due(clock.as_ref()) {
                     let Some(broker) = weak.upgrade() else { return };
-                    for message in due {
-                        broker.route(&message);
+                    for entry in due {
+                        broker.release(entry);
                     }
                 }
             });
@@ -605,8 +626,8 @@ impl BrokerInner {
         let mut delivered = 0;
         loop {
             let mut progress = 0;
-            for message in self.scheduler.take_due(self.clock.now()) {
-                self.route(&message);
+            for entry in self.scheduler.take_due(self.clock.now()) {
+                self.release(entry);
                 progress += 1;
             }
             for sub in self.live() {
@@ -638,9 +659,9 @@ impl BrokerInner {
             return CloseReport::default();
         }
         let mut report = CloseReport::default();
-        for message in self.scheduler.close() {
+        for (message, subscription) in self.scheduler.close() {
             report.undelivered.push(Undelivered {
-                subscription: None,
+                subscription,
                 message,
             });
         }

@@ -38,8 +38,8 @@ impl PublishReport {
 /// A message left undelivered at close.
 #[derive(Debug, Clone)]
 pub struct Undelivered {
-    /// The subscription it was queued for, or `None` for a delayed message still waiting
-    /// in the scheduler.
+    /// The subscription it was queued (or, for a durable subscription's delayed record,
+    /// scheduled) for; `None` for a delayed publish still waiting in the scheduler.
     pub subscription: Option<SubscriptionId>,
     /// The message.
     pub message: Arc<Message>,

@@ -5,6 +5,10 @@
 //! driver one timer thread (started on the first delayed publish) waits for the earliest
 //! due time; under the manual driver `run_until_idle` releases what is due. Nothing waits
 //! per message. Close cancels what is pending and reports it.
+//!
+//! A due message goes to every matching subscription (a delayed publish), or to one
+//! subscription through a callback (a durable subscription reading a delayed record: the
+//! record is in the log since publish; only its delivery waits).
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -15,11 +19,36 @@ use parking_lot::{Condvar, Mutex};
 
 use crate::clock::{Clock, wait_until};
 use crate::message::Message;
+use crate::subscription::SubscriptionId;
+
+/// Offers a due message to one subscription.
+pub(crate) type Deliver = Box<dyn FnOnce(&Arc<Message>) + Send>;
+
+/// Who a due message is offered to.
+pub(crate) enum Target {
+    /// Every subscription whose pattern matches (a delayed publish).
+    Route,
+    /// One subscription, through this callback.
+    Only(SubscriptionId, Deliver),
+}
+
+impl Target {
+    fn subscription(&self) -> Option<SubscriptionId> {
+        match self {
+            Target::Route => None,
+            Target::Only(id, _) => Some(*id),
+        }
+    }
+}
+
+/// A message that became due, and who gets it.
+pub(crate) type Due = (Arc<Message>, Target);
 
 struct Entry {
     due: Instant,
     seq: u64,
     message: Arc<Message>,
+    target: Target,
 }
 
 impl PartialEq for Entry {
@@ -66,6 +95,7 @@ impl Scheduler {
         &self,
         due: Instant,
         message: Arc<Message>,
+        target: Target,
         wants_timer: bool,
     ) -> Scheduled {
         let mut s = self.state.lock();
@@ -75,7 +105,12 @@ impl Scheduler {
         let seq = s.seq;
         s.seq += 1;
         let earliest = s.heap.peek().is_none_or(|Reverse(e)| due < e.due);
-        s.heap.push(Reverse(Entry { due, seq, message }));
+        s.heap.push(Reverse(Entry {
+            due,
+            seq,
+            message,
+            target,
+        }));
         let start_timer = wants_timer && !s.timer_started;
         s.timer_started |= start_timer;
         drop(s);
@@ -86,16 +121,16 @@ impl Scheduler {
     }
 
     /// Remove and return every message due at `now`, in (due, publish) order.
-    pub(crate) fn take_due(&self, now: Instant) -> Vec<Arc<Message>> {
+    pub(crate) fn take_due(&self, now: Instant) -> Vec<Due> {
         let mut s = self.state.lock();
         Self::pop_due(&mut s, now)
     }
 
-    fn pop_due(s: &mut State, now: Instant) -> Vec<Arc<Message>> {
+    fn pop_due(s: &mut State, now: Instant) -> Vec<Due> {
         let mut due = Vec::new();
         while s.heap.peek().is_some_and(|Reverse(e)| e.due <= now) {
             if let Some(Reverse(e)) = s.heap.pop() {
-                due.push(e.message);
+                due.push((e.message, e.target));
             }
         }
         due
@@ -111,7 +146,7 @@ impl Scheduler {
 
     /// Timer thread body: block until something is due (or close), return it. `None` once
     /// closed.
-    pub(crate) fn wait_due(&self, clock: &dyn Clock) -> Option<Vec<Arc<Message>>> {
+    pub(crate) fn wait_due(&self, clock: &dyn Clock) -> Option<Vec<Due>> {
         let mut s = self.state.lock();
         loop {
             if s.closed {
@@ -132,14 +167,20 @@ impl Scheduler {
         self.changed.notify_all();
     }
 
-    /// Cancel everything pending; returns it in due order.
-    pub(crate) fn close(&self) -> Vec<Arc<Message>> {
+    /// Cancel everything pending; returns it in due order, with the one subscription it was
+    /// for (if it was for one).
+    pub(crate) fn close(&self) -> Vec<(Arc<Message>, Option<SubscriptionId>)> {
         let mut s = self.state.lock();
         s.closed = true;
         let mut rest: Vec<Entry> = s.heap.drain().map(|Reverse(e)| e).collect();
         drop(s);
         self.changed.notify_all();
         rest.sort();
-        rest.into_iter().map(|e| e.message).collect()
+        rest.into_iter()
+            .map(|e| {
+                let sub = e.target.subscription();
+                (e.message, sub)
+            })
+            .collect()
     }
 }

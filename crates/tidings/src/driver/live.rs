@@ -24,6 +24,7 @@ impl LiveCount {
     }
 
     /// How many are running now.
+    #[cfg(feature = "tokio")]
     pub(crate) fn running(&self) -> usize {
         *self.running.lock()
     }

@@ -191,10 +191,14 @@ impl Broker {
         let hook = durable.clone();
         sub.shared
             .set_on_finished(Arc::new(move |items| hook.on_finished(items)));
-        let (d, shared) = (durable.clone(), sub.shared.clone());
+        let (d, shared, broker) = (
+            durable.clone(),
+            sub.shared.clone(),
+            Arc::downgrade(&self.inner),
+        );
         let pump = std::thread::Builder::new()
             .name(format!("tidings-pump-{name}"))
-            .spawn(move || pump::run(d, shared))
+            .spawn(move || pump::run(d, shared, broker))
             .map_err(|e| SubscribeError::Spawn(e.to_string()))?;
         *durable.pump.lock() = Some(pump);
         durables.insert(key, Arc::downgrade(&durable));

@@ -5,11 +5,14 @@
 //! appends with `Log::wait_for_append` (woken by appends, bounded so stop is noticed), and
 //! when idle it writes the commit position if it moved.
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
 
 use tidings_log::ReadError;
 
+use crate::broker::BrokerInner;
+use crate::message::Message;
+use crate::scheduler::Target;
 use crate::subscription::Refusal;
 use crate::subscription::shared::SubShared;
 
@@ -22,7 +25,42 @@ const IDLE_WAIT: Duration = Duration::from_millis(50);
 /// Most records read per batch.
 const BATCH: usize = 256;
 
-pub(crate) fn run(d: Arc<Durable>, sub: Arc<SubShared>) {
+/// Offer one stream message; a filtered one is finished at once (nothing to deliver, so
+/// nothing to redeliver). False when the subscription is closed: the offset stays
+/// unfinished, so it is not committed and is read again after a restart.
+fn offer(d: &Durable, sub: &SubShared, offset: u64, message: &Arc<Message>) -> bool {
+    match sub.offer(message) {
+        Ok(()) => true,
+        Err(Refusal::Closed) => false,
+        Err(Refusal::Filtered) => {
+            d.finish(offset);
+            true
+        }
+        // Overflow cannot happen (the window is the capacity) unless a redrive raced; the
+        // core dead-lettered it and the hook finished it durably.
+        Err(_) => true,
+    }
+}
+
+/// A record whose message carries a future delivery time waits in the broker's scheduler
+/// (R-TIME-2), offered to this subscription alone when due; its offset stays unfinished
+/// meanwhile, so the commit never passes it. False when the broker is closing.
+fn hold_until_due(
+    d: &Arc<Durable>,
+    sub: &Arc<SubShared>,
+    broker: &BrokerInner,
+    due: Instant,
+    offset: u64,
+    message: Arc<Message>,
+) -> bool {
+    let (d, s) = (d.clone(), sub.clone());
+    let deliver = Box::new(move |m: &Arc<Message>| {
+        offer(&d, &s, offset, m);
+    });
+    broker.schedule_for(due, message, Target::Only(sub.id, deliver))
+}
+
+pub(crate) fn run(d: Arc<Durable>, sub: Arc<SubShared>, broker: Weak<BrokerInner>) {
     loop {
         // Wait for room in the window (or stop).
         let (from, room) = {
@@ -95,22 +133,22 @@ pub(crate) fn run(d: Arc<Durable>, sub: Arc<SubShared>) {
                 }
                 st.pending.insert(offset);
             }
-            match sub.offer(&message) {
-                Ok(()) => {}
-                Err(Refusal::Closed) => {
-                    // Not accepted: it must be read again after a restart.
-                    let mut st = d.state.lock();
-                    st.pending.remove(&offset);
-                    if st.cursor == offset + 1 {
-                        st.cursor = offset;
-                    }
-                    return;
+            let delayed = message
+                .deliver_at()
+                .and_then(|_| broker.upgrade())
+                .and_then(|b| b.due_time(&message).map(|due| (b, due)));
+            let accepted = match delayed {
+                Some((b, due)) => hold_until_due(&d, &sub, &b, due, offset, message),
+                None => offer(&d, &sub, offset, &message),
+            };
+            if !accepted {
+                // Not accepted: it must be read again after a restart.
+                let mut st = d.state.lock();
+                st.pending.remove(&offset);
+                if st.cursor == offset + 1 {
+                    st.cursor = offset;
                 }
-                // Filtered by predicate/header filter: finished without delivery.
-                Err(Refusal::Filtered) => d.finish(offset),
-                // Overflow cannot happen (the window is the capacity) unless a redrive
-                // raced; the core dead-lettered it and the hook finished it durably.
-                Err(_) => {}
+                return;
             }
         }
     }
