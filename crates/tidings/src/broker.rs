@@ -630,6 +630,7 @@ impl BrokerInner {
                 self.release(entry);
                 progress += 1;
             }
+            progress += self.streams.pump_all(&self.weak);
             for sub in self.live() {
                 for worker in 0..sub.workers() {
                     while sub.step(worker) {

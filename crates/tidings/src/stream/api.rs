@@ -14,7 +14,7 @@ use crate::topic::Pattern;
 
 use super::commit::{OffsetStore, ensure_dir};
 use super::config::{StartAt, StreamConfig};
-use super::durable::{Durable, DurableSubscription};
+use super::durable::{Durable, DurableSubscription, Feed};
 use super::error::StreamError;
 use super::{Stream, StreamInner, check_name, pump};
 
@@ -186,21 +186,27 @@ impl Broker {
             store,
             dlq,
             position,
-            window,
+            Feed {
+                sub: Arc::downgrade(&sub.shared),
+                window,
+            },
         ));
         let hook = durable.clone();
         sub.shared
             .set_on_finished(Arc::new(move |items| hook.on_finished(items)));
-        let (d, shared, broker) = (
-            durable.clone(),
-            sub.shared.clone(),
-            Arc::downgrade(&self.inner),
-        );
-        let pump = std::thread::Builder::new()
-            .name(format!("tidings-pump-{name}"))
-            .spawn(move || pump::run(d, shared, broker))
-            .map_err(|e| SubscribeError::Spawn(e.to_string()))?;
-        *durable.pump.lock() = Some(pump);
+        // Under the manual driver `run_until_idle` pumps in the caller's thread instead.
+        if !self.inner.executor.is_manual() {
+            let (d, shared, broker) = (
+                durable.clone(),
+                sub.shared.clone(),
+                Arc::downgrade(&self.inner),
+            );
+            let pump = std::thread::Builder::new()
+                .name(format!("tidings-pump-{name}"))
+                .spawn(move || pump::run(d, shared, broker))
+                .map_err(|e| SubscribeError::Spawn(e.to_string()))?;
+            *durable.pump.lock() = Some(pump);
+        }
         durables.insert(key, Arc::downgrade(&durable));
         Ok(DurableSubscription {
             sub,

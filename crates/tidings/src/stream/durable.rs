@@ -15,7 +15,7 @@ use crate::broker::BrokerInner;
 use crate::dlq::DeadLetterReason;
 use crate::message::Message;
 use crate::subscription::Subscription;
-use crate::subscription::shared::Finished;
+use crate::subscription::shared::{Finished, SubShared};
 use crate::topic::Pattern;
 
 use super::StreamInner;
@@ -53,6 +53,12 @@ impl CursorState {
     }
 }
 
+/// The subscription a durable cursor feeds, and how many of its messages may be outstanding.
+pub(crate) struct Feed {
+    pub(crate) sub: Weak<SubShared>,
+    pub(crate) window: usize,
+}
+
 pub(crate) struct Durable {
     pub(crate) name: String,
     pub(crate) stream: Arc<StreamInner>,
@@ -66,6 +72,8 @@ pub(crate) struct Durable {
     pub(crate) commit_every: usize,
     pub(crate) stop: AtomicBool,
     pub(crate) pump: Mutex<Option<JoinHandle<()>>>,
+    /// The subscription it feeds (for the manual driver, which pumps in `run_until_idle`).
+    pub(crate) sub: Weak<SubShared>,
 }
 
 impl Durable {
@@ -76,8 +84,9 @@ impl Durable {
         store: OffsetStore,
         dlq: Log,
         position: u64,
-        window: usize,
+        feed: Feed,
     ) -> Self {
+        let Feed { sub, window } = feed;
         let commit_every = stream.commit_every;
         Self {
             name,
@@ -98,6 +107,7 @@ impl Durable {
             commit_every,
             stop: AtomicBool::new(false),
             pump: Mutex::new(None),
+            sub,
         }
     }
 

@@ -208,6 +208,29 @@ pub(crate) struct Streams {
 }
 
 impl Streams {
+    /// Manual driver: pump every durable subscription in the caller's thread until it has
+    /// nothing more to offer now (window full or log read to the end), writing commit
+    /// positions that moved. Returns the passes that offered something.
+    pub(crate) fn pump_all(&self, broker: &Weak<crate::broker::BrokerInner>) -> usize {
+        let durables: Vec<_> = self
+            .durables
+            .lock()
+            .values()
+            .filter_map(Weak::upgrade)
+            .collect();
+        let mut progress = 0;
+        for d in durables {
+            let Some(sub) = d.sub.upgrade() else {
+                continue;
+            };
+            while let pump::Pumped::Progress = pump::pump_once(&d, &sub, broker) {
+                progress += 1;
+            }
+            d.flush_locked(&mut d.state.lock());
+        }
+        progress
+    }
+
     pub(crate) fn new(data_dir: Option<PathBuf>) -> Self {
         Self {
             data_dir,

@@ -60,96 +60,124 @@ fn hold_until_due(
     broker.schedule_for(due, message, Target::Only(sub.id, deliver))
 }
 
+/// What one pass of the pump did.
+pub(crate) enum Pumped {
+    /// Read and offered (or skipped) records: call again.
+    Progress,
+    /// The window is full (or the pump is halted on an error): wait for room.
+    NoRoom,
+    /// Nothing to read past `from` yet: wait for an append.
+    NoRecords(u64),
+    /// Stop requested, or the subscription closed.
+    Stopped,
+}
+
+/// The pump thread (thread, pool and tokio drivers): passes, and between them a bounded
+/// wait for room or for an append; an idle pump writes the commit position if it moved.
 pub(crate) fn run(d: Arc<Durable>, sub: Arc<SubShared>, broker: Weak<BrokerInner>) {
     loop {
-        // Wait for room in the window (or stop).
-        let (from, room) = {
-            let mut st = d.state.lock();
-            loop {
-                if d.stopping() {
-                    return;
-                }
-                if st.error.is_none() && st.pending.len() < d.window {
-                    break;
-                }
-                if d.room.wait_for(&mut st, IDLE_WAIT).timed_out() {
+        match pump_once(&d, &sub, &broker) {
+            Pumped::Progress => {}
+            Pumped::Stopped => return,
+            Pumped::NoRoom => {
+                let mut st = d.state.lock();
+                let blocked = st.error.is_some() || st.pending.len() >= d.window;
+                if blocked && !d.stopping() && d.room.wait_for(&mut st, IDLE_WAIT).timed_out() {
                     d.flush_locked(&mut st);
                 }
             }
-            (st.cursor, d.window - st.pending.len())
-        };
-        let records = match d.stream.log.read(from, room.min(BATCH)) {
-            Ok(r) => r,
-            Err(ReadError::OutOfRetention { earliest, .. }) => {
-                // Retention, not memory, is the limit (R-BP-2): skip what is gone, counted.
-                let mut st = d.state.lock();
-                if st.cursor == from {
-                    st.skipped += earliest - from;
-                    st.cursor = earliest;
-                    tracing::warn!(
-                        "tidings: durable {} skipped offsets {from}..{earliest} removed by retention",
-                        d.name
-                    );
-                }
-                continue;
-            }
-            Err(ReadError::BeyondEnd { .. }) => {
+            Pumped::NoRecords(from) => {
+                d.flush_locked(&mut d.state.lock());
                 d.stream.log.wait_for_append(from, IDLE_WAIT);
-                continue;
-            }
-            Err(e) => {
-                d.halt(d.stream.read_error(e));
-                continue;
-            }
-        };
-        if records.is_empty() {
-            d.flush_locked(&mut d.state.lock());
-            d.stream.log.wait_for_append(from, IDLE_WAIT);
-            continue;
-        }
-        for rec in records {
-            let offset = rec.offset;
-            let message = match codec::decode(rec) {
-                Ok(m) => Arc::new(m),
-                Err(reason) => {
-                    // Never skip what we cannot read: stop here, say why (R-LIM-2).
-                    d.halt(StreamError::Decode {
-                        dir: d.stream.dir.clone(),
-                        offset,
-                        reason,
-                    });
-                    break;
-                }
-            };
-            let wanted = d.filter.matches(message.topic());
-            {
-                let mut st = d.state.lock();
-                if st.cursor != offset || d.stopping() {
-                    break; // a seek moved the cursor (or we are stopping): re-read.
-                }
-                st.cursor = offset + 1;
-                if !wanted {
-                    continue;
-                }
-                st.pending.insert(offset);
-            }
-            let delayed = message
-                .deliver_at()
-                .and_then(|_| broker.upgrade())
-                .and_then(|b| b.due_time(&message).map(|due| (b, due)));
-            let accepted = match delayed {
-                Some((b, due)) => hold_until_due(&d, &sub, &b, due, offset, message),
-                None => offer(&d, &sub, offset, &message),
-            };
-            if !accepted {
-                // Not accepted: it must be read again after a restart.
-                let mut st = d.state.lock();
-                st.pending.remove(&offset);
-                if st.cursor == offset + 1 {
-                    st.cursor = offset;
-                }
-                return;
             }
         }
     }
+}
+
+/// One pass, never blocking: read what the window has room for from the cursor and offer
+/// the records that match the filter. The manual driver calls this from `run_until_idle`.
+pub(crate) fn pump_once(
+    d: &Arc<Durable>,
+    sub: &Arc<SubShared>,
+    broker: &Weak<BrokerInner>,
+) -> Pumped {
+    let (from, room) = {
+        let st = d.state.lock();
+        if d.stopping() {
+            return Pumped::Stopped;
+        }
+        if st.error.is_some() || st.pending.len() >= d.window {
+            return Pumped::NoRoom;
+        }
+        (st.cursor, d.window - st.pending.len())
+    };
+    let records = match d.stream.log.read(from, room.min(BATCH)) {
+        Ok(r) => r,
+        Err(ReadError::OutOfRetention { earliest, .. }) => {
+            // Retention, not memory, is the limit (R-BP-2): skip what is gone, counted.
+            let mut st = d.state.lock();
+            if st.cursor == from {
+                st.skipped += earliest - from;
+                st.cursor = earliest;
+                tracing::warn!(
+                    "tidings: durable {} skipped offsets {from}..{earliest} removed by retention",
+                    d.name
+                );
+            }
+            return Pumped::Progress;
+        }
+        Err(ReadError::BeyondEnd { .. }) => return Pumped::NoRecords(from),
+        Err(e) => {
+            d.halt(d.stream.read_error(e));
+            return Pumped::NoRoom;
+        }
+    };
+    if records.is_empty() {
+        return Pumped::NoRecords(from);
+    }
+    for rec in records {
+        let offset = rec.offset;
+        let message = match codec::decode(rec) {
+            Ok(m) => Arc::new(m),
+            Err(reason) => {
+                // Never skip what we cannot read: stop here, say why (R-LIM-2).
+                d.halt(StreamError::Decode {
+                    dir: d.stream.dir.clone(),
+                    offset,
+                    reason,
+                });
+                break;
+            }
+        };
+        let wanted = d.filter.matches(message.topic());
+        {
+            let mut st = d.state.lock();
+            if st.cursor != offset || d.stopping() {
+                break; // a seek moved the cursor (or we are stopping): re-read.
+            }
+            st.cursor = offset + 1;
+            if !wanted {
+                continue;
+            }
+            st.pending.insert(offset);
+        }
+        let delayed = message
+            .deliver_at()
+            .and_then(|_| broker.upgrade())
+            .and_then(|b| b.due_time(&message).map(|due| (b, due)));
+        let accepted = match delayed {
+            Some((b, due)) => hold_until_due(d, sub, &b, due, offset, message),
+            None => offer(d, sub, offset, &message),
+        };
+        if !accepted {
+            // Not accepted: it must be read again after a restart.
+            let mut st = d.state.lock();
+            st.pending.remove(&offset);
+            if st.cursor == offset + 1 {
+                st.cursor = offset;
+            }
+            return Pumped::Stopped;
+        }
+    }
+    Pumped::Progress
 }
