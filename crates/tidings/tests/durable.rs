@@ -24,6 +24,16 @@ fn broker(dir: &Path) -> Broker {
     Broker::builder().data_dir(dir).build().unwrap()
 }
 
+/// A broker on `dir` with a manual clock and the given driver.
+fn broker_on(dir: &Path, clock: &ManualClock, driver: tidings::Driver) -> Broker {
+    Broker::builder()
+        .data_dir(dir)
+        .clock(clock.clone())
+        .driver(driver)
+        .build()
+        .unwrap()
+}
+
 fn orders(b: &Broker) -> tidings::Stream {
     b.create_stream(StreamConfig::new("orders", ["orders.#"]).fsync(Fsync::Always))
         .unwrap()
@@ -77,11 +87,7 @@ fn offset_file(dir: &Path, stream: &str, name: &str) -> u64 {
 fn publish_appends_whole_message_to_matching_streams_and_reopens() {
     let dir = tempfile::tempdir().unwrap();
     let clock = ManualClock::new();
-    let b = Broker::builder()
-        .data_dir(dir.path())
-        .clock(clock.clone())
-        .build()
-        .unwrap();
+    let b = broker_on(dir.path(), &clock, tidings::Driver::Thread);
     let s = orders(&b);
     b.create_stream(StreamConfig::new("all", ["#"])).unwrap();
     assert!(matches!(
@@ -505,11 +511,7 @@ fn delayed_records_wait_for_their_time_and_hold_the_commit() {
     let dir = tempfile::tempdir().unwrap();
     let clock = ManualClock::new();
     let open = || {
-        let b = Broker::builder()
-            .data_dir(dir.path())
-            .clock(clock.clone())
-            .build()
-            .unwrap();
+        let b = broker_on(dir.path(), &clock, tidings::Driver::Thread);
         orders(&b);
         b
     };
@@ -567,12 +569,7 @@ fn manual_driver_pumps_durable_subscriptions_in_run_until_idle() {
     // delivers, retries on the manual clock, and commits — exactly, without waiting.
     let dir = tempfile::tempdir().unwrap();
     let clock = ManualClock::new();
-    let b = Broker::builder()
-        .data_dir(dir.path())
-        .clock(clock.clone())
-        .driver(tidings::Driver::Manual)
-        .build()
-        .unwrap();
+    let b = broker_on(dir.path(), &clock, tidings::Driver::Manual);
     orders(&b);
     publish_n(&b, "orders.created", 0..6);
     let seen = Seen::default();

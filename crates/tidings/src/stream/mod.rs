@@ -208,16 +208,20 @@ pub(crate) struct Streams {
 }
 
 impl Streams {
+    /// The durable subscriptions still alive, in (stream, name) order.
+    fn live_durables(&self) -> Vec<Arc<durable::Durable>> {
+        self.durables
+            .lock()
+            .values()
+            .filter_map(Weak::upgrade)
+            .collect()
+    }
+
     /// Manual driver: pump every durable subscription in the caller's thread until it has
     /// nothing more to offer now (window full or log read to the end), writing commit
     /// positions that moved. Returns the passes that offered something.
     pub(crate) fn pump_all(&self, broker: &Weak<crate::broker::BrokerInner>) -> usize {
-        let durables: Vec<_> = self
-            .durables
-            .lock()
-            .values()
-            .filter_map(Weak::upgrade)
-            .collect();
+        let durables = self.live_durables();
         let mut progress = 0;
         for d in durables {
             let Some(sub) = d.sub.upgrade() else {
@@ -283,12 +287,7 @@ impl Streams {
         if self.closed.swap(true, Ordering::AcqRel) {
             return;
         }
-        let durables: Vec<_> = self
-            .durables
-            .lock()
-            .values()
-            .filter_map(Weak::upgrade)
-            .collect();
+        let durables = self.live_durables();
         for d in &durables {
             d.request_stop();
         }
