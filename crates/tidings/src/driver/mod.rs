@@ -10,6 +10,7 @@ use std::time::Instant;
 use crate::error::SubscribeError;
 use crate::subscription::shared::SubShared;
 
+mod handles;
 mod live;
 pub(crate) mod manual;
 pub(crate) mod pool;

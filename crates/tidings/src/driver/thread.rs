@@ -19,6 +19,7 @@ use crate::error::SubscribeError;
 use crate::subscription::core::Poll;
 use crate::subscription::shared::SubShared;
 
+use super::handles::Handles;
 use super::live::LiveCount;
 use super::{Executor, Wake};
 
@@ -49,7 +50,7 @@ impl Wake for Parking {
 pub(crate) struct ThreadExecutor {
     id: u64,
     live: Arc<LiveCount>,
-    handles: Mutex<Vec<(String, JoinHandle<()>)>>,
+    handles: Mutex<Handles<(String, JoinHandle<()>)>>,
 }
 
 impl ThreadExecutor {
@@ -57,7 +58,7 @@ impl ThreadExecutor {
         Self {
             id: NEXT_EXECUTOR.fetch_add(1, Ordering::Relaxed),
             live: Arc::default(),
-            handles: Mutex::new(Vec::new()),
+            handles: Mutex::default(),
         }
     }
 
@@ -73,8 +74,6 @@ impl Executor for ThreadExecutor {
         });
         sub.set_waker(parking.clone());
         let mut handles = self.handles.lock();
-        // Reap threads of retired subscriptions so churn does not accumulate handles.
-        handles.retain(|(_, h)| !h.is_finished());
         for worker in 0..sub.workers() {
             let name = format!("tidings-{}-{worker}", sub.name);
             let (task, parking, live, id) =
@@ -88,7 +87,7 @@ impl Executor for ThreadExecutor {
                     live.exit();
                 });
             match spawned {
-                Ok(h) => handles.push((name, h)),
+                Ok(h) => handles.push((name, h), |(_, h)| h.is_finished()),
                 Err(e) => {
                     self.live.exit();
                     drop(handles);
@@ -108,7 +107,7 @@ impl Executor for ThreadExecutor {
         // Once every dispatcher has decremented the live count it is only returning, so
         // joining it cannot block for long; `is_finished` may still lag behind the count.
         let all_stopped = self.wait_stopped(deadline);
-        let handles = std::mem::take(&mut *self.handles.lock());
+        let handles = self.handles.lock().take();
         let me = std::thread::current().id();
         let mut unjoined = Vec::new();
         for (name, h) in handles {

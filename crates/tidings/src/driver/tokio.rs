@@ -44,6 +44,7 @@ use crate::message::Message;
 use crate::subscription::core::Poll;
 use crate::subscription::shared::SubShared;
 
+use super::handles::Handles;
 use super::live::LiveCount;
 use super::{Executor, Wake};
 
@@ -121,7 +122,7 @@ struct Task {
 pub(crate) struct TokioExecutor {
     handle: Handle,
     live: Arc<LiveCount>,
-    tasks: Mutex<Vec<Task>>,
+    tasks: Mutex<Handles<Task>>,
 }
 
 impl TokioExecutor {
@@ -129,7 +130,7 @@ impl TokioExecutor {
         Self {
             handle,
             live: Arc::default(),
-            tasks: Mutex::new(Vec::new()),
+            tasks: Mutex::default(),
         }
     }
 }
@@ -141,8 +142,6 @@ impl Executor for TokioExecutor {
         });
         sub.set_waker(slots.clone());
         let mut tasks = self.tasks.lock();
-        // Forget finished tasks of retired subscriptions so churn does not accumulate them.
-        tasks.retain(|t| !t.done.load(Ordering::Acquire));
         for worker in 0..sub.workers() {
             let name = format!("tidings-{}-{worker}", sub.name);
             self.live.enter(1);
@@ -156,7 +155,9 @@ impl Executor for TokioExecutor {
                 let _guard = guard;
                 dispatch(&sub, &slots, worker).await;
             });
-            tasks.push(Task { name, done, handle });
+            tasks.push(Task { name, done, handle }, |t| {
+                t.done.load(Ordering::Acquire)
+            });
         }
         Ok(())
     }
@@ -171,7 +172,9 @@ impl Executor for TokioExecutor {
     fn join(&self, deadline: Instant) -> Vec<String> {
         self.wait_stopped(deadline);
         let me = ::tokio::task::try_id();
-        std::mem::take(&mut *self.tasks.lock())
+        self.tasks
+            .lock()
+            .take()
             .into_iter()
             .filter(|t| !t.done.load(Ordering::Acquire) && Some(t.handle.id()) != me)
             .map(|t| t.name)
