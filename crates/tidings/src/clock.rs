@@ -172,6 +172,20 @@ pub(crate) fn wait_until<T>(
     false
 }
 
+/// `now + wait`, or `None` when that instant is not representable: a deadline so far away
+/// means "never" (R-LIM-1). Every deadline the crate computes from a user's duration goes
+/// through this (or [`wall_after`]) instead of `+`, which panics on overflow.
+#[must_use]
+pub(crate) fn deadline_after(now: Instant, wait: Duration) -> Option<Instant> {
+    now.checked_add(wait)
+}
+
+/// `now + wait` on the wall clock, or `None` when not representable ("never").
+#[must_use]
+pub(crate) fn wall_after(now: SystemTime, wait: Duration) -> Option<SystemTime> {
+    now.checked_add(wait)
+}
+
 /// The time of one step of the sans-IO core, read from the clock at most once per kind
 /// and only when a decision needs it (most deliveries need no clock read at all).
 pub(crate) struct Now<'a> {
@@ -211,6 +225,18 @@ impl<'a> Now<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    // R-LIM-1
+    #[test]
+    fn deadlines_saturate_to_never() {
+        let now = Instant::now();
+        assert_eq!(deadline_after(now, Duration::MAX), None);
+        assert_eq!(wall_after(SystemTime::now(), Duration::MAX), None);
+        assert_eq!(
+            deadline_after(now, Duration::from_secs(1)),
+            Some(now + Duration::from_secs(1))
+        );
+    }
 
     // R-TIME-3
     #[test]
