@@ -19,16 +19,18 @@
 //! retry waits at once, joins every thread and reports what was left (R-CORE-6). Dropping
 //! the last `Broker` handle closes it with a zero drain deadline.
 
-use std::cell::RefCell;
+use std::any::Any;
+use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
-use std::thread::JoinHandle;
+use std::thread::{JoinHandle, ThreadId};
 use std::time::{Duration, Instant};
 
-use parking_lot::{Mutex, RwLock};
+use parking_lot::{Condvar, Mutex, RwLock};
 
-use crate::clock::{Clock, ClockWaiter, Now, SystemClock};
+use crate::clock::{Clock, ClockWaiter, ManualClock, Now, SystemClock, deadline_after};
+use crate::dlq::DeadLetter;
 use crate::driver::{Driver, Executor, executor_for};
 use crate::error::{ConfigError, PublishError, SubscribeError};
 use crate::handler::Handler;
@@ -40,24 +42,47 @@ use crate::request::{Inbox, RequestError};
 use crate::scheduler::{Due, Scheduled, Scheduler, Target};
 use crate::subscription::Subscription;
 use crate::subscription::handle::SubscriptionId;
-use crate::subscription::shared::{HandlerKind, SubShared};
+use crate::subscription::shared::{
+    DLQ_REASON_HEADER, HandlerKind, RESERVED_HEADER_PREFIX, SubShared, without_waiting,
+};
 use crate::topic::trie::TopicTrie;
 use crate::topic::{Pattern, Topic};
 
 /// How long close waits for a handler that is still running after queues were closed.
 const JOIN_GRACE: Duration = Duration::from_secs(5);
 
+/// How deeply `run_until_idle` may nest (a handler that calls it, or `request`, or `close`,
+/// from inside a handler it is running). Deeper calls return 0 at once.
+const MAX_NESTING: u32 = 16;
+
+/// "Never" for a delivery time past what `Instant` can hold (about a century).
+const FAR_FUTURE: Duration = Duration::from_secs(100 * 365 * 86_400);
+
+/// Longest dead-letter reason copied into the forwarded message's reason header.
+const MAX_REASON_HEADER_BYTES: usize = 1024;
+
 thread_local! {
     /// Reused snapshot buffer: publish allocates no vector per call.
     static TARGETS: RefCell<Vec<Arc<SubShared>>> = const { RefCell::new(Vec::new()) };
-    /// Set while `run_until_idle` delivers on this thread (re-entrant calls return 0).
-    static DRIVING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// How many `run_until_idle` calls are delivering on this thread (nested ones included).
+    static DRIVING: Cell<u32> = const { Cell::new(0) };
 }
 
 #[derive(Default)]
 struct Registry {
     router: TopicTrie<Arc<SubShared>>,
+    /// The user's subscriptions: listed, counted against `max_subscriptions`, removable.
     all: BTreeMap<SubscriptionId, Arc<SubShared>>,
+    /// tidings' own subscriptions (the reply inbox): run and closed like the others, but
+    /// not listed, not counted, not removable by id.
+    internal: BTreeMap<SubscriptionId, Arc<SubShared>>,
+}
+
+/// Where `close` is: the first caller does the work; others wait for its report.
+enum CloseState {
+    Open,
+    Running(ThreadId),
+    Done(CloseReport),
 }
 
 /// Builds a [`Broker`].
@@ -66,6 +91,8 @@ pub struct BrokerBuilder {
     clock: Arc<dyn Clock>,
     driver: Driver,
     limits: Limits,
+    /// The clock when it is a [`ManualClock`], so [`Broker::settle`] can move it.
+    manual_clock: Option<ManualClock>,
     /// Streams' data directory (`BrokerBuilder::data_dir`, src/stream/api.rs).
     pub(crate) data_dir: Option<std::path::PathBuf>,
 }
@@ -73,6 +100,7 @@ pub struct BrokerBuilder {
 impl BrokerBuilder {
     /// Use this clock for every time decision (R-TIME-3). Default: the system clock.
     pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.manual_clock = (&clock as &dyn Any).downcast_ref::<ManualClock>().cloned();
         self.clock = Arc::new(clock);
         self
     }
@@ -102,6 +130,10 @@ impl BrokerBuilder {
             scheduler: Arc::new(Scheduler::default()),
             timer: Mutex::new(None),
             inbox: OnceLock::new(),
+            inbox_init: Mutex::new(()),
+            close_state: Mutex::new(CloseState::Open),
+            close_done: Condvar::new(),
+            manual_clock: self.manual_clock,
             streams: crate::stream::Streams::new(self.data_dir),
         });
         let waiter: Weak<dyn ClockWaiter> = Arc::downgrade(&inner) as Weak<dyn ClockWaiter>;
@@ -161,6 +193,12 @@ pub(crate) struct BrokerInner {
     scheduler: Arc<Scheduler>,
     timer: Mutex<Option<JoinHandle<()>>>,
     inbox: OnceLock<Arc<Inbox>>,
+    /// Serialises the inbox's creation (one internal subscription, never a losing twin).
+    inbox_init: Mutex<()>,
+    close_state: Mutex<CloseState>,
+    /// Signalled when the first `close` stored its report.
+    close_done: Condvar,
+    manual_clock: Option<ManualClock>,
     /// Durable streams and durable subscriptions (src/stream).
     pub(crate) streams: crate::stream::Streams,
 }
@@ -172,6 +210,7 @@ impl Broker {
             clock: Arc::new(SystemClock),
             driver: Driver::Thread,
             limits: Limits::default(),
+            manual_clock: None,
             data_dir: None,
         }
     }
@@ -216,44 +255,64 @@ impl Broker {
 
     /// Publish a message (see the module docs for the contract).
     ///
+    /// Header names starting with `tidings-` are reserved for tidings' own metadata (the
+    /// dead-letter headers such as [`DLQ_REASON_HEADER`]), so that nobody can forge it.
+    ///
     /// # Errors
-    /// Invalid topic, limits exceeded, or the broker is closed: nothing was offered.
+    /// Invalid topic, limits exceeded, a reserved header name
+    /// ([`PublishError::ReservedHeader`]), or the broker is closed: nothing was offered.
     pub fn publish(
         &self,
         message: impl Into<MessageBuilder>,
     ) -> Result<PublishReport, PublishError> {
-        self.inner.publish_builder(message.into())
+        let message = message.into();
+        refuse_reserved_headers(&message)?;
+        self.inner.publish_builder(message)
     }
 
     /// Send a request and wait for its reply (R-PAT-1).
     ///
     /// Publishes `message` with `reply_to` set to this broker's shared reply inbox and a
     /// fresh correlation id, then waits up to `timeout` (on the broker's clock) for the
-    /// reply carrying that id. Responders answer with [`Message::reply`]. Under the manual
-    /// driver the request is delivered in this thread by `run_until_idle`, and the reply
-    /// must exist by the time that returns.
+    /// reply carrying that id. Responders answer with [`Message::reply`]. A timeout too
+    /// large to be a deadline (`Duration::MAX`) means "no timeout": wait until the reply
+    /// comes or the broker closes (R-LIM-1).
+    ///
+    /// Under the manual driver the request is delivered in this thread by
+    /// `run_until_idle`, and the reply must exist by the time that returns. That holds from
+    /// inside a handler too (R-EXE-5): the nested `run_until_idle` delivers the request and
+    /// its reply, except to a subscription whose handler is running up the stack (it cannot
+    /// run twice at once), so a request to a handler's own subscription returns `Timeout`.
     ///
     /// # Errors
     /// `NoResponders` at once when no subscription accepted the request; `Timeout` when
-    /// no reply came in time (the outstanding entry is removed either way).
+    /// no reply came in time; `Closed` when the broker is closed or closes while the
+    /// request waits (close wakes it at once). The outstanding entry is removed either way.
     pub fn request(
         &self,
         message: impl Into<MessageBuilder>,
         timeout: Duration,
     ) -> Result<Arc<Message>, RequestError> {
         let inner = &self.inner;
+        let message = message.into();
+        refuse_reserved_headers(&message)?;
+        if inner.closed.load(Ordering::Acquire) {
+            return Err(RequestError::Closed);
+        }
         let inbox = inner.inbox()?;
         let id = inbox.register();
         let request = message
-            .into()
             .reply_to(inbox.topic.clone())
             .correlation_id(id.clone());
-        let deadline = inner.clock.now() + timeout;
+        let deadline = deadline_after(inner.clock.now(), timeout);
         let report = match inner.publish_builder(request) {
             Ok(r) => r,
             Err(e) => {
                 inbox.forget(&id);
-                return Err(e.into());
+                return Err(match e {
+                    PublishError::Closed => RequestError::Closed,
+                    e => e.into(),
+                });
             }
         };
         if !report.scheduled && report.accepted == 0 {
@@ -264,11 +323,13 @@ impl Broker {
             inner.run_until_idle();
             let reply = inbox.try_take(&id);
             inbox.forget(&id);
-            return reply.ok_or(RequestError::Timeout);
+            return match reply {
+                Some(r) => Ok(r),
+                None if inbox.is_closed() => Err(RequestError::Closed),
+                None => Err(RequestError::Timeout),
+            };
         }
-        inbox
-            .wait(&id, deadline, inner.clock.as_ref())
-            .ok_or(RequestError::Timeout)
+        inbox.wait(&id, deadline, inner.clock.as_ref())
     }
 
     /// Requests waiting for a reply now (0 when none are outstanding).
@@ -297,11 +358,83 @@ impl Broker {
     }
 
     /// Manual driver: deliver everything deliverable at the clock's current time, in this
-    /// thread, until nothing is left to do now (R-EXE-2). Returns the number of handler
-    /// calls made. Does nothing under other drivers, and returns 0 when called from inside
-    /// a handler it is running.
+    /// thread, until nothing is left to do now (R-EXE-2). Returns the number of steps made
+    /// (handler calls, due delayed messages released, durable records moved). Does nothing
+    /// (returns 0) under other drivers.
+    ///
+    /// # Re-entrancy (R-EXE-5)
+    /// Called from inside a handler it is running (directly, or through
+    /// [`request`](Broker::request) or [`close`](Broker::close)), it nests: it delivers
+    /// everything deliverable now, except to the dispatcher slots whose handlers are
+    /// running up the stack (one dispatcher per subscription, R-CORE-3), and returns.
+    /// Nesting deeper than 16 levels returns 0 at once. While it runs, an offer into a full
+    /// `Overflow::Block` queue made on this thread does not wait (nothing else would make
+    /// room): it is refused as `Overflow` and dead-lettered, like `Reject`.
     pub fn run_until_idle(&self) -> usize {
         self.inner.run_until_idle()
+    }
+
+    /// Manual driver: run until nothing is scheduled (R-EXE-2): deliver everything
+    /// deliverable, then jump the broker's [`ManualClock`] to the next wake-up (a retry, a
+    /// delayed message) and deliver again, until there is no next wake-up. Returns the
+    /// steps made, as [`run_until_idle`](Broker::run_until_idle) counts them.
+    ///
+    /// With a clock that is not a `ManualClock` it cannot move time: it runs until idle
+    /// once. Under the other drivers it does nothing and returns 0 (use
+    /// [`wait_idle`](Broker::wait_idle)). A retry policy that never gives up keeps it
+    /// running for as long as the handler keeps failing.
+    pub fn settle(&self) -> usize {
+        let inner = &self.inner;
+        if !inner.executor.is_manual() {
+            return 0;
+        }
+        let mut steps = 0;
+        loop {
+            let made = inner.run_until_idle();
+            steps += made;
+            let (Some(next), Some(clock)) = (inner.next_wake(), &inner.manual_clock) else {
+                return steps;
+            };
+            if next > clock.now() {
+                clock.advance_to(next);
+            } else if made == 0 {
+                // Due but not deliverable now (its slot is busy up the stack): stop.
+                return steps;
+            }
+        }
+    }
+
+    /// Wait until the broker is idle: every queue empty, no handler call running or retry
+    /// waiting, no delayed message scheduled. True when it got there, false when `timeout`
+    /// (real time; `Duration::MAX` = no limit) passed first.
+    ///
+    /// For the live drivers (thread, pool, tokio): a test publishes, then asserts after
+    /// `wait_idle`. Under the manual driver it runs [`run_until_idle`](Broker::run_until_idle)
+    /// once and reports whether that left the broker idle (it never waits). Records a
+    /// durable subscription has not read from its stream yet are not counted (its lag is in
+    /// its stats). It polls (with a short, growing pause) rather than being notified;
+    /// do not call it from inside a handler, whose own message keeps the broker busy.
+    pub fn wait_idle(&self, timeout: Duration) -> bool {
+        let inner = &self.inner;
+        if inner.executor.is_manual() {
+            inner.run_until_idle();
+            return inner.is_idle();
+        }
+        let deadline = deadline_after(Instant::now(), timeout);
+        let mut pause = Duration::from_micros(50);
+        loop {
+            if inner.is_idle() {
+                return true;
+            }
+            let now = Instant::now();
+            let left = match deadline {
+                Some(d) if now >= d => return false,
+                Some(d) => d - now,
+                None => pause,
+            };
+            std::thread::sleep(pause.min(left));
+            pause = (pause * 2).min(Duration::from_millis(5));
+        }
     }
 
     /// The earliest time something is scheduled to happen (a retry, a delayed message), so
@@ -311,16 +444,30 @@ impl Broker {
         self.inner.next_wake()
     }
 
-    /// Ids of the live subscriptions, ascending.
+    /// Ids of the user's live subscriptions, ascending. tidings' own internal
+    /// subscriptions (the reply inbox of [`request`](Broker::request)) are not listed.
     #[must_use]
     pub fn subscriptions(&self) -> Vec<SubscriptionId> {
         self.inner.registry.read().all.keys().copied().collect()
     }
 
-    /// Close the broker (R-CORE-6): refuse new publishes and subscriptions; let
-    /// dispatchers deliver what is queued until `drain` has passed; abandon retry waits at
-    /// once; then close every queue, wait up to 5 s more for handler calls still running,
-    /// join every thread, and report what was left. A second call returns an empty report.
+    /// Close the broker (R-CORE-6): refuse new publishes and subscriptions; wake every
+    /// pending [`request`](Broker::request) with [`RequestError::Closed`]; cancel delayed
+    /// messages; let dispatchers deliver what is queued until `drain` has passed
+    /// (`Duration::MAX`: until the queues are empty); abandon retry waits at once; then
+    /// close every queue (waking blocked publishers, which get `Refusal::Closed`), wait up
+    /// to 5 s more for handler calls still running, join every thread, and report what was
+    /// left.
+    ///
+    /// The report lists exactly the messages dead-lettered as `Shutdown` (kept in the DLQs
+    /// when `keep_shutdown`), including those whose handler was running when close began
+    /// and then failed retryably. A handler still running when close returns (named in
+    /// `unjoined`, or the handler that called close) is outside the report.
+    ///
+    /// A second call, concurrent or later, waits for the first to finish and returns the
+    /// same report. The exception is a call made from inside the closing thread's own
+    /// drain (a handler the manual driver runs during close): it cannot wait for itself
+    /// and returns an empty report at once.
     pub fn close(&self, drain: Duration) -> CloseReport {
         self.inner.close(drain)
     }
@@ -371,18 +518,31 @@ impl BrokerInner {
         if self.closed.load(Ordering::Acquire) {
             return Err(SubscribeError::Closed);
         }
+        self.register(pattern, &options, handler, routed, false)
+    }
+
+    /// Create and start a subscription; `internal` ones (tidings' own, e.g. the reply
+    /// inbox) are neither listed nor counted against `max_subscriptions` nor removable.
+    fn register(
+        &self,
+        pattern: Pattern,
+        options: &SubscribeOptions,
+        handler: HandlerKind,
+        routed: bool,
+        internal: bool,
+    ) -> Result<Subscription, SubscribeError> {
         let id = SubscriptionId(self.next_sub.fetch_add(1, Ordering::Relaxed));
         let shared = Arc::new(SubShared::new(
             id,
             pattern.clone(),
-            &options,
+            options,
             handler,
             self.clock.clone(),
             self.weak.clone(),
         ));
         {
             let mut reg = self.registry.write();
-            if reg.all.len() >= self.limits.max_subscriptions {
+            if !internal && reg.all.len() >= self.limits.max_subscriptions {
                 return Err(SubscribeError::TooManySubscriptions {
                     limit: self.limits.max_subscriptions,
                 });
@@ -391,15 +551,21 @@ impl BrokerInner {
             if routed {
                 reg.router.insert(&pattern, id.0, shared.clone());
             }
-            reg.all.insert(id, shared.clone());
+            let map = if internal {
+                &mut reg.internal
+            } else {
+                &mut reg.all
+            };
+            map.insert(id, shared.clone());
         }
         Ok(Subscription {
             shared,
             broker: self.weak.clone(),
-            attached: true,
+            attached: !internal,
         })
     }
 
+    /// Only the user's subscriptions can be removed by id; internal ones end at close.
     pub(crate) fn unsubscribe(&self, id: SubscriptionId) -> Option<Vec<Arc<Message>>> {
         let shared = {
             let mut reg = self.registry.write();
@@ -433,7 +599,13 @@ impl BrokerInner {
             .duration_since(now.wall())
             .ok()
             .filter(|d| !d.is_zero())?;
-        Some(now.mono() + wait)
+        // A delivery time too far away for an `Instant` is held until close, in practice
+        // (R-LIM-1): the furthest representable of these.
+        let mono = now.mono();
+        [wait, FAR_FUTURE, Duration::from_secs(86_400)]
+            .into_iter()
+            .find_map(|d| deadline_after(mono, d))
+            .or(Some(mono))
     }
 
     fn schedule(&self, due: Instant, message: Arc<Message>) -> Result<PublishReport, PublishError> {
@@ -464,17 +636,20 @@ impl BrokerInner {
         }
     }
 
-    /// Offer a message that became due.
+    /// Offer a message that became due. The scheduler never waits on a queue (R-TIME-2,
+    /// R-CORE-1): a full `Overflow::Block` queue refuses a due message as `Overflow` (it is
+    /// dead-lettered, as under `Reject`) instead of stalling every other due message.
     fn release(&self, (message, target): Due) {
-        match target {
+        without_waiting(|| match target {
             Target::Route => {
                 self.route(&message);
             }
             Target::Only(_, offer) => offer(&message),
-        }
+        });
     }
 
-    /// One timer thread per broker offers due messages (R-TIME-2).
+    /// One timer thread per broker offers due messages (R-TIME-2); it never blocks on a
+    /// subscription's queue (see [`BrokerInner::release`]).
     fn start_timer(&self) {
         let (scheduler, clock, weak) = (
             self.scheduler.clone(),
@@ -498,8 +673,13 @@ impl BrokerInner {
         }
     }
 
-    /// The shared reply inbox, created on first use (R-PAT-1).
+    /// The shared reply inbox, created on first use (R-PAT-1). Its subscription is
+    /// internal: not listed, not counted against `max_subscriptions`, not removable.
     fn inbox(&self) -> Result<Arc<Inbox>, RequestError> {
+        if let Some(i) = self.inbox.get() {
+            return Ok(i.clone());
+        }
+        let _creating = self.inbox_init.lock();
         if let Some(i) = self.inbox.get() {
             return Ok(i.clone());
         }
@@ -511,22 +691,80 @@ impl BrokerInner {
             retry: crate::retry::Retry::None,
             ..Default::default()
         };
-        let mut sub = self
-            .subscribe(
-                &inbox.topic,
-                options,
-                HandlerKind::Sync(Arc::new(move |m: &Message| handler_inbox.accept(m))),
-            )
-            .map_err(|e| RequestError::Inbox(e.to_string()))?;
-        match self.inbox.set(inbox) {
-            Ok(()) => sub.attached = false,
-            // Another thread won the race; drop (unsubscribe) ours and use theirs.
-            Err(_) => drop(sub),
+        let pattern = Pattern::new(&inbox.topic).map_err(|e| RequestError::Inbox(e.to_string()))?;
+        if self.closed.load(Ordering::Acquire) {
+            return Err(RequestError::Closed);
         }
-        self.inbox
-            .get()
-            .cloned()
-            .ok_or_else(|| RequestError::Inbox("inbox vanished".into()))
+        let handler = HandlerKind::Sync(Arc::new(move |m: &Message| handler_inbox.accept(m)));
+        // `attached: false`: dropping the handle leaves the subscription running.
+        let _sub = self
+            .register(pattern, &options, handler, true, true)
+            .map_err(|e| match e {
+                SubscribeError::Closed => RequestError::Closed,
+                e => RequestError::Inbox(e.to_string()),
+            })?;
+        let _ = self.inbox.set(inbox.clone());
+        // A close that began meanwhile may have missed this inbox: close it ourselves.
+        if self.closed.load(Ordering::Acquire) {
+            inbox.close();
+        }
+        Ok(inbox)
+    }
+
+    /// Publish a dead letter to its subscription's dead-letter topic (R-DEL-4).
+    ///
+    /// The forward carries the original's payload, key, priority and user headers, plus
+    /// tidings' metadata in the reserved headers [`DLQ_REASON_HEADER`] (the reason, at
+    /// most 1 KiB), `tidings-dlq-subscription`, `tidings-dlq-original-topic` and
+    /// `tidings-dlq-original-id`. The user's headers passed the broker's limits at
+    /// publish; the metadata is added after those limits are checked, so a message that
+    /// carries the maximum number or size of headers is still forwarded. Users cannot set
+    /// `tidings-` headers ([`PublishError::ReservedHeader`]), so the metadata cannot be
+    /// forged, and the loop guard (a forwarded dead letter is never forwarded again) is
+    /// exact.
+    pub(crate) fn forward_dead_letter(
+        &self,
+        topic: &str,
+        entry: &DeadLetter,
+        subscription: &str,
+    ) -> Result<PublishReport, PublishError> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(PublishError::Closed);
+        }
+        let original = &entry.message;
+        let mut b = MessageBuilder::new(topic)
+            .payload(original.payload().clone())
+            .priority(original.priority());
+        for (k, v) in original.headers().iter() {
+            b = b.header(k, v);
+        }
+        if let Some(k) = original.key() {
+            b = b.key(k);
+        }
+        let mut message = self.build_message(b)?;
+        let mut reason = entry.reason.to_string();
+        if reason.len() > MAX_REASON_HEADER_BYTES {
+            let mut cut = MAX_REASON_HEADER_BYTES;
+            while !reason.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            reason.truncate(cut);
+        }
+        message.headers.insert(DLQ_REASON_HEADER, reason);
+        message
+            .headers
+            .insert("tidings-dlq-subscription", subscription);
+        message
+            .headers
+            .insert("tidings-dlq-original-topic", original.topic().to_string());
+        message
+            .headers
+            .insert("tidings-dlq-original-id", original.id().to_string());
+        let message = Arc::new(message);
+        let streams = self.streams.append(&message)?;
+        let mut report = self.route(&message);
+        report.streams = streams;
+        Ok(report)
     }
 
     /// Validate limits and stamp id and time (R-CORE-4, R-LIM-1).
@@ -615,14 +853,45 @@ impl BrokerInner {
         report
     }
 
+    /// Every live subscription, the internal ones included, in id order.
     fn live(&self) -> Vec<Arc<SubShared>> {
-        self.registry.read().all.values().cloned().collect()
+        let reg = self.registry.read();
+        let mut subs: Vec<Arc<SubShared>> = reg
+            .all
+            .values()
+            .chain(reg.internal.values())
+            .cloned()
+            .collect();
+        subs.sort_by_key(|s| s.id);
+        subs
+    }
+
+    /// True when no queue holds a message, no handler call or retry is pending and no
+    /// delayed message is scheduled.
+    fn is_idle(&self) -> bool {
+        self.scheduler.len() == 0 && self.live().iter().all(|s| s.is_idle())
     }
 
     fn run_until_idle(&self) -> usize {
-        if !self.executor.is_manual() || DRIVING.with(|d| d.replace(true)) {
+        if !self.executor.is_manual() {
             return 0;
         }
+        struct Depth;
+        impl Drop for Depth {
+            fn drop(&mut self) {
+                DRIVING.with(|d| d.set(d.get().saturating_sub(1)));
+            }
+        }
+        if DRIVING.with(|d| d.get()) >= MAX_NESTING {
+            return 0;
+        }
+        DRIVING.with(|d| d.set(d.get() + 1));
+        let _depth = Depth;
+        // Nothing else can make room while this thread delivers: Block offers do not wait.
+        without_waiting(|| self.drive())
+    }
+
+    fn drive(&self) -> usize {
         let mut delivered = 0;
         loop {
             let mut progress = 0;
@@ -643,7 +912,6 @@ impl BrokerInner {
             }
             delivered += progress;
         }
-        DRIVING.with(|d| d.set(false));
         delivered
     }
 
@@ -655,9 +923,36 @@ impl BrokerInner {
             .min()
     }
 
+    /// The first call closes and stores the report; every other call returns a copy of it
+    /// (waiting for the first to finish, unless it is the closing thread itself).
     fn close(&self, drain: Duration) -> CloseReport {
-        if self.closed.swap(true, Ordering::AcqRel) {
-            return CloseReport::default();
+        {
+            let me = std::thread::current().id();
+            let mut state = self.close_state.lock();
+            loop {
+                match &*state {
+                    CloseState::Done(report) => return report.clone(),
+                    CloseState::Running(closer) if *closer == me => {
+                        return CloseReport::default();
+                    }
+                    CloseState::Running(_) => self.close_done.wait(&mut state),
+                    CloseState::Open => {
+                        *state = CloseState::Running(me);
+                        break;
+                    }
+                }
+            }
+        }
+        let report = self.close_once(drain);
+        *self.close_state.lock() = CloseState::Done(report.clone());
+        self.close_done.notify_all();
+        report
+    }
+
+    fn close_once(&self, drain: Duration) -> CloseReport {
+        self.closed.store(true, Ordering::Release);
+        if let Some(inbox) = self.inbox.get() {
+            inbox.close();
         }
         let mut report = CloseReport::default();
         for (message, subscription) in self.scheduler.close() {
@@ -667,14 +962,16 @@ impl BrokerInner {
             });
         }
         let subs = self.live();
-        let drain_until = self.clock.now() + drain;
+        // `Duration::MAX` (a deadline past what `Instant` holds) drains until empty.
+        let drain_until = deadline_after(self.clock.now(), drain);
         for sub in &subs {
-            sub.begin_drain(Some(drain_until));
+            sub.begin_drain(drain_until);
         }
         if self.executor.is_manual() {
             self.run_until_idle();
         } else {
-            self.executor.wait_stopped(Instant::now() + drain);
+            self.executor
+                .wait_stopped(deadline_after(Instant::now(), drain));
         }
         for sub in &subs {
             for message in sub.close() {
@@ -692,8 +989,20 @@ impl BrokerInner {
         {
             let _ = timer.join();
         }
+        // Handlers that were running when their queue closed and then failed retryably
+        // were dead-lettered as `Shutdown` after `sub.close()` returned: report them too,
+        // so the report and the `Shutdown` dead letters agree exactly (R-CORE-6).
+        for sub in &subs {
+            for message in sub.take_shutdown() {
+                report.undelivered.push(Undelivered {
+                    subscription: Some(sub.id),
+                    message,
+                });
+            }
+        }
         let mut reg = self.registry.write();
         reg.all.clear();
+        reg.internal.clear();
         reg.router = TopicTrie::default();
         report
     }
@@ -714,5 +1023,19 @@ impl ClockWaiter for BrokerInner {
 impl Drop for BrokerInner {
     fn drop(&mut self) {
         let _ = self.close(Duration::ZERO);
+    }
+}
+
+/// Refuse user headers in tidings' reserved namespace (R-DEL-4: metadata is unforgeable).
+fn refuse_reserved_headers(message: &MessageBuilder) -> Result<(), PublishError> {
+    match message
+        .headers
+        .iter()
+        .find(|(k, _)| k.starts_with(RESERVED_HEADER_PREFIX))
+    {
+        Some((name, _)) => Err(PublishError::ReservedHeader {
+            name: name.to_owned(),
+        }),
+        None => Ok(()),
     }
 }

@@ -147,6 +147,19 @@ impl DeadLetterQueue {
         taken
     }
 
+    /// Put entries taken by [`take_where`](Self::take_where) back at the front, in their
+    /// order (a redrive that could not re-offer them). Beyond capacity the oldest are
+    /// evicted and counted, as on `push`.
+    pub(crate) fn restore(&mut self, entries: Vec<DeadLetter>) {
+        for e in entries.into_iter().rev() {
+            self.entries.push_front(e);
+        }
+        while self.entries.len() > self.capacity {
+            self.entries.pop_front();
+            self.evicted += 1;
+        }
+    }
+
     pub(crate) fn len(&self) -> usize {
         self.entries.len()
     }

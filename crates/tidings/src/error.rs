@@ -38,6 +38,13 @@ pub enum PublishError {
     /// The reply-to topic is not valid.
     #[error("invalid reply-to topic: {0}")]
     InvalidReplyTo(TopicError),
+    /// A header name starts with `tidings-`, the prefix reserved for tidings' own metadata
+    /// (the dead-letter headers, R-DEL-4), which a publisher may not set.
+    #[error("header name {name:?} uses the reserved prefix \"tidings-\"")]
+    ReservedHeader {
+        /// The offending header name.
+        name: String,
+    },
     /// Payload over `Limits::max_payload_bytes` (R-LIM-1).
     #[error("payload of {size} bytes exceeds the limit of {limit} bytes")]
     PayloadTooLarge {

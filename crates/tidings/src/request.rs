@@ -5,10 +5,14 @@
 //! and a fresh correlation id, then waits (on the broker's clock) for the reply with that
 //! id. A timed-out request removes its entry, so the table never keeps leftovers; a reply
 //! arriving after its request gave up is counted in `late_replies` and dropped.
+//!
+//! # Closing
+//! Broker close closes the inbox: every waiting request wakes at once with
+//! [`RequestError::Closed`] (R-CORE-6), and later requests fail with it.
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex};
@@ -34,6 +38,9 @@ pub enum RequestError {
     /// The reply inbox could not be created.
     #[error("the reply inbox could not be created: {0}")]
     Inbox(String),
+    /// The broker is closed, or closed while the request waited (R-CORE-6).
+    #[error("the broker is closed")]
+    Closed,
 }
 
 pub(crate) struct Inbox {
@@ -42,6 +49,7 @@ pub(crate) struct Inbox {
     arrived: Condvar,
     next: AtomicU64,
     late: AtomicU64,
+    closed: AtomicBool,
 }
 
 impl Inbox {
@@ -52,6 +60,7 @@ impl Inbox {
             arrived: Condvar::new(),
             next: AtomicU64::new(0),
             late: AtomicU64::new(0),
+            closed: AtomicBool::new(false),
         }
     }
 
@@ -94,23 +103,40 @@ impl Inbox {
         Some(reply)
     }
 
-    /// Wait for the reply to `id` until `deadline` on `clock`; the entry is removed either way.
+    /// Wait for the reply to `id` until `deadline` on `clock` (`None`: no deadline), or
+    /// until the inbox closes; the entry is removed either way.
     pub(crate) fn wait(
         &self,
         id: &str,
-        deadline: Instant,
+        deadline: Option<Instant>,
         clock: &dyn Clock,
-    ) -> Option<Arc<Message>> {
+    ) -> Result<Arc<Message>, RequestError> {
         let mut pending = self.pending.lock();
         loop {
             if let Some(Some(_)) = pending.get(id) {
-                return pending.remove(id).flatten();
+                return pending.remove(id).flatten().ok_or(RequestError::Timeout);
             }
-            if wait_until(clock, &self.arrived, &mut pending, Some(deadline)) {
+            if self.closed.load(Ordering::Acquire) {
                 pending.remove(id);
-                return None;
+                return Err(RequestError::Closed);
+            }
+            if wait_until(clock, &self.arrived, &mut pending, deadline) {
+                pending.remove(id);
+                return Err(RequestError::Timeout);
             }
         }
+    }
+
+    /// Close: wake every waiting request with `Closed` (broker close, R-CORE-6).
+    pub(crate) fn close(&self) {
+        let pending = self.pending.lock();
+        self.closed.store(true, Ordering::Release);
+        drop(pending);
+        self.arrived.notify_all();
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
     }
 
     /// Wake waiters (the clock jumped).

@@ -96,6 +96,9 @@ pub struct SubscriptionStats {
     pub dlq_len: u64,
     /// DLQ entries evicted because the DLQ was full.
     pub dlq_evicted: u64,
+    /// Dead letters whose forward to the dead-letter topic failed (e.g. the broker was
+    /// closed, or a stream append failed); their DLQ entries stay (R-DEL-4, R-DEL-6).
+    pub dlq_forward_failures: u64,
     /// Publishers waiting for room under `Overflow::Block` right now (R-BP-3).
     pub blocked_publishers: u64,
     /// How long the oldest queued message has waited (R-BP-3).

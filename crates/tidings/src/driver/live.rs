@@ -30,12 +30,17 @@ impl LiveCount {
     }
 
     /// Wait until at most `allowed` are running (`allowed` > 0 when the caller is one of
-    /// them), or until `deadline`. True when the count got there.
-    pub(crate) fn wait_at_most(&self, allowed: usize, deadline: Instant) -> bool {
+    /// them), or until `deadline` (`None`: no deadline). True when the count got there.
+    pub(crate) fn wait_at_most(&self, allowed: usize, deadline: Option<Instant>) -> bool {
         let mut running = self.running.lock();
         while *running > allowed {
-            if self.changed.wait_until(&mut running, deadline).timed_out() {
-                return *running <= allowed;
+            match deadline {
+                Some(d) => {
+                    if self.changed.wait_until(&mut running, d).timed_out() {
+                        return *running <= allowed;
+                    }
+                }
+                None => self.changed.wait(&mut running),
             }
         }
         true

@@ -26,7 +26,7 @@ impl Executor for ManualExecutor {
         sub.set_waker(Arc::new(NoWake));
         Ok(())
     }
-    fn wait_stopped(&self, _deadline: Instant) -> bool {
+    fn wait_stopped(&self, _deadline: Option<Instant>) -> bool {
         true
     }
     fn join(&self, _deadline: Instant) -> Vec<String> {

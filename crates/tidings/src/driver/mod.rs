@@ -63,9 +63,10 @@ pub(crate) trait Wake: Send + Sync {
 pub(crate) trait Executor: Send + Sync {
     /// Start the dispatcher slots of a new subscription.
     fn start(&self, sub: &Arc<SubShared>) -> Result<(), SubscribeError>;
-    /// Wait until every dispatcher has stopped, or `deadline` (real time). True if all
-    /// stopped. A dispatcher that is the calling thread is not waited for.
-    fn wait_stopped(&self, deadline: Instant) -> bool;
+    /// Wait until every dispatcher has stopped, or `deadline` (real time; `None`: no
+    /// deadline). True if all stopped. A dispatcher that is the calling thread is not
+    /// waited for.
+    fn wait_stopped(&self, deadline: Option<Instant>) -> bool;
     /// Join stopped dispatchers; names of those still running at `deadline` (detached).
     fn join(&self, deadline: Instant) -> Vec<String>;
     /// True for the manual driver: the caller's thread delivers.

@@ -197,20 +197,20 @@ impl Executor for PoolExecutor {
         Ok(())
     }
 
-    fn wait_stopped(&self, deadline: Instant) -> bool {
+    fn wait_stopped(&self, deadline: Option<Instant>) -> bool {
         let me = usize::from(self.on_pool_thread());
         self.shared.live_slots.wait_at_most(me, deadline)
     }
 
     fn join(&self, deadline: Instant) -> Vec<String> {
-        self.wait_stopped(deadline);
+        self.wait_stopped(Some(deadline));
         self.stop_threads();
         // A pool thread exits as soon as its current slot's handler returns; once the
         // live count says every other one has, joining them cannot block for long.
         let all_exited = self
             .shared
             .live_threads
-            .wait_at_most(usize::from(self.on_pool_thread()), deadline);
+            .wait_at_most(usize::from(self.on_pool_thread()), Some(deadline));
         let me = std::thread::current().id();
         let mut unjoined = Vec::new();
         for h in std::mem::take(&mut *self.threads.lock()) {

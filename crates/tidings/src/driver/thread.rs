@@ -99,14 +99,14 @@ impl Executor for ThreadExecutor {
         Ok(())
     }
 
-    fn wait_stopped(&self, deadline: Instant) -> bool {
+    fn wait_stopped(&self, deadline: Option<Instant>) -> bool {
         self.live.wait_at_most(self.on_this_thread(), deadline)
     }
 
     fn join(&self, deadline: Instant) -> Vec<String> {
         // Once every dispatcher has decremented the live count it is only returning, so
         // joining it cannot block for long; `is_finished` may still lag behind the count.
-        let all_stopped = self.wait_stopped(deadline);
+        let all_stopped = self.wait_stopped(Some(deadline));
         let handles = self.handles.lock().take();
         let me = std::thread::current().id();
         let mut unjoined = Vec::new();

@@ -162,7 +162,7 @@ impl Executor for TokioExecutor {
         Ok(())
     }
 
-    fn wait_stopped(&self, deadline: Instant) -> bool {
+    fn wait_stopped(&self, deadline: Option<Instant>) -> bool {
         if !may_block() {
             return self.live.running() == 0;
         }
@@ -170,7 +170,7 @@ impl Executor for TokioExecutor {
     }
 
     fn join(&self, deadline: Instant) -> Vec<String> {
-        self.wait_stopped(deadline);
+        self.wait_stopped(Some(deadline));
         let me = ::tokio::task::try_id();
         self.tasks
             .lock()

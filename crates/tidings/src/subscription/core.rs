@@ -477,6 +477,7 @@ impl Core {
             failures: l.failures,
             dlq_len: l.dlq.len() as u64,
             dlq_evicted: l.dlq.evicted(),
+            dlq_forward_failures: l.forward_failures,
             blocked_publishers: self.blocked_publishers as u64,
             oldest_age: oldest.map(|t| now.saturating_duration_since(t)),
         }

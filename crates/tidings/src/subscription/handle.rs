@@ -9,6 +9,7 @@ use crate::message::Message;
 use crate::stats::SubscriptionStats;
 use crate::topic::Pattern;
 
+use super::core::Refusal;
 use super::shared::SubShared;
 
 /// Identifies a subscription within its broker. Ids are never reused by one broker.
@@ -31,11 +32,13 @@ impl fmt::Display for SubscriptionId {
 
 /// What a redrive did (R-DEL-4).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[must_use]
 pub struct RedriveReport {
-    /// Entries re-offered and accepted.
+    /// Entries re-offered and accepted (they left the DLQ).
     pub accepted: usize,
-    /// Entries re-offered and refused again (they are dead-lettered again where the
-    /// refusal reason keeps entries, e.g. `Overflow`).
+    /// Entries re-offered and refused. None is lost: a queue-full refusal (`Overflow`)
+    /// dead-letters the message again (a new entry, reason `Overflow`, at the back); any
+    /// other refusal (the subscription is closed) puts the original entry back in place.
     pub refused: usize,
 }
 
@@ -83,16 +86,30 @@ impl Subscription {
     pub fn drain_dead_letters(&self) -> Vec<DeadLetter> {
         self.shared.core.lock().ledger_mut().dlq.drain()
     }
-    /// Take the entries `select` picks out of the DLQ and offer them to this subscription
-    /// again, in DLQ order. Filters are not re-applied (they passed once).
+    /// Offer the entries `select` picks to this subscription again, in DLQ order.
+    /// Filters are not re-applied (they passed once).
+    ///
+    /// Loss-safe (R-DEL-4): an entry leaves the DLQ only when its message was accepted
+    /// again, or refused for a full queue and so dead-lettered again as `Overflow`. On an
+    /// unsubscribed or closed subscription every offer is refused and every entry stays.
+    /// Under `Overflow::Block` the redrive waits for room like any publisher.
     pub fn redrive(&self, select: impl FnMut(&DeadLetter) -> bool) -> RedriveReport {
         let entries = self.shared.core.lock().ledger_mut().dlq.take_where(select);
         let mut report = RedriveReport::default();
+        let mut keep = Vec::new();
         for e in entries {
             match self.shared.offer_unfiltered(&e.message) {
                 Ok(()) => report.accepted += 1,
-                Err(_) => report.refused += 1,
+                // The core dead-lettered it again (a new Overflow entry).
+                Err(Refusal::Overflow) => report.refused += 1,
+                Err(_) => {
+                    report.refused += 1;
+                    keep.push(e);
+                }
             }
+        }
+        if !keep.is_empty() {
+            self.shared.core.lock().ledger_mut().dlq.restore(keep);
         }
         report
     }

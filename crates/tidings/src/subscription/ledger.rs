@@ -25,6 +25,8 @@ pub(crate) struct Ledger {
     pub(crate) to_forward: Vec<DeadLetter>,
     /// Messages abandoned by unsubscribe/close, for the close report.
     pub(crate) shutdown: Vec<Arc<Message>>,
+    /// Dead letters whose forward to the dead-letter topic failed (their DLQ entry stays).
+    pub(crate) forward_failures: u64,
     forward: bool,
     keep_shutdown: bool,
     /// Completion record for durable subscriptions (`None` = disabled, zero cost): every
@@ -62,6 +64,7 @@ impl Ledger {
             dlq: DeadLetterQueue::new(dlq_capacity),
             to_forward: Vec::new(),
             shutdown: Vec::new(),
+            forward_failures: 0,
             forward,
             keep_shutdown,
             completions: None,

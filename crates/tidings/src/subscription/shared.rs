@@ -3,16 +3,17 @@
 //! Drivers differ only in *who* calls [`SubShared::poll`] / [`SubShared::run`] /
 //! [`SubShared::complete`] and *how they wait*; every rule lives in the core.
 
+use std::cell::Cell;
 use std::sync::{Arc, OnceLock, Weak};
 
 use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use crate::broker::BrokerInner;
-use crate::clock::{Clock, Now, wait_until};
+use crate::clock::{Clock, Now, deadline_after, wait_until};
 use crate::driver::Wake;
 use crate::filter::HeaderFilter;
 use crate::handler::{Handler, HandlerError, invoke};
-use crate::message::{Message, MessageBuilder};
+use crate::message::Message;
 use crate::options::{Overflow, Predicate, SubscribeOptions};
 use crate::topic::Pattern;
 
@@ -22,6 +23,29 @@ use super::ledger::Forwards;
 
 /// Header naming the reason on messages forwarded to a dead-letter topic.
 pub const DLQ_REASON_HEADER: &str = "tidings-dlq-reason";
+
+/// Header names starting with this are tidings' own metadata: a publish that sets one is
+/// refused ([`PublishError::ReservedHeader`](crate::PublishError::ReservedHeader)).
+pub const RESERVED_HEADER_PREFIX: &str = "tidings-";
+
+thread_local! {
+    /// Set while this thread must never wait in an offer: the scheduler releasing due
+    /// messages, and the manual driver delivering (nobody else would make room).
+    static NO_WAIT: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Run `f` with `Overflow::Block` waits disabled on this thread: a full `Block` queue
+/// refuses at once as `Overflow` (R-TIME-2, R-EXE-5).
+pub(crate) fn without_waiting<R>(f: impl FnOnce() -> R) -> R {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            NO_WAIT.with(|c| c.set(self.0));
+        }
+    }
+    let _restore = Restore(NO_WAIT.with(|c| c.replace(true)));
+    f()
+}
 
 /// The subscriber's code: a plain function/trait object, or (tokio driver) an async one.
 pub(crate) enum HandlerKind {
@@ -120,7 +144,8 @@ impl SubShared {
     /// Offer without applying the filter (redrive).
     pub(crate) fn offer_unfiltered(&self, message: &Arc<Message>) -> Result<(), Refusal> {
         let mut core = self.core.lock();
-        let mut outcome = core.handle_offer(message, &self.now(), true);
+        let may_wait = !NO_WAIT.with(Cell::get);
+        let mut outcome = core.handle_offer(message, &self.now(), may_wait);
         if outcome == Offered::Full {
             outcome = self.wait_for_room(&mut core, message);
         }
@@ -152,14 +177,17 @@ impl SubShared {
         let Overflow::Block { timeout } = self.overflow else {
             return Offered::Full;
         };
-        let deadline = self.now().mono() + timeout;
+        // A timeout too long to be a deadline (`Duration::MAX`) waits until room is made or
+        // the subscription closes (R-LIM-1).
+        let deadline = deadline_after(self.now().mono(), timeout);
         core.set_blocked(true);
         let outcome = loop {
-            if wait_until(self.clock.as_ref(), &self.space, core, Some(deadline)) {
+            if wait_until(self.clock.as_ref(), &self.space, core, deadline) {
                 break core.handle_offer(message, &self.now(), false);
             }
             let now = self.now();
-            match core.handle_offer(message, &now, now.mono() < deadline) {
+            let in_time = deadline.is_none_or(|d| now.mono() < d);
+            match core.handle_offer(message, &now, in_time) {
                 Offered::Full => continue,
                 other => break other,
             }
@@ -264,6 +292,19 @@ impl SubShared {
         self.wake_all();
     }
 
+    /// True when nothing is queued or in flight (retry waits count as in flight).
+    pub(crate) fn is_idle(&self) -> bool {
+        let now = self.clock.now();
+        let s = self.core.lock().stats(now);
+        s.queued == 0 && s.in_flight == 0
+    }
+
+    /// Messages abandoned (dead-lettered as `Shutdown`) since the last `close`/`take`:
+    /// handlers that were running at close and then failed retryably.
+    pub(crate) fn take_shutdown(&self) -> Vec<Arc<Message>> {
+        std::mem::take(&mut self.core.lock().ledger_mut().shutdown)
+    }
+
     /// Close: refuse offers, abandon what is queued. Returns what was abandoned.
     pub(crate) fn close(&self) -> Vec<Arc<Message>> {
         let mut core = self.core.lock();
@@ -277,6 +318,10 @@ impl SubShared {
 
     /// Publish dead letters to the dead-letter topic, if one is configured (R-DEL-4).
     /// Also hands completions to the durable-stream hook, if one is set.
+    ///
+    /// A forward that fails (the broker is closed — e.g. `Shutdown` dead letters at close —
+    /// or a durable stream's append failed) is counted in the subscription's
+    /// `dlq_forward_failures`; the entry itself stays in the DLQ.
     pub(crate) fn forward(&self, forwards: Forwards) {
         let Forwards {
             dead: entries,
@@ -290,30 +335,23 @@ impl SubShared {
         let (Some(topic), false) = (&self.dlq_topic, entries.is_empty()) else {
             return;
         };
-        let Some(broker) = self.broker.upgrade() else {
-            return;
-        };
+        let broker = self.broker.upgrade();
+        let mut failed = 0u64;
         for e in entries {
-            // A dead letter of a dead letter is not forwarded again: no loops.
+            // A dead letter of a dead letter is not forwarded again: no loops. Users cannot
+            // set the reserved header, so only a forward carries it.
             if e.message.header(DLQ_REASON_HEADER).is_some() {
                 continue;
             }
-            let mut b = MessageBuilder::new(topic.clone())
-                .payload(e.message.payload().clone())
-                .priority(e.message.priority());
-            for (k, v) in e.message.headers().iter() {
-                b = b.header(k, v);
+            let sent = broker
+                .as_ref()
+                .map(|b| b.forward_dead_letter(topic, &e, &self.name));
+            if !matches!(sent, Some(Ok(_))) {
+                failed += 1;
             }
-            if let Some(k) = e.message.key() {
-                b = b.key(k);
-            }
-            b = b
-                .header(DLQ_REASON_HEADER, e.reason.to_string())
-                .header("tidings-dlq-subscription", self.name.clone())
-                .header("tidings-dlq-original-topic", e.message.topic().to_string())
-                .header("tidings-dlq-original-id", e.message.id().to_string());
-            // Refusals of the forward are counted by the receiving subscriptions.
-            let _ = broker.publish_builder(b);
+        }
+        if failed > 0 {
+            self.core.lock().ledger_mut().forward_failures += failed;
         }
     }
 }
