@@ -27,7 +27,10 @@ pub enum Overflow {
     /// The publisher waits up to `timeout` for room, then the message is refused as
     /// `Overflow` (and dead-lettered like `Reject`). A blocked publisher holds no broker
     /// lock: other publishers and other subscriptions are unaffected. Closing the
-    /// subscription or broker wakes it with a `Closed` refusal.
+    /// subscription or broker wakes it with a `Closed` refusal. `Duration::MAX` waits
+    /// without a deadline. Two offers never wait, and refuse at once as `Overflow`: a
+    /// delayed message released by the broker's scheduler (R-TIME-2), and a publish made
+    /// while the manual driver delivers on that thread (R-EXE-5).
     Block {
         /// Longest wait for room.
         timeout: Duration,

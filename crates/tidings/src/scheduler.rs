@@ -6,6 +6,11 @@
 //! due time; under the manual driver `run_until_idle` releases what is due. Nothing waits
 //! per message. Close cancels what is pending and reports it.
 //!
+//! # Never waiting on a queue
+//! The timer offers a due message without waiting (R-TIME-2, R-CORE-1): a full
+//! `Overflow::Block` queue refuses it as `Overflow` (dead-lettered, as under `Reject`), so
+//! one subscription's backpressure never delays another subscription's due messages.
+//!
 //! A due message goes to every matching subscription (a delayed publish), or to one
 //! subscription through a callback (a durable subscription reading a delayed record: the
 //! record is in the log since publish; only its delivery waits).

@@ -147,7 +147,7 @@ fn close_report_matches_shutdown_dead_letters(driver: Driver) {
                     },
                     move |m: &Message| {
                         std::thread::sleep(Duration::from_micros(200));
-                        if m.payload().len() % 2 == 0 {
+                        if m.payload().len().is_multiple_of(2) {
                             Err(HandlerError::retry("flaky"))
                         } else {
                             Ok(())

@@ -209,8 +209,7 @@ fn close_from_inside_a_handler() {
 #[test]
 fn nested_run_until_idle_makes_progress() {
     let (broker, _clock) = manual();
-    let (rec, got) = (Arc::new(Mutex::new(Vec::new())), ());
-    let _ = got;
+    let rec: Arc<Mutex<Vec<String>>> = Arc::default();
     let r = rec.clone();
     let _b = broker
         .subscribe("b", SubscribeOptions::default(), move |m: &Message| {

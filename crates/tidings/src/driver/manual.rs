@@ -3,6 +3,30 @@
 //! Delivery happens in [`Broker::run_until_idle`](crate::Broker::run_until_idle), in the
 //! caller's thread, subscription by subscription in id order — so with a manual clock,
 //! every test of fan-out, priority, filters, retries, TTL and the DLQ is exact.
+//! [`Broker::settle`](crate::Broker::settle) also jumps a `ManualClock` to each next
+//! wake-up until nothing is scheduled.
+//!
+//! # Re-entrant calls from handlers (R-EXE-5)
+//! A handler that `run_until_idle` is running may call back into the broker:
+//!
+//! * **publish** offers as usual, except that a full `Overflow::Block` queue does not wait
+//!   (only this thread could make room, and it is busy in the handler): the offer is
+//!   refused at once as `Overflow` and dead-lettered, exactly like `Reject`. The same holds
+//!   for due delayed messages released by `run_until_idle`. A `Block` publish from another
+//!   thread (outside `run_until_idle`) still waits, for room or for its timeout on the
+//!   broker's clock.
+//! * **run_until_idle** nests: it delivers everything deliverable now, except on the
+//!   dispatcher slots whose handlers are running up the stack (one dispatcher per
+//!   subscription, R-CORE-3), then returns to the handler. Nesting is capped at 16 levels.
+//! * **request** publishes, then runs the nested `run_until_idle`, so a reply from any
+//!   other subscription arrives before it returns; a request only its own (busy)
+//!   subscription could answer returns `Timeout` at once.
+//! * **subscribe** / **unsubscribe** take effect at once; a new subscription is delivered
+//!   to by the same `run_until_idle` call.
+//! * **close** closes the broker from inside the handler and returns its report (the
+//!   handler's own message completes after it, outside the report). A close called from a
+//!   handler that an outer `close` is draining returns an empty report at once (it cannot
+//!   wait for itself); the outer close returns the full one.
 
 use std::sync::Arc;
 use std::time::Instant;

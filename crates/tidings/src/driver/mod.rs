@@ -29,7 +29,9 @@ pub enum Driver {
     Thread,
     /// Nothing runs until the caller calls [`Broker::run_until_idle`](crate::Broker::run_until_idle),
     /// which delivers everything deliverable in the caller's thread (R-EXE-2). For tests,
-    /// with a [`ManualClock`](crate::ManualClock).
+    /// with a [`ManualClock`](crate::ManualClock). Handlers may publish, request,
+    /// subscribe and close re-entrantly: `Block` does not wait there and `run_until_idle`
+    /// nests (see [`Broker::run_until_idle`](crate::Broker::run_until_idle), R-EXE-5).
     Manual,
     /// A fixed set of worker threads shared by all subscriptions; a subscription is
     /// scheduled only when it has work and is not already running (an actor mailbox), runs
