@@ -45,10 +45,22 @@ pub struct Undelivered {
     pub message: Arc<Message>,
 }
 
-/// What `close` left behind (R-CORE-6). Empty on a second close.
+/// What `close` left behind (R-CORE-6). Every later `close` returns a copy of it.
+///
+/// # Closed, three ways
+/// * an operation started after close fails with an `Err` (`PublishError::Closed`,
+///   `SubscribeError::Closed`, `RequestError::Closed` — also for a request that was
+///   waiting when close began);
+/// * an offer that raced with a subscription's close (or a publisher blocked under
+///   `Overflow::Block` that close woke) is listed in its `PublishReport` as
+///   `Refusal::Closed`: the message never entered that queue;
+/// * a message that *had* entered a queue and was not delivered is a `Shutdown` dead
+///   letter and is listed here, in `undelivered`: exactly those, no more, no fewer.
 #[derive(Debug, Clone, Default)]
 pub struct CloseReport {
-    /// Messages queued, waiting to retry, or scheduled that were not delivered.
+    /// Messages queued, waiting to retry, or scheduled that were not delivered: exactly
+    /// the `Shutdown` dead letters of close (kept in the DLQs when `keep_shutdown`), plus
+    /// delayed messages cancelled in the scheduler.
     pub undelivered: Vec<Undelivered>,
     /// Dispatcher threads still running a handler when the join deadline passed; they were
     /// detached and exit when their handler returns.

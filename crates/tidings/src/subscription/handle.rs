@@ -115,7 +115,9 @@ impl Subscription {
     }
     /// Unsubscribe now: later offers are refused, a handler call in flight completes, and
     /// what was still queued is returned (and dead-lettered as `Shutdown` when the DLQ
-    /// keeps those). Safe to call from inside this subscription's own handler.
+    /// keeps those). A handler call in flight that then fails retryably is dead-lettered
+    /// as `Shutdown` too, after this returned (it is not in the returned list). Safe to
+    /// call from inside this subscription's own handler.
     pub fn unsubscribe(mut self) -> Vec<Arc<Message>> {
         self.attached = false;
         self.retire()
