@@ -233,3 +233,57 @@ fn nested_run_until_idle_makes_progress() {
     assert_eq!(*inner.lock(), vec![1]); // R-EXE-5
     assert_eq!(*rec.lock(), vec!["from-a", "a-done"]);
 }
+
+// R-EXE-5: a handler that publishes into its own full queue, under every overflow policy,
+// and finally unsubscribes itself: nothing waits, every message is accounted.
+#[test]
+fn self_publish_under_every_overflow_policy_then_self_unsubscribe() {
+    let policies = [
+        Overflow::Reject,
+        Overflow::DropOldest { keep: true },
+        Overflow::Block {
+            timeout: Duration::from_secs(3600),
+        },
+    ];
+    for overflow in policies {
+        let (broker, _clock) = manual();
+        let calls = Arc::new(Mutex::new(0u32));
+        let id_slot: Arc<Mutex<Option<SubscriptionId>>> = Arc::default();
+        let (weak, c, slot) = (broker.downgrade(), calls.clone(), id_slot.clone());
+        let sub = broker
+            .subscribe(
+                "loop",
+                SubscribeOptions {
+                    capacity: 1,
+                    overflow,
+                    ..Default::default()
+                },
+                move |_m: &Message| {
+                    let b = weak.upgrade().unwrap();
+                    let n = {
+                        let mut c = c.lock();
+                        *c += 1;
+                        *c
+                    };
+                    if n < 10 {
+                        // Two publishes into a queue of one: the second finds it full.
+                        let _ = b.publish(Message::to("loop"));
+                        let _ = b.publish(Message::to("loop"));
+                    } else if let Some(id) = *slot.lock() {
+                        b.unsubscribe(id);
+                    }
+                    Ok::<(), HandlerError>(())
+                },
+            )
+            .unwrap();
+        *id_slot.lock() = Some(sub.id());
+        broker.publish(Message::to("loop")).unwrap();
+        let b = broker.clone();
+        bounded("self-publish loop", move || b.run_until_idle());
+        let s = sub.stats();
+        assert!(s.is_conserved(), "{overflow:?}: {s:?}"); // R-EXE-5, R-DEL-6
+        assert_eq!(s.delivered, 10, "{overflow:?}");
+        assert!(broker.subscriptions().is_empty()); // unsubscribed itself
+        assert_eq!(s.queued + s.in_flight, 0);
+    }
+}
