@@ -542,6 +542,12 @@ impl BrokerInner {
         ));
         {
             let mut reg = self.registry.write();
+            // Checked again under the lock: close sets the flag before it lists the live
+            // subscriptions, so a subscription registered here is either refused or seen
+            // (and closed and joined) by close.
+            if self.closed.load(Ordering::Acquire) {
+                return Err(SubscribeError::Closed);
+            }
             if !internal && reg.all.len() >= self.limits.max_subscriptions {
                 return Err(SubscribeError::TooManySubscriptions {
                     limit: self.limits.max_subscriptions,
