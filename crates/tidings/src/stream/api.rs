@@ -105,7 +105,9 @@ impl Broker {
     ///
     /// If `name` has a committed position on this stream (from an earlier run), delivery
     /// resumes there and `start` is ignored (use [`DurableSubscription::seek`] to move it);
-    /// otherwise it starts at `start`, and that position is committed at once. `options`
+    /// otherwise it starts at `start`, and that position is committed at once. A committed
+    /// position beyond the stream's end is clamped to the end, committed and logged
+    /// ([`DurableSubscription::clamped_from`] reports it). `options`
     /// apply as for [`Broker::subscribe`] (retry, DLQ, TTL, lanes, per-key, filters);
     /// `capacity` is the window of outstanding messages, and `overflow` never triggers
     /// because the reader waits for room.
@@ -150,7 +152,21 @@ impl Broker {
         let cdir = data.join("consumers").join(stream);
         ensure_dir(&cdir)?;
         let store = OffsetStore::new(&cdir, name);
+        // A committed position past the end is never trusted (see
+        // `DurableSubscription::clamped_from`): new messages would reuse the offsets below it.
+        let mut clamped_from = None;
         let position = match store.load()? {
+            Some(committed) if committed > s.log.end_offset() => {
+                let end = s.log.end_offset();
+                tracing::warn!(
+                    "tidings: durable {name} on stream {stream}: committed offset {committed} \
+                     is beyond the stream's end {end} (foreign offset file, or the stream lost \
+                     its tail in a crash); clamped to {end}"
+                );
+                store.store(end)?;
+                clamped_from = Some(committed);
+                end
+            }
             Some(committed) => committed,
             None => {
                 let p = s.resolve(start)?;
@@ -186,6 +202,7 @@ impl Broker {
             store,
             dlq,
             position,
+            clamped_from,
             Feed {
                 sub: Arc::downgrade(&sub.shared),
                 window,

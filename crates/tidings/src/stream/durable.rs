@@ -19,17 +19,10 @@ use crate::subscription::shared::{Finished, SubShared};
 use crate::topic::Pattern;
 
 use super::StreamInner;
-use super::codec;
 use super::commit::OffsetStore;
 use super::config::StartAt;
+use super::dlq_record;
 use super::error::StreamError;
-
-/// Header carrying the dead-letter reason in a durable DLQ record.
-const DLQ_REASON: &str = "tidings-dlq-reason";
-/// Header carrying the attempt count in a durable DLQ record.
-const DLQ_ATTEMPTS: &str = "tidings-dlq-attempts";
-/// Header carrying the original stream offset in a durable DLQ record.
-const DLQ_OFFSET: &str = "tidings-dlq-offset";
 
 #[derive(Debug)]
 pub(crate) struct CursorState {
@@ -44,6 +37,10 @@ pub(crate) struct CursorState {
     pub(crate) skipped: u64,
     /// Set when the pump halted (unreadable record, failed commit); cleared by `seek`.
     pub(crate) error: Option<String>,
+    /// Set by the final flush of `shutdown`: from then on nothing is committed or appended
+    /// to the durable DLQ (a successor may own the files already); what finishes late is
+    /// redelivered after a restart.
+    pub(crate) retired: bool,
 }
 
 impl CursorState {
@@ -74,6 +71,9 @@ pub(crate) struct Durable {
     pub(crate) pump: Mutex<Option<JoinHandle<()>>>,
     /// The subscription it feeds (for the manual driver, which pumps in `run_until_idle`).
     pub(crate) sub: Weak<SubShared>,
+    /// The committed position found at open, when it lay beyond the stream's end and was
+    /// clamped to the end.
+    pub(crate) clamped_from: Option<u64>,
 }
 
 impl Durable {
@@ -84,6 +84,7 @@ impl Durable {
         store: OffsetStore,
         dlq: Log,
         position: u64,
+        clamped_from: Option<u64>,
         feed: Feed,
     ) -> Self {
         let Feed { sub, window } = feed;
@@ -101,6 +102,7 @@ impl Durable {
                 since_commit: 0,
                 skipped: 0,
                 error: None,
+                retired: false,
             }),
             room: Condvar::new(),
             window,
@@ -108,6 +110,7 @@ impl Durable {
             stop: AtomicBool::new(false),
             pump: Mutex::new(None),
             sub,
+            clamped_from,
         }
     }
 
@@ -121,8 +124,10 @@ impl Durable {
         self.room.notify_all();
     }
 
-    /// Stop and join the pump, then write the final position (abandoned messages are still
-    /// pending, so they stay above it and are redelivered after a restart).
+    /// Stop and join the pump, write the final position (abandoned messages are still
+    /// pending, so they stay above it and are redelivered after a restart), then retire:
+    /// no later commit, and the durable DLQ log is closed, releasing its directory lock, so
+    /// the name can be subscribed again at once (R-LOG-3). Idempotent.
     pub(crate) fn shutdown(&self) {
         self.request_stop();
         if let Some(h) = self.pump.lock().take()
@@ -130,11 +135,19 @@ impl Durable {
         {
             let _ = h.join();
         }
-        self.flush_locked(&mut self.state.lock());
+        let mut st = self.state.lock();
+        self.flush_locked(&mut st);
+        st.retired = true;
+        if let Err(e) = self.dlq.close() {
+            tracing::error!("tidings: durable {} closing its DLQ log: {e}", self.name);
+        }
     }
 
-    /// Write the watermark if it moved.
+    /// Write the watermark if it moved (never once retired).
     pub(crate) fn flush_locked(&self, st: &mut CursorState) {
+        if st.retired {
+            return;
+        }
         let wm = st.watermark();
         if wm == st.committed {
             st.since_commit = 0;
@@ -176,6 +189,10 @@ impl Durable {
             let Some(offset) = f.message.log_offset else {
                 continue;
             };
+            if self.state.lock().retired {
+                // Finished after the handle was dropped: not committed, redelivered later.
+                continue;
+            }
             if let Some((reason, attempts)) = &f.dead_letter
                 && let Err(e) = self.append_dlq(&f.message, reason, *attempts, offset)
             {
@@ -195,15 +212,7 @@ impl Durable {
         attempts: u32,
         offset: u64,
     ) -> Result<u64, StreamError> {
-        let mut rec = codec::encode(message);
-        rec.headers
-            .push((DLQ_REASON.into(), reason.to_string().into_bytes().into()));
-        rec.headers.push((
-            DLQ_ATTEMPTS.into(),
-            attempts.to_string().into_bytes().into(),
-        ));
-        rec.headers
-            .push((DLQ_OFFSET.into(), offset.to_string().into_bytes().into()));
+        let rec = dlq_record::encode(message, reason, attempts, offset);
         self.dlq.append(&rec).map_err(|source| StreamError::Append {
             dir: self.dlq.dir().to_path_buf(),
             source,
@@ -284,6 +293,19 @@ impl DurableSubscription {
             .end_offset()
             .saturating_sub(committed)
     }
+    /// The committed position found when this subscription opened, if it lay beyond the
+    /// end of the stream (a hand-edited or foreign offset file, or a stream that lost its
+    /// tail in a power cut under `Fsync::Never` or `Fsync::Interval`).
+    ///
+    /// Policy (R-LOG-3, R-LIM-2): such a position is never trusted, because new messages
+    /// would get offsets below it and be skipped silently. It is clamped to the stream's end
+    /// at open, the clamp is committed at once and logged with `tracing::warn!`, and this
+    /// method reports the position that was found. Every message appended afterwards is
+    /// delivered. `None` when the committed position was within the stream.
+    #[must_use]
+    pub fn clamped_from(&self) -> Option<u64> {
+        self.durable.clamped_from
+    }
     /// Offsets skipped because retention removed them before they were read.
     #[must_use]
     pub fn skipped(&self) -> u64 {
@@ -300,8 +322,14 @@ impl DurableSubscription {
         self.durable.store.path()
     }
     /// Write the current position now (instead of waiting for the batch); returns it.
+    ///
+    /// # Errors
+    /// [`StreamError::Closed`] once the broker closed; an I/O error writing the file.
     pub fn commit(&self) -> Result<u64, StreamError> {
         let mut st = self.durable.state.lock();
+        if st.retired {
+            return Err(StreamError::Closed);
+        }
         let wm = st.watermark();
         self.durable.store.store(wm)?;
         st.committed = wm;
@@ -314,10 +342,13 @@ impl DurableSubscription {
     ///
     /// # Errors
     /// [`StreamError::OutOfRetention`] / [`StreamError::BeyondEnd`] for an offset outside the
-    /// stream; nothing changes then.
+    /// stream, [`StreamError::Closed`] once the broker closed; nothing changes then.
     pub fn seek(&self, at: StartAt) -> Result<u64, StreamError> {
         let target = self.durable.stream.resolve(at)?;
         let mut st = self.durable.state.lock();
+        if st.retired {
+            return Err(StreamError::Closed);
+        }
         self.durable.store.store(target)?;
         st.cursor = target;
         st.pending.clear();
@@ -345,21 +376,16 @@ impl DurableSubscription {
             for r in recs {
                 let offset = r.offset;
                 from = offset + 1;
-                let mut message = codec::decode(r).map_err(|reason| StreamError::Decode {
-                    dir: dir.clone(),
-                    offset,
-                    reason,
-                })?;
-                let reason = message.header(DLQ_REASON).unwrap_or_default().to_owned();
-                let attempts = message
-                    .header(DLQ_ATTEMPTS)
-                    .and_then(|a| a.parse().ok())
-                    .unwrap_or(0);
-                message.log_offset = message.header(DLQ_OFFSET).and_then(|o| o.parse().ok());
+                let (message, meta) =
+                    dlq_record::decode(r).map_err(|reason| StreamError::Decode {
+                        dir: dir.clone(),
+                        offset,
+                        reason,
+                    })?;
                 out.push(DurableDeadLetter {
                     message,
-                    reason,
-                    attempts,
+                    reason: meta.reason,
+                    attempts: meta.attempts,
                 });
             }
         }

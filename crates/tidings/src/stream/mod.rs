@@ -29,6 +29,7 @@ pub(crate) mod api;
 pub(crate) mod codec;
 pub(crate) mod commit;
 pub(crate) mod config;
+pub(crate) mod dlq_record;
 pub(crate) mod durable;
 pub(crate) mod error;
 pub(crate) mod pump;
