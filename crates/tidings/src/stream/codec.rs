@@ -275,4 +275,66 @@ mod tests {
             assert!(decode(s.clone()).is_err());
         }
     }
+
+    fn cases() -> u32 {
+        if std::env::var_os("TIDINGS_LONG").is_some() {
+            200_000
+        } else {
+            512
+        }
+    }
+
+    fn valid_block() -> Vec<u8> {
+        let m = Message {
+            id: IdGenerator::new().next(SystemTime::now()),
+            topic: Topic::new("a.b").unwrap(),
+            payload: Bytes::new(),
+            headers: Headers::new(),
+            key: None,
+            priority: Priority::High,
+            timestamp: SystemTime::now(),
+            expires_at: Some(SystemTime::now()),
+            deliver_at: None,
+            reply_to: Some(Topic::new("r").unwrap()),
+            correlation_id: Some("c".into()),
+            log_offset: None,
+        };
+        encode(&m).headers[0].1.to_vec()
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(cases()))]
+
+        /// R-LIM-2: arbitrary bytes as the metadata block decode or fail with a typed error,
+        /// never a panic (also for mutations of a valid block, which reach deeper checks).
+        #[test]
+        fn arbitrary_records_never_panic(
+            block in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..96),
+            flips in proptest::collection::vec((0usize..96, proptest::prelude::any::<u8>()), 0..4),
+            cut in 0usize..96,
+            headers in proptest::collection::vec(
+                ("[a-z-]{0,12}", proptest::collection::vec(proptest::prelude::any::<u8>(), 0..16)),
+                0..4,
+            ),
+        ) {
+            let mut mutated = valid_block();
+            for (at, value) in flips {
+                if let Some(b) = mutated.get_mut(at) {
+                    *b = value;
+                }
+            }
+            mutated.truncate(cut.max(1));
+            for meta in [block, mutated] {
+                let mut all = vec![(META_HEADER.to_owned(), Bytes::from(meta))];
+                all.extend(headers.iter().map(|(k, v)| (k.clone(), Bytes::from(v.clone()))));
+                let _ = decode(StoredRecord {
+                    offset: 0,
+                    timestamp_ms: 0,
+                    key: None,
+                    headers: all,
+                    payload: Bytes::new(),
+                });
+            }
+        }
+    }
 }

@@ -41,6 +41,21 @@ pub(crate) fn ensure_dir(dir: &Path) -> Result<(), StreamError> {
     Ok(())
 }
 
+/// Parse the contents of an offset file: exactly `tidings-offset 1 <N>\n`, `N` decimal.
+pub(crate) fn parse(bytes: &[u8]) -> Result<u64, &'static str> {
+    let text = std::str::from_utf8(bytes).map_err(|_| "not UTF-8")?;
+    let rest = text
+        .strip_prefix(MAGIC)
+        .ok_or("missing `tidings-offset 1` header")?;
+    let digits = rest.strip_suffix('\n').ok_or("missing final newline")?;
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err("offset is not a decimal number");
+    }
+    digits
+        .parse::<u64>()
+        .map_err(|_| "offset does not fit in 64 bits")
+}
+
 impl OffsetStore {
     pub(crate) fn new(dir: &Path, name: &str) -> Self {
         Self {
@@ -61,21 +76,12 @@ impl OffsetStore {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(StreamError::io(&self.path, e)),
         };
-        let bad = |reason: &str| StreamError::BadOffsetFile {
-            path: self.path.clone(),
-            reason: reason.to_owned(),
-        };
-        let text = std::str::from_utf8(&bytes).map_err(|_| bad("not UTF-8"))?;
-        let rest = text
-            .strip_prefix(MAGIC)
-            .ok_or_else(|| bad("missing `tidings-offset 1` header"))?;
-        let digits = rest
-            .strip_suffix('\n')
-            .ok_or_else(|| bad("missing final newline"))?;
-        digits
-            .parse::<u64>()
+        parse(&bytes)
             .map(Some)
-            .map_err(|_| bad("offset is not a decimal number"))
+            .map_err(|reason| StreamError::BadOffsetFile {
+                path: self.path.clone(),
+                reason: reason.to_owned(),
+            })
     }
 
     /// Durably replace the committed position with `offset`.
@@ -112,5 +118,49 @@ mod tests {
         fs::write(s.path(), "hello").unwrap();
         let e = s.load().unwrap_err().to_string();
         assert!(e.contains("billing.offset"), "{e}");
+    }
+
+    #[test]
+    fn parse_is_strict() {
+        assert_eq!(parse(b"tidings-offset 1 40\n"), Ok(40));
+        // R-LIM-2: anything but the exact shape is a typed error.
+        for bad in [
+            &b"tidings-offset 1 +40\n"[..],
+            b"tidings-offset 1 \n",
+            b"tidings-offset 1 40",
+            b"tidings-offset 1 99999999999999999999\n",
+            b"tidings-offset 2 40\n",
+            b"\xff",
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    fn cases() -> u32 {
+        if std::env::var_os("TIDINGS_LONG").is_some() {
+            200_000
+        } else {
+            512
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(cases()))]
+
+        /// R-LIM-2: arbitrary offset-file bytes parse or fail with a typed error, never panic.
+        #[test]
+        fn arbitrary_offset_files_never_panic(
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..40),
+            tail in "[0-9+\\- \n]{0,24}",
+        ) {
+            let _ = parse(&bytes);
+            let _ = parse(format!("{MAGIC}{tail}").as_bytes());
+        }
+
+        /// Every position written reads back.
+        #[test]
+        fn written_positions_parse_back(n in proptest::prelude::any::<u64>()) {
+            proptest::prop_assert_eq!(parse(format!("{MAGIC}{n}\n").as_bytes()), Ok(n));
+        }
     }
 }
