@@ -26,6 +26,15 @@
 //!   that happens to be called `tidings-msg` is unambiguous: only the first header is read
 //!   as the block.
 //!
+//! # Redrive copies
+//!
+//! A durable dead letter redriven into its stream
+//! ([`DurableSubscription::redrive_durable`](crate::DurableSubscription::redrive_durable))
+//! is appended as the same record with one more header in **front**: `tidings-to`, whose
+//! value is the name of the durable subscription it is for. Only that subscription
+//! delivers it; every other one skips it (finished at once). Readers that decode the
+//! message only ([`Stream::read`](crate::Stream::read)) see the message as published.
+//!
 //! Times before the epoch are stored as 0. Decoding validates the version, lengths, UTF-8
 //! and the topic; anything else is a typed decode error, never a panic.
 
@@ -39,6 +48,8 @@ use crate::topic::Topic;
 
 /// Name of the reserved first header carrying the message metadata.
 pub const META_HEADER: &str = "tidings-msg";
+/// Name of the leading header of a redrive copy: the durable subscription it is for.
+pub(crate) const TARGET_HEADER: &str = "tidings-to";
 const VERSION: u8 = 1;
 
 fn nanos(t: SystemTime) -> u64 {
@@ -101,6 +112,37 @@ pub(crate) fn encode(m: &Message) -> Record {
     }
 }
 
+/// Encode a redrive copy of `m`, delivered by the durable subscription `target` only.
+pub(crate) fn encode_for(m: &Message, target: &str) -> Record {
+    let mut rec = encode(m);
+    rec.headers.insert(
+        0,
+        (
+            TARGET_HEADER.to_owned(),
+            Bytes::copy_from_slice(target.as_bytes()),
+        ),
+    );
+    rec
+}
+
+/// Decode a stream record: the message, and the durable subscription it is reserved for
+/// when it is a redrive copy.
+pub(crate) fn decode_targeted(
+    mut r: StoredRecord,
+) -> Result<(Message, Option<String>), &'static str> {
+    let target = match r.headers.first() {
+        Some((name, value)) if name == TARGET_HEADER => {
+            let t = std::str::from_utf8(value)
+                .map_err(|_| "redrive target is not UTF-8")?
+                .to_owned();
+            r.headers.remove(0);
+            Some(t)
+        }
+        _ => None,
+    };
+    Ok((decode(r)?, target))
+}
+
 struct Cursor<'a>(&'a [u8]);
 
 impl<'a> Cursor<'a> {
@@ -139,9 +181,16 @@ impl<'a> Cursor<'a> {
     }
 }
 
-/// Decode a stored record back into a message carrying its offset.
+/// Decode a stored record back into a message carrying its offset (a redrive copy's
+/// target header is skipped).
 pub(crate) fn decode(r: StoredRecord) -> Result<Message, &'static str> {
-    let mut headers = r.headers.into_iter();
+    let mut headers = r.headers.into_iter().peekable();
+    if headers
+        .peek()
+        .is_some_and(|(name, _)| name == TARGET_HEADER)
+    {
+        headers.next();
+    }
     let meta = match headers.next() {
         Some((name, value)) if name == META_HEADER => value,
         _ => return Err("first header is not tidings-msg"),

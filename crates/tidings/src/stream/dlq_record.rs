@@ -16,6 +16,15 @@
 //! from the first header only, by position, so no user header — whatever its name — can
 //! change the reason, attempts or offset of an entry.
 //!
+//! # Removals
+//!
+//! The log is append-only, so draining or redriving entries appends a **removal** record:
+//! one header `tidings-dlq-removed` holding the removed entries' DLQ offsets as
+//! little-endian `u64`s (no payload). Listing replays the log and leaves removed entries
+//! out. A removal is appended only after what it removes was handed over (returned by a
+//! drain, or appended — and synced — to the stream by a redrive), so a crash in between
+//! keeps the entry (at-least-once), never loses it.
+//!
 //! # Legacy records
 //!
 //! Logs written before this encoding hold `tidings-msg` first, the user headers, then three
@@ -34,6 +43,50 @@ use super::codec;
 
 /// Name of the reserved first header of a durable DLQ record.
 pub(crate) const DLQ_HEADER: &str = "tidings-dlq";
+/// Name of the only header of a removal record.
+pub(crate) const REMOVED_HEADER: &str = "tidings-dlq-removed";
+
+/// One record of a durable DLQ log.
+#[derive(Debug)]
+pub(crate) enum DlqRecord {
+    /// A dead letter: the message (carrying its stream offset) and its metadata.
+    Entry(Message, DlqMeta),
+    /// These DLQ offsets were drained or redriven.
+    Removed(Vec<u64>),
+}
+
+/// Encode a removal of the entries at these DLQ offsets.
+pub(crate) fn encode_removal(offsets: &[u64]) -> Record {
+    let block: Vec<u8> = offsets.iter().flat_map(|o| o.to_le_bytes()).collect();
+    Record {
+        timestamp_ms: 0,
+        key: None,
+        headers: vec![(REMOVED_HEADER.to_owned(), Bytes::from(block))],
+        payload: Bytes::new(),
+    }
+}
+
+/// Decode any DLQ record: an entry or a removal.
+pub(crate) fn decode_any(r: StoredRecord) -> Result<DlqRecord, &'static str> {
+    match r.headers.first() {
+        Some((name, block)) if name == REMOVED_HEADER => {
+            if r.headers.len() != 1 || block.len() % 8 != 0 {
+                return Err("malformed DLQ removal record");
+            }
+            Ok(DlqRecord::Removed(
+                block
+                    .chunks_exact(8)
+                    .map(|c| {
+                        let mut a = [0; 8];
+                        a.copy_from_slice(c);
+                        u64::from_le_bytes(a)
+                    })
+                    .collect(),
+            ))
+        }
+        _ => decode(r).map(|(m, meta)| DlqRecord::Entry(m, meta)),
+    }
+}
 const VERSION: u8 = 1;
 
 /// Legacy trailing headers, in the order the old writer appended them.
@@ -210,6 +263,14 @@ mod tests {
     }
 
     #[test]
+    fn removals_round_trip() {
+        match decode_any(stored(encode_removal(&[3, u64::MAX]))).unwrap() {
+            DlqRecord::Removed(o) => assert_eq!(o, [3, u64::MAX]),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
     fn legacy_records_are_read_positionally() {
         let mut h = Headers::new();
         h.insert("tidings-dlq-reason", "spoofed");
@@ -244,6 +305,7 @@ mod tests {
             Just(LEGACY[0].to_owned()),
             Just(LEGACY[1].to_owned()),
             Just(LEGACY[2].to_owned()),
+            Just(REMOVED_HEADER.to_owned()),
             "[a-z-]{0,12}",
         ];
         prop::collection::vec((name, prop::collection::vec(any::<u8>(), 0..48)), 0..6)
@@ -262,7 +324,7 @@ mod tests {
                 let real = codec::encode(&message(Headers::new()));
                 headers.insert(0, real.headers[0].clone());
             }
-            let _ = decode(StoredRecord {
+            let _ = decode_any(StoredRecord {
                 offset: 0,
                 timestamp_ms: 0,
                 key: None,

@@ -19,6 +19,7 @@ use crate::subscription::shared::{Finished, SubShared};
 use crate::topic::Pattern;
 
 use super::StreamInner;
+use super::codec;
 use super::commit::OffsetStore;
 use super::config::StartAt;
 use super::dlq_record;
@@ -74,6 +75,8 @@ pub(crate) struct Durable {
     /// The committed position found at open, when it lay beyond the stream's end and was
     /// clamped to the end.
     pub(crate) clamped_from: Option<u64>,
+    /// Serialises drains and redrives of the durable DLQ (list, hand over, remove).
+    dlq_ops: Mutex<()>,
 }
 
 impl Durable {
@@ -111,6 +114,7 @@ impl Durable {
             pump: Mutex::new(None),
             sub,
             clamped_from,
+            dlq_ops: Mutex::new(()),
         }
     }
 
@@ -203,6 +207,61 @@ impl Durable {
             }
             self.finish(offset);
         }
+    }
+
+    /// The live entries of the durable DLQ with their DLQ offsets, oldest first: the log
+    /// replayed, removed entries left out.
+    fn dlq_entries(&self) -> Result<Vec<(u64, DurableDeadLetter)>, StreamError> {
+        let log = &self.dlq;
+        let dir = log.dir().to_path_buf();
+        let mut entries = std::collections::BTreeMap::new();
+        let mut from = log.start_offset();
+        loop {
+            let recs = log.read(from, 256).map_err(|source| StreamError::Read {
+                dir: dir.clone(),
+                source,
+            })?;
+            if recs.is_empty() {
+                return Ok(entries.into_iter().collect());
+            }
+            for r in recs {
+                let at = r.offset;
+                from = at + 1;
+                let record = dlq_record::decode_any(r).map_err(|reason| StreamError::Decode {
+                    dir: dir.clone(),
+                    offset: at,
+                    reason,
+                })?;
+                match record {
+                    dlq_record::DlqRecord::Entry(message, meta) => {
+                        entries.insert(
+                            at,
+                            DurableDeadLetter {
+                                message,
+                                reason: meta.reason,
+                                attempts: meta.attempts,
+                            },
+                        );
+                    }
+                    dlq_record::DlqRecord::Removed(gone) => {
+                        for g in gone {
+                            entries.remove(&g);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Durably record that the entries at these DLQ offsets left the DLQ.
+    fn remove_dlq(&self, offsets: &[u64]) -> Result<(), StreamError> {
+        self.dlq
+            .append(&dlq_record::encode_removal(offsets))
+            .map(drop)
+            .map_err(|source| StreamError::Append {
+                dir: self.dlq.dir().to_path_buf(),
+                source,
+            })
     }
 
     fn append_dlq(
@@ -359,36 +418,90 @@ impl DurableSubscription {
         self.durable.room.notify_all();
         Ok(target)
     }
-    /// Every entry of the durable dead-letter log, oldest first.
+    /// The entries of the durable dead-letter log still in it (not drained or redriven),
+    /// oldest first (R-DEL-4). Survives restarts.
+    ///
+    /// # Errors
+    /// Reading the DLQ log failed, or it holds a record tidings did not write (R-LIM-2).
     pub fn durable_dead_letters(&self) -> Result<Vec<DurableDeadLetter>, StreamError> {
-        let log = &self.durable.dlq;
-        let dir = log.dir().to_path_buf();
-        let mut out = Vec::new();
-        let mut from = log.start_offset();
-        loop {
-            let recs = log.read(from, 256).map_err(|source| StreamError::Read {
-                dir: dir.clone(),
-                source,
-            })?;
-            if recs.is_empty() {
-                return Ok(out);
+        let entries = self.durable.dlq_entries()?;
+        Ok(entries.into_iter().map(|(_, e)| e).collect())
+    }
+
+    /// Remove every entry from the durable dead-letter log and return them, oldest first
+    /// (R-DEL-4). The removal is durable once this returns `Ok`; the in-memory DLQ of the
+    /// underlying [`Subscription`] is not touched.
+    ///
+    /// # Errors
+    /// Reading the DLQ log or appending the removal failed (then nothing was removed), or
+    /// the broker closed ([`StreamError::Closed`]).
+    pub fn drain_durable_dead_letters(&self) -> Result<Vec<DurableDeadLetter>, StreamError> {
+        let _ops = self.durable.dlq_ops.lock();
+        self.check_open()?;
+        let entries = self.durable.dlq_entries()?;
+        let offsets: Vec<u64> = entries.iter().map(|(at, _)| *at).collect();
+        if !offsets.is_empty() {
+            self.durable.remove_dlq(&offsets)?;
+        }
+        Ok(entries.into_iter().map(|(_, e)| e).collect())
+    }
+
+    /// Redrive the durable dead letters `select` picks (R-DEL-4): each is appended again to
+    /// the stream, in DLQ order, as a copy reserved for this subscription (other durable
+    /// subscriptions of the stream skip it), and delivered like any stream message, at its
+    /// new offset. Returns how many were redriven.
+    ///
+    /// Loss-safe: the copies are appended and synced to the stream *before* the entries
+    /// leave the DLQ, so a crash in between redelivers an entry (it stays listed), never
+    /// loses it. Filters are applied again (the message is unchanged, so they pass).
+    ///
+    /// # Errors
+    /// Reading the DLQ, appending to or syncing the stream, or recording the removal
+    /// failed, or the broker closed. Entries redriven before an append failure are removed
+    /// from the DLQ; the others stay.
+    pub fn redrive_durable(
+        &self,
+        mut select: impl FnMut(&DurableDeadLetter) -> bool,
+    ) -> Result<usize, StreamError> {
+        let _ops = self.durable.dlq_ops.lock();
+        self.check_open()?;
+        let stream = &self.durable.stream;
+        let append_error = |source| StreamError::Append {
+            dir: stream.dir.clone(),
+            source,
+        };
+        let mut done = Vec::new();
+        let mut failure = None;
+        for (at, e) in self.durable.dlq_entries()? {
+            if !select(&e) {
+                continue;
             }
-            for r in recs {
-                let offset = r.offset;
-                from = offset + 1;
-                let (message, meta) =
-                    dlq_record::decode(r).map_err(|reason| StreamError::Decode {
-                        dir: dir.clone(),
-                        offset,
-                        reason,
-                    })?;
-                out.push(DurableDeadLetter {
-                    message,
-                    reason: meta.reason,
-                    attempts: meta.attempts,
-                });
+            match stream
+                .log
+                .append(&codec::encode_for(&e.message, &self.durable.name))
+            {
+                Ok(_) => done.push(at),
+                Err(source) => {
+                    failure = Some(append_error(source));
+                    break;
+                }
             }
         }
+        if !done.is_empty() {
+            stream.log.sync().map_err(append_error)?;
+            self.durable.remove_dlq(&done)?;
+        }
+        match failure {
+            Some(e) => Err(e),
+            None => Ok(done.len()),
+        }
+    }
+
+    fn check_open(&self) -> Result<(), StreamError> {
+        if self.durable.state.lock().retired {
+            return Err(StreamError::Closed);
+        }
+        Ok(())
     }
 }
 

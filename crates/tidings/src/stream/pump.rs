@@ -178,8 +178,8 @@ pub(crate) fn pump_once(
     }
     for rec in records {
         let offset = rec.offset;
-        let message = match codec::decode(rec) {
-            Ok(m) => Arc::new(m),
+        let (message, target) = match codec::decode_targeted(rec) {
+            Ok((m, target)) => (Arc::new(m), target),
             Err(reason) => {
                 // Never skip what we cannot read: stop here, say why (R-LIM-2).
                 d.halt(StreamError::Decode {
@@ -190,7 +190,9 @@ pub(crate) fn pump_once(
                 break;
             }
         };
-        let wanted = d.filter.matches(message.topic());
+        // A redrive copy is for one durable subscription only.
+        let wanted =
+            d.filter.matches(message.topic()) && target.as_ref().is_none_or(|t| *t == d.name);
         {
             let mut st = d.state.lock();
             if st.cursor != offset || d.stopping() {
