@@ -66,8 +66,8 @@ pub struct BrokerBuilder {
     clock: Arc<dyn Clock>,
     driver: Driver,
     limits: Limits,
-    /// Streams' data directory (`BrokerBuilder::data_dir`, src/stream/api.rs).
-    pub(crate) data_dir: Option<std::path::PathBuf>,
+    /// Streams' data directory and storage (`BrokerBuilder::data_dir`, src/stream/api.rs).
+    pub(crate) data_dir: crate::stream::DataDir,
 }
 
 impl BrokerBuilder {
@@ -172,7 +172,7 @@ impl Broker {
             clock: Arc::new(SystemClock),
             driver: Driver::Thread,
             limits: Limits::default(),
-            data_dir: None,
+            data_dir: Default::default(),
         }
     }
 

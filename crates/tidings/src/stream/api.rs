@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use tidings_log::{Fsync, Log, LogConfig};
+use tidings_log::{Fsync, Log, LogConfig, Storage};
 
 use crate::broker::{Broker, BrokerBuilder};
 use crate::error::SubscribeError;
@@ -23,7 +23,16 @@ impl BrokerBuilder {
     /// (`consumers/<stream>/`). Required by [`Broker::create_stream`]. One broker per
     /// directory at a time.
     pub fn data_dir(mut self, dir: impl Into<PathBuf>) -> Self {
-        self.data_dir = Some(dir.into());
+        self.data_dir.path = Some(dir.into());
+        self
+    }
+
+    /// The storage streams, committed offsets and durable DLQs are read and written
+    /// through; the real file system by default. Give a
+    /// [`SimStorage`](tidings_log::testing::SimStorage) to inject I/O faults and power cuts
+    /// in tests (the data directory is then a path inside it).
+    pub fn storage(mut self, storage: Arc<dyn Storage>) -> Self {
+        self.data_dir.storage = Some(storage);
         self
     }
 }
@@ -69,11 +78,12 @@ impl Broker {
             return Err(StreamError::AlreadyExists(config.name));
         }
         let dir = data.join("streams").join(&config.name);
-        ensure_dir(&dir)?;
-        let (log, recovery) = Log::open(&dir, config.log).map_err(|source| StreamError::Open {
-            dir: dir.clone(),
-            source,
-        })?;
+        ensure_dir(&*streams.storage, &dir)?;
+        let (log, recovery) = Log::open_with_storage(streams.storage.clone(), &dir, config.log)
+            .map_err(|source| StreamError::Open {
+                dir: dir.clone(),
+                source,
+            })?;
         let inner = Arc::new(StreamInner {
             name: config.name.clone(),
             patterns,
@@ -150,8 +160,8 @@ impl Broker {
             });
         }
         let cdir = data.join("consumers").join(stream);
-        ensure_dir(&cdir)?;
-        let store = OffsetStore::new(&cdir, name);
+        ensure_dir(&*streams.storage, &cdir)?;
+        let store = OffsetStore::new(streams.storage.clone(), &cdir, name);
         // A committed position past the end is never trusted (see
         // `DurableSubscription::clamped_from`): new messages would reuse the offsets below it.
         let mut clamped_from = None;
@@ -175,15 +185,16 @@ impl Broker {
             }
         };
         let dlq_dir = cdir.join(format!("{name}.dlq"));
-        ensure_dir(&dlq_dir)?;
+        ensure_dir(&*streams.storage, &dlq_dir)?;
         let dlq_config = LogConfig {
             fsync: Fsync::Always,
             ..LogConfig::default()
         };
-        let (dlq, _) = Log::open(&dlq_dir, dlq_config).map_err(|source| StreamError::Open {
-            dir: dlq_dir.clone(),
-            source,
-        })?;
+        let (dlq, _) = Log::open_with_storage(streams.storage.clone(), &dlq_dir, dlq_config)
+            .map_err(|source| StreamError::Open {
+                dir: dlq_dir.clone(),
+                source,
+            })?;
         let mut options = options;
         options
             .name

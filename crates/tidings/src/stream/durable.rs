@@ -23,7 +23,7 @@ use super::codec;
 use super::commit::OffsetStore;
 use super::config::StartAt;
 use super::dlq_record;
-use super::error::StreamError;
+use super::error::{CommitFailed, StreamError};
 
 #[derive(Debug)]
 pub(crate) struct CursorState {
@@ -42,6 +42,8 @@ pub(crate) struct CursorState {
     /// to the durable DLQ (a successor may own the files already); what finishes late is
     /// redelivered after a restart.
     pub(crate) retired: bool,
+    /// Set by a failed commit: nothing is committed or read any more (never cleared).
+    pub(crate) poisoned: Option<CommitFailed>,
 }
 
 impl CursorState {
@@ -106,6 +108,7 @@ impl Durable {
                 skipped: 0,
                 error: None,
                 retired: false,
+                poisoned: None,
             }),
             room: Condvar::new(),
             window,
@@ -147,9 +150,9 @@ impl Durable {
         }
     }
 
-    /// Write the watermark if it moved (never once retired).
+    /// Write the watermark if it moved (never once retired or poisoned).
     pub(crate) fn flush_locked(&self, st: &mut CursorState) {
-        if st.retired {
+        if st.retired || st.poisoned.is_some() {
             return;
         }
         let wm = st.watermark();
@@ -157,14 +160,36 @@ impl Durable {
             st.since_commit = 0;
             return;
         }
-        match self.store.store(wm) {
+        if let Err(e) = self.commit_locked(st, wm) {
+            tracing::error!("tidings: durable {}: {e}", self.name);
+        }
+    }
+
+    /// Write `position`; a failure poisons the cursor (never retried: after a failed fsync
+    /// the file's state is unknown).
+    pub(crate) fn commit_locked(
+        &self,
+        st: &mut CursorState,
+        position: u64,
+    ) -> Result<(), StreamError> {
+        if let Some(p) = &st.poisoned {
+            return Err(p.clone().into());
+        }
+        match self.store.store(position) {
             Ok(()) => {
-                st.committed = wm;
+                st.committed = position;
                 st.since_commit = 0;
+                Ok(())
             }
             Err(e) => {
-                tracing::error!("tidings: durable {} could not commit: {e}", self.name);
-                st.error = Some(e.to_string());
+                let failed = CommitFailed {
+                    path: self.store.path().to_path_buf(),
+                    position,
+                    reason: e.to_string(),
+                };
+                st.error = Some(failed.to_string());
+                st.poisoned = Some(failed.clone());
+                Err(failed.into())
             }
         }
     }
@@ -370,6 +395,13 @@ impl DurableSubscription {
     pub fn skipped(&self) -> u64 {
         self.durable.state.lock().skipped
     }
+    /// The failed commit that poisoned this subscription's cursor, if one did (R-LOG-3):
+    /// it then reads and commits nothing more; subscribe again to resume from the last
+    /// position committed.
+    #[must_use]
+    pub fn poisoned(&self) -> Option<CommitFailed> {
+        self.durable.state.lock().poisoned.clone()
+    }
     /// Why the pump halted (unreadable record, failed commit or DLQ append), if it did.
     #[must_use]
     pub fn error(&self) -> Option<String> {
@@ -383,16 +415,15 @@ impl DurableSubscription {
     /// Write the current position now (instead of waiting for the batch); returns it.
     ///
     /// # Errors
-    /// [`StreamError::Closed`] once the broker closed; an I/O error writing the file.
+    /// [`StreamError::Closed`] once the broker closed; [`StreamError::Poisoned`] when this
+    /// or an earlier commit failed (see [`CommitFailed`]).
     pub fn commit(&self) -> Result<u64, StreamError> {
         let mut st = self.durable.state.lock();
         if st.retired {
             return Err(StreamError::Closed);
         }
         let wm = st.watermark();
-        self.durable.store.store(wm)?;
-        st.committed = wm;
-        st.since_commit = 0;
+        self.durable.commit_locked(&mut st, wm)?;
         Ok(wm)
     }
     /// Move the cursor (R-LOG-4) and commit the new position at once; returns it. Messages
@@ -401,14 +432,15 @@ impl DurableSubscription {
     ///
     /// # Errors
     /// [`StreamError::OutOfRetention`] / [`StreamError::BeyondEnd`] for an offset outside the
-    /// stream, [`StreamError::Closed`] once the broker closed; nothing changes then.
+    /// stream, [`StreamError::Closed`] once the broker closed, [`StreamError::Poisoned`]
+    /// after a failed commit; nothing changes then. A poisoned cursor is not cleared.
     pub fn seek(&self, at: StartAt) -> Result<u64, StreamError> {
         let target = self.durable.stream.resolve(at)?;
         let mut st = self.durable.state.lock();
         if st.retired {
             return Err(StreamError::Closed);
         }
-        self.durable.store.store(target)?;
+        self.durable.commit_locked(&mut st, target)?;
         st.cursor = target;
         st.pending.clear();
         st.committed = target;

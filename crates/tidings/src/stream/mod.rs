@@ -49,7 +49,7 @@ use crate::topic::Pattern;
 
 pub use config::{DEFAULT_COMMIT_EVERY, StartAt, StreamConfig};
 pub use durable::{DurableDeadLetter, DurableSubscription};
-pub use error::StreamError;
+pub use error::{CommitFailed, StreamError};
 
 /// Check a stream or subscription name: it becomes a file name.
 pub(crate) fn check_name(what: &'static str, name: &str) -> Result<(), StreamError> {
@@ -197,10 +197,20 @@ impl StreamInner {
     }
 }
 
-/// The broker's streams (a field of `BrokerInner`).
+/// Where a broker keeps its streams: the data directory and the storage it is accessed
+/// through (a field of `BrokerBuilder`).
 #[derive(Default)]
+pub(crate) struct DataDir {
+    pub(crate) path: Option<PathBuf>,
+    /// `None` = the real file system.
+    pub(crate) storage: Option<Arc<dyn tidings_log::Storage>>,
+}
+
+/// The broker's streams (a field of `BrokerInner`).
 pub(crate) struct Streams {
     pub(crate) data_dir: Option<PathBuf>,
+    /// Every stream log, offset file and durable DLQ log goes through it.
+    pub(crate) storage: Arc<dyn tidings_log::Storage>,
     /// Fast path: false until the first stream is created.
     any: AtomicBool,
     pub(crate) map: RwLock<BTreeMap<String, Arc<StreamInner>>>,
@@ -236,10 +246,16 @@ impl Streams {
         progress
     }
 
-    pub(crate) fn new(data_dir: Option<PathBuf>) -> Self {
+    pub(crate) fn new(data_dir: DataDir) -> Self {
         Self {
-            data_dir,
-            ..Self::default()
+            data_dir: data_dir.path,
+            storage: data_dir
+                .storage
+                .unwrap_or_else(|| Arc::new(tidings_log::FsStorage)),
+            any: AtomicBool::new(false),
+            map: RwLock::default(),
+            durables: Mutex::default(),
+            closed: AtomicBool::new(false),
         }
     }
 
