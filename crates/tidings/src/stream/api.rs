@@ -14,6 +14,7 @@ use crate::topic::Pattern;
 
 use super::commit::{OffsetStore, ensure_dir};
 use super::config::{StartAt, StreamConfig};
+use super::dedup_log::DurableDedupStore;
 use super::durable::{Durable, DurableSubscription, Feed};
 use super::error::StreamError;
 use super::{Stream, StreamInner, check_name, pump};
@@ -95,6 +96,28 @@ impl Broker {
         map.insert(config.name, inner.clone());
         streams.mark_nonempty();
         Ok(Stream { inner })
+    }
+
+    /// Open (or create, or reopen after a restart) the durable dedup store `name` in
+    /// `<data_dir>/dedup/<name>/`, through the broker's storage (R-DEL-5 "durable with the
+    /// log"). It remembers at least the most recent `capacity` processed ids, across
+    /// restarts; wrap a handler with
+    /// [`Deduplicating::with_store`](crate::Deduplicating::with_store).
+    ///
+    /// # Errors
+    /// No data dir, a bad name (it becomes a directory name), the store already open (its
+    /// log is locked while a handle lives), or a corrupt or foreign file (R-LIM-2).
+    pub fn durable_dedup_store(
+        &self,
+        name: &str,
+        capacity: usize,
+    ) -> Result<Arc<DurableDedupStore>, StreamError> {
+        let streams = &self.inner.streams;
+        let data = streams.data_dir.as_ref().ok_or(StreamError::NoDataDir)?;
+        check_name("dedup store", name)?;
+        let dir = data.join("dedup").join(name);
+        ensure_dir(&*streams.storage, &dir)?;
+        DurableDedupStore::open(streams.storage.clone(), dir, capacity).map(Arc::new)
     }
 
     /// The open stream called `name`.

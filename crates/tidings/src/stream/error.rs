@@ -17,7 +17,7 @@ pub enum StreamError {
     /// A stream or durable subscription name is not usable as a file name.
     #[error("invalid {what} name {name:?}: {reason}")]
     InvalidName {
-        /// `"stream"` or `"durable subscription"`.
+        /// `"stream"`, `"durable subscription"` or `"dedup store"`.
         what: &'static str,
         /// The name given.
         name: String,

@@ -29,6 +29,7 @@ pub(crate) mod api;
 pub(crate) mod codec;
 pub(crate) mod commit;
 pub(crate) mod config;
+pub(crate) mod dedup_log;
 pub(crate) mod dlq_record;
 pub(crate) mod durable;
 pub(crate) mod error;
@@ -48,6 +49,7 @@ use crate::message::{Message, millis_since_epoch};
 use crate::topic::Pattern;
 
 pub use config::{DEFAULT_COMMIT_EVERY, StartAt, StreamConfig};
+pub use dedup_log::DurableDedupStore;
 pub use durable::{DurableDeadLetter, DurableSubscription};
 pub use error::{CommitFailed, StreamError};
 
