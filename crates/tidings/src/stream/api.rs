@@ -17,6 +17,7 @@ use super::config::{StartAt, StreamConfig};
 use super::dedup_log::DurableDedupStore;
 use super::durable::{Durable, DurableSubscription, Feed};
 use super::error::StreamError;
+use super::retention::RetentionService;
 use super::{Stream, StreamInner, check_name, pump};
 
 impl BrokerBuilder {
@@ -80,6 +81,8 @@ impl Broker {
         }
         let dir = data.join("streams").join(&config.name);
         ensure_dir(&*streams.storage, &dir)?;
+        let retention = &config.log.retention;
+        let has_retention = retention.max_bytes.is_some() || retention.max_age.is_some();
         let (log, recovery) = Log::open_with_storage(streams.storage.clone(), &dir, config.log)
             .map_err(|source| StreamError::Open {
                 dir: dir.clone(),
@@ -92,7 +95,21 @@ impl Broker {
             dir,
             recovery,
             commit_every: config.commit_every,
+            retention_interval: has_retention.then_some(config.retention_interval),
         });
+        if has_retention {
+            let service = match streams.retention.get() {
+                Some(s) => s.clone(),
+                None => {
+                    // Under the manual driver `run_until_idle` runs it instead of a thread.
+                    let threaded = !self.inner.executor.is_manual();
+                    let s = RetentionService::start(self.inner.clock.clone(), threaded)
+                        .map_err(|e| SubscribeError::Spawn(e.to_string()))?;
+                    streams.retention.get_or_init(|| s).clone()
+                }
+            };
+            service.add(inner.clone());
+        }
         map.insert(config.name, inner.clone());
         streams.mark_nonempty();
         Ok(Stream { inner })

@@ -34,6 +34,7 @@ pub(crate) mod dlq_record;
 pub(crate) mod durable;
 pub(crate) mod error;
 pub(crate) mod pump;
+pub(crate) mod retention;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -48,7 +49,7 @@ use crate::error::PublishError;
 use crate::message::{Message, millis_since_epoch};
 use crate::topic::Pattern;
 
-pub use config::{DEFAULT_COMMIT_EVERY, StartAt, StreamConfig};
+pub use config::{DEFAULT_COMMIT_EVERY, DEFAULT_RETENTION_INTERVAL, StartAt, StreamConfig};
 pub use dedup_log::DurableDedupStore;
 pub use durable::{DurableDeadLetter, DurableSubscription};
 pub use error::{CommitFailed, StreamError};
@@ -86,6 +87,8 @@ pub(crate) struct StreamInner {
     pub(crate) dir: PathBuf,
     pub(crate) recovery: RecoveryReport,
     pub(crate) commit_every: usize,
+    /// Period of the retention timer; `None` without a retention policy.
+    pub(crate) retention_interval: Option<std::time::Duration>,
 }
 
 /// A handle on an open stream (cheap to clone).
@@ -145,9 +148,9 @@ impl Stream {
             .collect()
     }
 
-    /// Remove old segments per the stream's retention, judging age against `now`. The log
-    /// already does this after every segment roll; call it for a stream that has stopped
-    /// receiving messages, whose old segments would otherwise age in place.
+    /// Remove old segments per the stream's retention, judging age against `now`, now. The
+    /// log does this after every segment roll and the broker on a timer
+    /// ([`StreamConfig::retention_interval`]); call it to force a pass.
     pub fn apply_retention(&self, now: SystemTime) -> Result<RetentionReport, StreamError> {
         self.inner
             .log
@@ -218,6 +221,8 @@ pub(crate) struct Streams {
     pub(crate) map: RwLock<BTreeMap<String, Arc<StreamInner>>>,
     pub(crate) durables: Mutex<BTreeMap<(String, String), Weak<durable::Durable>>>,
     closed: AtomicBool,
+    /// Started with the first stream that has a retention policy.
+    pub(crate) retention: std::sync::OnceLock<Arc<retention::RetentionService>>,
 }
 
 impl Streams {
@@ -235,7 +240,8 @@ impl Streams {
     /// positions that moved. Returns the passes that offered something.
     pub(crate) fn pump_all(&self, broker: &Weak<crate::broker::BrokerInner>) -> usize {
         let durables = self.live_durables();
-        let mut progress = 0;
+        // Retention that fell due on the manual clock (idle streams included).
+        let mut progress = self.retention.get().map_or(0, |r| r.run_due());
         for d in durables {
             let Some(sub) = d.sub.upgrade() else {
                 continue;
@@ -258,6 +264,7 @@ impl Streams {
             map: RwLock::default(),
             durables: Mutex::default(),
             closed: AtomicBool::new(false),
+            retention: std::sync::OnceLock::new(),
         }
     }
 
@@ -305,6 +312,9 @@ impl Streams {
     pub(crate) fn close(&self) {
         if self.closed.swap(true, Ordering::AcqRel) {
             return;
+        }
+        if let Some(r) = self.retention.get() {
+            r.stop();
         }
         let durables = self.live_durables();
         for d in &durables {
