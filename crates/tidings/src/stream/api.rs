@@ -15,7 +15,7 @@ use crate::topic::Pattern;
 use super::commit::{OffsetStore, ensure_dir};
 use super::config::{StartAt, StreamConfig};
 use super::dedup_log::DurableDedupStore;
-use super::durable::{Durable, DurableSubscription, Feed};
+use super::durable::{Durable, DurableSubscription, Feed, Position};
 use super::error::StreamError;
 use super::retention::RetentionService;
 use super::{Stream, StreamInner, check_name, pump};
@@ -252,8 +252,10 @@ impl Broker {
             filter_pattern,
             store,
             dlq,
-            position,
-            clamped_from,
+            Position {
+                at: position,
+                clamped_from,
+            },
             Feed {
                 sub: Arc::downgrade(&sub.shared),
                 window,

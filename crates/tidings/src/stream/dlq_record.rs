@@ -50,7 +50,7 @@ pub(crate) const REMOVED_HEADER: &str = "tidings-dlq-removed";
 #[derive(Debug)]
 pub(crate) enum DlqRecord {
     /// A dead letter: the message (carrying its stream offset) and its metadata.
-    Entry(Message, DlqMeta),
+    Entry(Box<Message>, DlqMeta),
     /// These DLQ offsets were drained or redriven.
     Removed(Vec<u64>),
 }
@@ -84,7 +84,7 @@ pub(crate) fn decode_any(r: StoredRecord) -> Result<DlqRecord, &'static str> {
                     .collect(),
             ))
         }
-        _ => decode(r).map(|(m, meta)| DlqRecord::Entry(m, meta)),
+        _ => decode(r).map(|(m, meta)| DlqRecord::Entry(Box::new(m), meta)),
     }
 }
 const VERSION: u8 = 1;

@@ -53,6 +53,13 @@ impl CursorState {
     }
 }
 
+/// Where a durable cursor starts, and the committed position it replaced when that lay
+/// beyond the stream's end.
+pub(crate) struct Position {
+    pub(crate) at: u64,
+    pub(crate) clamped_from: Option<u64>,
+}
+
 /// The subscription a durable cursor feeds, and how many of its messages may be outstanding.
 pub(crate) struct Feed {
     pub(crate) sub: Weak<SubShared>,
@@ -88,10 +95,13 @@ impl Durable {
         filter: Pattern,
         store: OffsetStore,
         dlq: Log,
-        position: u64,
-        clamped_from: Option<u64>,
+        position: Position,
         feed: Feed,
     ) -> Self {
+        let Position {
+            at: position,
+            clamped_from,
+        } = position;
         let Feed { sub, window } = feed;
         let commit_every = stream.commit_every;
         Self {
@@ -262,7 +272,7 @@ impl Durable {
                         entries.insert(
                             at,
                             DurableDeadLetter {
-                                message,
+                                message: *message,
                                 reason: meta.reason,
                                 attempts: meta.attempts,
                             },

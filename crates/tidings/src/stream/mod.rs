@@ -11,7 +11,25 @@
 //! retry, DLQ, TTL, lanes, counters) that is *not* in the topic router; a pump thread reads
 //! the stream from its cursor and offers the messages whose topic matches its filter,
 //! keeping at most `capacity` messages outstanding (queued or in flight): when the window is
-//! full the pump waits, it never refuses (R-BP-2: the consumer only lags).
+//! full — or the queue is, because an in-memory redrive shares it — the pump waits, it never
+//! refuses (R-BP-2: the consumer only lags). The room check and the offer happen under one
+//! subscription lock.
+//!
+//! # Durable DLQ (R-DEL-4)
+//! Each durable subscription has a dead-letter log, `consumers/<stream>/<name>.dlq/`, whose
+//! records carry tidings' metadata (reason, attempts, stream offset) in a leading header no
+//! user header can override (see `dlq_record`). It can be listed, drained and redriven;
+//! a redrive appends copies reserved for the subscription to the stream before the entries
+//! leave the DLQ (loss-safe). Dropping the handle closes it before `drop` returns.
+//!
+//! # Storage and faults
+//! Stream logs, offset files, DLQ logs and [`DurableDedupStore`]s all go through the
+//! broker's [`Storage`](tidings_log::Storage) (`BrokerBuilder::storage`). A failed commit
+//! poisons the cursor ([`CommitFailed`]) instead of being retried.
+//!
+//! # Retention
+//! Applied after every segment roll by the log, and on a timer by the broker's retention
+//! service (see `retention`), so idle streams shed old segments too.
 //!
 //! # Commit rules (R-LOG-3)
 //! The committed position is the *low watermark*: the lowest offset offered and not yet
@@ -21,7 +39,9 @@
 //! so they are redelivered after a restart. The position is written (temp file, fsync,
 //! rename, fsync dir) every `commit_every` completions, when the pump is idle, on seek and
 //! on close. After a crash, the messages redelivered are exactly those finished but not yet
-//! covered by the last written position: at-least-once across restarts.
+//! covered by the last written position: at-least-once across restarts. A committed
+//! position beyond the stream's end (foreign file, or a stream that lost its tail in a
+//! power cut) is clamped to the end at open, committed and logged, never trusted.
 //!
 //! See `docs/design.md` for the on-disk layout and encoding.
 
