@@ -112,9 +112,28 @@ fn user_headers_cannot_spoof_durable_dlq_metadata() {
 
 #[test]
 fn redrive_on_a_durable_subscription_never_overflows_its_stream_messages() {
+    redrive_then_stream(Driver::Manual);
+}
+
+#[test]
+fn redrive_on_a_durable_subscription_never_overflows_under_the_thread_driver() {
+    redrive_then_stream(Driver::Thread);
+}
+
+/// Run the manual driver, or wait (bounded) for a live one.
+fn settle(b: &Broker, driver: &Driver, what: &str, mut cond: impl FnMut() -> bool) {
+    if matches!(driver, Driver::Manual) {
+        b.run_until_idle();
+        assert!(cond(), "{what}");
+    } else {
+        wait_until(what, cond);
+    }
+}
+
+fn redrive_then_stream(driver: Driver) {
     let dir = tempfile::tempdir().unwrap();
     let clock = ManualClock::new();
-    let b = broker_on(dir.path(), &clock, Driver::Manual);
+    let b = broker_on(dir.path(), &clock, driver.clone());
     orders(&b);
     publish_n(&b, 0..2);
     let seen = Arc::new(Mutex::new(Vec::new()));
@@ -139,14 +158,17 @@ fn redrive_on_a_durable_subscription_never_overflows_its_stream_messages() {
             },
         )
         .unwrap();
-    b.run_until_idle();
-    assert_eq!(d.dead_letters().len(), 2);
+    settle(&b, &driver, "two dead letters", || {
+        d.dead_letters().len() == 2 && d.committed() == 2
+    });
     failing.store(false, Ordering::SeqCst);
     // The redrive fills the queue (capacity 2); then four more stream messages arrive.
     let r = d.redrive(|_| true);
     assert_eq!(r.accepted, 2);
     publish_n(&b, 2..6);
-    b.run_until_idle();
+    settle(&b, &driver, "six deliveries", || {
+        seen.lock().len() >= 6 && d.committed() == 6
+    });
     let mut got = seen.lock().clone();
     got.sort_unstable();
     // R-BP-2: a durable subscription never overflows; every stream message is delivered.
