@@ -93,8 +93,8 @@ pub struct BrokerBuilder {
     limits: Limits,
     /// The clock when it is a [`ManualClock`], so [`Broker::settle`] can move it.
     manual_clock: Option<ManualClock>,
-    /// Streams' data directory (`BrokerBuilder::data_dir`, src/stream/api.rs).
-    pub(crate) data_dir: Option<std::path::PathBuf>,
+    /// Streams' data directory and storage (`BrokerBuilder::data_dir`, src/stream/api.rs).
+    pub(crate) data_dir: crate::stream::DataDir,
 }
 
 impl BrokerBuilder {
@@ -211,7 +211,7 @@ impl Broker {
             driver: Driver::Thread,
             limits: Limits::default(),
             manual_clock: None,
-            data_dir: None,
+            data_dir: Default::default(),
         }
     }
 

@@ -82,8 +82,8 @@ pub use request::RequestError;
 pub use retry::{Retry, RetryPolicy};
 pub use stats::{DeadLetterCounts, RefusedCounts, SubscriptionStats};
 pub use stream::{
-    DEFAULT_COMMIT_EVERY, DurableDeadLetter, DurableSubscription, StartAt, Stream, StreamConfig,
-    StreamError,
+    CommitFailed, DEFAULT_COMMIT_EVERY, DEFAULT_RETENTION_INTERVAL, DurableDeadLetter,
+    DurableDedupStore, DurableSubscription, StartAt, Stream, StreamConfig, StreamError,
 };
 pub use subscription::handle::RedriveReport;
 pub use subscription::shared::DLQ_REASON_HEADER;

@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use tidings_log::{Fsync, Log, LogConfig};
+use tidings_log::{Fsync, Log, LogConfig, Storage};
 
 use crate::broker::{Broker, BrokerBuilder};
 use crate::error::SubscribeError;
@@ -14,8 +14,10 @@ use crate::topic::Pattern;
 
 use super::commit::{OffsetStore, ensure_dir};
 use super::config::{StartAt, StreamConfig};
-use super::durable::{Durable, DurableSubscription, Feed};
+use super::dedup_log::DurableDedupStore;
+use super::durable::{Durable, DurableSubscription, Feed, Position};
 use super::error::StreamError;
+use super::retention::RetentionService;
 use super::{Stream, StreamInner, check_name, pump};
 
 impl BrokerBuilder {
@@ -23,7 +25,16 @@ impl BrokerBuilder {
     /// (`consumers/<stream>/`). Required by [`Broker::create_stream`]. One broker per
     /// directory at a time.
     pub fn data_dir(mut self, dir: impl Into<PathBuf>) -> Self {
-        self.data_dir = Some(dir.into());
+        self.data_dir.path = Some(dir.into());
+        self
+    }
+
+    /// The storage streams, committed offsets and durable DLQs are read and written
+    /// through; the real file system by default. Give a
+    /// [`SimStorage`](tidings_log::testing::SimStorage) to inject I/O faults and power cuts
+    /// in tests (the data directory is then a path inside it).
+    pub fn storage(mut self, storage: Arc<dyn Storage>) -> Self {
+        self.data_dir.storage = Some(storage);
         self
     }
 }
@@ -69,11 +80,14 @@ impl Broker {
             return Err(StreamError::AlreadyExists(config.name));
         }
         let dir = data.join("streams").join(&config.name);
-        ensure_dir(&dir)?;
-        let (log, recovery) = Log::open(&dir, config.log).map_err(|source| StreamError::Open {
-            dir: dir.clone(),
-            source,
-        })?;
+        ensure_dir(&*streams.storage, &dir)?;
+        let retention = &config.log.retention;
+        let has_retention = retention.max_bytes.is_some() || retention.max_age.is_some();
+        let (log, recovery) = Log::open_with_storage(streams.storage.clone(), &dir, config.log)
+            .map_err(|source| StreamError::Open {
+                dir: dir.clone(),
+                source,
+            })?;
         let inner = Arc::new(StreamInner {
             name: config.name.clone(),
             patterns,
@@ -81,10 +95,46 @@ impl Broker {
             dir,
             recovery,
             commit_every: config.commit_every,
+            retention_interval: has_retention.then_some(config.retention_interval),
         });
+        if has_retention {
+            let service = match streams.retention.get() {
+                Some(s) => s.clone(),
+                None => {
+                    // Under the manual driver `run_until_idle` runs it instead of a thread.
+                    let threaded = !self.inner.executor.is_manual();
+                    let s = RetentionService::start(self.inner.clock.clone(), threaded)
+                        .map_err(|e| SubscribeError::Spawn(e.to_string()))?;
+                    streams.retention.get_or_init(|| s).clone()
+                }
+            };
+            service.add(inner.clone());
+        }
         map.insert(config.name, inner.clone());
         streams.mark_nonempty();
         Ok(Stream { inner })
+    }
+
+    /// Open (or create, or reopen after a restart) the durable dedup store `name` in
+    /// `<data_dir>/dedup/<name>/`, through the broker's storage (R-DEL-5 "durable with the
+    /// log"). It remembers at least the most recent `capacity` processed ids, across
+    /// restarts; wrap a handler with
+    /// [`Deduplicating::with_store`](crate::Deduplicating::with_store).
+    ///
+    /// # Errors
+    /// No data dir, a bad name (it becomes a directory name), the store already open (its
+    /// log is locked while a handle lives), or a corrupt or foreign file (R-LIM-2).
+    pub fn durable_dedup_store(
+        &self,
+        name: &str,
+        capacity: usize,
+    ) -> Result<Arc<DurableDedupStore>, StreamError> {
+        let streams = &self.inner.streams;
+        let data = streams.data_dir.as_ref().ok_or(StreamError::NoDataDir)?;
+        check_name("dedup store", name)?;
+        let dir = data.join("dedup").join(name);
+        ensure_dir(&*streams.storage, &dir)?;
+        DurableDedupStore::open(streams.storage.clone(), dir, capacity).map(Arc::new)
     }
 
     /// The open stream called `name`.
@@ -105,7 +155,9 @@ impl Broker {
     ///
     /// If `name` has a committed position on this stream (from an earlier run), delivery
     /// resumes there and `start` is ignored (use [`DurableSubscription::seek`] to move it);
-    /// otherwise it starts at `start`, and that position is committed at once. `options`
+    /// otherwise it starts at `start`, and that position is committed at once. A committed
+    /// position beyond the stream's end is clamped to the end, committed and logged
+    /// ([`DurableSubscription::clamped_from`] reports it). `options`
     /// apply as for [`Broker::subscribe`] (retry, DLQ, TTL, lanes, per-key, filters);
     /// `capacity` is the window of outstanding messages, and `overflow` never triggers
     /// because the reader waits for room.
@@ -148,9 +200,23 @@ impl Broker {
             });
         }
         let cdir = data.join("consumers").join(stream);
-        ensure_dir(&cdir)?;
-        let store = OffsetStore::new(&cdir, name);
+        ensure_dir(&*streams.storage, &cdir)?;
+        let store = OffsetStore::new(streams.storage.clone(), &cdir, name);
+        // A committed position past the end is never trusted (see
+        // `DurableSubscription::clamped_from`): new messages would reuse the offsets below it.
+        let mut clamped_from = None;
         let position = match store.load()? {
+            Some(committed) if committed > s.log.end_offset() => {
+                let end = s.log.end_offset();
+                tracing::warn!(
+                    "tidings: durable {name} on stream {stream}: committed offset {committed} \
+                     is beyond the stream's end {end} (foreign offset file, or the stream lost \
+                     its tail in a crash); clamped to {end}"
+                );
+                store.store(end)?;
+                clamped_from = Some(committed);
+                end
+            }
             Some(committed) => committed,
             None => {
                 let p = s.resolve(start)?;
@@ -159,15 +225,16 @@ impl Broker {
             }
         };
         let dlq_dir = cdir.join(format!("{name}.dlq"));
-        ensure_dir(&dlq_dir)?;
+        ensure_dir(&*streams.storage, &dlq_dir)?;
         let dlq_config = LogConfig {
             fsync: Fsync::Always,
             ..LogConfig::default()
         };
-        let (dlq, _) = Log::open(&dlq_dir, dlq_config).map_err(|source| StreamError::Open {
-            dir: dlq_dir.clone(),
-            source,
-        })?;
+        let (dlq, _) = Log::open_with_storage(streams.storage.clone(), &dlq_dir, dlq_config)
+            .map_err(|source| StreamError::Open {
+                dir: dlq_dir.clone(),
+                source,
+            })?;
         let mut options = options;
         options
             .name
@@ -185,7 +252,10 @@ impl Broker {
             filter_pattern,
             store,
             dlq,
-            position,
+            Position {
+                at: position,
+                clamped_from,
+            },
             Feed {
                 sub: Arc::downgrade(&sub.shared),
                 window,

@@ -26,6 +26,15 @@
 //!   that happens to be called `tidings-msg` is unambiguous: only the first header is read
 //!   as the block.
 //!
+//! # Redrive copies
+//!
+//! A durable dead letter redriven into its stream
+//! ([`DurableSubscription::redrive_durable`](crate::DurableSubscription::redrive_durable))
+//! is appended as the same record with one more header in **front**: `tidings-to`, whose
+//! value is the name of the durable subscription it is for. Only that subscription
+//! delivers it; every other one skips it (finished at once). Readers that decode the
+//! message only ([`Stream::read`](crate::Stream::read)) see the message as published.
+//!
 //! Times before the epoch are stored as 0. Decoding validates the version, lengths, UTF-8
 //! and the topic; anything else is a typed decode error, never a panic.
 
@@ -39,6 +48,8 @@ use crate::topic::Topic;
 
 /// Name of the reserved first header carrying the message metadata.
 pub const META_HEADER: &str = "tidings-msg";
+/// Name of the leading header of a redrive copy: the durable subscription it is for.
+pub(crate) const TARGET_HEADER: &str = "tidings-to";
 const VERSION: u8 = 1;
 
 fn nanos(t: SystemTime) -> u64 {
@@ -101,6 +112,37 @@ pub(crate) fn encode(m: &Message) -> Record {
     }
 }
 
+/// Encode a redrive copy of `m`, delivered by the durable subscription `target` only.
+pub(crate) fn encode_for(m: &Message, target: &str) -> Record {
+    let mut rec = encode(m);
+    rec.headers.insert(
+        0,
+        (
+            TARGET_HEADER.to_owned(),
+            Bytes::copy_from_slice(target.as_bytes()),
+        ),
+    );
+    rec
+}
+
+/// Decode a stream record: the message, and the durable subscription it is reserved for
+/// when it is a redrive copy.
+pub(crate) fn decode_targeted(
+    mut r: StoredRecord,
+) -> Result<(Message, Option<String>), &'static str> {
+    let target = match r.headers.first() {
+        Some((name, value)) if name == TARGET_HEADER => {
+            let t = std::str::from_utf8(value)
+                .map_err(|_| "redrive target is not UTF-8")?
+                .to_owned();
+            r.headers.remove(0);
+            Some(t)
+        }
+        _ => None,
+    };
+    Ok((decode(r)?, target))
+}
+
 struct Cursor<'a>(&'a [u8]);
 
 impl<'a> Cursor<'a> {
@@ -139,9 +181,16 @@ impl<'a> Cursor<'a> {
     }
 }
 
-/// Decode a stored record back into a message carrying its offset.
+/// Decode a stored record back into a message carrying its offset (a redrive copy's
+/// target header is skipped).
 pub(crate) fn decode(r: StoredRecord) -> Result<Message, &'static str> {
-    let mut headers = r.headers.into_iter();
+    let mut headers = r.headers.into_iter().peekable();
+    if headers
+        .peek()
+        .is_some_and(|(name, _)| name == TARGET_HEADER)
+    {
+        headers.next();
+    }
     let meta = match headers.next() {
         Some((name, value)) if name == META_HEADER => value,
         _ => return Err("first header is not tidings-msg"),
@@ -273,6 +322,68 @@ mod tests {
         for bad in [&b""[..], &[1], &[2, 0, 0], &[1, 0, 9], &[1, 0xff, 1]] {
             s.headers = vec![(META_HEADER.into(), Bytes::copy_from_slice(bad))];
             assert!(decode(s.clone()).is_err());
+        }
+    }
+
+    fn cases() -> u32 {
+        if std::env::var_os("TIDINGS_LONG").is_some() {
+            200_000
+        } else {
+            512
+        }
+    }
+
+    fn valid_block() -> Vec<u8> {
+        let m = Message {
+            id: IdGenerator::new().next(SystemTime::now()),
+            topic: Topic::new("a.b").unwrap(),
+            payload: Bytes::new(),
+            headers: Headers::new(),
+            key: None,
+            priority: Priority::High,
+            timestamp: SystemTime::now(),
+            expires_at: Some(SystemTime::now()),
+            deliver_at: None,
+            reply_to: Some(Topic::new("r").unwrap()),
+            correlation_id: Some("c".into()),
+            log_offset: None,
+        };
+        encode(&m).headers[0].1.to_vec()
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(cases()))]
+
+        /// R-LIM-2: arbitrary bytes as the metadata block decode or fail with a typed error,
+        /// never a panic (also for mutations of a valid block, which reach deeper checks).
+        #[test]
+        fn arbitrary_records_never_panic(
+            block in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..96),
+            flips in proptest::collection::vec((0usize..96, proptest::prelude::any::<u8>()), 0..4),
+            cut in 0usize..96,
+            headers in proptest::collection::vec(
+                ("[a-z-]{0,12}", proptest::collection::vec(proptest::prelude::any::<u8>(), 0..16)),
+                0..4,
+            ),
+        ) {
+            let mut mutated = valid_block();
+            for (at, value) in flips {
+                if let Some(b) = mutated.get_mut(at) {
+                    *b = value;
+                }
+            }
+            mutated.truncate(cut.max(1));
+            for meta in [block, mutated] {
+                let mut all = vec![(META_HEADER.to_owned(), Bytes::from(meta))];
+                all.extend(headers.iter().map(|(k, v)| (k.clone(), Bytes::from(v.clone()))));
+                let _ = decode(StoredRecord {
+                    offset: 0,
+                    timestamp_ms: 0,
+                    key: None,
+                    headers: all,
+                    payload: Bytes::new(),
+                });
+            }
         }
     }
 }

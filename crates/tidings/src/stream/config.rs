@@ -1,11 +1,13 @@
 //! Stream configuration and where a durable subscription starts (R-LOG-1, R-LOG-4).
 
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use tidings_log::{Fsync, LogConfig, Retention};
 
 /// Default number of completions between two durable commits of a subscription's position.
 pub const DEFAULT_COMMIT_EVERY: usize = 64;
+/// Default period of the retention timer of a stream with a retention policy.
+pub const DEFAULT_RETENTION_INTERVAL: Duration = Duration::from_secs(60);
 
 /// A stream: a durable log capturing every published message whose topic matches one of
 /// its patterns. Stored in `<data_dir>/streams/<name>/`.
@@ -22,6 +24,7 @@ pub struct StreamConfig {
     pub(crate) patterns: Vec<String>,
     pub(crate) log: LogConfig,
     pub(crate) commit_every: usize,
+    pub(crate) retention_interval: Duration,
 }
 
 impl StreamConfig {
@@ -38,6 +41,7 @@ impl StreamConfig {
             patterns: patterns.into_iter().map(Into::into).collect(),
             log: LogConfig::default(),
             commit_every: DEFAULT_COMMIT_EVERY,
+            retention_interval: DEFAULT_RETENTION_INTERVAL,
         }
     }
     /// The stream's name.
@@ -51,10 +55,20 @@ impl StreamConfig {
         self.log.fsync = fsync;
         self
     }
-    /// Size/age retention, applied after every segment roll and by
-    /// [`Stream::apply_retention`](crate::Stream::apply_retention).
+    /// Size/age retention, applied after every segment roll, by
+    /// [`Stream::apply_retention`](crate::Stream::apply_retention), and on a timer every
+    /// [`retention_interval`](Self::retention_interval) — so an idle stream sheds old
+    /// segments too. Age is judged against the broker clock's wall time.
     pub fn retention(mut self, retention: Retention) -> Self {
         self.log.retention = retention;
+        self
+    }
+    /// How often the broker applies this stream's retention when it has a policy (default
+    /// [`DEFAULT_RETENTION_INTERVAL`], 60 s; on the broker's clock, so a
+    /// [`ManualClock`](crate::ManualClock) drives it in tests). A duration too large to
+    /// represent means never (only rolls and explicit calls apply it then).
+    pub fn retention_interval(mut self, every: Duration) -> Self {
+        self.retention_interval = every.max(Duration::from_millis(1));
         self
     }
     /// Segment size of the stream's log (at least `tidings_log::MIN_SEGMENT_BYTES`).

@@ -22,14 +22,8 @@ use super::StreamInner;
 use super::codec;
 use super::commit::OffsetStore;
 use super::config::StartAt;
-use super::error::StreamError;
-
-/// Header carrying the dead-letter reason in a durable DLQ record.
-const DLQ_REASON: &str = "tidings-dlq-reason";
-/// Header carrying the attempt count in a durable DLQ record.
-const DLQ_ATTEMPTS: &str = "tidings-dlq-attempts";
-/// Header carrying the original stream offset in a durable DLQ record.
-const DLQ_OFFSET: &str = "tidings-dlq-offset";
+use super::dlq_record;
+use super::error::{CommitFailed, StreamError};
 
 #[derive(Debug)]
 pub(crate) struct CursorState {
@@ -44,6 +38,12 @@ pub(crate) struct CursorState {
     pub(crate) skipped: u64,
     /// Set when the pump halted (unreadable record, failed commit); cleared by `seek`.
     pub(crate) error: Option<String>,
+    /// Set by the final flush of `shutdown`: from then on nothing is committed or appended
+    /// to the durable DLQ (a successor may own the files already); what finishes late is
+    /// redelivered after a restart.
+    pub(crate) retired: bool,
+    /// Set by a failed commit: nothing is committed or read any more (never cleared).
+    pub(crate) poisoned: Option<CommitFailed>,
 }
 
 impl CursorState {
@@ -51,6 +51,13 @@ impl CursorState {
     pub(crate) fn watermark(&self) -> u64 {
         self.pending.first().copied().unwrap_or(self.cursor)
     }
+}
+
+/// Where a durable cursor starts, and the committed position it replaced when that lay
+/// beyond the stream's end.
+pub(crate) struct Position {
+    pub(crate) at: u64,
+    pub(crate) clamped_from: Option<u64>,
 }
 
 /// The subscription a durable cursor feeds, and how many of its messages may be outstanding.
@@ -74,6 +81,11 @@ pub(crate) struct Durable {
     pub(crate) pump: Mutex<Option<JoinHandle<()>>>,
     /// The subscription it feeds (for the manual driver, which pumps in `run_until_idle`).
     pub(crate) sub: Weak<SubShared>,
+    /// The committed position found at open, when it lay beyond the stream's end and was
+    /// clamped to the end.
+    pub(crate) clamped_from: Option<u64>,
+    /// Serialises drains and redrives of the durable DLQ (list, hand over, remove).
+    dlq_ops: Mutex<()>,
 }
 
 impl Durable {
@@ -83,9 +95,13 @@ impl Durable {
         filter: Pattern,
         store: OffsetStore,
         dlq: Log,
-        position: u64,
+        position: Position,
         feed: Feed,
     ) -> Self {
+        let Position {
+            at: position,
+            clamped_from,
+        } = position;
         let Feed { sub, window } = feed;
         let commit_every = stream.commit_every;
         Self {
@@ -101,6 +117,8 @@ impl Durable {
                 since_commit: 0,
                 skipped: 0,
                 error: None,
+                retired: false,
+                poisoned: None,
             }),
             room: Condvar::new(),
             window,
@@ -108,6 +126,8 @@ impl Durable {
             stop: AtomicBool::new(false),
             pump: Mutex::new(None),
             sub,
+            clamped_from,
+            dlq_ops: Mutex::new(()),
         }
     }
 
@@ -121,8 +141,10 @@ impl Durable {
         self.room.notify_all();
     }
 
-    /// Stop and join the pump, then write the final position (abandoned messages are still
-    /// pending, so they stay above it and are redelivered after a restart).
+    /// Stop and join the pump, write the final position (abandoned messages are still
+    /// pending, so they stay above it and are redelivered after a restart), then retire:
+    /// no later commit, and the durable DLQ log is closed, releasing its directory lock, so
+    /// the name can be subscribed again at once (R-LOG-3). Idempotent.
     pub(crate) fn shutdown(&self) {
         self.request_stop();
         if let Some(h) = self.pump.lock().take()
@@ -130,24 +152,54 @@ impl Durable {
         {
             let _ = h.join();
         }
-        self.flush_locked(&mut self.state.lock());
+        let mut st = self.state.lock();
+        self.flush_locked(&mut st);
+        st.retired = true;
+        if let Err(e) = self.dlq.close() {
+            tracing::error!("tidings: durable {} closing its DLQ log: {e}", self.name);
+        }
     }
 
-    /// Write the watermark if it moved.
+    /// Write the watermark if it moved (never once retired or poisoned).
     pub(crate) fn flush_locked(&self, st: &mut CursorState) {
+        if st.retired || st.poisoned.is_some() {
+            return;
+        }
         let wm = st.watermark();
         if wm == st.committed {
             st.since_commit = 0;
             return;
         }
-        match self.store.store(wm) {
+        if let Err(e) = self.commit_locked(st, wm) {
+            tracing::error!("tidings: durable {}: {e}", self.name);
+        }
+    }
+
+    /// Write `position`; a failure poisons the cursor (never retried: after a failed fsync
+    /// the file's state is unknown).
+    pub(crate) fn commit_locked(
+        &self,
+        st: &mut CursorState,
+        position: u64,
+    ) -> Result<(), StreamError> {
+        if let Some(p) = &st.poisoned {
+            return Err(p.clone().into());
+        }
+        match self.store.store(position) {
             Ok(()) => {
-                st.committed = wm;
+                st.committed = position;
                 st.since_commit = 0;
+                Ok(())
             }
             Err(e) => {
-                tracing::error!("tidings: durable {} could not commit: {e}", self.name);
-                st.error = Some(e.to_string());
+                let failed = CommitFailed {
+                    path: self.store.path().to_path_buf(),
+                    position,
+                    reason: e.to_string(),
+                };
+                st.error = Some(failed.to_string());
+                st.poisoned = Some(failed.clone());
+                Err(failed.into())
             }
         }
     }
@@ -176,6 +228,10 @@ impl Durable {
             let Some(offset) = f.message.log_offset else {
                 continue;
             };
+            if self.state.lock().retired {
+                // Finished after the handle was dropped: not committed, redelivered later.
+                continue;
+            }
             if let Some((reason, attempts)) = &f.dead_letter
                 && let Err(e) = self.append_dlq(&f.message, reason, *attempts, offset)
             {
@@ -188,6 +244,61 @@ impl Durable {
         }
     }
 
+    /// The live entries of the durable DLQ with their DLQ offsets, oldest first: the log
+    /// replayed, removed entries left out.
+    fn dlq_entries(&self) -> Result<Vec<(u64, DurableDeadLetter)>, StreamError> {
+        let log = &self.dlq;
+        let dir = log.dir().to_path_buf();
+        let mut entries = std::collections::BTreeMap::new();
+        let mut from = log.start_offset();
+        loop {
+            let recs = log.read(from, 256).map_err(|source| StreamError::Read {
+                dir: dir.clone(),
+                source,
+            })?;
+            if recs.is_empty() {
+                return Ok(entries.into_iter().collect());
+            }
+            for r in recs {
+                let at = r.offset;
+                from = at + 1;
+                let record = dlq_record::decode_any(r).map_err(|reason| StreamError::Decode {
+                    dir: dir.clone(),
+                    offset: at,
+                    reason,
+                })?;
+                match record {
+                    dlq_record::DlqRecord::Entry(message, meta) => {
+                        entries.insert(
+                            at,
+                            DurableDeadLetter {
+                                message: *message,
+                                reason: meta.reason,
+                                attempts: meta.attempts,
+                            },
+                        );
+                    }
+                    dlq_record::DlqRecord::Removed(gone) => {
+                        for g in gone {
+                            entries.remove(&g);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Durably record that the entries at these DLQ offsets left the DLQ.
+    fn remove_dlq(&self, offsets: &[u64]) -> Result<(), StreamError> {
+        self.dlq
+            .append(&dlq_record::encode_removal(offsets))
+            .map(drop)
+            .map_err(|source| StreamError::Append {
+                dir: self.dlq.dir().to_path_buf(),
+                source,
+            })
+    }
+
     fn append_dlq(
         &self,
         message: &Message,
@@ -195,15 +306,7 @@ impl Durable {
         attempts: u32,
         offset: u64,
     ) -> Result<u64, StreamError> {
-        let mut rec = codec::encode(message);
-        rec.headers
-            .push((DLQ_REASON.into(), reason.to_string().into_bytes().into()));
-        rec.headers.push((
-            DLQ_ATTEMPTS.into(),
-            attempts.to_string().into_bytes().into(),
-        ));
-        rec.headers
-            .push((DLQ_OFFSET.into(), offset.to_string().into_bytes().into()));
+        let rec = dlq_record::encode(message, reason, attempts, offset);
         self.dlq.append(&rec).map_err(|source| StreamError::Append {
             dir: self.dlq.dir().to_path_buf(),
             source,
@@ -284,10 +387,30 @@ impl DurableSubscription {
             .end_offset()
             .saturating_sub(committed)
     }
+    /// The committed position found when this subscription opened, if it lay beyond the
+    /// end of the stream (a hand-edited or foreign offset file, or a stream that lost its
+    /// tail in a power cut under `Fsync::Never` or `Fsync::Interval`).
+    ///
+    /// Policy (R-LOG-3, R-LIM-2): such a position is never trusted, because new messages
+    /// would get offsets below it and be skipped silently. It is clamped to the stream's end
+    /// at open, the clamp is committed at once and logged with `tracing::warn!`, and this
+    /// method reports the position that was found. Every message appended afterwards is
+    /// delivered. `None` when the committed position was within the stream.
+    #[must_use]
+    pub fn clamped_from(&self) -> Option<u64> {
+        self.durable.clamped_from
+    }
     /// Offsets skipped because retention removed them before they were read.
     #[must_use]
     pub fn skipped(&self) -> u64 {
         self.durable.state.lock().skipped
+    }
+    /// The failed commit that poisoned this subscription's cursor, if one did (R-LOG-3):
+    /// it then reads and commits nothing more; subscribe again to resume from the last
+    /// position committed.
+    #[must_use]
+    pub fn poisoned(&self) -> Option<CommitFailed> {
+        self.durable.state.lock().poisoned.clone()
     }
     /// Why the pump halted (unreadable record, failed commit or DLQ append), if it did.
     #[must_use]
@@ -300,12 +423,17 @@ impl DurableSubscription {
         self.durable.store.path()
     }
     /// Write the current position now (instead of waiting for the batch); returns it.
+    ///
+    /// # Errors
+    /// [`StreamError::Closed`] once the broker closed; [`StreamError::Poisoned`] when this
+    /// or an earlier commit failed (see [`CommitFailed`]).
     pub fn commit(&self) -> Result<u64, StreamError> {
         let mut st = self.durable.state.lock();
+        if st.retired {
+            return Err(StreamError::Closed);
+        }
         let wm = st.watermark();
-        self.durable.store.store(wm)?;
-        st.committed = wm;
-        st.since_commit = 0;
+        self.durable.commit_locked(&mut st, wm)?;
         Ok(wm)
     }
     /// Move the cursor (R-LOG-4) and commit the new position at once; returns it. Messages
@@ -314,11 +442,15 @@ impl DurableSubscription {
     ///
     /// # Errors
     /// [`StreamError::OutOfRetention`] / [`StreamError::BeyondEnd`] for an offset outside the
-    /// stream; nothing changes then.
+    /// stream, [`StreamError::Closed`] once the broker closed, [`StreamError::Poisoned`]
+    /// after a failed commit; nothing changes then. A poisoned cursor is not cleared.
     pub fn seek(&self, at: StartAt) -> Result<u64, StreamError> {
         let target = self.durable.stream.resolve(at)?;
         let mut st = self.durable.state.lock();
-        self.durable.store.store(target)?;
+        if st.retired {
+            return Err(StreamError::Closed);
+        }
+        self.durable.commit_locked(&mut st, target)?;
         st.cursor = target;
         st.pending.clear();
         st.committed = target;
@@ -328,41 +460,90 @@ impl DurableSubscription {
         self.durable.room.notify_all();
         Ok(target)
     }
-    /// Every entry of the durable dead-letter log, oldest first.
+    /// The entries of the durable dead-letter log still in it (not drained or redriven),
+    /// oldest first (R-DEL-4). Survives restarts.
+    ///
+    /// # Errors
+    /// Reading the DLQ log failed, or it holds a record tidings did not write (R-LIM-2).
     pub fn durable_dead_letters(&self) -> Result<Vec<DurableDeadLetter>, StreamError> {
-        let log = &self.durable.dlq;
-        let dir = log.dir().to_path_buf();
-        let mut out = Vec::new();
-        let mut from = log.start_offset();
-        loop {
-            let recs = log.read(from, 256).map_err(|source| StreamError::Read {
-                dir: dir.clone(),
-                source,
-            })?;
-            if recs.is_empty() {
-                return Ok(out);
+        let entries = self.durable.dlq_entries()?;
+        Ok(entries.into_iter().map(|(_, e)| e).collect())
+    }
+
+    /// Remove every entry from the durable dead-letter log and return them, oldest first
+    /// (R-DEL-4). The removal is durable once this returns `Ok`; the in-memory DLQ of the
+    /// underlying [`Subscription`] is not touched.
+    ///
+    /// # Errors
+    /// Reading the DLQ log or appending the removal failed (then nothing was removed), or
+    /// the broker closed ([`StreamError::Closed`]).
+    pub fn drain_durable_dead_letters(&self) -> Result<Vec<DurableDeadLetter>, StreamError> {
+        let _ops = self.durable.dlq_ops.lock();
+        self.check_open()?;
+        let entries = self.durable.dlq_entries()?;
+        let offsets: Vec<u64> = entries.iter().map(|(at, _)| *at).collect();
+        if !offsets.is_empty() {
+            self.durable.remove_dlq(&offsets)?;
+        }
+        Ok(entries.into_iter().map(|(_, e)| e).collect())
+    }
+
+    /// Redrive the durable dead letters `select` picks (R-DEL-4): each is appended again to
+    /// the stream, in DLQ order, as a copy reserved for this subscription (other durable
+    /// subscriptions of the stream skip it), and delivered like any stream message, at its
+    /// new offset. Returns how many were redriven.
+    ///
+    /// Loss-safe: the copies are appended and synced to the stream *before* the entries
+    /// leave the DLQ, so a crash in between redelivers an entry (it stays listed), never
+    /// loses it. Filters are applied again (the message is unchanged, so they pass).
+    ///
+    /// # Errors
+    /// Reading the DLQ, appending to or syncing the stream, or recording the removal
+    /// failed, or the broker closed. Entries redriven before an append failure are removed
+    /// from the DLQ; the others stay.
+    pub fn redrive_durable(
+        &self,
+        mut select: impl FnMut(&DurableDeadLetter) -> bool,
+    ) -> Result<usize, StreamError> {
+        let _ops = self.durable.dlq_ops.lock();
+        self.check_open()?;
+        let stream = &self.durable.stream;
+        let append_error = |source| StreamError::Append {
+            dir: stream.dir.clone(),
+            source,
+        };
+        let mut done = Vec::new();
+        let mut failure = None;
+        for (at, e) in self.durable.dlq_entries()? {
+            if !select(&e) {
+                continue;
             }
-            for r in recs {
-                let offset = r.offset;
-                from = offset + 1;
-                let mut message = codec::decode(r).map_err(|reason| StreamError::Decode {
-                    dir: dir.clone(),
-                    offset,
-                    reason,
-                })?;
-                let reason = message.header(DLQ_REASON).unwrap_or_default().to_owned();
-                let attempts = message
-                    .header(DLQ_ATTEMPTS)
-                    .and_then(|a| a.parse().ok())
-                    .unwrap_or(0);
-                message.log_offset = message.header(DLQ_OFFSET).and_then(|o| o.parse().ok());
-                out.push(DurableDeadLetter {
-                    message,
-                    reason,
-                    attempts,
-                });
+            match stream
+                .log
+                .append(&codec::encode_for(&e.message, &self.durable.name))
+            {
+                Ok(_) => done.push(at),
+                Err(source) => {
+                    failure = Some(append_error(source));
+                    break;
+                }
             }
         }
+        if !done.is_empty() {
+            stream.log.sync().map_err(append_error)?;
+            self.durable.remove_dlq(&done)?;
+        }
+        match failure {
+            Some(e) => Err(e),
+            None => Ok(done.len()),
+        }
+    }
+
+    fn check_open(&self) -> Result<(), StreamError> {
+        if self.durable.state.lock().retired {
+            return Err(StreamError::Closed);
+        }
+        Ok(())
     }
 }
 

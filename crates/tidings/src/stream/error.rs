@@ -17,7 +17,7 @@ pub enum StreamError {
     /// A stream or durable subscription name is not usable as a file name.
     #[error("invalid {what} name {name:?}: {reason}")]
     InvalidName {
-        /// `"stream"` or `"durable subscription"`.
+        /// `"stream"`, `"durable subscription"` or `"dedup store"`.
         what: &'static str,
         /// The name given.
         name: String,
@@ -129,12 +129,35 @@ pub enum StreamError {
         /// What check failed.
         reason: &'static str,
     },
+    /// The durable subscription's cursor is poisoned by a failed commit (R-LOG-3).
+    #[error(transparent)]
+    Poisoned(#[from] CommitFailed),
     /// Creating the underlying subscription failed.
     #[error(transparent)]
     Subscribe(#[from] SubscribeError),
     /// The broker is closed.
     #[error("the broker is closed")]
     Closed,
+}
+
+/// A durable subscription could not write or sync its committed position: its cursor is
+/// **poisoned** (R-LOG-3).
+///
+/// A failed fsync leaves the file's state unknown, so the commit is not retried: the
+/// subscription stops reading its stream and commits nothing more, the position on disk
+/// stays the last one written successfully, and every message finished after it is
+/// delivered again once the name is subscribed again (after dropping the handle, or a
+/// restart). Read it with [`DurableSubscription::poisoned`](crate::DurableSubscription::poisoned).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("committing position {position} to {} failed: {reason}; the cursor is poisoned (subscribe again to resume from the last commit)", path.display())]
+#[non_exhaustive]
+pub struct CommitFailed {
+    /// The offset file.
+    pub path: PathBuf,
+    /// The position that could not be committed.
+    pub position: u64,
+    /// The I/O error, as text.
+    pub reason: String,
 }
 
 impl StreamError {

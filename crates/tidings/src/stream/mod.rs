@@ -11,7 +11,25 @@
 //! retry, DLQ, TTL, lanes, counters) that is *not* in the topic router; a pump thread reads
 //! the stream from its cursor and offers the messages whose topic matches its filter,
 //! keeping at most `capacity` messages outstanding (queued or in flight): when the window is
-//! full the pump waits, it never refuses (R-BP-2: the consumer only lags).
+//! full — or the queue is, because an in-memory redrive shares it — the pump waits, it never
+//! refuses (R-BP-2: the consumer only lags). The room check and the offer happen under one
+//! subscription lock.
+//!
+//! # Durable DLQ (R-DEL-4)
+//! Each durable subscription has a dead-letter log, `consumers/<stream>/<name>.dlq/`, whose
+//! records carry tidings' metadata (reason, attempts, stream offset) in a leading header no
+//! user header can override (see `dlq_record`). It can be listed, drained and redriven;
+//! a redrive appends copies reserved for the subscription to the stream before the entries
+//! leave the DLQ (loss-safe). Dropping the handle closes it before `drop` returns.
+//!
+//! # Storage and faults
+//! Stream logs, offset files, DLQ logs and [`DurableDedupStore`]s all go through the
+//! broker's [`Storage`](tidings_log::Storage) (`BrokerBuilder::storage`). A failed commit
+//! poisons the cursor ([`CommitFailed`]) instead of being retried.
+//!
+//! # Retention
+//! Applied after every segment roll by the log, and on a timer by the broker's retention
+//! service (see `retention`), so idle streams shed old segments too.
 //!
 //! # Commit rules (R-LOG-3)
 //! The committed position is the *low watermark*: the lowest offset offered and not yet
@@ -21,7 +39,9 @@
 //! so they are redelivered after a restart. The position is written (temp file, fsync,
 //! rename, fsync dir) every `commit_every` completions, when the pump is idle, on seek and
 //! on close. After a crash, the messages redelivered are exactly those finished but not yet
-//! covered by the last written position: at-least-once across restarts.
+//! covered by the last written position: at-least-once across restarts. A committed
+//! position beyond the stream's end (foreign file, or a stream that lost its tail in a
+//! power cut) is clamped to the end at open, committed and logged, never trusted.
 //!
 //! See `docs/design.md` for the on-disk layout and encoding.
 
@@ -29,9 +49,12 @@ pub(crate) mod api;
 pub(crate) mod codec;
 pub(crate) mod commit;
 pub(crate) mod config;
+pub(crate) mod dedup_log;
+pub(crate) mod dlq_record;
 pub(crate) mod durable;
 pub(crate) mod error;
 pub(crate) mod pump;
+pub(crate) mod retention;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -46,9 +69,10 @@ use crate::error::PublishError;
 use crate::message::{Message, millis_since_epoch};
 use crate::topic::Pattern;
 
-pub use config::{DEFAULT_COMMIT_EVERY, StartAt, StreamConfig};
+pub use config::{DEFAULT_COMMIT_EVERY, DEFAULT_RETENTION_INTERVAL, StartAt, StreamConfig};
+pub use dedup_log::DurableDedupStore;
 pub use durable::{DurableDeadLetter, DurableSubscription};
-pub use error::StreamError;
+pub use error::{CommitFailed, StreamError};
 
 /// Check a stream or subscription name: it becomes a file name.
 pub(crate) fn check_name(what: &'static str, name: &str) -> Result<(), StreamError> {
@@ -83,6 +107,8 @@ pub(crate) struct StreamInner {
     pub(crate) dir: PathBuf,
     pub(crate) recovery: RecoveryReport,
     pub(crate) commit_every: usize,
+    /// Period of the retention timer; `None` without a retention policy.
+    pub(crate) retention_interval: Option<std::time::Duration>,
 }
 
 /// A handle on an open stream (cheap to clone).
@@ -142,9 +168,9 @@ impl Stream {
             .collect()
     }
 
-    /// Remove old segments per the stream's retention, judging age against `now`. The log
-    /// already does this after every segment roll; call it for a stream that has stopped
-    /// receiving messages, whose old segments would otherwise age in place.
+    /// Remove old segments per the stream's retention, judging age against `now`, now. The
+    /// log does this after every segment roll and the broker on a timer
+    /// ([`StreamConfig::retention_interval`]); call it to force a pass.
     pub fn apply_retention(&self, now: SystemTime) -> Result<RetentionReport, StreamError> {
         self.inner
             .log
@@ -196,15 +222,27 @@ impl StreamInner {
     }
 }
 
-/// The broker's streams (a field of `BrokerInner`).
+/// Where a broker keeps its streams: the data directory and the storage it is accessed
+/// through (a field of `BrokerBuilder`).
 #[derive(Default)]
+pub(crate) struct DataDir {
+    pub(crate) path: Option<PathBuf>,
+    /// `None` = the real file system.
+    pub(crate) storage: Option<Arc<dyn tidings_log::Storage>>,
+}
+
+/// The broker's streams (a field of `BrokerInner`).
 pub(crate) struct Streams {
     pub(crate) data_dir: Option<PathBuf>,
+    /// Every stream log, offset file and durable DLQ log goes through it.
+    pub(crate) storage: Arc<dyn tidings_log::Storage>,
     /// Fast path: false until the first stream is created.
     any: AtomicBool,
     pub(crate) map: RwLock<BTreeMap<String, Arc<StreamInner>>>,
     pub(crate) durables: Mutex<BTreeMap<(String, String), Weak<durable::Durable>>>,
     closed: AtomicBool,
+    /// Started with the first stream that has a retention policy.
+    pub(crate) retention: std::sync::OnceLock<Arc<retention::RetentionService>>,
 }
 
 impl Streams {
@@ -222,7 +260,8 @@ impl Streams {
     /// positions that moved. Returns the passes that offered something.
     pub(crate) fn pump_all(&self, broker: &Weak<crate::broker::BrokerInner>) -> usize {
         let durables = self.live_durables();
-        let mut progress = 0;
+        // Retention that fell due on the manual clock (idle streams included).
+        let mut progress = self.retention.get().map_or(0, |r| r.run_due());
         for d in durables {
             let Some(sub) = d.sub.upgrade() else {
                 continue;
@@ -235,10 +274,17 @@ impl Streams {
         progress
     }
 
-    pub(crate) fn new(data_dir: Option<PathBuf>) -> Self {
+    pub(crate) fn new(data_dir: DataDir) -> Self {
         Self {
-            data_dir,
-            ..Self::default()
+            data_dir: data_dir.path,
+            storage: data_dir
+                .storage
+                .unwrap_or_else(|| Arc::new(tidings_log::FsStorage)),
+            any: AtomicBool::new(false),
+            map: RwLock::default(),
+            durables: Mutex::default(),
+            closed: AtomicBool::new(false),
+            retention: std::sync::OnceLock::new(),
         }
     }
 
@@ -286,6 +332,9 @@ impl Streams {
     pub(crate) fn close(&self) {
         if self.closed.swap(true, Ordering::AcqRel) {
             return;
+        }
+        if let Some(r) = self.retention.get() {
+            r.stop();
         }
         let durables = self.live_durables();
         for d in &durables {

@@ -14,6 +14,7 @@ use crate::broker::BrokerInner;
 use crate::message::Message;
 use crate::scheduler::Target;
 use crate::subscription::Refusal;
+use crate::subscription::core::Offered;
 use crate::subscription::shared::SubShared;
 
 use super::codec;
@@ -25,20 +26,46 @@ const IDLE_WAIT: Duration = Duration::from_millis(50);
 /// Most records read per batch.
 const BATCH: usize = 256;
 
+/// What offering one stream message did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Offer {
+    /// Queued, or finished at once (filtered out).
+    Taken,
+    /// The subscription's queue has no room (a redrive or another offer took it): nothing
+    /// was counted; read this offset again later.
+    Full,
+    /// The subscription is closed.
+    Closed,
+}
+
 /// Offer one stream message; a filtered one is finished at once (nothing to deliver, so
-/// nothing to redeliver). False when the subscription is closed: the offset stays
-/// unfinished, so it is not committed and is read again after a restart.
-fn offer(d: &Durable, sub: &SubShared, offset: u64, message: &Arc<Message>) -> bool {
-    match sub.offer(message) {
-        Ok(()) => true,
-        Err(Refusal::Closed) => false,
-        Err(Refusal::Filtered) => {
-            d.finish(offset);
-            true
+/// nothing to redeliver). The room check and the offer happen under one subscription lock,
+/// so a durable message is never refused for overflow (R-BP-2): when the queue is full —
+/// in-memory redrives share it — the pump waits instead.
+fn offer(d: &Durable, sub: &SubShared, offset: u64, message: &Arc<Message>) -> Offer {
+    if !sub.passes_filter(message) {
+        sub.core.lock().handle_filtered();
+        d.finish(offset);
+        return Offer::Taken;
+    }
+    let mut core = sub.core.lock();
+    if core.is_full() {
+        return Offer::Full;
+    }
+    let outcome = core.handle_offer(message, &sub.now(), false);
+    let forwards = core.take_forwards();
+    drop(core);
+    sub.forward(forwards);
+    match outcome {
+        Offered::Accepted(Some(worker)) => {
+            sub.wake(worker);
+            Offer::Taken
         }
-        // Overflow cannot happen (the window is the capacity) unless a redrive raced; the
-        // core dead-lettered it and the hook finished it durably.
-        Err(_) => true,
+        Offered::Accepted(None) => Offer::Taken,
+        Offered::Refused(Refusal::Closed) => Offer::Closed,
+        // Not reached (room was checked under the lock); were it, the core dead-lettered
+        // the message and the completion hook finished it durably.
+        Offered::Refused(_) | Offered::Full => Offer::Taken,
     }
 }
 
@@ -55,7 +82,12 @@ fn hold_until_due(
 ) -> bool {
     let (d, s) = (d.clone(), sub.clone());
     let deliver = Box::new(move |m: &Arc<Message>| {
-        offer(&d, &s, offset, m);
+        if offer(&d, &s, offset, m) == Offer::Full {
+            // A delayed record falls due while an in-memory redrive fills the queue: the
+            // scheduler cannot wait, so the ordinary offer decides (an overflow is
+            // dead-lettered durably and finished, never lost).
+            let _ = s.offer(m);
+        }
     });
     broker.schedule_for(due, message, Target::Only(sub.id, deliver))
 }
@@ -66,6 +98,8 @@ pub(crate) enum Pumped {
     Progress,
     /// The window is full (or the pump is halted on an error): wait for room.
     NoRoom,
+    /// The subscription's queue is full (an in-memory redrive shares it): wait for room.
+    QueueFull,
     /// Nothing to read past `from` yet: wait for an append.
     NoRecords(u64),
     /// Stop requested, or the subscription closed.
@@ -83,6 +117,13 @@ pub(crate) fn run(d: Arc<Durable>, sub: Arc<SubShared>, broker: Weak<BrokerInner
                 let mut st = d.state.lock();
                 let blocked = st.error.is_some() || st.pending.len() >= d.window;
                 if blocked && !d.stopping() && d.room.wait_for(&mut st, IDLE_WAIT).timed_out() {
+                    d.flush_locked(&mut st);
+                }
+            }
+            Pumped::QueueFull => {
+                // Woken by every completion (redriven messages included), bounded anyway.
+                let mut st = d.state.lock();
+                if !d.stopping() && d.room.wait_for(&mut st, IDLE_WAIT).timed_out() {
                     d.flush_locked(&mut st);
                 }
             }
@@ -137,8 +178,8 @@ pub(crate) fn pump_once(
     }
     for rec in records {
         let offset = rec.offset;
-        let message = match codec::decode(rec) {
-            Ok(m) => Arc::new(m),
+        let (message, target) = match codec::decode_targeted(rec) {
+            Ok((m, target)) => (Arc::new(m), target),
             Err(reason) => {
                 // Never skip what we cannot read: stop here, say why (R-LIM-2).
                 d.halt(StreamError::Decode {
@@ -149,7 +190,9 @@ pub(crate) fn pump_once(
                 break;
             }
         };
-        let wanted = d.filter.matches(message.topic());
+        // A redrive copy is for one durable subscription only.
+        let wanted =
+            d.filter.matches(message.topic()) && target.as_ref().is_none_or(|t| *t == d.name);
         {
             let mut st = d.state.lock();
             if st.cursor != offset || d.stopping() {
@@ -165,18 +208,27 @@ pub(crate) fn pump_once(
             .deliver_at()
             .and_then(|_| broker.upgrade())
             .and_then(|b| b.due_time(&message).map(|due| (b, due)));
-        let accepted = match delayed {
-            Some((b, due)) => hold_until_due(d, sub, &b, due, offset, message),
+        let outcome = match delayed {
+            Some((b, due)) => {
+                if hold_until_due(d, sub, &b, due, offset, message) {
+                    Offer::Taken
+                } else {
+                    Offer::Closed
+                }
+            }
             None => offer(d, sub, offset, &message),
         };
-        if !accepted {
-            // Not accepted: it must be read again after a restart.
+        if outcome != Offer::Taken {
+            // Not taken: read it again (after a restart, when closed).
             let mut st = d.state.lock();
             st.pending.remove(&offset);
             if st.cursor == offset + 1 {
                 st.cursor = offset;
             }
-            return Pumped::Stopped;
+            return match outcome {
+                Offer::Full => Pumped::QueueFull,
+                _ => Pumped::Stopped,
+            };
         }
     }
     Pumped::Progress

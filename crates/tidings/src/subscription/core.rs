@@ -154,6 +154,12 @@ impl Core {
         self.idle.len()
     }
 
+    /// An open subscription whose queue is at capacity: an offer now would overflow.
+    /// Durable feeders check this under the lock and wait instead (R-BP-2).
+    pub(crate) fn is_full(&self) -> bool {
+        self.state == State::Open && self.queued >= self.capacity
+    }
+
     /// Count an offer the filter refused (the filter runs outside the lock).
     pub(crate) fn handle_filtered(&mut self) {
         self.ledger.offered += 1;

@@ -163,7 +163,7 @@ impl SubShared {
         }
     }
 
-    fn passes_filter(&self, message: &Message) -> bool {
+    pub(crate) fn passes_filter(&self, message: &Message) -> bool {
         self.header_filter
             .as_ref()
             .is_none_or(|f| f.matches(message))

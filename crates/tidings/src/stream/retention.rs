@@ -1,0 +1,150 @@
+//! The retention service: applies each stream's retention on a timer (R-LOG-1), so a stream
+//! that stopped receiving messages still sheds its old segments — the log itself applies
+//! retention only after a segment roll, which an idle stream never has.
+//!
+//! One service per broker, created with its first stream that has a retention policy. Under
+//! the thread, pool and tokio drivers it runs on one thread of its own, waiting on the
+//! broker's clock (a [`ManualClock`](crate::ManualClock) wakes it when advanced); under the
+//! manual driver [`Broker::run_until_idle`](crate::Broker::run_until_idle) runs what is due
+//! in the caller's thread. Age is judged against the broker clock's wall time.
+
+use std::sync::{Arc, Weak};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use parking_lot::{Condvar, Mutex, MutexGuard};
+
+use crate::clock::{Clock, ClockWaiter, deadline_after, wait_until};
+use crate::message::millis_since_epoch;
+
+use super::StreamInner;
+
+struct State {
+    /// Each stream with a retention policy, and when it is next due (`None` = never).
+    streams: Vec<(Arc<StreamInner>, Option<Instant>)>,
+    stop: bool,
+}
+
+pub(crate) struct RetentionService {
+    clock: Arc<dyn Clock>,
+    state: Mutex<State>,
+    cv: Condvar,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl RetentionService {
+    /// A service on `clock`; with `threaded`, its thread is started.
+    pub(crate) fn start(clock: Arc<dyn Clock>, threaded: bool) -> std::io::Result<Arc<Self>> {
+        let svc = Arc::new(Self {
+            clock,
+            state: Mutex::new(State {
+                streams: Vec::new(),
+                stop: false,
+            }),
+            cv: Condvar::new(),
+            thread: Mutex::new(None),
+        });
+        let waiter: Weak<dyn ClockWaiter> = Arc::downgrade(&svc) as Weak<dyn ClockWaiter>;
+        svc.clock.register_waiter(waiter);
+        if threaded {
+            let s = svc.clone();
+            let h = std::thread::Builder::new()
+                .name("tidings-retention".into())
+                .spawn(move || s.run())?;
+            *svc.thread.lock() = Some(h);
+        }
+        Ok(svc)
+    }
+
+    /// Apply `stream`'s retention every `stream.retention_interval` from now on.
+    pub(crate) fn add(&self, stream: Arc<StreamInner>) {
+        let Some(every) = stream.retention_interval else {
+            return;
+        };
+        let next = deadline_after(self.clock.now(), every);
+        self.state.lock().streams.push((stream, next));
+        self.cv.notify_all();
+    }
+
+    /// Take the streams due now and move their next due time on.
+    fn take_due(&self, st: &mut State) -> Vec<Arc<StreamInner>> {
+        let now = self.clock.now();
+        let mut due = Vec::new();
+        for (s, next) in &mut st.streams {
+            if next.is_some_and(|n| n <= now) {
+                *next = s
+                    .retention_interval
+                    .and_then(|every| deadline_after(now, every));
+                due.push(s.clone());
+            }
+        }
+        due
+    }
+
+    fn apply(&self, due: &[Arc<StreamInner>]) {
+        let now_ms = millis_since_epoch(self.clock.wall());
+        for s in due {
+            match s.log.apply_retention(now_ms) {
+                Ok(r) if !r.removed.is_empty() => tracing::debug!(
+                    "tidings: retention removed {} segment(s) of stream {}",
+                    r.removed.len(),
+                    s.name
+                ),
+                Ok(_) => {}
+                Err(e) => tracing::warn!("tidings: retention of stream {}: {e}", s.name),
+            }
+        }
+    }
+
+    /// Manual driver: apply what is due now, in the caller's thread. Returns how many
+    /// streams were checked.
+    pub(crate) fn run_due(&self) -> usize {
+        let due = {
+            let mut st = self.state.lock();
+            if st.stop {
+                return 0;
+            }
+            self.take_due(&mut st)
+        };
+        self.apply(&due);
+        due.len()
+    }
+
+    fn run(&self) {
+        let mut st = self.state.lock();
+        loop {
+            if st.stop {
+                return;
+            }
+            let due = self.take_due(&mut st);
+            if !due.is_empty() {
+                MutexGuard::unlocked(&mut st, || self.apply(&due));
+                continue;
+            }
+            let next = st.streams.iter().filter_map(|(_, n)| *n).min();
+            wait_until(self.clock.as_ref(), &self.cv, &mut st, next);
+        }
+    }
+
+    /// Stop and join the thread (broker close). Idempotent.
+    pub(crate) fn stop(&self) {
+        {
+            let mut st = self.state.lock();
+            st.stop = true;
+            st.streams.clear();
+        }
+        self.cv.notify_all();
+        if let Some(h) = self.thread.lock().take()
+            && h.thread().id() != std::thread::current().id()
+        {
+            let _ = h.join();
+        }
+    }
+}
+
+impl ClockWaiter for RetentionService {
+    fn time_moved(&self) {
+        drop(self.state.lock());
+        self.cv.notify_all();
+    }
+}
