@@ -81,6 +81,7 @@ pub use report::{CloseReport, PublishReport, Undelivered};
 pub use request::RequestError;
 pub use retry::{Retry, RetryPolicy};
 pub use stats::{DeadLetterCounts, RefusedCounts, SubscriptionStats};
+pub use stream::offline;
 pub use stream::{
     DEFAULT_COMMIT_EVERY, DurableDeadLetter, DurableSubscription, StartAt, Stream, StreamConfig,
     StreamError,

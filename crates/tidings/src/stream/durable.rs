@@ -9,7 +9,7 @@ use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 
 use parking_lot::{Condvar, Mutex};
-use tidings_log::Log;
+use tidings_log::{Log, Record, StoredRecord};
 
 use crate::broker::BrokerInner;
 use crate::dlq::DeadLetterReason;
@@ -211,6 +211,34 @@ impl Durable {
     }
 }
 
+/// Decode one record of a durable dead-letter log (also used by the offline tools).
+pub(crate) fn decode_dead_letter(r: StoredRecord) -> Result<DurableDeadLetter, &'static str> {
+    let mut message = codec::decode(r)?;
+    let reason = message.header(DLQ_REASON).unwrap_or_default().to_owned();
+    let attempts = message
+        .header(DLQ_ATTEMPTS)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(0);
+    message.log_offset = message.header(DLQ_OFFSET).and_then(|o| o.parse().ok());
+    Ok(DurableDeadLetter {
+        message,
+        reason,
+        attempts,
+    })
+}
+
+/// The stream record that redrives a durable dead-letter record: the original message
+/// without the dead-letter metadata (used by the offline tools).
+pub(crate) fn redrive_record(r: &StoredRecord) -> Record {
+    let mut rec = r.to_record();
+    for name in [DLQ_OFFSET, DLQ_ATTEMPTS, DLQ_REASON] {
+        if rec.headers.last().is_some_and(|(k, _)| k == name) {
+            rec.headers.pop();
+        }
+    }
+    rec
+}
+
 /// An entry of a durable subscription's dead-letter log.
 #[derive(Debug, Clone)]
 pub struct DurableDeadLetter {
@@ -332,6 +360,7 @@ impl DurableSubscription {
     pub fn durable_dead_letters(&self) -> Result<Vec<DurableDeadLetter>, StreamError> {
         let log = &self.durable.dlq;
         let dir = log.dir().to_path_buf();
+        let removed = super::offline::Removed::load(&dir)?;
         let mut out = Vec::new();
         let mut from = log.start_offset();
         loop {
@@ -345,22 +374,16 @@ impl DurableSubscription {
             for r in recs {
                 let offset = r.offset;
                 from = offset + 1;
-                let mut message = codec::decode(r).map_err(|reason| StreamError::Decode {
-                    dir: dir.clone(),
-                    offset,
-                    reason,
-                })?;
-                let reason = message.header(DLQ_REASON).unwrap_or_default().to_owned();
-                let attempts = message
-                    .header(DLQ_ATTEMPTS)
-                    .and_then(|a| a.parse().ok())
-                    .unwrap_or(0);
-                message.log_offset = message.header(DLQ_OFFSET).and_then(|o| o.parse().ok());
-                out.push(DurableDeadLetter {
-                    message,
-                    reason,
-                    attempts,
-                });
+                if removed.contains(offset) {
+                    continue;
+                }
+                out.push(
+                    decode_dead_letter(r).map_err(|reason| StreamError::Decode {
+                        dir: dir.clone(),
+                        offset,
+                        reason,
+                    })?,
+                );
             }
         }
     }

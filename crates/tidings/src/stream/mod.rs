@@ -31,6 +31,7 @@ pub(crate) mod commit;
 pub(crate) mod config;
 pub(crate) mod durable;
 pub(crate) mod error;
+pub mod offline;
 pub(crate) mod pump;
 
 use std::collections::BTreeMap;
