@@ -377,13 +377,11 @@ impl DurableSubscription {
                 if removed.contains(offset) {
                     continue;
                 }
-                out.push(
-                    decode_dead_letter(r).map_err(|reason| StreamError::Decode {
-                        dir: dir.clone(),
-                        offset,
-                        reason,
-                    })?,
-                );
+                out.push(decode_dead_letter(r).map_err(|reason| StreamError::Decode {
+                    dir: dir.clone(),
+                    offset,
+                    reason,
+                })?);
             }
         }
     }

@@ -674,8 +674,7 @@ impl DataDir {
         self.require_stream(stream)?;
         checked("durable subscription", name)?;
         let cdir = self.consumer_dir(stream);
-        if cdir.join(format!("{name}.offset")).is_file() || self.dlq_dir(stream, name).is_dir()
-        {
+        if cdir.join(format!("{name}.offset")).is_file() || self.dlq_dir(stream, name).is_dir() {
             Ok(())
         } else {
             Err(InspectError::UnknownConsumer {
@@ -777,9 +776,7 @@ impl DataDir {
         let sdir = self.stream_dir(stream);
         let ins = tools::inspect(&sdir).map_err(|e| unreadable(&sdir, e))?;
         let store = OffsetStore::new(&self.consumer_dir(stream), name);
-        let committed = store
-            .load()
-            .map_err(|e| unreadable(store.path(), e))?;
+        let committed = store.load().map_err(|e| unreadable(store.path(), e))?;
         let entries = self.dead_letters(stream, name)?;
         let mut by_reason = BTreeMap::new();
         for e in &entries {
