@@ -53,7 +53,7 @@ pub enum InspectError {
     },
 }
 
-/// Why [`DataDir::seek`] failed; nothing changed.
+/// Why [`DataDir::seek`](super::DataDir::seek) failed; nothing changed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum SeekError {
@@ -71,7 +71,7 @@ pub enum SeekError {
     Stream(StreamError),
 }
 
-/// Why [`DataDir::redrive`] failed. Entries redriven before the failure stay redriven (and
+/// Why [`DataDir::redrive`](super::DataDir::redrive) failed. Entries redriven before the failure stay redriven (and
 /// removed from the dead-letter log); the rest are still in it.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -100,7 +100,7 @@ pub enum RedriveError {
     Stream(StreamError),
 }
 
-/// Why [`DataDir::purge`] failed; nothing changed.
+/// Why [`DataDir::purge`](super::DataDir::purge) failed; nothing changed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum PurgeError {
