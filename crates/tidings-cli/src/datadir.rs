@@ -33,6 +33,14 @@ use tidings::offline::{
 use crate::progress::Progress;
 use crate::{EXIT_PROBLEM, EXIT_USAGE};
 
+/// `println!` that ignores a closed stdout (`tidings dlq show | head` must not panic).
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout().lock(), $($arg)*);
+    }};
+}
+
 /// Options shared by every data-dir command.
 #[derive(Debug, Args)]
 pub(crate) struct Common {
@@ -273,7 +281,7 @@ fn print_json(value: &impl Serialize) -> Result<(), Failure> {
         code: EXIT_PROBLEM,
         message: format!("cannot encode JSON: {e}"),
     })?;
-    println!("{text}");
+    outln!("{text}");
     Ok(())
 }
 
@@ -300,7 +308,7 @@ fn stream(cmd: &StreamCommand) -> Result<(), Failure> {
                 });
             }
             if streams.is_empty() {
-                println!("no streams in {}", dir.path().display());
+                outln!("no streams in {}", dir.path().display());
                 return Ok(());
             }
             print_streams(&streams);
@@ -310,18 +318,18 @@ fn stream(cmd: &StreamCommand) -> Result<(), Failure> {
             if json {
                 return print_json(&s);
             }
-            println!("stream       {}", s.name);
-            println!("directory    {}", s.dir.display());
-            println!("offsets      {}..{}", s.start_offset, s.end_offset);
-            println!("records      {}", s.records);
-            println!("bytes        {}", s.bytes);
-            println!("segments     {}", s.segments);
-            println!("first record {}", time_or_dash(s.first_timestamp_ms));
-            println!("last record  {}", time_or_dash(s.last_timestamp_ms));
-            println!("consumers    {}", s.consumers);
-            println!("locked       {}", locked_note(s.locked));
+            outln!("stream       {}", s.name);
+            outln!("directory    {}", s.dir.display());
+            outln!("offsets      {}..{}", s.start_offset, s.end_offset);
+            outln!("records      {}", s.records);
+            outln!("bytes        {}", s.bytes);
+            outln!("segments     {}", s.segments);
+            outln!("first record {}", time_or_dash(s.first_timestamp_ms));
+            outln!("last record  {}", time_or_dash(s.last_timestamp_ms));
+            outln!("consumers    {}", s.consumers);
+            outln!("locked       {}", locked_note(s.locked));
             for p in &s.problems {
-                println!("problem      {p}");
+                outln!("problem      {p}");
             }
         }
     }
@@ -392,7 +400,7 @@ fn consumer(cmd: &ConsumerCommand) -> Result<(), Failure> {
                 });
             }
             if consumers.is_empty() {
-                println!("no durable subscriptions on stream {stream}");
+                outln!("no durable subscriptions on stream {stream}");
                 return Ok(());
             }
             print_consumers(&consumers);
@@ -402,18 +410,18 @@ fn consumer(cmd: &ConsumerCommand) -> Result<(), Failure> {
             if json {
                 return print_json(&c);
             }
-            println!("consumer     {}/{}", c.stream, c.name);
-            println!(
+            outln!("consumer     {}/{}", c.stream, c.name);
+            outln!(
                 "committed    {}",
                 c.committed.map_or("-".to_owned(), |o| o.to_string())
             );
-            println!("stream       {}..{}", c.stream_start, c.stream_end);
-            println!("lag          {}", c.lag);
-            println!("dead letters {}", c.dead_letters);
+            outln!("stream       {}..{}", c.stream_start, c.stream_end);
+            outln!("lag          {}", c.lag);
+            outln!("dead letters {}", c.dead_letters);
             for (reason, n) in &c.dead_letters_by_reason {
-                println!("  {reason:<20} {n}");
+                outln!("  {reason:<20} {n}");
             }
-            println!(
+            outln!(
                 "active       {}",
                 if c.active {
                     "yes: live in a broker (its committed offset may be behind what it handled)"
@@ -421,7 +429,7 @@ fn consumer(cmd: &ConsumerCommand) -> Result<(), Failure> {
                     "no"
                 }
             );
-            println!("offset file  {}", c.offset_file.display());
+            outln!("offset file  {}", c.offset_file.display());
         }
         ConsumerOp::Seek {
             stream,
@@ -441,9 +449,12 @@ fn consumer(cmd: &ConsumerCommand) -> Result<(), Failure> {
             if json {
                 return print_json(&out);
             }
-            println!(
+            outln!(
                 "{}/{}: committed position {} -> {}",
-                out.stream, out.name, out.previous, out.committed
+                out.stream,
+                out.name,
+                out.previous,
+                out.committed
             );
         }
     }
@@ -526,7 +537,7 @@ fn dlq(cmd: &DlqCommand) -> Result<(), Failure> {
                 });
             }
             if with_dl.is_empty() {
-                println!("no dead letters in {}", dir.path().display());
+                outln!("no dead letters in {}", dir.path().display());
                 return Ok(());
             }
             print_consumers(&with_dl);
@@ -568,7 +579,7 @@ fn dlq(cmd: &DlqCommand) -> Result<(), Failure> {
                     entries: &shown,
                 });
             }
-            println!(
+            outln!(
                 "{stream}/{name}: {total} dead letter(s){}",
                 if shown.len() < total {
                     format!(", showing {}", shown.len())
@@ -595,12 +606,12 @@ fn dlq(cmd: &DlqCommand) -> Result<(), Failure> {
                 return print_json(&out);
             }
             match (out.stream_offsets.first(), out.stream_offsets.last()) {
-                (Some(first), Some(last)) => println!(
+                (Some(first), Some(last)) => outln!(
                     "{stream}/{name}: redrove {} dead letter(s) to stream offsets {first}..={last}; {} left",
                     out.entries.len(),
                     out.remaining
                 ),
-                _ => println!(
+                _ => outln!(
                     "{stream}/{name}: nothing to redrive; {} left",
                     out.remaining
                 ),
@@ -620,7 +631,7 @@ fn dlq(cmd: &DlqCommand) -> Result<(), Failure> {
             if json {
                 return print_json(&out);
             }
-            println!(
+            outln!(
                 "{stream}/{name}: purged {} dead letter(s); {} left",
                 out.entries.len(),
                 out.remaining
@@ -631,26 +642,27 @@ fn dlq(cmd: &DlqCommand) -> Result<(), Failure> {
 }
 
 fn print_entry(e: &DeadLetterEntry) {
-    println!();
-    println!(
+    outln!();
+    outln!(
         "entry {}  stream offset {}  {}",
         e.entry,
         e.stream_offset.map_or("-".to_owned(), |o| o.to_string()),
         format_time(e.timestamp_ms)
     );
-    println!("  id        {}", e.message_id);
-    println!("  topic     {}", e.topic);
+    outln!("  id        {}", e.message_id);
+    outln!("  topic     {}", e.topic);
     if let Some(k) = &e.key {
-        println!("  key       {k}");
+        outln!("  key       {k}");
     }
-    println!("  priority  {}", e.priority);
-    println!("  reason    {} ({} attempt(s))", e.reason, e.attempts);
+    outln!("  priority  {}", e.priority);
+    outln!("  reason    {} ({} attempt(s))", e.reason, e.attempts);
     for (k, v) in &e.headers {
-        println!("  header    {k}: {v}");
+        outln!("  header    {k}: {v}");
     }
-    println!(
+    outln!(
         "  payload   {} byte(s): {:?}",
-        e.payload_len, e.payload_preview
+        e.payload_len,
+        e.payload_preview
     );
 }
 
@@ -675,7 +687,7 @@ fn table(headers: &[&str], rows: &[Vec<String>]) {
                 s.push_str(&format!("{cell:<w$}  "));
             }
         }
-        println!("{}", s.trim_end());
+        outln!("{}", s.trim_end());
     };
     line(headers.to_vec());
     for row in rows {
