@@ -365,3 +365,86 @@ fn missing_data_dir_and_empty_dir() {
     assert_eq!(out.status.code(), Some(2)); // R-OPS-5
     assert!(String::from_utf8_lossy(&out.stderr).contains("--data-dir"));
 }
+
+#[test]
+fn redrive_a_thousand_in_batches_with_progress_lines() {
+    // R-OPS-5: a redrive larger than one batch (256) appends every entry exactly once, in
+    // order, reports plain progress lines off a terminal, and the broker delivers them all.
+    const N: usize = 1000;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    {
+        let b = broker(dir);
+        b.create_stream(StreamConfig::new("orders", ["orders.#"]).fsync(Fsync::Never))
+            .unwrap();
+        let d = b
+            .subscribe_durable(
+                "billing",
+                "orders",
+                "#",
+                StartAt::Earliest,
+                SubscribeOptions::default(),
+                |_: &Message| Err(HandlerError::reject("closed for the day")),
+            )
+            .unwrap();
+        for i in 0..N {
+            b.publish(Message::to("orders.created").payload(format!("order-{i}")))
+                .unwrap();
+            if i % 100 == 99 {
+                b.run_until_idle();
+            }
+        }
+        b.run_until_idle();
+        assert_eq!(d.durable_dead_letters().unwrap().len(), N);
+        drop(d);
+        b.close(std::time::Duration::from_secs(5));
+    }
+    let out = tidings(
+        dir,
+        &["dlq", "redrive", "orders", "billing", "--all", "--json"],
+    );
+    assert!(out.status.success());
+    let progress = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        progress.lines().collect::<Vec<_>>(),
+        [
+            "redrive orders/billing: 256/1000",
+            "redrive orders/billing: 512/1000",
+            "redrive orders/billing: 768/1000",
+            "redrive orders/billing: 1000/1000",
+        ]
+    );
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let offsets: Vec<u64> = r["stream_offsets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o.as_u64().unwrap())
+        .collect();
+    assert_eq!(offsets, (N as u64..2 * N as u64).collect::<Vec<_>>()); // R-OPS-5
+    assert_eq!(r["remaining"], 0); // R-OPS-5
+
+    let b = broker(dir);
+    orders(&b);
+    let seen = Seen::default();
+    let s = seen.clone();
+    let d = b
+        .subscribe_durable(
+            "billing",
+            "orders",
+            "#",
+            StartAt::Earliest,
+            SubscribeOptions::default(),
+            move |m: &Message| {
+                s.push(m);
+                Ok(())
+            },
+        )
+        .unwrap();
+    b.run_until_idle();
+    let expected: Vec<String> = (0..N).map(|i| format!("order-{i}")).collect();
+    assert_eq!(seen.get(), expected); // R-OPS-5: each redriven once, in DLQ order
+    assert_eq!(d.committed(), 2 * N as u64);
+    drop(d);
+    b.close(std::time::Duration::from_secs(5));
+}
