@@ -29,7 +29,9 @@
 //! position as of the subscription's last commit (a live subscription commits every
 //! `commit_every` completions, when idle and on close, so it may be ahead in memory), and
 //! the dead letters appended so far. [`StreamSummary::locked`] and
-//! [`ConsumerSummary::active`] say whether a broker holds the stream / the subscription.
+//! [`ConsumerSummary::active`] say whether a broker holds the stream / the subscription;
+//! finding out takes the lock for an instant (`try_lock`, released at once), so a broker
+//! opening that very log in the same microsecond may see `Locked` and must retry.
 //!
 //! # Writing
 //!
@@ -49,7 +51,8 @@
 //! loss). The messages get new offsets at the end of the stream, so **every** durable
 //! subscription of that stream whose filter matches sees them again, not only the one whose
 //! dead letters they were; wrap handlers in [`Deduplicating`](crate::Deduplicating) (with a
-//! durable store) to have the others skip ids they already processed.
+//! durable store) to have the others skip ids they already processed. A redriven message
+//! keeps its absolute expiry and delivery time: an `expired` dead letter expires again.
 
 use std::collections::BTreeMap;
 use std::fs::{self, OpenOptions};
