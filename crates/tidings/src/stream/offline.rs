@@ -63,18 +63,16 @@ use std::time::UNIX_EPOCH;
 use serde::Serialize;
 use tidings_log::{StoredRecord, tools};
 
+use super::check_name;
 use super::commit::OffsetStore;
-use super::durable::{decode_dead_letter, redrive_record};
 use super::error::StreamError;
-use super::{check_name, codec};
 
+mod dlq_store;
 mod error;
-mod removed;
 mod write;
 
+pub(crate) use dlq_store::Removed;
 pub use error::{InspectError, PurgeError, RedriveError, SeekError};
-pub(crate) use removed::Removed;
-use removed::removed_path;
 
 /// Longest payload preview, in bytes of the payload.
 const PREVIEW_BYTES: usize = 96;
@@ -322,20 +320,11 @@ fn entry_from(r: StoredRecord, dlq_dir: &Path) -> Result<DeadLetterEntry, Inspec
             format!("record {entry} is not a tidings dead letter: {reason}"),
         )
     };
-    // The original message, as a redrive would append it (no dead-letter metadata).
-    let original = redrive_record(&r);
-    let m = codec::decode(StoredRecord {
-        offset: entry,
-        timestamp_ms: original.timestamp_ms,
-        key: original.key,
-        headers: original.headers,
-        payload: original.payload,
-    })
-    .map_err(bad)?;
-    let d = decode_dead_letter(r).map_err(bad)?;
+    let d = dlq_store::decode(&r).map_err(bad)?;
+    let m = &d.message;
     Ok(DeadLetterEntry {
         entry,
-        stream_offset: d.message.offset(),
+        stream_offset: d.stream_offset,
         message_id: m.id().to_string(),
         topic: m.topic().as_str().to_owned(),
         key: m.key().map(|k| String::from_utf8_lossy(k).into_owned()),
@@ -355,14 +344,6 @@ fn entry_from(r: StoredRecord, dlq_dir: &Path) -> Result<DeadLetterEntry, Inspec
         payload_len: m.payload().len(),
         payload_preview: preview(m.payload()),
     })
-}
-
-/// Every record of the log in `dir` from `from` on (read-only).
-fn dump_all(dir: &Path, from: u64) -> Result<Vec<StoredRecord>, InspectError> {
-    if !dir.is_dir() {
-        return Ok(Vec::new());
-    }
-    tools::dump(dir, from, usize::MAX).map_err(|e| unreadable(dir, e))
 }
 
 impl DataDir {
@@ -557,10 +538,9 @@ impl DataDir {
     ) -> Result<Vec<DeadLetterEntry>, InspectError> {
         self.require_consumer(stream, name)?;
         let dlq = self.dlq_dir(stream, name);
-        let removed = Removed::load(&dlq).map_err(|e| unreadable(&removed_path(&dlq), e))?;
-        dump_all(&dlq, 0)?
+        dlq_store::read_present(&dlq)
+            .map_err(|e| unreadable(&dlq, e))?
             .into_iter()
-            .filter(|r| !removed.contains(r.offset))
             .map(|r| entry_from(r, &dlq))
             .collect()
     }

@@ -6,12 +6,12 @@ use std::path::{Path, PathBuf};
 
 use tidings_log::{Fsync, Log, LogConfig, OpenError, StoredRecord};
 
-use super::{DataDir, DlqActionOutcome, Removed, SeekOutcome, Selection};
+use super::dlq_store::{log_present, mark_removed, redrive_record};
+use super::{DataDir, DlqActionOutcome, SeekOutcome, Selection};
 use super::{PurgeError, RedriveError, SeekError};
 use crate::stream::StreamInner;
 use crate::stream::commit::OffsetStore;
 use crate::stream::config::StartAt;
-use crate::stream::durable::redrive_record;
 use crate::stream::error::StreamError;
 
 /// Records per appended-and-synced redrive batch.
@@ -134,7 +134,6 @@ impl DataDir {
         };
         let Some(Picked {
             dlq,
-            mut removed,
             chosen,
             remaining,
         }) = self.select(&dlq_dir, selection).map_err(|e| match e {
@@ -152,7 +151,7 @@ impl DataDir {
         let total = chosen.len() as u64;
         let result = (|| {
             for batch in chosen.chunks(REDRIVE_BATCH) {
-                let records: Vec<_> = batch.iter().map(redrive_record).collect();
+                let records: Vec<_> = batch.iter().map(|r| redrive_record(r, name)).collect();
                 let range = log
                     .append_batch(&records)
                     .map_err(|source| StreamError::Append {
@@ -164,11 +163,9 @@ impl DataDir {
                     source,
                 })?;
                 // Durable in the stream: now, and only now, the entries may leave the DLQ.
-                for r in batch {
-                    removed.insert(r.offset);
-                }
-                removed.store(&dlq_dir)?;
-                outcome.entries.extend(batch.iter().map(|r| r.offset));
+                let ids: Vec<u64> = batch.iter().map(|r| r.offset).collect();
+                mark_removed(&dlq, &ids)?;
+                outcome.entries.extend(ids);
                 outcome.stream_offsets.extend(range);
                 progress(outcome.entries.len() as u64, total);
             }
@@ -220,17 +217,14 @@ impl DataDir {
             Ok(None) => Ok(()),
             Ok(Some(Picked {
                 dlq,
-                mut removed,
                 chosen,
                 remaining,
             })) => {
-                for r in &chosen {
-                    removed.insert(r.offset);
-                }
-                let stored = removed.store(&dlq_dir);
+                let ids: Vec<u64> = chosen.iter().map(|r| r.offset).collect();
+                let stored = mark_removed(&dlq, &ids);
                 let closed = close_log(&dlq);
                 stored.and(closed).map_err(PurgeError::Stream).map(|()| {
-                    outcome.entries = chosen.iter().map(|r| r.offset).collect();
+                    outcome.entries = ids;
                     outcome.remaining = remaining;
                     progress(chosen.len() as u64, chosen.len() as u64);
                 })
@@ -242,9 +236,8 @@ impl DataDir {
         Ok(outcome)
     }
 
-    /// Open the dead-letter log (taking its lock), load the removed set and pick the
-    /// selected present entries. `None` when the subscription has no dead-letter log.
-    /// Returns the log, the removed set, the chosen records and how many remain after.
+    /// Open the dead-letter log (taking its lock) and pick the selected present entries.
+    /// `None` when the subscription has no dead-letter log.
     fn select(&self, dlq_dir: &Path, selection: &Selection) -> Result<Option<Picked>, Selected> {
         if !dlq_dir.is_dir() {
             return match selection {
@@ -257,20 +250,7 @@ impl DataDir {
             Opened::Locked(path) => return Err(Selected::Locked(path)),
         };
         let picked = (|| {
-            let removed = Removed::load(dlq_dir).map_err(Selected::Stream)?;
-            let mut present = Vec::new();
-            let mut from = dlq.start_offset();
-            loop {
-                let recs = dlq.read(from, 1024).map_err(|source| {
-                    Selected::Stream(StreamError::Read {
-                        dir: dlq_dir.to_path_buf(),
-                        source,
-                    })
-                })?;
-                let Some(last) = recs.last() else { break };
-                from = last.offset + 1;
-                present.extend(recs.into_iter().filter(|r| !removed.contains(r.offset)));
-            }
+            let present = log_present(&dlq).map_err(Selected::Stream)?;
             let total = present.len() as u64;
             let chosen: Vec<StoredRecord> = match selection {
                 Selection::All => present,
@@ -289,12 +269,11 @@ impl DataDir {
                 }
             };
             let remaining = total - chosen.len() as u64;
-            Ok((removed, chosen, remaining))
+            Ok((chosen, remaining))
         })();
         match picked {
-            Ok((removed, chosen, remaining)) => Ok(Some(Picked {
+            Ok((chosen, remaining)) => Ok(Some(Picked {
                 dlq,
-                removed,
                 chosen,
                 remaining,
             })),
@@ -306,11 +285,10 @@ impl DataDir {
     }
 }
 
-/// The open dead-letter log, its removed set, the chosen present records and how many
-/// present records are not chosen.
+/// The open dead-letter log, the chosen present records and how many present records are
+/// not chosen.
 struct Picked {
     dlq: Log,
-    removed: Removed,
     chosen: Vec<StoredRecord>,
     remaining: u64,
 }

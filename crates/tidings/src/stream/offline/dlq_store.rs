@@ -1,13 +1,98 @@
-//! The removed-entries file of a durable dead-letter log (`<name>.dlq.removed`; the format
-//! is in the parent module's docs).
+//! Everything the offline tools know about a durable dead-letter log's representation, in
+//! one place: which entries are present, how one decodes, what record redrives it, and how
+//! entries are durably removed (the `<name>.dlq.removed` file; format in the parent
+//! module's docs). Everything else in `offline` goes through these functions.
 
 use std::collections::BTreeMap;
 use std::fs::{self, OpenOptions};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
+use tidings_log::{Log, Record, StoredRecord, tools};
+
+use crate::message::Message;
+use crate::stream::codec;
 use crate::stream::commit::sync_dir;
+use crate::stream::durable::{decode_dead_letter, redrive_record as original_record};
 use crate::stream::error::StreamError;
+
+/// A dead-letter entry decoded for display.
+#[derive(Debug)]
+pub(crate) struct Decoded {
+    /// The original message, without dead-letter metadata.
+    pub(crate) message: Message,
+    /// The reason's display text.
+    pub(crate) reason: String,
+    /// Handler attempts made.
+    pub(crate) attempts: u32,
+    /// The message's offset in its stream.
+    pub(crate) stream_offset: Option<u64>,
+}
+
+/// Decode one entry record.
+pub(crate) fn decode(r: &StoredRecord) -> Result<Decoded, &'static str> {
+    let original = original_record(r);
+    let message = codec::decode(StoredRecord {
+        offset: r.offset,
+        timestamp_ms: original.timestamp_ms,
+        key: original.key,
+        headers: original.headers,
+        payload: original.payload,
+    })?;
+    let d = decode_dead_letter(r.clone())?;
+    Ok(Decoded {
+        message,
+        reason: d.reason,
+        attempts: d.attempts,
+        stream_offset: d.message.offset(),
+    })
+}
+
+/// The stream record that redrives entry `r` of durable subscription `_durable`.
+pub(crate) fn redrive_record(r: &StoredRecord, _durable: &str) -> Record {
+    original_record(r)
+}
+
+/// The present (not removed) entries of the log in `dlq_dir`, oldest first, read-only and
+/// without the lock. None when the log does not exist.
+pub(crate) fn read_present(dlq_dir: &Path) -> Result<Vec<StoredRecord>, String> {
+    if !dlq_dir.is_dir() {
+        return Ok(Vec::new());
+    }
+    let removed = Removed::load(dlq_dir).map_err(|e| e.to_string())?;
+    let all = tools::dump(dlq_dir, 0, usize::MAX).map_err(|e| e.to_string())?;
+    Ok(all
+        .into_iter()
+        .filter(|r| !removed.contains(r.offset))
+        .collect())
+}
+
+/// The present entries of an open (locked) dead-letter log, oldest first.
+pub(crate) fn log_present(dlq: &Log) -> Result<Vec<StoredRecord>, StreamError> {
+    let dir = dlq.dir();
+    let removed = Removed::load(dir)?;
+    let mut present = Vec::new();
+    let mut from = dlq.start_offset();
+    loop {
+        let recs = dlq.read(from, 1024).map_err(|source| StreamError::Read {
+            dir: dir.to_path_buf(),
+            source,
+        })?;
+        let Some(last) = recs.last() else { break };
+        from = last.offset + 1;
+        present.extend(recs.into_iter().filter(|r| !removed.contains(r.offset)));
+    }
+    Ok(present)
+}
+
+/// Durably remove these entries from an open (locked) dead-letter log.
+pub(crate) fn mark_removed(dlq: &Log, ids: &[u64]) -> Result<(), StreamError> {
+    let mut removed = Removed::load(dlq.dir())?;
+    for &id in ids {
+        removed.insert(id);
+    }
+    removed.store(dlq.dir())
+}
 
 const REMOVED_MAGIC: &str = "tidings-dlq-removed 1\n";
 
