@@ -71,6 +71,11 @@ pub(crate) fn run(args: &DemoArgs) -> ExitCode {
     let outcome = scenario(args.orders, &dir);
     if temporary {
         let _ = std::fs::remove_dir_all(&dir);
+    } else {
+        println!(
+            "inspect the data dir offline: tidings stream ls -d {0}; tidings dlq show orders fraud -d {0}",
+            dir.display()
+        );
     }
     match outcome {
         Ok(true) => ExitCode::SUCCESS,

@@ -4,7 +4,9 @@
 //! bills orders from it. Mid-stream the broker is dropped (the "crash") with one order in
 //! the handler and more unread; a new broker on the same data directory reopens the stream
 //! (recovery report), `billing` resumes at its committed offset, and a new durable
-//! subscription `audit` replays from a point in time. Every count printed is exact.
+//! subscription `audit` replays from a point in time; a third, `fraud`, dead-letters every
+//! tenth order into its durable DLQ (for `tidings dlq show|redrive|purge` on the data dir).
+//! Every count printed is exact.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -167,7 +169,18 @@ pub(crate) fn scenario(dir: &Path) -> DemoResult<Vec<(String, bool)>> {
         replay.first().copied().unwrap_or(0),
         replay.last().copied().unwrap_or(0),
     );
-    drop((sub, audit));
+    // A third durable subscription rejects every tenth order: its durable DLQ keeps them
+    // on disk for `tidings dlq show|redrive|purge`.
+    let fraud = subscribe(&broker, "fraud", StartAt::Earliest, |m: &Message| {
+        if m.payload().ends_with(b"0") {
+            return Err(HandlerError::reject("flagged for manual review"));
+        }
+        Ok(())
+    })?;
+    let fraud_done = wait_until(|| fraud.lag() == 0 && fraud.outstanding() == 0);
+    let flagged = fraud.durable_dead_letters()?.len();
+    println!("  fraud flagged {flagged} orders into its durable dead-letter queue");
+    drop((sub, audit, fraud));
     broker.close(Duration::from_secs(2));
 
     let first = lock(&first).clone();
@@ -199,6 +212,13 @@ pub(crate) fn scenario(dir: &Path) -> DemoResult<Vec<(String, bool)>> {
                 BEFORE_MARK + 1
             ),
             replay_done && replay == (BEFORE_MARK + 1..=ORDERS).collect::<Vec<_>>(),
+        ),
+        (
+            format!(
+                "durable: fraud dead-lettered exactly the {} orders divisible by 10 (R-DEL-4)",
+                ORDERS / 10
+            ),
+            fraud_done && flagged == (ORDERS / 10) as usize,
         ),
     ])
 }

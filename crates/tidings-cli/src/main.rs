@@ -6,16 +6,27 @@
 //! tidings log inspect DIR              describe the segments of a stream directory
 //! tidings log verify DIR               check every record; exit 1 when problems are found
 //! tidings log dump DIR [--from N] [--max N]
+//! tidings stream ls|info NAME -d DATA_DIR [--json]
+//! tidings consumer ls STREAM | info STREAM NAME -d DATA_DIR [--json]
+//! tidings consumer seek STREAM NAME --offset N|--time T|--earliest|--latest -d DATA_DIR
+//! tidings dlq ls [STREAM] | show STREAM NAME -d DATA_DIR [--json]
+//! tidings dlq redrive|purge STREAM NAME --all|--entry ID.. -d DATA_DIR [--json]
 //! ```
+//!
+//! The `stream`, `consumer` and `dlq` commands work on a broker's data directory offline
+//! (see [`tidings::offline`]): reads run beside a live broker and show what is on disk;
+//! writes refuse (exit 2) while a broker holds the stream's lock.
 //!
 //! Exit codes: 0 success; 1 the command ran and found a problem (a failed verification, a
 //! corrupt record, a broken demo invariant, a failed benchmark run); 2 the command could not
 //! run (bad arguments, missing or unreadable paths).
 
 mod bench;
+mod datadir;
 mod demo;
 mod durable_demo;
 mod log;
+mod progress;
 
 use std::process::ExitCode;
 
@@ -34,7 +45,7 @@ pub(crate) const EXIT_USAGE: u8 = 2;
 #[command(
     name = "tidings",
     version,
-    about = "The tidings in-process pub-sub broker: demo, benchmarks and log tools",
+    about = "The tidings in-process pub-sub broker: demo, benchmarks, log and data-dir tools",
     after_help = "Exit codes: 0 success; 1 a problem was found; 2 the command could not run."
 )]
 struct Cli {
@@ -51,6 +62,12 @@ enum Command {
     Bench(bench::BenchCommand),
     /// Offline tools for a durable stream directory (read-only).
     Log(log::LogCommand),
+    /// Offline: the streams of a data directory.
+    Stream(datadir::StreamCommand),
+    /// Offline: durable subscriptions (consumers) of a stream; move their position.
+    Consumer(datadir::ConsumerCommand),
+    /// Offline: durable dead-letter queues; show, redrive, purge.
+    Dlq(datadir::DlqCommand),
 }
 
 fn main() -> ExitCode {
@@ -59,5 +76,8 @@ fn main() -> ExitCode {
         Command::Demo(args) => demo::run(&args),
         Command::Bench(args) => bench::run(&args),
         Command::Log(args) => log::run(&args),
+        Command::Stream(args) => datadir::run_stream(&args),
+        Command::Consumer(args) => datadir::run_consumer(&args),
+        Command::Dlq(args) => datadir::run_dlq(&args),
     }
 }

@@ -96,7 +96,7 @@ fn demo_prints_tables_and_conserves() {
     // R-CORE-6: close reports what it left behind: here only the reminder due in 1 h.
     assert!(stdout.contains("undelivered: 1;"), "{stdout}");
     assert!(stdout.contains("reminders.review id"), "{stdout}");
-    assert!(stdout.contains("13 of 13 checks passed"), "{stdout}");
+    assert!(stdout.contains("14 of 14 checks passed"), "{stdout}");
     // R-LOG-3, R-LOG-4: the durable part crashes, resumes at its commit, replays by time.
     assert!(
         stdout.contains("billing resumed at offset 30") && stdout.contains("0 billed twice"),

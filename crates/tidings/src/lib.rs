@@ -81,6 +81,7 @@ pub use report::{CloseReport, PublishReport, Undelivered};
 pub use request::RequestError;
 pub use retry::{Retry, RetryPolicy};
 pub use stats::{DeadLetterCounts, RefusedCounts, SubscriptionStats};
+pub use stream::offline;
 pub use stream::{
     CommitFailed, DEFAULT_COMMIT_EVERY, DEFAULT_RETENTION_INTERVAL, DurableDeadLetter,
     DurableDedupStore, DurableSubscription, StartAt, Stream, StreamConfig, StreamError,

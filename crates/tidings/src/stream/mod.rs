@@ -53,6 +53,7 @@ pub(crate) mod dedup_log;
 pub(crate) mod dlq_record;
 pub(crate) mod durable;
 pub(crate) mod error;
+pub mod offline;
 pub(crate) mod pump;
 pub(crate) mod retention;
 
