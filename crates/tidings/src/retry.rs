@@ -5,6 +5,17 @@
 //! subscription (or its lane, or its key) until it succeeds or is dead-lettered. The wait is
 //! a deadline handed to the driver, never a sleep, so `close()` interrupts it at once and
 //! the manual clock makes schedules exact in tests.
+//!
+//! # Long waits
+//! No wait overflows: an exponential wait that grows past what a [`Duration`] holds is
+//! capped at the policy's `max`, and a wait whose deadline cannot be represented (for
+//! example `Retry::fixed(Duration::MAX, 3)`) means the retry would never happen, so the
+//! message is dead-lettered at once as `RetriesExhausted` with the attempts made (R-LIM-1).
+//!
+//! # Failure
+//! A custom [`RetryPolicy`] that panics is contained: the message is dead-lettered as
+//! `RetriesExhausted` whose `last_error` names the handler's error and the panic, and the
+//! subscription keeps working (R-DEL-1).
 
 use std::fmt;
 use std::sync::Arc;
@@ -58,6 +69,26 @@ pub enum Retry {
     },
     /// A user-supplied strategy.
     Custom(Arc<dyn RetryPolicy>),
+    /// A builder method was applied to a policy it does not fit (for example
+    /// [`Retry::max_attempts`] on `None` or `Custom`). `subscribe` refuses it with
+    /// [`ConfigError::Invalid`] naming the setting (R-LIM-1); it never reaches a dispatcher.
+    Inconsistent(InconsistentRetry),
+}
+
+/// What made a [`Retry`] inconsistent; see [`Retry::Inconsistent`]. Only the builder
+/// methods create it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InconsistentRetry {
+    setting: &'static str,
+    policy: &'static str,
+}
+
+impl InconsistentRetry {
+    /// The setting that does not fit, e.g. `retry.max_attempts`.
+    #[must_use]
+    pub fn setting(&self) -> &'static str {
+        self.setting
+    }
 }
 
 impl Retry {
@@ -87,15 +118,35 @@ impl Retry {
         Retry::Custom(Arc::new(policy))
     }
     /// Set the total number of attempts (fixed and exponential).
+    ///
+    /// `Retry::None` always makes one attempt and a `Custom` policy decides for itself, so
+    /// on those this returns [`Retry::Inconsistent`], which `subscribe` refuses with
+    /// `ConfigError::Invalid { setting: "retry.max_attempts", .. }` instead of silently
+    /// ignoring the call.
+    ///
+    /// ```
+    /// # use tidings::*;
+    /// let broker = Broker::builder().driver(Driver::Manual).build()?;
+    /// let opts = SubscribeOptions { retry: Retry::None.max_attempts(3), ..Default::default() };
+    /// let err = broker.subscribe("t", opts, |_m: &Message| ()).unwrap_err();
+    /// assert!(err.to_string().contains("retry.max_attempts"));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     #[must_use]
     pub fn max_attempts(mut self, attempts: u32) -> Self {
         match &mut self {
             Retry::Fixed { max_attempts, .. } | Retry::Exponential { max_attempts, .. } => {
                 *max_attempts = attempts;
             }
-            Retry::None | Retry::Custom(_) => {}
+            Retry::None => return Self::inconsistent("retry.max_attempts", "Retry::None"),
+            Retry::Custom(_) => return Self::inconsistent("retry.max_attempts", "Retry::Custom"),
+            Retry::Inconsistent(_) => {}
         }
         self
+    }
+
+    fn inconsistent(setting: &'static str, policy: &'static str) -> Self {
+        Retry::Inconsistent(InconsistentRetry { setting, policy })
     }
     /// Cap the exponential wait.
     #[must_use]
@@ -118,6 +169,13 @@ impl Retry {
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         match *self {
             Retry::None | Retry::Custom(_) => Ok(()),
+            Retry::Inconsistent(InconsistentRetry { setting, policy }) => {
+                Err(ConfigError::invalid(
+                    setting,
+                    policy.to_owned(),
+                    "a policy it applies to (fixed or exponential)",
+                ))
+            }
             Retry::Fixed { max_attempts, .. } => check_attempts(max_attempts),
             Retry::Exponential {
                 initial,
@@ -153,7 +211,9 @@ impl Retry {
         }
     }
 
-    /// The decision after `attempts` failed attempts.
+    /// The decision after `attempts` failed attempts. Never panics on the built-in
+    /// policies (waits saturate at `max`); a custom policy is called as is: the caller
+    /// contains its panics.
     pub(crate) fn decide(
         &self,
         attempts: u32,
@@ -184,9 +244,14 @@ impl Retry {
                 } else {
                     0.0
                 };
-                Some(Duration::from_secs_f64(capped * (1.0 - cut)))
+                // `as_secs_f64` rounds, so a `max` near `Duration::MAX` converts back to a
+                // float just past the range: saturate at `max` instead of panicking.
+                let wait = Duration::try_from_secs_f64(capped * (1.0 - cut)).unwrap_or(*max);
+                Some(wait.min(*max))
             }
             Retry::Custom(policy) => policy.retry_after(attempts, error, message),
+            // Refused at subscribe; dead-letter rather than guess.
+            Retry::Inconsistent(_) => None,
         }
     }
 }
@@ -238,6 +303,9 @@ impl fmt::Debug for Retry {
                 "Retry::Exponential({initial:?} x{multiplier} max {max:?}, {max_attempts} attempts, jitter {jitter})"
             ),
             Retry::Custom(_) => f.write_str("Retry::Custom(..)"),
+            Retry::Inconsistent(i) => {
+                write!(f, "Retry::Inconsistent({} on {})", i.setting, i.policy)
+            }
         }
     }
 }
