@@ -79,6 +79,10 @@ impl Concurrency {
 
 /// A predicate over the message, evaluated on offer (R-RT-3). Must be quick; it runs on
 /// the publisher's thread with no broker lock held.
+///
+/// A panic inside it is contained (R-DEL-1): the publisher does not unwind; the message
+/// counts as accepted and is dead-lettered at once as `Rejected` with error
+/// `"predicate panicked: …"`.
 #[derive(Clone)]
 pub struct Predicate(Arc<dyn Fn(&Message) -> bool + Send + Sync>);
 

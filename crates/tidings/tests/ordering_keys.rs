@@ -16,9 +16,12 @@ const PRIORITIES: [Priority; 4] = [
     Priority::Urgent,
 ];
 
-/// Records (key, payload) in delivery order.
+/// A delivery: the message's key and payload.
+type Delivered = (Option<Vec<u8>>, String);
+
+/// Records deliveries in order.
 #[derive(Clone, Default)]
-struct Log(Arc<Mutex<Vec<(Option<Vec<u8>>, String)>>>);
+struct Log(Arc<Mutex<Vec<Delivered>>>);
 
 impl Log {
     fn handler(&self) -> impl Fn(&Message) -> Result<(), HandlerError> + Send + Sync + 'static {

@@ -255,3 +255,56 @@ fn panicking_dedup_store_is_retried() {
     assert_eq!((s.attempts, s.failures, s.delivered), (2, 1, 1));
     assert!(s.is_conserved()); // R-DEL-6
 }
+
+/// A manual clock whose wall clock panics while armed.
+#[derive(Clone)]
+struct TrapClock {
+    inner: ManualClock,
+    armed: Arc<AtomicBool>,
+}
+
+impl Clock for TrapClock {
+    fn now(&self) -> std::time::Instant {
+        self.inner.now()
+    }
+    fn wall(&self) -> std::time::SystemTime {
+        assert!(!self.armed.load(Ordering::SeqCst), "clock bug");
+        self.inner.wall()
+    }
+    fn wait_hint(&self, deadline: std::time::Instant) -> Option<Duration> {
+        self.inner.wait_hint(deadline)
+    }
+}
+
+#[test]
+fn panicking_clock_leaves_the_books_intact() {
+    let clock = TrapClock {
+        inner: ManualClock::new(),
+        armed: Arc::new(AtomicBool::new(false)),
+    };
+    let broker = Broker::builder()
+        .driver(Driver::Manual)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let rec = Recorder::default();
+    let sub = broker
+        .subscribe(
+            "t",
+            SubscribeOptions {
+                ttl: Some(Duration::from_secs(60)),
+                ..Default::default()
+            },
+            rec.handler(),
+        )
+        .unwrap();
+    clock.armed.store(true, Ordering::SeqCst);
+    // Publish stamps with the wall clock, and dequeue checks the TTL with it.
+    broker.publish(Message::to("t").payload("a")).unwrap(); // R-DEL-1: no unwind
+    broker.run_until_idle();
+    clock.armed.store(false, Ordering::SeqCst);
+    broker.publish(Message::to("t").payload("b")).unwrap();
+    broker.run_until_idle();
+    assert_eq!(rec.take(), vec!["a", "b"]); // R-DEL-1: the subscription keeps working
+    assert!(sub.stats().is_conserved()); // R-DEL-6
+}
