@@ -531,8 +531,7 @@ impl BrokerInner {
 
     /// Validate limits and stamp id and time (R-CORE-4, R-LIM-1).
     fn build_message(&self, b: MessageBuilder) -> Result<Message, PublishError> {
-        let now = Now::new(self.clock.as_ref());
-        b.build(&self.limits, now.wall(), now.mono(), &self.ids)
+        b.build(&self.limits, &Now::new(self.clock.as_ref()), &self.ids)
     }
 
     /// Snapshot the matching subscriptions, release the lock, offer to each (R-CORE-2).

@@ -7,11 +7,11 @@
 use std::fmt;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 
-use crate::clock::{deadline_after, wall_after};
+use crate::clock::{Now, SystemClock, deadline_after, wall_after};
 use crate::error::PublishError;
 use crate::filter::HeaderLookup;
 use crate::limits::Limits;
@@ -392,17 +392,16 @@ impl MessageBuilder {
     pub fn build_detached(self) -> Result<Message, PublishError> {
         static IDS: OnceLock<IdGenerator> = OnceLock::new();
         let ids = IDS.get_or_init(IdGenerator::new);
-        self.build(&Limits::default(), SystemTime::now(), Instant::now(), ids)
+        self.build(&Limits::default(), &Now::new(&SystemClock), ids)
     }
 
-    /// Validate against `limits` and stamp with `wall` (R-LIM-1): what publish does before
-    /// routing. `mono` is the monotonic time matching `wall`, to refuse delays whose
-    /// deadline is not representable.
+    /// Validate against `limits` and stamp with `now` (R-LIM-1): what publish does before
+    /// routing. The monotonic time is read only for a delay, to refuse one whose deadline
+    /// is not representable.
     pub(crate) fn build(
         self,
         limits: &Limits,
-        wall: SystemTime,
-        mono: Instant,
+        now: &Now<'_>,
         ids: &IdGenerator,
     ) -> Result<Message, PublishError> {
         let b = self;
@@ -448,6 +447,7 @@ impl MessageBuilder {
             .map(Topic::new)
             .transpose()
             .map_err(PublishError::InvalidReplyTo)?;
+        let wall = now.wall();
         // A TTL past the representable range never expires.
         let expires_at = b
             .expires_at
@@ -456,7 +456,7 @@ impl MessageBuilder {
             (Some(at), _) => Some(at),
             (None, Some(delay)) => {
                 let at = wall_after(wall, delay)
-                    .filter(|_| deadline_after(mono, delay).is_some())
+                    .filter(|_| deadline_after(now.mono(), delay).is_some())
                     .ok_or(PublishError::DelayTooLong { delay })?;
                 Some(at)
             }

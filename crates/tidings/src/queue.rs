@@ -13,12 +13,12 @@
 //! oldest of the lowest level" are O(log k) for k keys waiting. The capacity is enforced by
 //! the subscription core, which owns the overflow policy; this type only orders.
 
+use std::borrow::Borrow;
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hash, Hasher};
 use std::sync::Arc;
 use std::time::Instant;
-
-use bytes::Bytes;
 
 use crate::message::{Message, Priority};
 
@@ -27,6 +27,61 @@ use crate::message::{Message, Priority};
 pub(crate) struct Queued {
     pub(crate) message: Arc<Message>,
     pub(crate) enqueued: Instant,
+}
+
+/// FNV-1a for the key map: keys are short and hashing is on every push and pop. Flooding
+/// one subscription's queue with colliding keys only slows that subscription (R-CORE-1),
+/// and its size is bounded by the subscription's capacity.
+#[derive(Default)]
+pub(crate) struct Fnv(u64);
+
+impl Hasher for Fnv {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        let mut hash = if self.0 == 0 {
+            0xcbf2_9ce4_8422_2325
+        } else {
+            self.0
+        };
+        for b in bytes {
+            hash ^= u64::from(*b);
+            hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        self.0 = hash;
+    }
+}
+
+/// A map key: the key bytes of a message, held through the shared message so that no key
+/// bytes are copied or re-counted per push.
+#[derive(Debug)]
+struct KeyOf(Arc<Message>);
+
+impl KeyOf {
+    fn bytes(&self) -> &[u8] {
+        self.0.key().unwrap_or_default()
+    }
+}
+
+impl PartialEq for KeyOf {
+    fn eq(&self, other: &Self) -> bool {
+        self.bytes() == other.bytes()
+    }
+}
+
+impl Eq for KeyOf {}
+
+impl Hash for KeyOf {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.bytes().hash(state);
+    }
+}
+
+impl Borrow<[u8]> for KeyOf {
+    fn borrow(&self) -> &[u8] {
+        self.bytes()
+    }
 }
 
 /// Position of a message in delivery order: (priority, publish sequence).
@@ -39,9 +94,9 @@ pub(crate) struct PriorityQueue {
     /// Bit `i` set ⇔ `levels[i]` is non-empty.
     occupied: u8,
     /// Keyed messages, one FIFO per key in publish order. Never holds an empty FIFO.
-    keys: HashMap<Bytes, VecDeque<(u64, Queued)>>,
-    /// Each waiting key by the rank of its head.
-    heads: BTreeMap<Rank, Bytes>,
+    keys: HashMap<KeyOf, VecDeque<(u64, Queued)>, BuildHasherDefault<Fnv>>,
+    /// Each waiting key by the rank of its head (the head message names the key).
+    heads: BTreeMap<Rank, Arc<Message>>,
     seq: u64,
     len: usize,
 }
@@ -63,20 +118,19 @@ impl PriorityQueue {
         let seq = self.seq;
         self.seq += 1;
         self.len += 1;
-        match item.message.key.clone() {
-            None => {
-                let level = item.message.priority().index();
-                self.levels[level].push_back((seq, item));
-                self.occupied |= 1 << level;
-            }
-            Some(key) => {
-                let fifo = self.keys.entry(key.clone()).or_default();
-                if fifo.is_empty() {
-                    self.heads.insert(rank(seq, &item), key);
-                }
-                fifo.push_back((seq, item));
-            }
+        let Some(key) = item.message.key() else {
+            let level = item.message.priority().index();
+            self.levels[level].push_back((seq, item));
+            self.occupied |= 1 << level;
+            return;
+        };
+        if let Some(fifo) = self.keys.get_mut(key) {
+            fifo.push_back((seq, item));
+            return;
         }
+        self.heads.insert(rank(seq, &item), item.message.clone());
+        let map_key = KeyOf(item.message.clone());
+        self.keys.insert(map_key, VecDeque::from([(seq, item)]));
     }
 
     /// Highest priority first, publish order within a level, per-key order always.
@@ -90,7 +144,10 @@ impl PriorityQueue {
             (None, None) => None,
             (Some((u, level)), Some(k)) if u < k => self.take_level(level),
             (Some((_, level)), None) => self.take_level(level),
-            (_, Some(k)) => self.take_key(k),
+            (_, Some(_)) => {
+                let (_, key) = self.heads.pop_first()?;
+                self.take_from(key)
+            }
         }
     }
 
@@ -153,15 +210,22 @@ impl PriorityQueue {
 
     fn take_key(&mut self, head: Rank) -> Option<Queued> {
         let key = self.heads.remove(&head)?;
-        let fifo = self.keys.get_mut(&key)?;
+        self.take_from(key)
+    }
+
+    /// Pop the head of `head`'s key, whose entry in `heads` was just removed.
+    fn take_from(&mut self, head: Arc<Message>) -> Option<Queued> {
+        let key = head.key().unwrap_or_default();
+        let fifo = self.keys.get_mut(key)?;
         let (_, item) = fifo.pop_front()?;
         match fifo.front() {
             Some((seq, next)) => {
                 let r = rank(*seq, next);
-                self.heads.insert(r, key);
+                let next = next.message.clone();
+                self.heads.insert(r, next);
             }
             None => {
-                self.keys.remove(&key);
+                self.keys.remove(key);
             }
         }
         self.len -= 1;
