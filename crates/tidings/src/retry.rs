@@ -69,8 +69,9 @@ pub enum Retry {
     },
     /// A user-supplied strategy.
     Custom(Arc<dyn RetryPolicy>),
-    /// A builder method was applied to a policy it does not fit (for example
-    /// [`Retry::max_attempts`] on `None` or `Custom`). `subscribe` refuses it with
+    /// A builder method was applied to a policy it does not fit ([`Retry::max_attempts`]
+    /// on `None` or `Custom`, [`Retry::max_delay`] or [`Retry::jitter`] on anything but
+    /// `Exponential`). The first misfit is kept. `subscribe` refuses it with
     /// [`ConfigError::Invalid`] naming the setting (R-LIM-1); it never reaches a dispatcher.
     Inconsistent(InconsistentRetry),
 }
@@ -138,9 +139,8 @@ impl Retry {
             Retry::Fixed { max_attempts, .. } | Retry::Exponential { max_attempts, .. } => {
                 *max_attempts = attempts;
             }
-            Retry::None => return Self::inconsistent("retry.max_attempts", "Retry::None"),
-            Retry::Custom(_) => return Self::inconsistent("retry.max_attempts", "Retry::Custom"),
             Retry::Inconsistent(_) => {}
+            other => return Self::inconsistent("retry.max_attempts", other.policy_name()),
         }
         self
     }
@@ -148,21 +148,38 @@ impl Retry {
     fn inconsistent(setting: &'static str, policy: &'static str) -> Self {
         Retry::Inconsistent(InconsistentRetry { setting, policy })
     }
-    /// Cap the exponential wait.
+    /// Cap the exponential wait. On any other policy this returns
+    /// [`Retry::Inconsistent`] (refused at subscribe, setting `retry.max_delay`).
     #[must_use]
     pub fn max_delay(mut self, cap: Duration) -> Self {
-        if let Retry::Exponential { max, .. } = &mut self {
-            *max = cap;
+        match &mut self {
+            Retry::Exponential { max, .. } => *max = cap,
+            Retry::Inconsistent(_) => {}
+            other => return Self::inconsistent("retry.max_delay", other.policy_name()),
         }
         self
     }
-    /// Remove up to `fraction` of each exponential wait, pseudo-randomly.
+    /// Remove up to `fraction` of each exponential wait, pseudo-randomly. On any other
+    /// policy this returns [`Retry::Inconsistent`] (refused at subscribe, setting
+    /// `retry.jitter`).
     #[must_use]
     pub fn jitter(mut self, fraction: f64) -> Self {
-        if let Retry::Exponential { jitter, .. } = &mut self {
-            *jitter = fraction;
+        match &mut self {
+            Retry::Exponential { jitter, .. } => *jitter = fraction,
+            Retry::Inconsistent(_) => {}
+            other => return Self::inconsistent("retry.jitter", other.policy_name()),
         }
         self
+    }
+
+    fn policy_name(&self) -> &'static str {
+        match self {
+            Retry::None => "Retry::None",
+            Retry::Fixed { .. } => "Retry::Fixed",
+            Retry::Exponential { .. } => "Retry::Exponential",
+            Retry::Custom(_) => "Retry::Custom",
+            Retry::Inconsistent(_) => "Retry::Inconsistent",
+        }
     }
 
     /// Refuse inconsistent settings (R-LIM-1).
@@ -368,6 +385,52 @@ mod tests {
             assert!(d <= Duration::from_secs(1) && d >= Duration::from_millis(500));
             assert_eq!(Some(d), r.decide(a, &e, &m));
         }
+    }
+
+    proptest::proptest! {
+        // R-LIM-1: no valid built-in policy panics or waits past its cap, whatever the
+        // durations (up to Duration::MAX) and multiplier.
+        #[test]
+        fn built_in_decisions_never_panic(
+            secs in proptest::prelude::any::<u64>(),
+            nanos in 0u32..1_000_000_000,
+            cap_secs in proptest::prelude::any::<u64>(),
+            multiplier in 1.0f64..=f64::MAX,
+            jitter in 0.0f64..=1.0,
+            attempts in 1u32..10_000,
+        ) {
+            let initial = Duration::new(secs, nanos);
+            let max = Duration::new(cap_secs, 999_999_999).max(initial);
+            let e = HandlerError::retry("x");
+            let m = msg();
+            let r = Retry::exponential(initial, multiplier)
+                .max_delay(max)
+                .jitter(jitter)
+                .max_attempts(u32::MAX);
+            proptest::prop_assert!(r.validate().is_ok());
+            let d = r.decide(attempts, &e, &m);
+            proptest::prop_assert!(d.is_some_and(|d| d <= max));
+            let f = Retry::fixed(initial, 3);
+            proptest::prop_assert_eq!(f.decide(1, &e, &m), Some(initial));
+        }
+    }
+
+    // R-LIM-1
+    #[test]
+    fn misapplied_builder_methods_are_refused() {
+        let setting = |r: Retry| match r.validate() {
+            Err(ConfigError::Invalid { setting, .. }) => setting,
+            other => panic!("accepted: {other:?}"),
+        };
+        let d = Duration::from_millis(1);
+        assert_eq!(setting(Retry::None.max_attempts(2)), "retry.max_attempts");
+        assert_eq!(setting(Retry::fixed(d, 2).max_delay(d)), "retry.max_delay");
+        assert_eq!(setting(Retry::fixed(d, 2).jitter(0.5)), "retry.jitter");
+        // The first misfit is kept through later calls.
+        assert_eq!(
+            setting(Retry::None.jitter(0.1).max_attempts(2)),
+            "retry.jitter"
+        );
     }
 
     // R-LIM-1
