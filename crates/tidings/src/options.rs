@@ -55,7 +55,9 @@ pub enum Concurrency {
     #[default]
     Serial,
     /// `n` dispatchers, each owning the keys that hash to it (stable FNV-1a hash). Order
-    /// holds per key; lanes run in parallel; messages without a key go to lane 0.
+    /// holds per key — publish order, even when the key's messages differ in priority
+    /// (R-ORD-5); priority orders different keys and unkeyed messages within a lane. Lanes
+    /// run in parallel; messages without a key go to lane 0.
     Lanes(usize),
     /// Up to `max_in_flight` handler calls at once, never two of the same key: the next
     /// message whose key is not in flight (or waiting to retry) is dispatched, so a
