@@ -276,6 +276,91 @@ mod tests {
         assert!(pq.is_empty());
     }
 
+    #[derive(Debug, Clone)]
+    enum Op {
+        Push(Option<u8>, u8),
+        Pop,
+        Evict,
+    }
+
+    fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+        use proptest::prelude::*;
+        prop_oneof![
+            3 => (proptest::option::of(0u8..4), 0u8..4).prop_map(|(k, p)| Op::Push(k, p)),
+            2 => Just(Op::Pop),
+            1 => Just(Op::Evict),
+        ]
+    }
+
+    const LEVELS: [Priority; 4] = [
+        Priority::Low,
+        Priority::Normal,
+        Priority::High,
+        Priority::Urgent,
+    ];
+
+    proptest::proptest! {
+        // R-ORD-5, R-ORD-1, R-BP-1: the queue against a reference model: a message is
+        // eligible when no older message of its key waits; pop takes the eligible one of
+        // highest priority, then oldest; eviction the eligible one of lowest priority,
+        // then oldest.
+        #[test]
+        fn matches_the_reference_model(ops in proptest::collection::vec(op(), 0..200)) {
+            let mut pq = PriorityQueue::default();
+            // (seq, key, priority)
+            let mut model: Vec<(usize, Option<u8>, u8)> = Vec::new();
+            for (seq, op) in ops.into_iter().enumerate() {
+                let eligible = |m: &Vec<(usize, Option<u8>, u8)>| -> Vec<(usize, u8)> {
+                    m.iter()
+                        .filter(|(s, k, _)| {
+                            k.is_none() || !m.iter().any(|(s2, k2, _)| k2 == k && s2 < s)
+                        })
+                        .map(|(s, _, p)| (*s, *p))
+                        .collect()
+                };
+                let (got, want) = match op {
+                    Op::Push(key, p) => {
+                        let payload = seq.to_string();
+                        let mut b = MessageBuilder::new("t")
+                            .payload(payload)
+                            .priority(LEVELS[p as usize]);
+                        if let Some(k) = key {
+                            b = b.key([k]);
+                        }
+                        pq.push(Queued {
+                            message: Arc::new(b.build_detached().unwrap()),
+                            enqueued: Instant::now(),
+                        });
+                        model.push((seq, key, p));
+                        (None, None)
+                    }
+                    Op::Pop => {
+                        let want = eligible(&model)
+                            .into_iter()
+                            .min_by_key(|(s, p)| (Reverse(*p), *s))
+                            .map(|(s, _)| s);
+                        (pq.pop(), want)
+                    }
+                    Op::Evict => {
+                        let want = eligible(&model)
+                            .into_iter()
+                            .min_by_key(|(s, p)| (*p, *s))
+                            .map(|(s, _)| s);
+                        (pq.pop_oldest_lowest(), want)
+                    }
+                };
+                let got = got.map(|q| {
+                    String::from_utf8_lossy(q.message.payload()).parse::<usize>().unwrap()
+                });
+                proptest::prop_assert_eq!(got, want);
+                if let Some(s) = want {
+                    model.retain(|(s2, _, _)| *s2 != s);
+                }
+                proptest::prop_assert_eq!(pq.len(), model.len());
+            }
+        }
+    }
+
     // R-BP-1, R-ORD-5
     #[test]
     fn eviction_takes_oldest_lowest_and_keeps_key_order() {
