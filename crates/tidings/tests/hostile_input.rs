@@ -255,8 +255,7 @@ fn pool_with_zero_workers_is_refused() {
 }
 
 // R-TIME-1: a message whose TTL passes during retry backoff is not retried.
-#[test]
-fn ttl_is_checked_before_every_retry() {
+fn ttl_is_checked_before_every_retry(concurrency: Concurrency) {
     let (broker, clock) = manual();
     let calls = Arc::new(AtomicU32::new(0));
     let c = calls.clone();
@@ -265,6 +264,7 @@ fn ttl_is_checked_before_every_retry() {
             "t",
             SubscribeOptions {
                 retry: Retry::fixed(100 * MS, 5),
+                concurrency,
                 ..Default::default()
             },
             move |_m: &Message| {
@@ -294,4 +294,14 @@ fn ttl_is_checked_before_every_retry() {
     let s = sub.stats();
     assert_eq!((s.dead_lettered.expired, s.in_flight), (1, 0));
     assert!(s.is_conserved()); // R-DEL-6
+}
+
+#[test]
+fn ttl_is_checked_before_every_retry_serial() {
+    ttl_is_checked_before_every_retry(Concurrency::Serial);
+}
+
+#[test]
+fn ttl_is_checked_before_every_retry_per_key() {
+    ttl_is_checked_before_every_retry(Concurrency::PerKey { max_in_flight: 2 });
 }
