@@ -45,8 +45,8 @@ use crate::subscription::handle::SubscriptionId;
 use crate::subscription::shared::{
     DLQ_REASON_HEADER, HandlerKind, RESERVED_HEADER_PREFIX, SubShared, without_waiting,
 };
+use crate::topic::Pattern;
 use crate::topic::trie::TopicTrie;
-use crate::topic::{Pattern, Topic};
 
 /// How long close waits for a handler that is still running after queues were closed.
 const JOIN_GRACE: Duration = Duration::from_secs(5);
@@ -775,58 +775,7 @@ impl BrokerInner {
 
     /// Validate limits and stamp id and time (R-CORE-4, R-LIM-1).
     fn build_message(&self, b: MessageBuilder) -> Result<Message, PublishError> {
-        let limits = &self.limits;
-        if b.payload.len() > limits.max_payload_bytes {
-            return Err(PublishError::PayloadTooLarge {
-                size: b.payload.len(),
-                limit: limits.max_payload_bytes,
-            });
-        }
-        if b.headers.len() > limits.max_headers {
-            return Err(PublishError::TooManyHeaders {
-                count: b.headers.len(),
-                limit: limits.max_headers,
-            });
-        }
-        let header_bytes = b.headers.byte_len();
-        if header_bytes > limits.max_header_bytes {
-            return Err(PublishError::HeadersTooLarge {
-                size: header_bytes,
-                limit: limits.max_header_bytes,
-            });
-        }
-        if let Some(k) = &b.key
-            && k.len() > limits.max_key_bytes
-        {
-            return Err(PublishError::KeyTooLarge {
-                size: k.len(),
-                limit: limits.max_key_bytes,
-            });
-        }
-        let topic = Topic::new(&b.topic).map_err(PublishError::InvalidTopic)?;
-        let reply_to = b
-            .reply_to
-            .as_deref()
-            .map(Topic::new)
-            .transpose()
-            .map_err(PublishError::InvalidReplyTo)?;
-        let wall = self.clock.wall();
-        let expires_at = b.expires_at.or_else(|| b.ttl.map(|ttl| wall + ttl));
-        let deliver_at = b.deliver_at.or_else(|| b.delay.map(|d| wall + d));
-        Ok(Message {
-            id: self.ids.next(wall),
-            topic,
-            payload: b.payload,
-            headers: b.headers,
-            key: b.key,
-            priority: b.priority,
-            timestamp: wall,
-            expires_at,
-            deliver_at,
-            reply_to,
-            correlation_id: b.correlation_id,
-            log_offset: None,
-        })
+        b.build(&self.limits, &Now::new(self.clock.as_ref()), &self.ids)
     }
 
     /// Snapshot the matching subscriptions, release the lock, offer to each (R-CORE-2).

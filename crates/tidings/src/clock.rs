@@ -10,6 +10,7 @@
 //! "until woken", and wakes every registered waiter when it is advanced.
 
 use std::cell::Cell;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -188,6 +189,11 @@ pub(crate) fn wall_after(now: SystemTime, wait: Duration) -> Option<SystemTime> 
 
 /// The time of one step of the sans-IO core, read from the clock at most once per kind
 /// and only when a decision needs it (most deliveries need no clock read at all).
+///
+/// # Failure
+/// A user's clock that panics is contained here (R-DEL-1): the step uses the system time
+/// instead and logs the panic, so a subscription's books are never left half-updated by
+/// an unwind in the middle of a decision.
 pub(crate) struct Now<'a> {
     clock: &'a dyn Clock,
     mono: Cell<Option<Instant>>,
@@ -207,7 +213,10 @@ impl<'a> Now<'a> {
         if let Some(t) = self.mono.get() {
             return t;
         }
-        let t = self.clock.now();
+        let t = catch_unwind(AssertUnwindSafe(|| self.clock.now())).unwrap_or_else(|_| {
+            tracing::error!("tidings: the clock panicked in now(); using the system time");
+            Instant::now()
+        });
         self.mono.set(Some(t));
         t
     }
@@ -216,7 +225,10 @@ impl<'a> Now<'a> {
         if let Some(t) = self.wall.get() {
             return t;
         }
-        let t = self.clock.wall();
+        let t = catch_unwind(AssertUnwindSafe(|| self.clock.wall())).unwrap_or_else(|_| {
+            tracing::error!("tidings: the clock panicked in wall(); using the system time");
+            SystemTime::now()
+        });
         self.wall.set(Some(t));
         t
     }

@@ -77,6 +77,21 @@ pub enum PublishError {
         /// The limit.
         limit: usize,
     },
+    /// Correlation id over `Limits::max_correlation_id_bytes` (R-LIM-1).
+    #[error("correlation id of {size} bytes exceeds the limit of {limit} bytes")]
+    CorrelationIdTooLarge {
+        /// Bytes given.
+        size: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// A delay so long that the delivery time is not representable: the message could
+    /// never be delivered (R-LIM-1).
+    #[error("delay of {delay:?} is too long: its delivery time is not representable")]
+    DelayTooLong {
+        /// The delay given.
+        delay: std::time::Duration,
+    },
     /// The broker is closed.
     #[error("the broker is closed")]
     Closed,

@@ -21,12 +21,85 @@ pub trait Handler: Send + Sync + 'static {
     fn handle(&self, message: &Message) -> Result<(), HandlerError>;
 }
 
-impl<F> Handler for F
+/// Closures and functions `Fn(&Message) -> R` are handlers, where `R` is `()` (always
+/// acknowledges) or `Result<(), HandlerError>`. To have the closure's argument and
+/// `Ok(())` inferred without annotations, wrap it in [`handler_fn`].
+impl<F, R> Handler for F
 where
-    F: Fn(&Message) -> Result<(), HandlerError> + Send + Sync + 'static,
+    F: Fn(&Message) -> R + Send + Sync + 'static,
+    R: IntoHandlerResult,
 {
     fn handle(&self, message: &Message) -> Result<(), HandlerError> {
-        self(message)
+        self(message).into_handler_result()
+    }
+}
+
+/// What a handler closure may return: `()` (acknowledge) or `Result<(), HandlerError>`.
+///
+/// Implemented only for those two, so `Ok(())` in a closure infers its error type.
+pub trait IntoHandlerResult {
+    /// The outcome the dispatcher acts on.
+    fn into_handler_result(self) -> Result<(), HandlerError>;
+}
+
+impl IntoHandlerResult for () {
+    fn into_handler_result(self) -> Result<(), HandlerError> {
+        Ok(())
+    }
+}
+
+impl IntoHandlerResult for Result<(), HandlerError> {
+    fn into_handler_result(self) -> Result<(), HandlerError> {
+        self
+    }
+}
+
+/// A [`Handler`] made from a closure, with everything inferred: the argument is
+/// `&Message`, and the closure returns `()` or `Result<(), HandlerError>` (`Ok(())` and
+/// `?` on any `std::error::Error` need no annotation).
+///
+/// ```
+/// # use tidings::*;
+/// let broker = Broker::builder().driver(Driver::Manual).build()?;
+/// let _quiet = broker.subscribe("a", SubscribeOptions::default(), handler_fn(|m| {
+///     println!("{:?}", m.payload());
+/// }))?;
+/// let _parsing = broker.subscribe("b", SubscribeOptions::default(), handler_fn(|m| {
+///     let n: u32 = std::str::from_utf8(m.payload())?.parse()?;
+///     if n == 0 {
+///         return Err(HandlerError::reject("zero"));
+///     }
+///     Ok(())
+/// }))?;
+/// broker.publish(Message::to("b").payload("7"))?;
+/// assert_eq!(broker.run_until_idle(), 1);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn handler_fn<F, R>(f: F) -> FnHandler<F>
+where
+    F: Fn(&Message) -> R + Send + Sync + 'static,
+    R: IntoHandlerResult,
+{
+    FnHandler(f)
+}
+
+/// The [`Handler`] returned by [`handler_fn`].
+#[derive(Clone, Copy)]
+pub struct FnHandler<F>(F);
+
+impl<F> fmt::Debug for FnHandler<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("FnHandler(..)")
+    }
+}
+
+impl<F, R> Handler for FnHandler<F>
+where
+    F: Fn(&Message) -> R + Send + Sync + 'static,
+    R: IntoHandlerResult,
+{
+    fn handle(&self, message: &Message) -> Result<(), HandlerError> {
+        (self.0)(message).into_handler_result()
     }
 }
 
@@ -69,12 +142,7 @@ impl HandlerError {
         self.retryable
     }
     pub(crate) fn from_panic(payload: &(dyn Any + Send)) -> Self {
-        let text = payload
-            .downcast_ref::<&str>()
-            .map(|s| (*s).to_owned())
-            .or_else(|| payload.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "non-string panic payload".to_owned());
-        Self::retry(format!("handler panicked: {text}"))
+        Self::retry(format!("handler panicked: {}", panic_text(payload)))
     }
 }
 
@@ -95,6 +163,15 @@ impl<E: std::error::Error + Send + Sync + 'static> From<E> for HandlerError {
     fn from(error: E) -> Self {
         Self::retry(error.to_string())
     }
+}
+
+/// The text of a caught panic.
+pub(crate) fn panic_text(payload: &(dyn Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "non-string panic payload".to_owned())
 }
 
 /// Run a handler, turning a panic into a retryable error (R-DEL-1).

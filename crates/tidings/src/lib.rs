@@ -70,7 +70,7 @@ pub use dlq::{DeadLetter, DeadLetterReason};
 pub use driver::Driver;
 pub use error::{ConfigError, PublishError, SubscribeError};
 pub use filter::{HeaderFilter, HeaderLookup};
-pub use handler::{Handler, HandlerError};
+pub use handler::{FnHandler, Handler, HandlerError, IntoHandlerResult, handler_fn};
 pub use limits::Limits;
 pub use message::{Headers, Message, MessageBuilder, MessageId, Priority};
 pub use options::{
@@ -79,7 +79,7 @@ pub use options::{
 };
 pub use report::{CloseReport, PublishReport, Undelivered};
 pub use request::RequestError;
-pub use retry::{Retry, RetryPolicy};
+pub use retry::{InconsistentRetry, Retry, RetryPolicy};
 pub use stats::{DeadLetterCounts, RefusedCounts, SubscriptionStats};
 pub use stream::offline;
 pub use stream::{

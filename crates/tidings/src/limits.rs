@@ -15,6 +15,9 @@ pub struct Limits {
     pub max_key_bytes: usize,
     /// Most live subscriptions on one broker. Default 1,000,000.
     pub max_subscriptions: usize,
+    /// Largest correlation id in bytes. Default 1 KiB. (The reply-to topic is bounded by
+    /// the topic limits, [`MAX_TOPIC_LEN`](crate::topic::MAX_TOPIC_LEN).)
+    pub max_correlation_id_bytes: usize,
 }
 
 impl Default for Limits {
@@ -25,6 +28,7 @@ impl Default for Limits {
             max_header_bytes: 64 << 10,
             max_key_bytes: 1 << 10,
             max_subscriptions: 1_000_000,
+            max_correlation_id_bytes: 1 << 10,
         }
     }
 }
@@ -36,6 +40,10 @@ impl Limits {
             ("limits.max_header_bytes", self.max_header_bytes),
             ("limits.max_key_bytes", self.max_key_bytes),
             ("limits.max_subscriptions", self.max_subscriptions),
+            (
+                "limits.max_correlation_id_bytes",
+                self.max_correlation_id_bytes,
+            ),
         ];
         for (setting, value) in checks {
             if value == 0 {

@@ -5,12 +5,16 @@
 //! instance reaches every subscription: nothing is copied per subscriber.
 
 use std::fmt;
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 
+use crate::clock::{Now, SystemClock, deadline_after, wall_after};
+use crate::error::PublishError;
 use crate::filter::HeaderLookup;
+use crate::limits::Limits;
 use crate::topic::Topic;
 
 /// A unique, time-ordered message id.
@@ -259,10 +263,11 @@ impl Message {
         Some(b)
     }
     /// True when `now` is at or past the expiry (its own, or `default_ttl` after publish).
+    /// A default TTL so long that its expiry is not representable never expires (R-LIM-1).
     pub(crate) fn is_expired(&self, now: SystemTime, default_ttl: Option<Duration>) -> bool {
         let expiry = self
             .expires_at
-            .or_else(|| default_ttl.map(|ttl| self.timestamp + ttl));
+            .or_else(|| default_ttl.and_then(|ttl| wall_after(self.timestamp, ttl)));
         expiry.is_some_and(|at| now >= at)
     }
 }
@@ -327,7 +332,8 @@ impl MessageBuilder {
         self.priority = priority;
         self
     }
-    /// Time to live, counted from publish (R-TIME-1).
+    /// Time to live, counted from publish (R-TIME-1). A TTL so long that the expiry is
+    /// not representable (`Duration::MAX`) means the message never expires.
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.ttl = Some(ttl);
         self
@@ -337,7 +343,9 @@ impl MessageBuilder {
         self.expires_at = Some(at);
         self
     }
-    /// Deliver after `delay` (R-TIME-2). A zero delay is immediate.
+    /// Deliver after `delay` (R-TIME-2). A zero delay is immediate. A delay so long that
+    /// its delivery time is not representable (`Duration::MAX`) is refused at publish with
+    /// [`PublishError::DelayTooLong`]: such a message could never be delivered.
     pub fn delay(mut self, delay: Duration) -> Self {
         self.delay = Some(delay);
         self
@@ -352,10 +360,122 @@ impl MessageBuilder {
         self.reply_to = Some(topic.into());
         self
     }
-    /// Correlation id for request-reply.
+    /// Correlation id for request-reply, at most
+    /// [`Limits::max_correlation_id_bytes`] bytes (checked at publish).
     pub fn correlation_id(mut self, id: impl Into<String>) -> Self {
         self.correlation_id = Some(id.into());
         self
+    }
+}
+
+impl MessageBuilder {
+    /// Validate and stamp the message as [`Broker::publish`](crate::Broker::publish) would,
+    /// without a broker: for unit-testing a handler.
+    ///
+    /// The id and timestamp come from the system clock; the default [`Limits`] apply; the
+    /// topic, reply-to and every limit are checked exactly as at publish.
+    ///
+    /// ```
+    /// # use tidings::*;
+    /// fn handler(m: &Message) -> Result<(), HandlerError> {
+    ///     if m.payload().is_empty() { Err(HandlerError::reject("empty")) } else { Ok(()) }
+    /// }
+    /// let m = Message::to("orders.created").payload("42").build_detached()?;
+    /// assert_eq!(handler(&m), Ok(()));
+    /// assert!(Message::to("not a topic").build_detached().is_err());
+    /// # Ok::<(), PublishError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// The same as `publish` for a bad message: invalid topic or reply-to, a limit
+    /// exceeded, a delay too long.
+    pub fn build_detached(self) -> Result<Message, PublishError> {
+        static IDS: OnceLock<IdGenerator> = OnceLock::new();
+        let ids = IDS.get_or_init(IdGenerator::new);
+        self.build(&Limits::default(), &Now::new(&SystemClock), ids)
+    }
+
+    /// Validate against `limits` and stamp with `now` (R-LIM-1): what publish does before
+    /// routing. The monotonic time is read only for a delay, to refuse one whose deadline
+    /// is not representable.
+    pub(crate) fn build(
+        self,
+        limits: &Limits,
+        now: &Now<'_>,
+        ids: &IdGenerator,
+    ) -> Result<Message, PublishError> {
+        let b = self;
+        if b.payload.len() > limits.max_payload_bytes {
+            return Err(PublishError::PayloadTooLarge {
+                size: b.payload.len(),
+                limit: limits.max_payload_bytes,
+            });
+        }
+        if b.headers.len() > limits.max_headers {
+            return Err(PublishError::TooManyHeaders {
+                count: b.headers.len(),
+                limit: limits.max_headers,
+            });
+        }
+        let header_bytes = b.headers.byte_len();
+        if header_bytes > limits.max_header_bytes {
+            return Err(PublishError::HeadersTooLarge {
+                size: header_bytes,
+                limit: limits.max_header_bytes,
+            });
+        }
+        if let Some(k) = &b.key
+            && k.len() > limits.max_key_bytes
+        {
+            return Err(PublishError::KeyTooLarge {
+                size: k.len(),
+                limit: limits.max_key_bytes,
+            });
+        }
+        if let Some(c) = &b.correlation_id
+            && c.len() > limits.max_correlation_id_bytes
+        {
+            return Err(PublishError::CorrelationIdTooLarge {
+                size: c.len(),
+                limit: limits.max_correlation_id_bytes,
+            });
+        }
+        let topic = Topic::new(&b.topic).map_err(PublishError::InvalidTopic)?;
+        let reply_to = b
+            .reply_to
+            .as_deref()
+            .map(Topic::new)
+            .transpose()
+            .map_err(PublishError::InvalidReplyTo)?;
+        let wall = now.wall();
+        // A TTL past the representable range never expires.
+        let expires_at = b
+            .expires_at
+            .or_else(|| b.ttl.and_then(|ttl| wall_after(wall, ttl)));
+        let deliver_at = match (b.deliver_at, b.delay) {
+            (Some(at), _) => Some(at),
+            (None, Some(delay)) => {
+                let at = wall_after(wall, delay)
+                    .filter(|_| deadline_after(now.mono(), delay).is_some())
+                    .ok_or(PublishError::DelayTooLong { delay })?;
+                Some(at)
+            }
+            (None, None) => None,
+        };
+        Ok(Message {
+            id: ids.next(wall),
+            topic,
+            payload: b.payload,
+            headers: b.headers,
+            key: b.key,
+            priority: b.priority,
+            timestamp: wall,
+            expires_at,
+            deliver_at,
+            reply_to,
+            correlation_id: b.correlation_id,
+            log_offset: None,
+        })
     }
 }
 

@@ -8,6 +8,7 @@ use crate::error::ConfigError;
 use crate::filter::HeaderFilter;
 use crate::message::Message;
 use crate::retry::Retry;
+use crate::topic::Topic;
 
 /// What `offer` does when the queue is full (R-BP-1). There is no unbounded queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -57,7 +58,9 @@ pub enum Concurrency {
     #[default]
     Serial,
     /// `n` dispatchers, each owning the keys that hash to it (stable FNV-1a hash). Order
-    /// holds per key; lanes run in parallel; messages without a key go to lane 0.
+    /// holds per key — publish order, even when the key's messages differ in priority
+    /// (R-ORD-5); priority orders different keys and unkeyed messages within a lane. Lanes
+    /// run in parallel; messages without a key go to lane 0.
     Lanes(usize),
     /// Up to `max_in_flight` handler calls at once, never two of the same key: the next
     /// message whose key is not in flight (or waiting to retry) is dispatched, so a
@@ -81,6 +84,10 @@ impl Concurrency {
 
 /// A predicate over the message, evaluated on offer (R-RT-3). Must be quick; it runs on
 /// the publisher's thread with no broker lock held.
+///
+/// A panic inside it is contained (R-DEL-1): the publisher does not unwind; the message
+/// counts as accepted and is dead-lettered at once as `Rejected` with error
+/// `"predicate panicked: …"`.
 #[derive(Clone)]
 pub struct Predicate(Arc<dyn Fn(&Message) -> bool + Send + Sync>);
 
@@ -105,7 +112,8 @@ impl fmt::Debug for Predicate {
 pub struct DeadLetterOptions {
     /// Entries kept; the oldest is evicted (and counted) beyond it. Default 1024.
     pub capacity: usize,
-    /// Also publish each dead letter to this topic, with headers `tidings-dlq-reason`,
+    /// Also publish each dead letter to this topic (a valid publish topic, checked at
+    /// subscribe: no wildcards, no empty words), with headers `tidings-dlq-reason`,
     /// `tidings-dlq-subscription`, `tidings-dlq-original-topic` and
     /// `tidings-dlq-original-id`, so it can be subscribed to.
     pub topic: Option<String>,
@@ -135,7 +143,9 @@ impl Default for DeadLetterOptions {
 /// ```
 #[derive(Debug, Clone)]
 pub struct SubscribeOptions {
-    /// A name for diagnostics and thread names (defaults to the id).
+    /// A name for diagnostics and thread names (defaults to the id). Checked at subscribe:
+    /// 1 to [`MAX_NAME_LEN`] bytes, no control characters (a NUL byte cannot be part of a
+    /// thread name).
     pub name: Option<String>,
     /// Queue capacity (≥ 1). Default 1024.
     pub capacity: usize,
@@ -151,7 +161,8 @@ pub struct SubscribeOptions {
     pub predicate: Option<Predicate>,
     /// Declarative header filter, evaluated on offer.
     pub header_filter: Option<HeaderFilter>,
-    /// Default time-to-live for messages without their own (R-TIME-1).
+    /// Default time-to-live for messages without their own (R-TIME-1). One so long that
+    /// the expiry is not representable (`Duration::MAX`) means "never expires".
     pub ttl: Option<Duration>,
     /// Dead-letter queue settings.
     pub dead_letter: DeadLetterOptions,
@@ -177,9 +188,42 @@ impl Default for SubscribeOptions {
 /// Largest number of lanes or per-key slots one subscription may ask for.
 pub const MAX_WORKERS_PER_SUBSCRIPTION: usize = 1024;
 
+/// Longest [`SubscribeOptions::name`] in bytes.
+pub const MAX_NAME_LEN: usize = 200;
+
+fn check_name(name: &str) -> Result<(), ConfigError> {
+    if name.is_empty() || name.len() > MAX_NAME_LEN {
+        return Err(ConfigError::invalid(
+            "name",
+            format!("{} bytes", name.len()),
+            "1 to 200 bytes",
+        ));
+    }
+    if let Some(c) = name.chars().find(|c| c.is_control()) {
+        return Err(ConfigError::invalid(
+            "name",
+            format!("{name:?} (contains {c:?})"),
+            "no control characters (NUL, newline, ...)",
+        ));
+    }
+    Ok(())
+}
+
 impl SubscribeOptions {
     /// Refuse out-of-range or inconsistent options (R-LIM-1).
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        if let Some(name) = &self.name {
+            check_name(name)?;
+        }
+        if let Some(topic) = &self.dead_letter.topic {
+            Topic::new(topic).map_err(|e| {
+                ConfigError::invalid(
+                    "dead_letter.topic",
+                    format!("{topic:?} ({e})"),
+                    "a valid publish topic (no wildcards)",
+                )
+            })?;
+        }
         if self.capacity == 0 {
             return Err(ConfigError::invalid("capacity", "0".into(), "at least 1"));
         }

@@ -1,10 +1,22 @@
-//! Priority-then-FIFO bounded queue (R-ORD-1).
+//! Priority-then-FIFO bounded queue, per-key order first (R-ORD-1, R-ORD-5).
 //!
-//! One FIFO per priority level and a bitmask of non-empty levels: push, pop and "evict the
-//! oldest of the lowest level" are O(1). The capacity is enforced by the subscription core,
-//! which owns the overflow policy; this type only orders.
+//! # Ordering
+//! * Messages without a key: higher priority first, publish order within a level.
+//! * Messages with a key: publish order within the key, whatever their priorities
+//!   (R-ORD-5). Priority orders *different* keys (and unkeyed messages): a key competes
+//!   with the priority and publish sequence of its oldest waiting message, its head.
+//!
+//! # Cost
+//! Unkeyed messages live in one FIFO per priority level with a bitmask of non-empty levels:
+//! push and pop are O(1). Keyed messages live in one FIFO per key, and the keys' heads in an
+//! ordered map: push is O(1) (O(log k) when a key becomes non-empty), pop and "evict the
+//! oldest of the lowest level" are O(log k) for k keys waiting. The capacity is enforced by
+//! the subscription core, which owns the overflow policy; this type only orders.
 
-use std::collections::VecDeque;
+use std::borrow::Borrow;
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hash, Hasher};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -17,12 +29,80 @@ pub(crate) struct Queued {
     pub(crate) enqueued: Instant,
 }
 
+/// FNV-1a for the key map: keys are short and hashing is on every push and pop. Flooding
+/// one subscription's queue with colliding keys only slows that subscription (R-CORE-1),
+/// and its size is bounded by the subscription's capacity.
+#[derive(Default)]
+pub(crate) struct Fnv(u64);
+
+impl Hasher for Fnv {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        let mut hash = if self.0 == 0 {
+            0xcbf2_9ce4_8422_2325
+        } else {
+            self.0
+        };
+        for b in bytes {
+            hash ^= u64::from(*b);
+            hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        self.0 = hash;
+    }
+}
+
+/// A map key: the key bytes of a message, held through the shared message so that no key
+/// bytes are copied or re-counted per push.
+#[derive(Debug)]
+struct KeyOf(Arc<Message>);
+
+impl KeyOf {
+    fn bytes(&self) -> &[u8] {
+        self.0.key().unwrap_or_default()
+    }
+}
+
+impl PartialEq for KeyOf {
+    fn eq(&self, other: &Self) -> bool {
+        self.bytes() == other.bytes()
+    }
+}
+
+impl Eq for KeyOf {}
+
+impl Hash for KeyOf {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.bytes().hash(state);
+    }
+}
+
+impl Borrow<[u8]> for KeyOf {
+    fn borrow(&self) -> &[u8] {
+        self.bytes()
+    }
+}
+
+/// Position of a message in delivery order: (priority, publish sequence).
+type Rank = (Reverse<u8>, u64);
+
 #[derive(Debug, Default)]
 pub(crate) struct PriorityQueue {
-    levels: [VecDeque<Queued>; Priority::LEVELS],
+    /// Unkeyed messages, one FIFO per level, with their sequence numbers.
+    levels: [VecDeque<(u64, Queued)>; Priority::LEVELS],
     /// Bit `i` set ⇔ `levels[i]` is non-empty.
     occupied: u8,
+    /// Keyed messages, one FIFO per key in publish order. Never holds an empty FIFO.
+    keys: HashMap<KeyOf, VecDeque<(u64, Queued)>, BuildHasherDefault<Fnv>>,
+    /// Each waiting key by the rank of its head (the head message names the key).
+    heads: BTreeMap<Rank, Arc<Message>>,
+    seq: u64,
     len: usize,
+}
+
+fn rank(seq: u64, q: &Queued) -> Rank {
+    (Reverse(q.message.priority() as u8), seq)
 }
 
 impl PriorityQueue {
@@ -35,36 +115,74 @@ impl PriorityQueue {
     }
 
     pub(crate) fn push(&mut self, item: Queued) {
-        let level = item.message.priority().index();
-        self.levels[level].push_back(item);
-        self.occupied |= 1 << level;
+        let seq = self.seq;
+        self.seq += 1;
         self.len += 1;
+        let Some(key) = item.message.key() else {
+            let level = item.message.priority().index();
+            self.levels[level].push_back((seq, item));
+            self.occupied |= 1 << level;
+            return;
+        };
+        if let Some(fifo) = self.keys.get_mut(key) {
+            fifo.push_back((seq, item));
+            return;
+        }
+        self.heads.insert(rank(seq, &item), item.message.clone());
+        let map_key = KeyOf(item.message.clone());
+        self.keys.insert(map_key, VecDeque::from([(seq, item)]));
     }
 
-    /// Highest priority first, FIFO within a level.
+    /// Highest priority first, publish order within a level, per-key order always.
     pub(crate) fn pop(&mut self) -> Option<Queued> {
-        if self.occupied == 0 {
-            return None;
+        let unkeyed = (self.occupied != 0).then(|| {
+            let level = 7 - self.occupied.leading_zeros() as usize;
+            (self.level_rank(level), level)
+        });
+        let keyed = self.heads.first_key_value().map(|(r, _)| *r);
+        match (unkeyed, keyed) {
+            (None, None) => None,
+            (Some((u, level)), Some(k)) if u < k => self.take_level(level),
+            (Some((_, level)), None) => self.take_level(level),
+            (_, Some(_)) => {
+                let (_, key) = self.heads.pop_first()?;
+                self.take_from(key)
+            }
         }
-        let level = 7 - self.occupied.leading_zeros() as usize;
-        self.take_front(level)
     }
 
-    /// The oldest message of the lowest non-empty level: the one `DropOldest` evicts.
+    /// The oldest message of the lowest priority: the one `DropOldest` evicts. For keyed
+    /// messages, the head of a key (evicting it keeps the key's order).
     pub(crate) fn pop_oldest_lowest(&mut self) -> Option<Queued> {
-        if self.occupied == 0 {
-            return None;
+        let unkeyed = (self.occupied != 0).then(|| {
+            let level = self.occupied.trailing_zeros() as usize;
+            (self.level_rank(level), level)
+        });
+        let keyed = self
+            .heads
+            .last_key_value()
+            .and_then(|(&(prio, _), _)| self.heads.range((prio, 0)..).next().map(|(r, _)| *r));
+        // Lowest priority first; among equal priorities the oldest.
+        let lower = |a: Rank, b: Rank| (Reverse(a.0), a.1) < (Reverse(b.0), b.1);
+        match (unkeyed, keyed) {
+            (None, None) => None,
+            (Some((u, level)), Some(k)) if lower(u, k) => self.take_level(level),
+            (Some((_, level)), None) => self.take_level(level),
+            (_, Some(k)) => self.take_key(k),
         }
-        let level = self.occupied.trailing_zeros() as usize;
-        self.take_front(level)
     }
 
-    /// Enqueue time of the longest-waiting message, whatever its level.
+    /// Enqueue time of the longest-waiting message, whatever its level or key.
     pub(crate) fn oldest_enqueued(&self) -> Option<Instant> {
-        self.levels
+        let unkeyed = self
+            .levels
             .iter()
-            .filter_map(|l| l.front().map(|q| q.enqueued))
-            .min()
+            .filter_map(|l| l.front().map(|(_, q)| q.enqueued));
+        let keyed = self
+            .keys
+            .values()
+            .filter_map(|f| f.front().map(|(_, q)| q.enqueued));
+        unkeyed.chain(keyed).min()
     }
 
     /// Remove everything, in delivery order.
@@ -76,12 +194,187 @@ impl PriorityQueue {
         out
     }
 
-    fn take_front(&mut self, level: usize) -> Option<Queued> {
-        let item = self.levels[level].pop_front()?;
+    fn level_rank(&self, level: usize) -> Rank {
+        let seq = self.levels[level].front().map_or(u64::MAX, |(s, _)| *s);
+        (Reverse(level as u8), seq)
+    }
+
+    fn take_level(&mut self, level: usize) -> Option<Queued> {
+        let (_, item) = self.levels[level].pop_front()?;
         if self.levels[level].is_empty() {
             self.occupied &= !(1 << level);
         }
         self.len -= 1;
         Some(item)
+    }
+
+    fn take_key(&mut self, head: Rank) -> Option<Queued> {
+        let key = self.heads.remove(&head)?;
+        self.take_from(key)
+    }
+
+    /// Pop the head of `head`'s key, whose entry in `heads` was just removed.
+    fn take_from(&mut self, head: Arc<Message>) -> Option<Queued> {
+        let key = head.key().unwrap_or_default();
+        let fifo = self.keys.get_mut(key)?;
+        let (_, item) = fifo.pop_front()?;
+        match fifo.front() {
+            Some((seq, next)) => {
+                let r = rank(*seq, next);
+                let next = next.message.clone();
+                self.heads.insert(r, next);
+            }
+            None => {
+                self.keys.remove(key);
+            }
+        }
+        self.len -= 1;
+        Some(item)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::message::MessageBuilder;
+
+    fn q(topic_payload: &'static str, key: Option<&str>, p: Priority) -> Queued {
+        let mut b = MessageBuilder::new("t").payload(topic_payload).priority(p);
+        if let Some(k) = key {
+            b = b.key(k);
+        }
+        Queued {
+            message: Arc::new(b.build_detached().unwrap()),
+            enqueued: Instant::now(),
+        }
+    }
+
+    fn drain_text(pq: &mut PriorityQueue) -> Vec<String> {
+        pq.drain()
+            .into_iter()
+            .map(|q| String::from_utf8_lossy(q.message.payload()).into_owned())
+            .collect()
+    }
+
+    // R-ORD-5, R-ORD-1
+    #[test]
+    fn key_order_wins_priority_orders_keys() {
+        let mut pq = PriorityQueue::default();
+        pq.push(q("a1", Some("a"), Priority::Low));
+        pq.push(q("u1", None, Priority::Low));
+        pq.push(q("a2", Some("a"), Priority::Urgent));
+        pq.push(q("b1", Some("b"), Priority::High));
+        pq.push(q("u2", None, Priority::Urgent));
+        pq.push(q("b2", Some("b"), Priority::Low));
+        assert_eq!(pq.len(), 6);
+        // u2 urgent; b1 high; then the lows by publish order: a1 (seq 0), whose successor
+        // a2 is urgent and goes next, then u1 and b2.
+        assert_eq!(
+            drain_text(&mut pq),
+            vec!["u2", "b1", "a1", "a2", "u1", "b2"]
+        );
+        assert!(pq.is_empty());
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Push(Option<u8>, u8),
+        Pop,
+        Evict,
+    }
+
+    fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+        use proptest::prelude::*;
+        prop_oneof![
+            3 => (proptest::option::of(0u8..4), 0u8..4).prop_map(|(k, p)| Op::Push(k, p)),
+            2 => Just(Op::Pop),
+            1 => Just(Op::Evict),
+        ]
+    }
+
+    const LEVELS: [Priority; 4] = [
+        Priority::Low,
+        Priority::Normal,
+        Priority::High,
+        Priority::Urgent,
+    ];
+
+    proptest::proptest! {
+        // R-ORD-5, R-ORD-1, R-BP-1: the queue against a reference model: a message is
+        // eligible when no older message of its key waits; pop takes the eligible one of
+        // highest priority, then oldest; eviction the eligible one of lowest priority,
+        // then oldest.
+        #[test]
+        fn matches_the_reference_model(ops in proptest::collection::vec(op(), 0..200)) {
+            let mut pq = PriorityQueue::default();
+            // (seq, key, priority)
+            let mut model: Vec<(usize, Option<u8>, u8)> = Vec::new();
+            for (seq, op) in ops.into_iter().enumerate() {
+                let eligible = |m: &Vec<(usize, Option<u8>, u8)>| -> Vec<(usize, u8)> {
+                    m.iter()
+                        .filter(|(s, k, _)| {
+                            k.is_none() || !m.iter().any(|(s2, k2, _)| k2 == k && s2 < s)
+                        })
+                        .map(|(s, _, p)| (*s, *p))
+                        .collect()
+                };
+                let (got, want) = match op {
+                    Op::Push(key, p) => {
+                        let payload = seq.to_string();
+                        let mut b = MessageBuilder::new("t")
+                            .payload(payload)
+                            .priority(LEVELS[p as usize]);
+                        if let Some(k) = key {
+                            b = b.key([k]);
+                        }
+                        pq.push(Queued {
+                            message: Arc::new(b.build_detached().unwrap()),
+                            enqueued: Instant::now(),
+                        });
+                        model.push((seq, key, p));
+                        (None, None)
+                    }
+                    Op::Pop => {
+                        let want = eligible(&model)
+                            .into_iter()
+                            .min_by_key(|(s, p)| (Reverse(*p), *s))
+                            .map(|(s, _)| s);
+                        (pq.pop(), want)
+                    }
+                    Op::Evict => {
+                        let want = eligible(&model)
+                            .into_iter()
+                            .min_by_key(|(s, p)| (*p, *s))
+                            .map(|(s, _)| s);
+                        (pq.pop_oldest_lowest(), want)
+                    }
+                };
+                let got = got.map(|q| {
+                    String::from_utf8_lossy(q.message.payload()).parse::<usize>().unwrap()
+                });
+                proptest::prop_assert_eq!(got, want);
+                if let Some(s) = want {
+                    model.retain(|(s2, _, _)| *s2 != s);
+                }
+                proptest::prop_assert_eq!(pq.len(), model.len());
+            }
+        }
+    }
+
+    // R-BP-1, R-ORD-5
+    #[test]
+    fn eviction_takes_oldest_lowest_and_keeps_key_order() {
+        let mut pq = PriorityQueue::default();
+        pq.push(q("a1", Some("a"), Priority::Normal));
+        pq.push(q("u1", None, Priority::Normal));
+        pq.push(q("a2", Some("a"), Priority::Low));
+        pq.push(q("u2", None, Priority::Low));
+        let text =
+            |q: Option<Queued>| String::from_utf8_lossy(q.unwrap().message.payload()).into_owned();
+        // Lowest level present is Low: u2 (key a's head is a1, normal).
+        assert_eq!(text(pq.pop_oldest_lowest()), "u2");
+        // Normal: a1 (seq 0) before u1 (seq 1).
+        assert_eq!(text(pq.pop_oldest_lowest()), "a1");
+        assert_eq!(drain_text(&mut pq), vec!["u1", "a2"]);
     }
 }

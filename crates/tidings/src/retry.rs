@@ -5,6 +5,17 @@
 //! subscription (or its lane, or its key) until it succeeds or is dead-lettered. The wait is
 //! a deadline handed to the driver, never a sleep, so `close()` interrupts it at once and
 //! the manual clock makes schedules exact in tests.
+//!
+//! # Long waits
+//! No wait overflows: an exponential wait that grows past what a [`Duration`] holds is
+//! capped at the policy's `max`, and a wait whose deadline cannot be represented (for
+//! example `Retry::fixed(Duration::MAX, 3)`) means the retry would never happen, so the
+//! message is dead-lettered at once as `RetriesExhausted` with the attempts made (R-LIM-1).
+//!
+//! # Failure
+//! A custom [`RetryPolicy`] that panics is contained: the message is dead-lettered as
+//! `RetriesExhausted` whose `last_error` names the handler's error and the panic, and the
+//! subscription keeps working (R-DEL-1).
 
 use std::fmt;
 use std::sync::Arc;
@@ -58,6 +69,27 @@ pub enum Retry {
     },
     /// A user-supplied strategy.
     Custom(Arc<dyn RetryPolicy>),
+    /// A builder method was applied to a policy it does not fit ([`Retry::max_attempts`]
+    /// on `None` or `Custom`, [`Retry::max_delay`] or [`Retry::jitter`] on anything but
+    /// `Exponential`). The first misfit is kept. `subscribe` refuses it with
+    /// [`ConfigError::Invalid`] naming the setting (R-LIM-1); it never reaches a dispatcher.
+    Inconsistent(InconsistentRetry),
+}
+
+/// What made a [`Retry`] inconsistent; see [`Retry::Inconsistent`]. Only the builder
+/// methods create it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InconsistentRetry {
+    setting: &'static str,
+    policy: &'static str,
+}
+
+impl InconsistentRetry {
+    /// The setting that does not fit, e.g. `retry.max_attempts`.
+    #[must_use]
+    pub fn setting(&self) -> &'static str {
+        self.setting
+    }
 }
 
 impl Retry {
@@ -87,37 +119,80 @@ impl Retry {
         Retry::Custom(Arc::new(policy))
     }
     /// Set the total number of attempts (fixed and exponential).
+    ///
+    /// `Retry::None` always makes one attempt and a `Custom` policy decides for itself, so
+    /// on those this returns [`Retry::Inconsistent`], which `subscribe` refuses with
+    /// `ConfigError::Invalid { setting: "retry.max_attempts", .. }` instead of silently
+    /// ignoring the call.
+    ///
+    /// ```
+    /// # use tidings::*;
+    /// let broker = Broker::builder().driver(Driver::Manual).build()?;
+    /// let opts = SubscribeOptions { retry: Retry::None.max_attempts(3), ..Default::default() };
+    /// let err = broker.subscribe("t", opts, |_m: &Message| ()).unwrap_err();
+    /// assert!(err.to_string().contains("retry.max_attempts"));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     #[must_use]
     pub fn max_attempts(mut self, attempts: u32) -> Self {
         match &mut self {
             Retry::Fixed { max_attempts, .. } | Retry::Exponential { max_attempts, .. } => {
                 *max_attempts = attempts;
             }
-            Retry::None | Retry::Custom(_) => {}
+            Retry::Inconsistent(_) => {}
+            other => return Self::inconsistent("retry.max_attempts", other.policy_name()),
         }
         self
     }
-    /// Cap the exponential wait.
+
+    fn inconsistent(setting: &'static str, policy: &'static str) -> Self {
+        Retry::Inconsistent(InconsistentRetry { setting, policy })
+    }
+    /// Cap the exponential wait. On any other policy this returns
+    /// [`Retry::Inconsistent`] (refused at subscribe, setting `retry.max_delay`).
     #[must_use]
     pub fn max_delay(mut self, cap: Duration) -> Self {
-        if let Retry::Exponential { max, .. } = &mut self {
-            *max = cap;
+        match &mut self {
+            Retry::Exponential { max, .. } => *max = cap,
+            Retry::Inconsistent(_) => {}
+            other => return Self::inconsistent("retry.max_delay", other.policy_name()),
         }
         self
     }
-    /// Remove up to `fraction` of each exponential wait, pseudo-randomly.
+    /// Remove up to `fraction` of each exponential wait, pseudo-randomly. On any other
+    /// policy this returns [`Retry::Inconsistent`] (refused at subscribe, setting
+    /// `retry.jitter`).
     #[must_use]
     pub fn jitter(mut self, fraction: f64) -> Self {
-        if let Retry::Exponential { jitter, .. } = &mut self {
-            *jitter = fraction;
+        match &mut self {
+            Retry::Exponential { jitter, .. } => *jitter = fraction,
+            Retry::Inconsistent(_) => {}
+            other => return Self::inconsistent("retry.jitter", other.policy_name()),
         }
         self
+    }
+
+    fn policy_name(&self) -> &'static str {
+        match self {
+            Retry::None => "Retry::None",
+            Retry::Fixed { .. } => "Retry::Fixed",
+            Retry::Exponential { .. } => "Retry::Exponential",
+            Retry::Custom(_) => "Retry::Custom",
+            Retry::Inconsistent(_) => "Retry::Inconsistent",
+        }
     }
 
     /// Refuse inconsistent settings (R-LIM-1).
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         match *self {
             Retry::None | Retry::Custom(_) => Ok(()),
+            Retry::Inconsistent(InconsistentRetry { setting, policy }) => {
+                Err(ConfigError::invalid(
+                    setting,
+                    policy.to_owned(),
+                    "a policy it applies to (fixed or exponential)",
+                ))
+            }
             Retry::Fixed { max_attempts, .. } => check_attempts(max_attempts),
             Retry::Exponential {
                 initial,
@@ -153,7 +228,9 @@ impl Retry {
         }
     }
 
-    /// The decision after `attempts` failed attempts.
+    /// The decision after `attempts` failed attempts. Never panics on the built-in
+    /// policies (waits saturate at `max`); a custom policy is called as is: the caller
+    /// contains its panics.
     pub(crate) fn decide(
         &self,
         attempts: u32,
@@ -184,9 +261,14 @@ impl Retry {
                 } else {
                     0.0
                 };
-                Some(Duration::from_secs_f64(capped * (1.0 - cut)))
+                // `as_secs_f64` rounds, so a `max` near `Duration::MAX` converts back to a
+                // float just past the range: saturate at `max` instead of panicking.
+                let wait = Duration::try_from_secs_f64(capped * (1.0 - cut)).unwrap_or(*max);
+                Some(wait.min(*max))
             }
             Retry::Custom(policy) => policy.retry_after(attempts, error, message),
+            // Refused at subscribe; dead-letter rather than guess.
+            Retry::Inconsistent(_) => None,
         }
     }
 }
@@ -238,6 +320,9 @@ impl fmt::Debug for Retry {
                 "Retry::Exponential({initial:?} x{multiplier} max {max:?}, {max_attempts} attempts, jitter {jitter})"
             ),
             Retry::Custom(_) => f.write_str("Retry::Custom(..)"),
+            Retry::Inconsistent(i) => {
+                write!(f, "Retry::Inconsistent({} on {})", i.setting, i.policy)
+            }
         }
     }
 }
@@ -300,6 +385,52 @@ mod tests {
             assert!(d <= Duration::from_secs(1) && d >= Duration::from_millis(500));
             assert_eq!(Some(d), r.decide(a, &e, &m));
         }
+    }
+
+    proptest::proptest! {
+        // R-LIM-1: no valid built-in policy panics or waits past its cap, whatever the
+        // durations (up to Duration::MAX) and multiplier.
+        #[test]
+        fn built_in_decisions_never_panic(
+            secs in proptest::prelude::any::<u64>(),
+            nanos in 0u32..1_000_000_000,
+            cap_secs in proptest::prelude::any::<u64>(),
+            multiplier in 1.0f64..=f64::MAX,
+            jitter in 0.0f64..=1.0,
+            attempts in 1u32..10_000,
+        ) {
+            let initial = Duration::new(secs, nanos);
+            let max = Duration::new(cap_secs, 999_999_999).max(initial);
+            let e = HandlerError::retry("x");
+            let m = msg();
+            let r = Retry::exponential(initial, multiplier)
+                .max_delay(max)
+                .jitter(jitter)
+                .max_attempts(u32::MAX);
+            proptest::prop_assert!(r.validate().is_ok());
+            let d = r.decide(attempts, &e, &m);
+            proptest::prop_assert!(d.is_some_and(|d| d <= max));
+            let f = Retry::fixed(initial, 3);
+            proptest::prop_assert_eq!(f.decide(1, &e, &m), Some(initial));
+        }
+    }
+
+    // R-LIM-1
+    #[test]
+    fn misapplied_builder_methods_are_refused() {
+        let setting = |r: Retry| match r.validate() {
+            Err(ConfigError::Invalid { setting, .. }) => setting,
+            other => panic!("accepted: {other:?}"),
+        };
+        let d = Duration::from_millis(1);
+        assert_eq!(setting(Retry::None.max_attempts(2)), "retry.max_attempts");
+        assert_eq!(setting(Retry::fixed(d, 2).max_delay(d)), "retry.max_delay");
+        assert_eq!(setting(Retry::fixed(d, 2).jitter(0.5)), "retry.jitter");
+        // The first misfit is kept through later calls.
+        assert_eq!(
+            setting(Retry::None.jitter(0.1).max_attempts(2)),
+            "retry.jitter"
+        );
     }
 
     // R-LIM-1

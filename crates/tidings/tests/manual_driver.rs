@@ -508,6 +508,7 @@ fn limits_and_bad_configuration_are_typed_errors() {
             max_header_bytes: 8,
             max_key_bytes: 2,
             max_subscriptions: 1,
+            ..Default::default()
         })
         .build()
         .unwrap();

@@ -36,9 +36,10 @@ pub enum Driver {
     /// A fixed set of worker threads shared by all subscriptions; a subscription is
     /// scheduled only when it has work and is not already running (an actor mailbox), runs
     /// at most a batch of 64 deliveries, then yields. For thousands of subscriptions.
-    /// `workers: 0` means the machine's available parallelism.
+    /// [`Driver::pool`] sizes it to the machine's available parallelism; `workers: 0` is
+    /// refused at build with `ConfigError::Invalid { setting: "driver.pool.workers", .. }`.
     Pool {
-        /// Number of worker threads (0 = available parallelism).
+        /// Number of worker threads (≥ 1).
         workers: usize,
     },
     /// One tokio task per dispatcher slot, spawned on this runtime (R-EXE-1). The only
@@ -49,6 +50,23 @@ pub enum Driver {
     /// for the tasks there and reports them as unjoined).
     #[cfg(feature = "tokio")]
     Tokio(::tokio::runtime::Handle),
+}
+
+impl Driver {
+    /// A worker pool with one worker per available CPU (2 when that cannot be read).
+    ///
+    /// ```
+    /// # use tidings::*;
+    /// let broker = Broker::builder().driver(Driver::pool()).build()?;
+    /// # broker.close(std::time::Duration::from_secs(5));
+    /// # Ok::<(), ConfigError>(())
+    /// ```
+    #[must_use]
+    pub fn pool() -> Self {
+        Driver::Pool {
+            workers: std::thread::available_parallelism().map_or(2, usize::from),
+        }
+    }
 }
 
 /// How a publisher (or a clock jump, or close) wakes an idle dispatcher slot.
@@ -93,7 +111,13 @@ pub(crate) fn executor_for(
         Driver::Tokio(handle) => Box::new(tokio::TokioExecutor::new(handle.clone())),
         Driver::Pool { workers } => {
             let n = match *workers {
-                0 => std::thread::available_parallelism().map_or(2, usize::from),
+                0 => {
+                    return Err(crate::error::ConfigError::invalid(
+                        "driver.pool.workers",
+                        "0".into(),
+                        "at least 1 (Driver::pool() uses the available parallelism)",
+                    ));
+                }
                 n => n,
             };
             let pool = pool::PoolExecutor::new(n, clock.clone()).map_err(|e| {

@@ -498,7 +498,11 @@ impl DataDir {
         self.require_consumer(stream, name)?;
         let sdir = self.stream_dir(stream);
         let ins = tools::inspect(&sdir).map_err(|e| unreadable(&sdir, e))?;
-        let store = OffsetStore::new(std::sync::Arc::new(tidings_log::FsStorage), &self.consumer_dir(stream), name);
+        let store = OffsetStore::new(
+            std::sync::Arc::new(tidings_log::FsStorage),
+            &self.consumer_dir(stream),
+            name,
+        );
         let committed = store.load().map_err(|e| unreadable(store.path(), e))?;
         let entries = self.dead_letters(stream, name)?;
         let mut by_reason = BTreeMap::new();

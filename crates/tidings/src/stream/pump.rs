@@ -43,10 +43,23 @@ enum Offer {
 /// so a durable message is never refused for overflow (R-BP-2): when the queue is full —
 /// in-memory redrives share it — the pump waits instead.
 fn offer(d: &Durable, sub: &SubShared, offset: u64, message: &Arc<Message>) -> Offer {
-    if !sub.passes_filter(message) {
-        sub.core.lock().handle_filtered();
-        d.finish(offset);
-        return Offer::Taken;
+    match sub.passes_filter(message) {
+        Ok(true) => {}
+        Ok(false) => {
+            sub.core.lock().handle_filtered();
+            d.finish(offset);
+            return Offer::Taken;
+        }
+        Err(error) => {
+            // R-DEL-1: a panicking predicate dead-letters the record (`Rejected`); the
+            // completion hook finishes its offset once the durable DLQ holds it.
+            let mut core = sub.core.lock();
+            core.handle_filter_panic(message, error, &sub.now());
+            let forwards = core.take_forwards();
+            drop(core);
+            sub.forward(forwards);
+            return Offer::Taken;
+        }
     }
     let mut core = sub.core.lock();
     if core.is_full() {

@@ -12,12 +12,13 @@
 //! Every message that enters ends in exactly one of: delivered, dead-lettered (by reason),
 //! or still queued / in flight; every refusal is counted by reason (R-DEL-6).
 
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::clock::Now;
+use crate::clock::{Now, deadline_after};
 use crate::dlq::DeadLetterReason;
-use crate::handler::HandlerError;
+use crate::handler::{HandlerError, panic_text};
 use crate::message::Message;
 use crate::options::{Concurrency, DeliveryMode, Overflow, SubscribeOptions};
 use crate::queue::Queued;
@@ -166,6 +167,25 @@ impl Core {
         self.ledger.refused.filtered += 1;
     }
 
+    /// The filter panicked on this message (R-DEL-1): it is accepted and dead-lettered at
+    /// once as `Rejected` with the panic text, never having reached the handler.
+    pub(crate) fn handle_filter_panic(
+        &mut self,
+        message: &Arc<Message>,
+        error: String,
+        now: &Now<'_>,
+    ) {
+        self.ledger.offered += 1;
+        self.ledger.accepted += 1;
+        self.ledger.dead_letter(
+            message.clone(),
+            DeadLetterReason::Rejected { error },
+            0,
+            now.wall(),
+            true,
+        );
+    }
+
     /// Offer a message. With `may_wait` and the `Block` policy, a full queue returns
     /// [`Offered::Full`] without counting anything, so the publisher can wait and retry;
     /// the final attempt passes `may_wait = false` and a full queue is refused.
@@ -267,9 +287,7 @@ impl Core {
                         self.space_freed = true;
                     }
                     self.ledger.in_flight += 1;
-                    if (q.message.expires_at.is_some() || self.ttl.is_some())
-                        && q.message.is_expired(now.wall(), self.ttl)
-                    {
+                    if self.is_expired(&q.message, now) {
                         self.finish_take(worker, &q.message, None);
                         self.ledger.finished();
                         self.ledger.dead_letter(
@@ -283,7 +301,22 @@ impl Core {
                     }
                     return self.start(worker, q.message, 1);
                 }
-                Take::Retry(p) => return self.start(worker, p.message, p.attempts + 1),
+                Take::Retry(p) => {
+                    // R-TIME-1: expiry is checked before every attempt, retries included.
+                    if self.is_expired(&p.message, now) {
+                        self.finish_take(worker, &p.message, None);
+                        self.ledger.finished();
+                        self.ledger.dead_letter(
+                            p.message,
+                            DeadLetterReason::Expired,
+                            p.attempts,
+                            now.wall(),
+                            true,
+                        );
+                        continue;
+                    }
+                    return self.start(worker, p.message, p.attempts + 1);
+                }
                 Take::WakeAt(t) => {
                     // Per-key: a new offer of another key may be dispatchable before `t`.
                     if matches!(self.flavor, Flavor::PerKey(_)) {
@@ -299,6 +332,36 @@ impl Core {
                     return Poll::Idle;
                 }
             }
+        }
+    }
+
+    /// R-TIME-1: its own expiry or the subscription's default TTL has passed. Reads the
+    /// wall clock only when the message can expire.
+    fn is_expired(&self, message: &Message, now: &Now<'_>) -> bool {
+        (message.expires_at.is_some() || self.ttl.is_some())
+            && message.is_expired(now.wall(), self.ttl)
+    }
+
+    /// Ask the retry policy, containing a panic in a custom one (R-DEL-1): a panicking
+    /// policy gives up, with the panic in the dead letter's `last_error`.
+    fn decide_retry(
+        &self,
+        attempt: u32,
+        error: &HandlerError,
+        message: &Message,
+    ) -> Result<Option<Duration>, String> {
+        match self.delivery {
+            DeliveryMode::AtMostOnce => Ok(None),
+            DeliveryMode::AtLeastOnce => catch_unwind(AssertUnwindSafe(|| {
+                self.retry.decide(attempt, error, message)
+            }))
+            .map_err(|payload| {
+                format!(
+                    "{}; retry policy panicked: {}",
+                    error.message(),
+                    panic_text(payload.as_ref())
+                )
+            }),
         }
     }
 
@@ -348,20 +411,33 @@ impl Core {
                 error: error.message().to_owned(),
             }
         } else {
-            let retry_in = match self.delivery {
-                DeliveryMode::AtMostOnce => None,
-                DeliveryMode::AtLeastOnce => self.retry.decide(attempt, &error, &message),
+            let retry_in = match self.decide_retry(attempt, &error, &message) {
+                Ok(wait) => wait,
+                Err(last_error) => {
+                    self.finish_take(worker, &message, None);
+                    self.ledger.finished();
+                    let reason = DeadLetterReason::RetriesExhausted {
+                        attempts: attempt,
+                        last_error,
+                    };
+                    self.ledger
+                        .dead_letter(message, reason, attempt, now.wall(), true);
+                    return;
+                }
             };
-            match retry_in {
+            // A wait whose deadline is not representable means the retry never happens:
+            // give up now (R-LIM-1) rather than park the message forever.
+            let due = retry_in.and_then(|wait| deadline_after(now.mono(), wait));
+            match due {
                 Some(_) if self.state != State::Open => {
                     self.finish_take(worker, &message, None);
                     self.ledger.finished();
                     self.ledger.abandon(message, attempt, now.wall());
                     return;
                 }
-                Some(wait) => {
+                Some(due) => {
                     let parked = Parked {
-                        due: now.mono() + wait,
+                        due,
                         message: message.clone(),
                         attempts: attempt,
                     };

@@ -2,6 +2,8 @@
 //!
 //! Each lane is one priority-then-FIFO queue with at most one message in flight; a failing
 //! message is parked at the head of its lane until its retry is due (head-of-line, R-ORD-1).
+//! Within one key, publish order wins over priority (R-ORD-5): priority orders messages of
+//! different keys and unkeyed ones (see [`PriorityQueue`]).
 //! `Serial` is one lane. With `n` lanes a message goes to lane `fnv1a(key) % n`; messages
 //! without a key go to lane 0, so order holds per key and lanes run in parallel.
 

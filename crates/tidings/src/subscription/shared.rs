@@ -4,6 +4,7 @@
 //! [`SubShared::complete`] and *how they wait*; every rule lives in the core.
 
 use std::cell::Cell;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, OnceLock, Weak};
 
 use parking_lot::{Condvar, Mutex, MutexGuard};
@@ -12,7 +13,7 @@ use crate::broker::BrokerInner;
 use crate::clock::{Clock, Now, deadline_after, wait_until};
 use crate::driver::Wake;
 use crate::filter::HeaderFilter;
-use crate::handler::{Handler, HandlerError, invoke};
+use crate::handler::{Handler, HandlerError, invoke, panic_text};
 use crate::message::Message;
 use crate::options::{Overflow, Predicate, SubscribeOptions};
 use crate::topic::Pattern;
@@ -134,11 +135,22 @@ impl SubShared {
     /// Offer a message (R-CORE-2: runs filters on the caller's thread, holds only this
     /// subscription's lock, never runs the handler).
     pub(crate) fn offer(&self, message: &Arc<Message>) -> Result<(), Refusal> {
-        if !self.passes_filter(message) {
-            self.core.lock().handle_filtered();
-            return Err(Refusal::Filtered);
+        match self.passes_filter(message) {
+            Ok(true) => self.offer_unfiltered(message),
+            Ok(false) => {
+                self.core.lock().handle_filtered();
+                Err(Refusal::Filtered)
+            }
+            Err(error) => {
+                // R-DEL-1: a panicking predicate dead-letters the message as `Rejected`.
+                let mut core = self.core.lock();
+                core.handle_filter_panic(message, error, &self.now());
+                let forwards = core.take_forwards();
+                drop(core);
+                self.forward(forwards);
+                Ok(())
+            }
         }
-        self.offer_unfiltered(message)
     }
 
     /// Offer without applying the filter (redrive).
@@ -163,11 +175,22 @@ impl SubShared {
         }
     }
 
-    pub(crate) fn passes_filter(&self, message: &Message) -> bool {
-        self.header_filter
+    /// Header filter, then predicate. `Err` with the panic text when the user's predicate
+    /// panicked (R-DEL-1): the caller dead-letters the message instead of unwinding into
+    /// the publisher.
+    pub(crate) fn passes_filter(&self, message: &Message) -> Result<bool, String> {
+        if !self
+            .header_filter
             .as_ref()
             .is_none_or(|f| f.matches(message))
-            && self.predicate.as_ref().is_none_or(|p| p.test(message))
+        {
+            return Ok(false);
+        }
+        let Some(p) = &self.predicate else {
+            return Ok(true);
+        };
+        catch_unwind(AssertUnwindSafe(|| p.test(message)))
+            .map_err(|payload| format!("predicate panicked: {}", panic_text(payload.as_ref())))
     }
 
     /// `Overflow::Block`: wait (holding no broker lock, only releasing this subscription's

@@ -72,7 +72,11 @@ impl DataDir {
             retention_interval: None,
         };
         let result = (|| {
-            let store = OffsetStore::new(std::sync::Arc::new(tidings_log::FsStorage), &self.consumer_dir(stream), name);
+            let store = OffsetStore::new(
+                std::sync::Arc::new(tidings_log::FsStorage),
+                &self.consumer_dir(stream),
+                name,
+            );
             let previous = store.load()?.unwrap_or(0);
             let target = inner.resolve(at)?;
             store.store(target)?;
