@@ -171,30 +171,35 @@ pub(crate) fn open_segment(storage: &dyn Storage, path: &Path) -> Result<OpenedS
 }
 
 /// Checks the index files of a sealed segment; with `truth` (`(position, timestamp)` of every
-/// record, from the base offset on) also that every entry matches the records.
+/// record, from the base offset on) also that every entry matches the records. Returns the status
+/// and the file it is about: the one missing or failing a check (the offset index when both are
+/// fine, or both missing).
 pub(crate) fn index_status(
     storage: &dyn Storage,
     dir: &Path,
     base: u64,
     len: u64,
     truth: Option<&[(u64, u64)]>,
-) -> IndexStatus {
+) -> (IndexStatus, FileKind) {
     let read = |kind| {
         let f = storage
             .open(&file_path(dir, base, kind), OpenMode::Read)
             .ok()?;
         read_all(&*f).ok()
     };
-    let (Some(idx), Some(tix)) = (read(FileKind::OffsetIndex), read(FileKind::TimeIndex)) else {
-        return IndexStatus::Missing;
+    let (idx, tix) = match (read(FileKind::OffsetIndex), read(FileKind::TimeIndex)) {
+        (Some(idx), Some(tix)) => (idx, tix),
+        (Some(_), None) => return (IndexStatus::Missing, FileKind::TimeIndex),
+        _ => return (IndexStatus::Missing, FileKind::OffsetIndex),
     };
     match index::decode_files(base, len, &idx, &tix) {
-        Err(r) => IndexStatus::Invalid(r.to_owned()),
+        Err(fault) => (IndexStatus::Invalid(fault.reason.to_owned()), fault.file),
         Ok((info, loaded)) => match truth {
-            Some(recs) if !entries_match(base, info.end, &loaded, recs) => {
-                IndexStatus::Invalid("entries do not match the records".to_owned())
-            }
-            _ => IndexStatus::Valid,
+            Some(recs) if !entries_match(base, info.end, &loaded, recs) => (
+                IndexStatus::Invalid("entries do not match the records".to_owned()),
+                FileKind::OffsetIndex,
+            ),
+            _ => (IndexStatus::Valid, FileKind::OffsetIndex),
         },
     }
 }
@@ -267,7 +272,7 @@ pub fn inspect_with_storage(storage: &dyn Storage, dir: &Path) -> Result<Inspect
         info.min_timestamp_ms = sc.min_ts;
         info.max_timestamp_ms = sc.max_ts;
         if i + 1 < bases.len() {
-            info.index = index_status(storage, dir, base, len, None);
+            info.index = index_status(storage, dir, base, len, None).0;
         }
         if let Some(d) = sc.damage {
             info.problem = Some(format!("bad record at byte {}: {}", d.pos, d.reason));

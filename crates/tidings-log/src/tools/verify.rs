@@ -267,11 +267,11 @@ pub fn verify_with_storage(storage: &dyn Storage, dir: &Path) -> Result<VerifyRe
         prev_end = Some(expected);
         if !last {
             match index_status(storage, dir, base, len, clean.then_some(&recs[..])) {
-                IndexStatus::Valid | IndexStatus::Active => {}
-                s => push(
+                (IndexStatus::Valid | IndexStatus::Active, _) => {}
+                (s, kind) => push(
                     &mut rep,
                     ProblemKind::BadIndex,
-                    &file_path(dir, base, FileKind::OffsetIndex),
+                    &file_path(dir, base, kind),
                     None,
                     format!("index {s}; rebuilt on open"),
                 ),
