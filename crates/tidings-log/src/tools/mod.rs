@@ -311,9 +311,21 @@ pub fn dump_with_storage(
             reason: p.reason().to_owned(),
         })?;
         let mut err = None;
+        let mut io_err = None;
         let sc = scan(&*file, len, HEADER_LEN, base, u32::MAX, &mut |fr| {
             if fr.offset >= from {
-                match record::decode(&Bytes::copy_from_slice(fr.bytes)) {
+                let bytes = match fr.bytes {
+                    Some(b) => Bytes::copy_from_slice(b),
+                    None => {
+                        let mut b = vec![0; fr.len];
+                        if let Err(e) = read_exact_at(&*file, &mut b, fr.pos) {
+                            io_err = Some(e);
+                            return false;
+                        }
+                        Bytes::from(b)
+                    }
+                };
+                match record::decode(&bytes) {
                     Ok(r) => out.push(r),
                     Err(reason) => {
                         err = Some((fr.pos, reason));
@@ -324,6 +336,9 @@ pub fn dump_with_storage(
             out.len() < max
         })
         .map_err(io(&path))?;
+        if let Some(e) = io_err {
+            return Err(io(&path)(e));
+        }
         let last = i + 1 == bases.len();
         let bad = err.or(sc
             .damage
