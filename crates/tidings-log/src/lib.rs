@@ -175,6 +175,8 @@ mod commit;
 mod config;
 mod dir;
 mod error;
+#[cfg(test)]
+mod fuzz;
 mod index;
 mod log;
 mod reader;

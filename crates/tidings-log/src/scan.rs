@@ -155,7 +155,7 @@ fn check_at(
 }
 
 /// Checks the complete frame of `len` bytes at `pos` without holding it in memory.
-fn check_streaming(file: &dyn StorageFile, pos: u64, len: usize) -> io::Result<Frame> {
+pub(crate) fn check_streaming(file: &dyn StorageFile, pos: u64, len: usize) -> io::Result<Frame> {
     let mut prefix = [0u8; FRAME_PREFIX];
     read_exact_at(file, &mut prefix, pos)?;
     let body = pos + FRAME_PREFIX as u64;
