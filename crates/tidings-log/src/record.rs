@@ -428,6 +428,8 @@ mod tests {
         let got = decode(&Bytes::from(buf)).unwrap();
         assert_eq!(got.offset, 7);
         assert_eq!(got.to_record(), r);
+        // The CRC-32C variant of the format (docs/design.md): the standard check value.
+        assert_eq!(crc32c::crc32c(b"123456789"), 0xE306_9283);
         let plain = Record::new(1, Bytes::new());
         assert_eq!(plain.encoded_len() as usize, MIN_FRAME);
     }
