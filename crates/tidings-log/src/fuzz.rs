@@ -45,8 +45,13 @@ fn frame_bytes() -> impl Strategy<Value = Vec<u8>> {
     let edits = prop::collection::vec((any::<usize>(), any::<u8>(), 0u8..4), 0..4);
     prop_oneof![
         prop::collection::vec(any::<u8>(), 0..200),
-        (any::<u64>(), record, edits, any::<bool>()).prop_map(
-            |(offset, (ts, key, headers, payload), edits, fix_crc)| {
+        (
+            prop_oneof![0u64..6, any::<u64>()],
+            record,
+            edits,
+            any::<bool>()
+        )
+            .prop_map(|(offset, (ts, key, headers, payload), edits, fix_crc)| {
                 let mut r = Record::new(ts, payload);
                 r.key = key.map(Into::into);
                 r.headers = headers.into_iter().map(|(n, v)| (n, v.into())).collect();
@@ -69,8 +74,7 @@ fn frame_bytes() -> impl Strategy<Value = Vec<u8>> {
                     b[4..8].copy_from_slice(&crc.to_le_bytes());
                 }
                 b
-            }
-        ),
+            }),
     ]
 }
 
@@ -178,4 +182,21 @@ proptest! {
             }
         }
     }
+}
+
+/// A valid frame of the next offset starting inside the damaged record's own 8-byte prefix: not
+/// evidence (it cannot end that record), and no arithmetic underflow. R-LIM-2
+#[test]
+fn candidate_inside_the_damaged_prefix() {
+    let mut bytes = header_bytes(0).to_vec();
+    encode_into(&mut bytes, 0, &Record::new(1, vec![1; 10]));
+    let p = bytes.len();
+    bytes.extend_from_slice(&500u32.to_le_bytes()); // a claimed length, in range
+    encode_into(&mut bytes, 2, &Record::new(2, vec![2; 10])); // offset expected + 1, at p + 4
+    let len = bytes.len() as u64;
+    let file = as_file(&bytes);
+    let sc = scan(&*file, len, HEADER_LEN, 0, 100, &mut |_| true).unwrap();
+    let d = sc.damage.expect("damage at p");
+    assert_eq!((sc.end, d.pos), (1, p as u64));
+    assert_eq!(d.resync, None); // R-LOG-2: inside the claimed extent, no evidence: torn tail
 }

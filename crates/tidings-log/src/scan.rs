@@ -250,20 +250,13 @@ pub(crate) fn resync(
                 if inside && offset != expected + 1 {
                     continue;
                 }
-                let len = FRAME_PREFIX + body_len;
-                let frame = if i + len <= n {
-                    check_frame(&buf[i..i + len])
-                } else {
-                    check_at(&mut other, file, file_len, q)?
-                };
-                let Frame::Good { offset, .. } = frame else {
-                    continue;
-                };
                 if inside {
-                    let claimed_len = q - body;
-                    if claimed_len < MIN_BODY as u64 {
+                    // Evidence first (amortised linear over the extent), so that payload bytes
+                    // shaped like large frames cannot make the search quadratic.
+                    if q < body + MIN_BODY as u64 {
                         continue;
                     }
+                    let claimed_len = q - body;
                     body_crc = crc32c::crc32c_combine(
                         body_crc,
                         crc_of(file, crc_pos, q - crc_pos)?,
@@ -276,6 +269,15 @@ pub(crate) fn resync(
                         continue;
                     }
                 }
+                let len = FRAME_PREFIX + body_len;
+                let frame = if i + len <= n {
+                    check_frame(&buf[i..i + len])
+                } else {
+                    check_at(&mut other, file, file_len, q)?
+                };
+                let Frame::Good { offset, .. } = frame else {
+                    continue;
+                };
                 return Ok(Some((q, offset)));
             }
         }
