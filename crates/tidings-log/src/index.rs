@@ -203,6 +203,14 @@ fn strictly_increasing(v: impl Iterator<Item = u64>) -> bool {
     })
 }
 
+/// Largest index file that can belong to a segment of `segment_len` bytes (at most one entry
+/// per record): anything longer is not read at all, so a huge foreign or damaged index file
+/// costs no memory. Recovery then rebuilds it from the segment.
+pub(crate) fn max_file_len(segment_len: u64) -> u64 {
+    let records = segment_len.saturating_sub(HEADER_LEN) / crate::record::MIN_FRAME as u64 + 1;
+    (INDEX_HEADER as u64 + 4).saturating_add(records.saturating_mul(ENTRY as u64))
+}
+
 /// Which index file failed a check, and why.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct IndexFault {

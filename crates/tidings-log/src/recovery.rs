@@ -354,6 +354,9 @@ fn load_index(
         let f = storage
             .open(&file_path(dir, base, kind), OpenMode::Read)
             .ok()?;
+        if f.len().ok()? > index::max_file_len(seg_len) {
+            return None;
+        }
         read_all(&*f).ok()
     };
     let (info, index) = index::decode_files(

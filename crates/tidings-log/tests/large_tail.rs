@@ -160,3 +160,34 @@ fn sparse_zero_segment_is_removed_in_bounded_memory() {
     assert!(m <= READ_BOUND, "largest read {m} bytes"); // R-LIM-2: bounded memory
     assert!(!extra.exists());
 }
+
+/// A 1 GiB sparse `.idx` next to a sealed segment: never read (longer than any index of that
+/// segment can be), rebuilt; verify names it.
+#[test]
+fn huge_index_file_is_not_read_and_is_rebuilt() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (log, _) = Log::open(tmp.path(), config()).unwrap();
+    fill(&log, 100);
+    let before = read_all(&log);
+    drop(log);
+    let idx = tmp.path().join(format!("{:020}.idx", 0));
+    OpenOptions::new()
+        .write(true)
+        .open(&idx)
+        .unwrap()
+        .set_len(GIB)
+        .unwrap();
+    let storage = Arc::new(Counting::default());
+    let max_read = storage.max_read.clone();
+    let v = tidings_log::tools::verify_with_storage(&*storage, tmp.path()).unwrap();
+    assert!(
+        v.problems.iter().any(|p| p.path == idx),
+        "{v}" // R-LIM-2: reported under its own name
+    );
+    let (log, report) = Log::open_with_storage(storage, tmp.path(), config()).unwrap();
+    assert!(report.rebuilt_indexes.contains(&idx), "{report}");
+    assert_eq!(read_all(&log), before); // R-LOG-2
+    let m = max_read.load(Ordering::Relaxed);
+    assert!(m <= READ_BOUND, "largest read {m} bytes"); // R-LIM-2: bounded memory
+    assert!(std::fs::metadata(&idx).unwrap().len() < 4096);
+}

@@ -181,16 +181,21 @@ pub(crate) fn index_status(
     len: u64,
     truth: Option<&[(u64, u64)]>,
 ) -> (IndexStatus, FileKind) {
-    let read = |kind| {
+    let read = |kind| -> Result<Vec<u8>, IndexStatus> {
         let f = storage
             .open(&file_path(dir, base, kind), OpenMode::Read)
-            .ok()?;
-        read_all(&*f).ok()
+            .map_err(|_| IndexStatus::Missing)?;
+        if f.len().map_err(|_| IndexStatus::Missing)? > index::max_file_len(len) {
+            return Err(IndexStatus::Invalid(
+                "index file longer than its segment allows".to_owned(),
+            ));
+        }
+        read_all(&*f).map_err(|_| IndexStatus::Missing)
     };
     let (idx, tix) = match (read(FileKind::OffsetIndex), read(FileKind::TimeIndex)) {
-        (Some(idx), Some(tix)) => (idx, tix),
-        (Some(_), None) => return (IndexStatus::Missing, FileKind::TimeIndex),
-        _ => return (IndexStatus::Missing, FileKind::OffsetIndex),
+        (Ok(idx), Ok(tix)) => (idx, tix),
+        (Err(s), _) => return (s, FileKind::OffsetIndex),
+        (_, Err(s)) => return (s, FileKind::TimeIndex),
     };
     match index::decode_files(base, len, &idx, &tix) {
         Err(fault) => (IndexStatus::Invalid(fault.reason.to_owned()), fault.file),
