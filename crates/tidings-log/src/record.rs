@@ -231,24 +231,34 @@ pub(crate) fn check_frame(buf: &[u8]) -> Frame {
 
 /// Decodes a frame already accepted by [`check_frame`], slicing out of `frame` without copying.
 pub(crate) fn decode(frame: &Bytes) -> Result<StoredRecord, &'static str> {
-    let body = frame.slice(FRAME_PREFIX.min(frame.len())..);
+    decode_at(frame, 0, frame.len())
+}
+
+/// Decodes the frame at `buf[at..at + len]` (already accepted by [`check_frame`]); key, header
+/// values and payload are slices of `buf` itself (one reference count each, no copy).
+pub(crate) fn decode_at(buf: &Bytes, at: usize, len: usize) -> Result<StoredRecord, &'static str> {
+    let end = at
+        .checked_add(len)
+        .filter(|&e| e <= buf.len())
+        .ok_or("malformed record body")?;
+    let start = (at + FRAME_PREFIX).min(end);
+    let body = &buf[start..end];
+    let part = |r: Range<usize>| buf.slice(start + r.start..start + r.end);
     let mut headers = Vec::new();
     let mut bad_name = false;
-    let layout = walk(&body, |name, value| {
-        match std::str::from_utf8(&body[name]) {
-            Ok(n) => headers.push((n.to_owned(), body.slice(value))),
-            Err(_) => bad_name = true,
-        }
+    let layout = walk(body, |name, value| match std::str::from_utf8(&body[name]) {
+        Ok(n) => headers.push((n.to_owned(), part(value))),
+        Err(_) => bad_name = true,
     })?;
     if bad_name {
         return Err("header name is not UTF-8");
     }
     Ok(StoredRecord {
-        offset: u64_at(&body, 0),
-        timestamp_ms: u64_at(&body, 8),
-        key: layout.key.map(|r| body.slice(r)),
+        offset: u64_at(body, 0),
+        timestamp_ms: u64_at(body, 8),
+        key: layout.key.map(part),
         headers,
-        payload: body.slice(layout.payload),
+        payload: part(layout.payload),
     })
 }
 
