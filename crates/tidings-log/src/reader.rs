@@ -158,17 +158,17 @@ pub(crate) fn for_each_frame(
             return Err(corrupt(seg, pos, "record offset out of sequence"));
         }
         trust_index = false;
-        if off >= from {
-            if !f(FrameRef {
+        if off >= from
+            && !f(FrameRef {
                 offset: off,
                 timestamp_ms: ts,
                 pos,
                 chunk: &chunk.bytes,
                 at: (pos - chunk.start) as usize,
                 len,
-            })? {
-                return Ok(());
-            }
+            })?
+        {
+            return Ok(());
         }
         pos += len as u64;
         off += 1;
