@@ -7,7 +7,7 @@ mod common;
 
 use std::path::PathBuf;
 
-use common::{DIR, frame_bounds, record_for, sim_open, sim_segments};
+use common::{frame_bounds, record_for, sim_open, sim_segments};
 use proptest::prelude::*;
 use tidings_log::testing::SimStorage;
 use tidings_log::{Fsync, LogConfig, OpenError, Record, StoredRecord};
@@ -231,6 +231,3 @@ proptest! {
         }
     }
 }
-
-#[allow(dead_code)]
-const _: &str = DIR;
