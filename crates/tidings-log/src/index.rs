@@ -16,7 +16,7 @@
 //! be skipped.
 
 use crate::record::u64_at;
-use crate::segment::HEADER_LEN;
+use crate::segment::{FileKind, HEADER_LEN};
 
 const OFFSET_MAGIC: [u8; 8] = *b"TDNGIDX\0";
 const TIME_MAGIC: [u8; 8] = *b"TDNGTIX\0";
@@ -203,38 +203,76 @@ fn strictly_increasing(v: impl Iterator<Item = u64>) -> bool {
     })
 }
 
-/// Decodes and checks both index files of a sealed segment against its actual length.
+/// Largest index file that can belong to a segment of `segment_len` bytes (at most one entry
+/// per record): anything longer is not read at all, so a huge foreign or damaged index file
+/// costs no memory. Recovery then rebuilds it from the segment.
+pub(crate) fn max_file_len(segment_len: u64) -> u64 {
+    let records = segment_len.saturating_sub(HEADER_LEN) / crate::record::MIN_FRAME as u64 + 1;
+    (INDEX_HEADER as u64 + 4).saturating_add(records.saturating_mul(ENTRY as u64))
+}
+
+/// Which index file failed a check, and why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct IndexFault {
+    /// The file at fault ([`FileKind::OffsetIndex`] or [`FileKind::TimeIndex`]).
+    pub(crate) file: FileKind,
+    /// What check failed.
+    pub(crate) reason: &'static str,
+}
+
+/// Decodes and checks both index files of a sealed segment against its actual length. Each file
+/// is checked on its own first, so a fault names the file that has it; when both are valid on
+/// their own but disagree, the time index is blamed (the offset index is the one checked first).
 pub(crate) fn decode_files(
     base: u64,
     segment_len: u64,
     offset_file: &[u8],
     time_file: &[u8],
-) -> Result<(SealedInfo, SegmentIndex), &'static str> {
-    let (info, offsets) = decode(OFFSET_MAGIC, offset_file, base)?;
-    let (tinfo, times) = decode(TIME_MAGIC, time_file, base)?;
-    if info != tinfo {
-        return Err("offset and time index disagree");
+) -> Result<(SealedInfo, SegmentIndex), IndexFault> {
+    let fault = |file| move |reason| IndexFault { file, reason };
+    let (info, offsets) = decode(OFFSET_MAGIC, offset_file, base)
+        .and_then(|(info, offsets)| check_info(base, segment_len, info).map(|i| (i, offsets)))
+        .map_err(fault(FileKind::OffsetIndex))?;
+    let (tinfo, times) = decode(TIME_MAGIC, time_file, base)
+        .and_then(|(info, times)| check_info(base, segment_len, info).map(|i| (i, times)))
+        .map_err(fault(FileKind::TimeIndex))?;
+    let offsets_ok = strictly_increasing(offsets.iter().map(|e| e.0))
+        && strictly_increasing(offsets.iter().map(|e| e.1))
+        && offsets
+            .iter()
+            .all(|&(o, p)| o > base && o < info.end && p > HEADER_LEN && p < segment_len);
+    if !offsets_ok {
+        return Err(fault(FileKind::OffsetIndex)(
+            "index entries out of order or out of range",
+        ));
     }
+    if info != tinfo {
+        return Err(fault(FileKind::TimeIndex)(
+            "time index disagrees with the offset index",
+        ));
+    }
+    let times_ok = strictly_increasing(times.iter().map(|e| e.0))
+        && strictly_increasing(times.iter().map(|e| e.1))
+        && times
+            .iter()
+            .all(|&(m, o)| m <= info.max_ts && o >= base && o < info.end);
+    if !times_ok {
+        return Err(fault(FileKind::TimeIndex)(
+            "index entries out of order or out of range",
+        ));
+    }
+    Ok((info, SegmentIndex { offsets, times }))
+}
+
+/// Checks one index file's header fields against the segment it covers.
+fn check_info(base: u64, segment_len: u64, info: SealedInfo) -> Result<SealedInfo, &'static str> {
     if info.covered_len != segment_len {
         return Err("index is stale (segment length differs)");
     }
     if info.end < base || (info.end == base) != (segment_len == HEADER_LEN) {
         return Err("index end offset is inconsistent");
     }
-    let offsets_ok = strictly_increasing(offsets.iter().map(|e| e.0))
-        && strictly_increasing(offsets.iter().map(|e| e.1))
-        && offsets
-            .iter()
-            .all(|&(o, p)| o > base && o < info.end && p > HEADER_LEN && p < segment_len);
-    let times_ok = strictly_increasing(times.iter().map(|e| e.0))
-        && strictly_increasing(times.iter().map(|e| e.1))
-        && times
-            .iter()
-            .all(|&(m, o)| m <= info.max_ts && o >= base && o < info.end);
-    if !offsets_ok || !times_ok {
-        return Err("index entries out of order or out of range");
-    }
-    Ok((info, SegmentIndex { offsets, times }))
+    Ok(info)
 }
 
 #[cfg(test)]

@@ -137,14 +137,26 @@
 //!    crash cannot have damaged it.
 //! 5. The last segment is scanned record by record. At the first record that is incomplete or
 //!    invalid (at byte `p`), the rest of the file is searched byte by byte for a valid record
-//!    whose offset is at least the expected one (the *resync* search):
-//!    * **nothing valid after `p`: torn tail.** The file is truncated to `p` and synced, and the
+//!    whose offset is at least the expected one (the *resync* search). If the length prefix at
+//!    `p` is readable and in range, the damaged record *claims an extent*
+//!    (`p .. p + 8 + body_len`, possibly past the end of the file). The bytes inside it are that
+//!    record's payload — user data, which may contain byte-exact copies of valid frames — so a
+//!    valid frame found inside the extent counts only with evidence that it is the next record
+//!    and the length field was what got damaged: its offset is exactly the expected one plus 1
+//!    and the record at `p`, read with the length that would end it exactly there, passes its
+//!    CRC. Valid frames at or after the extent count. Without a readable length, any valid frame
+//!    after `p` counts.
+//!    * **nothing counts: torn tail.** The file is truncated to `p` and synced, and the
 //!      cut is reported in [`RecoveryReport::truncated`] (file, byte offset, bytes dropped). This
-//!      covers a partial last record, a last record with a bad CRC, and zero-filled or garbage
-//!      tails.
-//!    * **a valid record after `p`: corruption in the middle.** [`OpenError::Corrupt`] names the
+//!      covers a partial last record (whatever its payload holds), a last record with a bad CRC,
+//!      and zero-filled or garbage tails.
+//!    * **a valid record counts: corruption in the middle.** [`OpenError::Corrupt`] names the
 //!      file and `p`; nothing is truncated, because silently dropping the valid records after it
 //!      could lose acknowledged data.
+//!
+//!    The scan reads through a bounded window (256 KiB; larger records are checked by streaming
+//!    them), so recovery needs bounded memory whatever the file length, a sparse or zero-filled
+//!    multi-GiB tail included.
 //! 6. Segments must be contiguous ([`OpenError::Gap`]).
 //!
 //! A consequence: damage to the *last* record of the last segment is indistinguishable from a
@@ -175,6 +187,8 @@ mod commit;
 mod config;
 mod dir;
 mod error;
+#[cfg(test)]
+mod fuzz;
 mod index;
 mod log;
 mod reader;

@@ -42,6 +42,8 @@ pub(crate) struct Shared {
     pub(crate) retention_error: Mutex<Option<String>>,
     /// Appenders between entering `append` and finishing their write (group commit window).
     pub(crate) appending: AtomicUsize,
+    /// Read chunks handed out recently, reused once no record refers to them any more.
+    pub(crate) chunks: crate::reader::ChunkPool,
 }
 
 impl Shared {
@@ -144,6 +146,7 @@ impl Log {
             retention_lock: Mutex::new(()),
             retention_error: Mutex::new(None),
             appending: AtomicUsize::new(0),
+            chunks: Default::default(),
             config,
         });
         let flusher = match fsync {

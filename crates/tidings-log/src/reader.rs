@@ -64,8 +64,8 @@ pub(crate) fn read(sh: &Shared, from: u64, max: usize) -> Result<Vec<StoredRecor
             continue;
         }
         for_each_frame(sh, &seg, next, until, &mut |frame| {
-            let rec =
-                record::decode(&frame.bytes).map_err(|reason| corrupt(&seg, frame.pos, reason))?;
+            let rec = record::decode_at(frame.chunk, frame.at, frame.len)
+                .map_err(|reason| corrupt(&seg, frame.pos, reason))?;
             out.push(rec);
             Ok(out.len() < max)
         })?;
@@ -104,11 +104,14 @@ pub(crate) fn offset_for_time(sh: &Shared, t: u64) -> Result<u64, ReadError> {
     Ok(end)
 }
 
-pub(crate) struct FrameRef {
+/// A checked frame inside the read chunk: `chunk[at..at + len]`.
+pub(crate) struct FrameRef<'a> {
     pub(crate) offset: u64,
     pub(crate) timestamp_ms: u64,
     pub(crate) pos: u64,
-    pub(crate) bytes: Bytes,
+    pub(crate) chunk: &'a Bytes,
+    pub(crate) at: usize,
+    pub(crate) len: usize,
 }
 
 fn corrupt(seg: &Segment, pos: u64, reason: &'static str) -> ReadError {
@@ -125,7 +128,7 @@ pub(crate) fn for_each_frame(
     seg: &Segment,
     from: u64,
     until: u64,
-    f: &mut dyn FnMut(FrameRef) -> Result<bool, ReadError>,
+    f: &mut dyn FnMut(FrameRef<'_>) -> Result<bool, ReadError>,
 ) -> Result<(), ReadError> {
     let (mut off, mut pos) = seg.index.read().floor(seg.base, from);
     let mut trust_index = pos != HEADER_LEN;
@@ -155,21 +158,65 @@ pub(crate) fn for_each_frame(
             return Err(corrupt(seg, pos, "record offset out of sequence"));
         }
         trust_index = false;
-        if off >= from {
-            let bytes = chunk.slice(pos, len);
-            if !f(FrameRef {
+        if off >= from
+            && !f(FrameRef {
                 offset: off,
                 timestamp_ms: ts,
                 pos,
-                bytes,
-            })? {
-                return Ok(());
-            }
+                chunk: &chunk.bytes,
+                at: (pos - chunk.start) as usize,
+                len,
+            })?
+        {
+            return Ok(());
         }
         pos += len as u64;
         off += 1;
     }
     Ok(())
+}
+
+/// Chunk buffers of recent reads. Records are slices of the chunk they were read into (no copy
+/// per record), so a chunk can be reused only once every record read from it is dropped: `take`
+/// reuses the first such chunk (no zeroing, no fresh pages), and allocates otherwise. Holds at
+/// most [`POOL_CHUNKS`] handles; a chunk still in use when pushed out is simply freed later by
+/// its last record.
+#[derive(Debug, Default)]
+pub(crate) struct ChunkPool(parking_lot::Mutex<Vec<Bytes>>);
+
+const POOL_CHUNKS: usize = 8;
+
+impl ChunkPool {
+    /// A buffer of exactly `len` bytes (contents unspecified).
+    fn take(&self, len: usize) -> BytesMut {
+        let mut pool = self.0.lock();
+        let mut i = 0;
+        while i < pool.len() {
+            if pool[i].len() >= len && pool[i].is_unique() {
+                let b = pool.swap_remove(i);
+                if let Ok(mut m) = b.try_into_mut() {
+                    m.truncate(len);
+                    return m;
+                }
+            } else {
+                i += 1;
+            }
+        }
+        drop(pool);
+        BytesMut::zeroed(len)
+    }
+
+    /// Remembers `chunk` for reuse once its records are gone (only full-size chunks).
+    fn give(&self, chunk: &Bytes) {
+        if chunk.len() != READ_CHUNK as usize {
+            return;
+        }
+        let mut pool = self.0.lock();
+        if pool.len() >= POOL_CHUNKS {
+            pool.remove(0);
+        }
+        pool.push(chunk.clone());
+    }
 }
 
 #[derive(Default)]
@@ -181,11 +228,6 @@ struct Chunk {
 impl Chunk {
     fn covers(&self, pos: u64, need: u64) -> bool {
         pos >= self.start && pos + need <= self.start + self.bytes.len() as u64
-    }
-
-    fn slice(&self, pos: u64, len: usize) -> Bytes {
-        let at = (pos - self.start) as usize;
-        self.bytes.slice(at..at + len)
     }
 
     /// Makes `pos..pos + need` available, flushing the writer if those bytes are still buffered.
@@ -202,12 +244,13 @@ impl Chunk {
             return Ok(false);
         }
         let len = need.max(READ_CHUNK.min(flushed - pos)) as usize;
-        let mut buf = BytesMut::zeroed(len);
+        let mut buf = sh.chunks.take(len);
         read_exact_at(&*seg.file, &mut buf, pos).map_err(|source| ReadError::Io {
             path: seg.path.clone(),
             source,
         })?;
         self.bytes = buf.freeze();
+        sh.chunks.give(&self.bytes);
         self.start = pos;
         Ok(true)
     }

@@ -231,24 +231,34 @@ pub(crate) fn check_frame(buf: &[u8]) -> Frame {
 
 /// Decodes a frame already accepted by [`check_frame`], slicing out of `frame` without copying.
 pub(crate) fn decode(frame: &Bytes) -> Result<StoredRecord, &'static str> {
-    let body = frame.slice(FRAME_PREFIX.min(frame.len())..);
+    decode_at(frame, 0, frame.len())
+}
+
+/// Decodes the frame at `buf[at..at + len]` (already accepted by [`check_frame`]); key, header
+/// values and payload are slices of `buf` itself (one reference count each, no copy).
+pub(crate) fn decode_at(buf: &Bytes, at: usize, len: usize) -> Result<StoredRecord, &'static str> {
+    let end = at
+        .checked_add(len)
+        .filter(|&e| e <= buf.len())
+        .ok_or("malformed record body")?;
+    let start = (at + FRAME_PREFIX).min(end);
+    let body = &buf[start..end];
+    let part = |r: Range<usize>| buf.slice(start + r.start..start + r.end);
     let mut headers = Vec::new();
     let mut bad_name = false;
-    let layout = walk(&body, |name, value| {
-        match std::str::from_utf8(&body[name]) {
-            Ok(n) => headers.push((n.to_owned(), body.slice(value))),
-            Err(_) => bad_name = true,
-        }
+    let layout = walk(body, |name, value| match std::str::from_utf8(&body[name]) {
+        Ok(n) => headers.push((n.to_owned(), part(value))),
+        Err(_) => bad_name = true,
     })?;
     if bad_name {
         return Err("header name is not UTF-8");
     }
     Ok(StoredRecord {
-        offset: u64_at(&body, 0),
-        timestamp_ms: u64_at(&body, 8),
-        key: layout.key.map(|r| body.slice(r)),
+        offset: u64_at(body, 0),
+        timestamp_ms: u64_at(body, 8),
+        key: layout.key.map(part),
         headers,
-        payload: body.slice(layout.payload),
+        payload: part(layout.payload),
     })
 }
 
@@ -307,6 +317,86 @@ fn walk(
     })
 }
 
+/// Checks the structure of a body of `body_len` bytes (at least [`MIN_BODY`]) that is not held in
+/// memory, exactly as [`check_frame`] does for one that is: `read(at, buf)` fills `buf` from body
+/// byte `at`. Reads only the fixed fields and header names (at most [`MAX_HEADER_NAME`] bytes at
+/// a time), skipping key, values and payload, so memory stays bounded whatever the record size.
+pub(crate) fn check_body_streaming(
+    body_len: usize,
+    read: &mut dyn FnMut(usize, &mut [u8]) -> std::io::Result<()>,
+) -> std::io::Result<Result<(), &'static str>> {
+    const MALFORMED: &str = "malformed record body";
+    if body_len < MIN_BODY {
+        return Ok(Err(MALFORMED));
+    }
+    let mut flags = [0u8; 1];
+    read(16, &mut flags)?;
+    if flags[0] & !FLAG_KEY != 0 {
+        return Ok(Err("unknown record flags"));
+    }
+    let mut at = 17usize;
+    // Advances over `n` bytes if they fit in the body.
+    let skip = |at: &mut usize, n: usize| -> Result<usize, &'static str> {
+        let start = *at;
+        *at = at
+            .checked_add(n)
+            .filter(|&e| e <= body_len)
+            .ok_or(MALFORMED)?;
+        Ok(start)
+    };
+    let mut word = [0u8; 4];
+    if flags[0] & FLAG_KEY != 0 {
+        let Ok(w) = skip(&mut at, 4) else {
+            return Ok(Err(MALFORMED));
+        };
+        read(w, &mut word)?;
+        if skip(&mut at, u32::from_le_bytes(word) as usize).is_err() {
+            return Ok(Err(MALFORMED));
+        }
+    }
+    let Ok(w) = skip(&mut at, 4) else {
+        return Ok(Err(MALFORMED));
+    };
+    read(w, &mut word)?;
+    let count = u32::from_le_bytes(word);
+    let mut name = Vec::new();
+    for _ in 0..count {
+        let mut half = [0u8; 2];
+        let Ok(h) = skip(&mut at, 2) else {
+            return Ok(Err(MALFORMED));
+        };
+        read(h, &mut half)?;
+        let n = u16::from_le_bytes(half) as usize;
+        let Ok(start) = skip(&mut at, n) else {
+            return Ok(Err(MALFORMED));
+        };
+        name.resize(n, 0);
+        read(start, &mut name)?;
+        if std::str::from_utf8(&name).is_err() {
+            return Ok(Err("header name is not UTF-8"));
+        }
+        let Ok(w) = skip(&mut at, 4) else {
+            return Ok(Err(MALFORMED));
+        };
+        read(w, &mut word)?;
+        if skip(&mut at, u32::from_le_bytes(word) as usize).is_err() {
+            return Ok(Err(MALFORMED));
+        }
+    }
+    Ok(Ok(()))
+}
+
+/// CRC-32C of a frame whose length prefix says `body_len`, from the CRC-32C of its body alone
+/// (`body_crc`): lets a scan test "is this a valid record if its length were `body_len`" without
+/// rereading the body.
+pub(crate) fn frame_crc_with_len(body_len: u32, body_crc: u32, body_bytes: usize) -> u32 {
+    crc32c::crc32c_combine(
+        crc32c::crc32c(&body_len.to_le_bytes()),
+        body_crc,
+        body_bytes,
+    )
+}
+
 pub(crate) fn u32_at(b: &[u8], at: usize) -> u32 {
     let mut a = [0; 4];
     a.copy_from_slice(&b[at..at + 4]);
@@ -348,6 +438,8 @@ mod tests {
         let got = decode(&Bytes::from(buf)).unwrap();
         assert_eq!(got.offset, 7);
         assert_eq!(got.to_record(), r);
+        // The CRC-32C variant of the format (docs/design.md): the standard check value.
+        assert_eq!(crc32c::crc32c(b"123456789"), 0xE306_9283);
         let plain = Record::new(1, Bytes::new());
         assert_eq!(plain.encoded_len() as usize, MIN_FRAME);
     }

@@ -16,10 +16,9 @@ use crate::dir::{self, BadEntry};
 use crate::error::OpenError;
 use crate::index::{self, IndexBuilder, SealedInfo, SegmentIndex};
 use crate::record::{FRAME_PREFIX, u64_at};
-use crate::scan::scan;
+use crate::scan::{is_interrupted_roll_file, scan};
 use crate::segment::{
     FileKind, HEADER_LEN, HeaderProblem, Segment, check_header, file_path, header_bytes,
-    is_interrupted_roll,
 };
 use crate::storage::{OpenMode, Storage, StorageFile, read_all, read_exact_at, write_all_at};
 
@@ -189,13 +188,10 @@ pub(crate) fn recover(
         let len = file.len().map_err(io_at(&path))?;
         let head = read_header(&*file, len, &path)?;
         if check_header(&head, base).is_err()
-            && (len <= 4 * HEADER_LEN || head.iter().all(|&b| b == 0))
+            && is_interrupted_roll_file(&*file, len, base).map_err(io_at(&path))?
         {
-            let content = read_all(&*file).map_err(io_at(&path))?;
-            if is_interrupted_roll(&content, base) {
-                bases.pop();
-                incomplete = Some((base, path));
-            }
+            bases.pop();
+            incomplete = Some((base, path));
         }
     }
     let mut loaded: Vec<Loaded> = Vec::with_capacity(bases.len());
@@ -358,6 +354,9 @@ fn load_index(
         let f = storage
             .open(&file_path(dir, base, kind), OpenMode::Read)
             .ok()?;
+        if f.len().ok()? > index::max_file_len(seg_len) {
+            return None;
+        }
         read_all(&*f).ok()
     };
     let (info, index) = index::decode_files(

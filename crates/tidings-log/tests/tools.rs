@@ -129,3 +129,32 @@ fn verify_reports_every_problem_with_path_and_offset() {
     let ins = inspect(tmp.path()).unwrap();
     assert!(ins.segments[0].problem.is_some());
 }
+
+/// Issue 9 item 15: a damaged time index (`.tix`) is reported under its own name, not under the
+/// offset index's; a damaged offset index under the `.idx` name.
+#[test]
+fn verify_names_the_damaged_index_file() {
+    for (ext, other) in [("tix", "idx"), ("idx", "tix")] {
+        let tmp = tempfile::tempdir().unwrap();
+        let (log, _) = Log::open(tmp.path(), config()).unwrap();
+        fill(&log, 60);
+        drop(log);
+        let victim = tmp.path().join(format!("{:020}.{ext}", 0));
+        let mut b = std::fs::read(&victim).unwrap();
+        b[0] ^= 0xff; // bad magic
+        std::fs::write(&victim, &b).unwrap();
+        let v = verify(tmp.path()).unwrap();
+        let bad: Vec<_> = v
+            .problems
+            .iter()
+            .filter(|p| p.kind == ProblemKind::BadIndex)
+            .collect();
+        // R-LIM-2: the report names the damaged file.
+        assert_eq!(bad.len(), 1, "{v}");
+        assert_eq!(bad[0].path, victim, "{v}");
+        assert!(
+            !v.to_string().contains(&format!("{:020}.{other}", 0)),
+            "{v}"
+        );
+    }
+}

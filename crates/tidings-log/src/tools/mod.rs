@@ -171,30 +171,40 @@ pub(crate) fn open_segment(storage: &dyn Storage, path: &Path) -> Result<OpenedS
 }
 
 /// Checks the index files of a sealed segment; with `truth` (`(position, timestamp)` of every
-/// record, from the base offset on) also that every entry matches the records.
+/// record, from the base offset on) also that every entry matches the records. Returns the status
+/// and the file it is about: the one missing or failing a check (the offset index when both are
+/// fine, or both missing).
 pub(crate) fn index_status(
     storage: &dyn Storage,
     dir: &Path,
     base: u64,
     len: u64,
     truth: Option<&[(u64, u64)]>,
-) -> IndexStatus {
-    let read = |kind| {
+) -> (IndexStatus, FileKind) {
+    let read = |kind| -> Result<Vec<u8>, IndexStatus> {
         let f = storage
             .open(&file_path(dir, base, kind), OpenMode::Read)
-            .ok()?;
-        read_all(&*f).ok()
+            .map_err(|_| IndexStatus::Missing)?;
+        if f.len().map_err(|_| IndexStatus::Missing)? > index::max_file_len(len) {
+            return Err(IndexStatus::Invalid(
+                "index file longer than its segment allows".to_owned(),
+            ));
+        }
+        read_all(&*f).map_err(|_| IndexStatus::Missing)
     };
-    let (Some(idx), Some(tix)) = (read(FileKind::OffsetIndex), read(FileKind::TimeIndex)) else {
-        return IndexStatus::Missing;
+    let (idx, tix) = match (read(FileKind::OffsetIndex), read(FileKind::TimeIndex)) {
+        (Ok(idx), Ok(tix)) => (idx, tix),
+        (Err(s), _) => return (s, FileKind::OffsetIndex),
+        (_, Err(s)) => return (s, FileKind::TimeIndex),
     };
     match index::decode_files(base, len, &idx, &tix) {
-        Err(r) => IndexStatus::Invalid(r.to_owned()),
+        Err(fault) => (IndexStatus::Invalid(fault.reason.to_owned()), fault.file),
         Ok((info, loaded)) => match truth {
-            Some(recs) if !entries_match(base, info.end, &loaded, recs) => {
-                IndexStatus::Invalid("entries do not match the records".to_owned())
-            }
-            _ => IndexStatus::Valid,
+            Some(recs) if !entries_match(base, info.end, &loaded, recs) => (
+                IndexStatus::Invalid("entries do not match the records".to_owned()),
+                FileKind::OffsetIndex,
+            ),
+            _ => (IndexStatus::Valid, FileKind::OffsetIndex),
         },
     }
 }
@@ -267,7 +277,7 @@ pub fn inspect_with_storage(storage: &dyn Storage, dir: &Path) -> Result<Inspect
         info.min_timestamp_ms = sc.min_ts;
         info.max_timestamp_ms = sc.max_ts;
         if i + 1 < bases.len() {
-            info.index = index_status(storage, dir, base, len, None);
+            info.index = index_status(storage, dir, base, len, None).0;
         }
         if let Some(d) = sc.damage {
             info.problem = Some(format!("bad record at byte {}: {}", d.pos, d.reason));
@@ -306,9 +316,21 @@ pub fn dump_with_storage(
             reason: p.reason().to_owned(),
         })?;
         let mut err = None;
+        let mut io_err = None;
         let sc = scan(&*file, len, HEADER_LEN, base, u32::MAX, &mut |fr| {
             if fr.offset >= from {
-                match record::decode(&Bytes::copy_from_slice(fr.bytes)) {
+                let bytes = match fr.bytes {
+                    Some(b) => Bytes::copy_from_slice(b),
+                    None => {
+                        let mut b = vec![0; fr.len];
+                        if let Err(e) = read_exact_at(&*file, &mut b, fr.pos) {
+                            io_err = Some(e);
+                            return false;
+                        }
+                        Bytes::from(b)
+                    }
+                };
+                match record::decode(&bytes) {
                     Ok(r) => out.push(r),
                     Err(reason) => {
                         err = Some((fr.pos, reason));
@@ -319,6 +341,9 @@ pub fn dump_with_storage(
             out.len() < max
         })
         .map_err(io(&path))?;
+        if let Some(e) = io_err {
+            return Err(io(&path)(e));
+        }
         let last = i + 1 == bases.len();
         let bad = err.or(sc
             .damage

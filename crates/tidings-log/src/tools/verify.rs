@@ -5,9 +5,9 @@ use std::path::{Path, PathBuf};
 
 use crate::dir::BadEntry;
 use crate::error::ToolError;
-use crate::scan::scan;
-use crate::segment::{FileKind, HEADER_LEN, check_header, file_path, is_interrupted_roll};
-use crate::storage::{FsStorage, Storage, read_all};
+use crate::scan::{is_interrupted_roll_file, scan};
+use crate::segment::{FileKind, HEADER_LEN, check_header, file_path};
+use crate::storage::{FsStorage, Storage};
 
 use super::{IndexStatus, index_status, listing, open_segment};
 
@@ -208,8 +208,12 @@ pub fn verify_with_storage(storage: &dyn Storage, dir: &Path) -> Result<VerifyRe
             );
         }
         if let Err(p) = check_header(&head, base) {
-            let content = if last { read_all(&*file).ok() } else { None };
-            if content.is_some_and(|c| is_interrupted_roll(&c, base)) {
+            let interrupted = last
+                && is_interrupted_roll_file(&*file, len, base).map_err(|source| ToolError::Io {
+                    path: path.clone(),
+                    source,
+                })?;
+            if interrupted {
                 push(
                     &mut rep,
                     ProblemKind::IncompleteSegment,
@@ -267,11 +271,11 @@ pub fn verify_with_storage(storage: &dyn Storage, dir: &Path) -> Result<VerifyRe
         prev_end = Some(expected);
         if !last {
             match index_status(storage, dir, base, len, clean.then_some(&recs[..])) {
-                IndexStatus::Valid | IndexStatus::Active => {}
-                s => push(
+                (IndexStatus::Valid | IndexStatus::Active, _) => {}
+                (s, kind) => push(
                     &mut rep,
                     ProblemKind::BadIndex,
-                    &file_path(dir, base, FileKind::OffsetIndex),
+                    &file_path(dir, base, kind),
                     None,
                     format!("index {s}; rebuilt on open"),
                 ),
