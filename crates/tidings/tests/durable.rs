@@ -218,6 +218,11 @@ fn restart_resumes_from_committed_without_losing_acknowledged_messages() {
         wait_until("18 successes, one DLQ entry, a retry", || {
             run1.len() == 18 && d.stats().dlq_len == 1 && d.stats().attempts >= 21
         });
+        // The in-memory entry comes first; its append to the durable DLQ log (and fsync)
+        // follows on the dispatcher thread.
+        wait_until("the durable DLQ entry", || {
+            d.durable_dead_letters().is_ok_and(|dl| !dl.is_empty())
+        });
         // R-DEL-4 + R-LOG-3: the dead letter is durable before the position passes it.
         let dl = d.durable_dead_letters().unwrap();
         assert_eq!(dl.len(), 1);
