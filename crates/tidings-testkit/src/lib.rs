@@ -8,6 +8,7 @@
 
 pub mod backend;
 pub mod helpers;
+pub mod nats;
 pub mod suite;
 
 #[cfg(feature = "tokio")]
