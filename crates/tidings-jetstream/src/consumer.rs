@@ -434,7 +434,6 @@ impl JetStream {
 
 impl Durable {
     /// The spec this consumer was opened with.
-    #[must_use]
     pub fn spec(&self) -> &ConsumerSpec {
         &self.spec
     }
@@ -837,7 +836,8 @@ mod tests {
     fn every_verified_field_is_compared() {
         let asked = spec().backoff([Duration::from_secs(1)]).settings();
         assert!(asked.verify(&asked).is_ok());
-        let cases: Vec<(&str, Box<dyn Fn(&mut ConsumerSettings)>)> = vec![
+        type Change = Box<dyn Fn(&mut ConsumerSettings)>;
+        let cases: Vec<(&str, Change)> = vec![
             ("filter_subjects", Box::new(|s| s.filter_subjects.clear())),
             ("ack_policy", Box::new(|s| s.explicit_ack = false)),
             ("max_deliver", Box::new(|s| s.max_deliver = -1)),

@@ -90,6 +90,18 @@ pub enum StreamError {
         /// The stream.
         name: String,
     },
+    /// The patterns include one that needs every subject (`#`, `#.x`, ...): JetStream
+    /// refuses a stream capturing `>` (it would capture its own API subjects).
+    #[error(
+        "stream {name:?} would capture every subject (pattern {pattern}); JetStream refuses \
+         that: capture patterns that start with a word"
+    )]
+    CapturesEverything {
+        /// The stream.
+        name: String,
+        /// The pattern that needs it.
+        pattern: String,
+    },
     /// The server refused the configuration (overlap with another stream, limits, ...).
     #[error("the server refused stream {name:?}: {detail}")]
     Refused {

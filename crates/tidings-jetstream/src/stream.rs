@@ -25,7 +25,7 @@ use tidings::{Headers, MessageId, Pattern, Topic};
 
 use crate::connect::JetStream;
 use crate::error::{AppendError, StreamError};
-use crate::subject::stream_subjects;
+use crate::subject::{filter_subjects, stream_subjects};
 
 /// Default duplicate window of a stream: appends of the same message id within it are stored
 /// once (the NATS default).
@@ -228,7 +228,28 @@ impl JetStream {
                 name: spec.name.clone(),
             });
         }
+        if let Some(p) = spec
+            .patterns
+            .iter()
+            .find(|p| filter_subjects(p).iter().any(|s| s == ">"))
+        {
+            return Err(StreamError::CapturesEverything {
+                name: spec.name.clone(),
+                pattern: p.to_string(),
+            });
+        }
         let config = spec.to_config();
+        if config.subjects.iter().any(|s| s == ">") {
+            return Err(StreamError::CapturesEverything {
+                name: spec.name.clone(),
+                pattern: spec
+                    .patterns
+                    .iter()
+                    .map(Pattern::as_str)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            });
+        }
         let info = self
             .context
             .create_or_update_stream(config.clone())
