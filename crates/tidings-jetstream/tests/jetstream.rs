@@ -142,6 +142,13 @@ async fn unreachable_or_silent_server_is_a_typed_error_within_the_timeout() {
     assert!(started.elapsed() <= Duration::from_secs(5));
     drop(silent);
 
+    let err = ConnectOptions::new("nats://127.0.0.1:1")
+        .credentials_file("/nonexistent/tidings.creds")
+        .connect()
+        .await
+        .expect_err("missing creds file");
+    assert!(matches!(err, ConnectError::Credentials { .. }), "{err:?}");
+
     let err = ConnectOptions::new("nats://exa mple:1")
         .connect()
         .await
