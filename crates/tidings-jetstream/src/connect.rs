@@ -310,6 +310,7 @@ impl ConnectOptions {
             client,
             context,
             version,
+            max_payload: info.max_payload,
             request_timeout: self.request_timeout,
         })
     }
@@ -347,6 +348,8 @@ pub struct JetStream {
     pub(crate) client: async_nats::Client,
     pub(crate) context: jetstream::Context,
     version: ServerVersion,
+    /// The server's maximum payload (headers included), from its INFO at connect.
+    pub(crate) max_payload: usize,
     pub(crate) request_timeout: Duration,
 }
 

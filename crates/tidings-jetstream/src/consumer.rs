@@ -317,7 +317,8 @@ impl ConsumerSettings {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Lag {
-    /// Records matching the filter not yet delivered.
+    /// Records matching the server-side filter not yet delivered (the filter is a superset
+    /// of the pattern, so this may count records the re-check will skip).
     pub pending: u64,
     /// Records delivered and not yet acknowledged.
     pub ack_pending: u64,

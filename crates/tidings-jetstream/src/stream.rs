@@ -133,7 +133,8 @@ pub struct StreamState {
 pub struct Record {
     id: MessageId,
     topic: Topic,
-    payload: Vec<u8>,
+    // Shared, so an append hands the client a reference count, not a copy.
+    payload: bytes::Bytes,
     headers: Headers,
 }
 
@@ -143,14 +144,14 @@ impl Record {
         Self {
             id,
             topic,
-            payload: Vec::new(),
+            payload: bytes::Bytes::new(),
             headers: Headers::new(),
         }
     }
 
     /// Sets the payload.
     pub fn payload(mut self, payload: impl Into<Vec<u8>>) -> Self {
-        self.payload = payload.into();
+        self.payload = bytes::Bytes::from(payload.into());
         self
     }
 
@@ -325,7 +326,7 @@ impl JetStream {
     pub async fn append(&self, record: &Record) -> Result<Appended, AppendError> {
         let headers = record.nats_headers()?;
         let len = record.payload.len() + self.headers_len(&headers);
-        let max = self.client.server_info().max_payload;
+        let max = self.max_payload;
         if max > 0 && len > max {
             return Err(AppendError::TooLarge { len, max });
         }
@@ -345,7 +346,7 @@ impl JetStream {
         let ack_future = tokio::time::timeout(
             self.request_timeout,
             self.context
-                .publish_with_headers(subject, headers, record.payload.clone().into()),
+                .publish_with_headers(subject, headers, record.payload.clone()),
         )
         .await
         .map_err(|_| AppendError::TimedOut {
