@@ -521,17 +521,20 @@ impl Durable {
                 match item {
                     Ok(m) => out.push(m),
                     Err(e) => {
-                        // The client reports a pull's error status as text only.
+                        // The client reports a pull's error status as text only: 409
+                        // "Consumer Deleted", or 503 "no responders" on a live connection,
+                        // mean nothing serves this consumer's pulls any more.
                         let detail = e.to_string();
-                        return Err(
-                            if detail.to_ascii_lowercase().contains("consumer deleted") {
-                                FetchError::ConsumerGone {
-                                    durable: self.spec.durable.clone(),
-                                }
-                            } else {
-                                unavailable(detail)
-                            },
-                        );
+                        let lower = detail.to_ascii_lowercase();
+                        let gone = lower.contains("consumer deleted")
+                            || (lower.contains(": 503") && self.js.is_connected());
+                        return Err(if gone {
+                            FetchError::ConsumerGone {
+                                durable: self.spec.durable.clone(),
+                            }
+                        } else {
+                            unavailable(detail)
+                        });
                     }
                 }
             }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use tidings::{MessageId, Pattern, StartAt, Topic};
 use tidings_jetstream::{
     AppendError, ConnectError, ConnectOptions, ConsumerError, ConsumerSpec, Delivery, Durable,
-    JetStream, MIN_SERVER_VERSION, Record, StreamError, StreamSpec,
+    FetchError, InfoError, JetStream, MIN_SERVER_VERSION, Record, StreamError, StreamSpec,
 };
 use tidings_testkit::nats::{NatsServer, NatsServerOptions};
 
@@ -527,4 +527,52 @@ async fn acknowledged_appends_survive_a_server_restart() {
         .expect("append after restart");
     // R-DIST-5 / R-DIST-1: exactly one copy of the retried record.
     assert_eq!(after.sequence, N as u64 + 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_consumer_is_removed_by_its_inactivity_threshold() {
+    let Some(server) = NatsServer::for_test(NatsServerOptions::new()) else {
+        return;
+    };
+    let js = connect(&server).await;
+    js.ensure_stream(&StreamSpec::new("tmp", [pattern("tmp.#")]))
+        .await
+        .expect("stream");
+    js.append(&record(1, "tmp.x")).await.expect("append");
+    let durable = js
+        .durable(
+            ConsumerSpec::new("tmp", "abandoned", pattern("tmp.#"))
+                .inactive_threshold(Duration::from_secs(1)),
+        )
+        .await
+        .expect("consumer");
+    // Nobody fetches: the server deletes it (bounded wait; the threshold is the server's).
+    let deadline = Instant::now() + PATIENCE;
+    let gone = loop {
+        match durable.lag().await {
+            Err(InfoError::ConsumerGone { .. }) => break true,
+            Ok(_) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            other => {
+                eprintln!("last answer: {other:?}");
+                break false;
+            }
+        }
+    };
+    assert!(
+        gone,
+        "an abandoned durable consumer does not leak on the server"
+    );
+    let err = durable
+        .fetch(1, Duration::from_millis(100))
+        .await
+        .expect_err("consumer is gone");
+    assert!(matches!(err, FetchError::ConsumerGone { .. }), "{err:?}");
+    // Opening it again creates it anew.
+    let again = js
+        .durable(ConsumerSpec::new("tmp", "abandoned", pattern("tmp.#")))
+        .await
+        .expect("recreated");
+    assert_eq!(drain(&again, 1).await.len(), 1);
 }
