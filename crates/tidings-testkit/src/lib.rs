@@ -5,9 +5,11 @@
 //! wake-up; the threaded backends wait (bounded, generous) for a condition. Each function
 //! in [`suite`] is written once and run against every backend by `tests/conformance.rs`;
 //! later backends (durable log, JetStream) implement [`Backend`] and run the same suite.
+//! [`nats`] starts and stops the `nats-server` the JetStream backend's tests run against.
 
 pub mod backend;
 pub mod helpers;
+pub mod nats;
 pub mod suite;
 
 #[cfg(feature = "tokio")]

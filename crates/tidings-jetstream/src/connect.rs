@@ -1,0 +1,421 @@
+//! Connecting: credentials, TLS, timeouts, and the server capability check (R-DIST-4).
+//!
+//! # Failure
+//! [`ConnectOptions::connect`] never hangs: the connection (TCP, TLS, authentication) either
+//! succeeds or fails with a [`ConnectError`] within the connect timeout (default
+//! [`DEFAULT_CONNECT_TIMEOUT`]); the JetStream check that follows is one request bounded by
+//! the request timeout (default [`DEFAULT_REQUEST_TIMEOUT`]). A server older than
+//! [`MIN_SERVER_VERSION`] is refused: older servers silently ignore `filter_subjects` and
+//! would deliver every subject of the stream.
+//!
+//! # After connecting
+//! The client reconnects by itself when the connection drops; while the server is away,
+//! operations fail with their `TimedOut`/`Unavailable` errors after the request timeout.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use async_nats::jetstream;
+
+use crate::error::ConnectError;
+
+/// Default bound on establishing the connection (TCP, TLS, authentication).
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Default bound on each JetStream request and on waiting for a publish acknowledgement.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The oldest server this crate accepts: 2.10 brought `filter_subjects` (several filters per
+/// consumer), which the pattern mapping needs.
+pub const MIN_SERVER_VERSION: ServerVersion = ServerVersion {
+    major: 2,
+    minor: 10,
+    patch: 0,
+};
+
+/// A `nats-server` version, `major.minor.patch`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ServerVersion {
+    /// Major version.
+    pub major: u32,
+    /// Minor version.
+    pub minor: u32,
+    /// Patch version.
+    pub patch: u32,
+}
+
+impl ServerVersion {
+    /// Parses a version as a server reports it (`2.15.1`, `v2.10.3`, `2.11.0-beta.2`); a
+    /// missing patch counts as 0. `None` when the major or minor part is not a number.
+    #[must_use]
+    pub fn parse(s: &str) -> Option<Self> {
+        let s = s.trim().trim_start_matches('v');
+        let mut parts = s.splitn(3, '.');
+        let mut number = |required: bool| -> Option<u32> {
+            match parts.next() {
+                Some(p) => {
+                    let digits: String = p.chars().take_while(char::is_ascii_digit).collect();
+                    digits.parse().ok()
+                }
+                None if required => None,
+                None => Some(0),
+            }
+        };
+        Some(Self {
+            major: number(true)?,
+            minor: number(true)?,
+            patch: number(false)?,
+        })
+    }
+}
+
+impl fmt::Display for ServerVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}.{}", self.major, self.minor, self.patch)
+    }
+}
+
+/// Checks a server's reported version against [`MIN_SERVER_VERSION`].
+///
+/// # Errors
+///
+/// [`ConnectError::ServerTooOld`] naming the feature that needs the newer server, also when
+/// the version cannot be parsed.
+pub fn check_server_version(reported: &str) -> Result<ServerVersion, ConnectError> {
+    match ServerVersion::parse(reported) {
+        Some(v) if v >= MIN_SERVER_VERSION => Ok(v),
+        _ => Err(ConnectError::ServerTooOld {
+            version: reported.to_owned(),
+            required: MIN_SERVER_VERSION,
+            feature: "filter_subjects (several subject filters per consumer)",
+        }),
+    }
+}
+
+#[derive(Clone, Default)]
+enum Auth {
+    #[default]
+    None,
+    Token(String),
+    UserPassword(String, String),
+    NkeySeed(String),
+    CredentialsFile(PathBuf),
+}
+
+/// How to connect to a NATS server with JetStream: address, credentials, TLS and timeouts.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), tidings_jetstream::ConnectError> {
+/// use std::time::Duration;
+/// let js = tidings_jetstream::ConnectOptions::new("nats://127.0.0.1:4222")
+///     .token("s3cret")
+///     .connect_timeout(Duration::from_secs(2))
+///     .name("billing")
+///     .connect()
+///     .await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+#[must_use]
+pub struct ConnectOptions {
+    url: String,
+    auth: Auth,
+    root_certificates: Vec<PathBuf>,
+    client_certificate: Option<(PathBuf, PathBuf)>,
+    require_tls: bool,
+    connect_timeout: Duration,
+    request_timeout: Duration,
+    name: Option<String>,
+}
+
+impl fmt::Debug for ConnectOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Credentials are not printed.
+        let auth = match &self.auth {
+            Auth::None => "none",
+            Auth::Token(_) => "token",
+            Auth::UserPassword(..) => "user/password",
+            Auth::NkeySeed(_) => "nkey",
+            Auth::CredentialsFile(_) => "credentials file",
+        };
+        f.debug_struct("ConnectOptions")
+            .field("url", &self.url)
+            .field("auth", &auth)
+            .field("require_tls", &self.require_tls)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("request_timeout", &self.request_timeout)
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ConnectOptions {
+    /// Options for the server at `url` (`nats://host:port`, `tls://host:port`, or
+    /// `host:port`), without credentials or TLS requirements, with the default timeouts.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            auth: Auth::None,
+            root_certificates: Vec::new(),
+            client_certificate: None,
+            require_tls: false,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            name: None,
+        }
+    }
+
+    /// Authenticates with a token (replaces other credentials).
+    pub fn token(mut self, token: impl Into<String>) -> Self {
+        self.auth = Auth::Token(token.into());
+        self
+    }
+
+    /// Authenticates with a user name and password (replaces other credentials).
+    pub fn user_password(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
+        self.auth = Auth::UserPassword(user.into(), password.into());
+        self
+    }
+
+    /// Authenticates with an nkey seed (`SU...`; replaces other credentials).
+    pub fn nkey_seed(mut self, seed: impl Into<String>) -> Self {
+        self.auth = Auth::NkeySeed(seed.into());
+        self
+    }
+
+    /// Authenticates with a `.creds` file (JWT and nkey seed; replaces other credentials).
+    /// The file is read at [`connect`](Self::connect).
+    pub fn credentials_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.auth = Auth::CredentialsFile(path.into());
+        self
+    }
+
+    /// Trusts the CA certificates in this PEM file (may be called several times).
+    pub fn tls_root_certificates(mut self, path: impl Into<PathBuf>) -> Self {
+        self.root_certificates.push(path.into());
+        self
+    }
+
+    /// Presents this client certificate and key (PEM files) for mutual TLS.
+    pub fn tls_client_certificate(
+        mut self,
+        cert: impl Into<PathBuf>,
+        key: impl Into<PathBuf>,
+    ) -> Self {
+        self.client_certificate = Some((cert.into(), key.into()));
+        self
+    }
+
+    /// Refuses to connect without TLS.
+    pub fn require_tls(mut self, required: bool) -> Self {
+        self.require_tls = required;
+        self
+    }
+
+    /// Bounds establishing the connection (default [`DEFAULT_CONNECT_TIMEOUT`]).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Bounds each JetStream request and publish acknowledgement (default
+    /// [`DEFAULT_REQUEST_TIMEOUT`]).
+    pub fn request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = timeout;
+        self
+    }
+
+    /// The connection's name, as the server's monitoring shows it.
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// Connects, checks the server's version ([`MIN_SERVER_VERSION`]) and that JetStream is
+    /// available to this account.
+    ///
+    /// Returns within the connect timeout plus one request timeout.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConnectError`]: bad address, unreachable server, timeout, refused credentials,
+    /// TLS failure, unreadable credentials file, a server too old, or no JetStream.
+    pub async fn connect(self) -> Result<JetStream, ConnectError> {
+        let url = self.url.clone();
+        let server: async_nats::ServerAddr =
+            url.parse()
+                .map_err(|e: std::io::Error| ConnectError::InvalidUrl {
+                    url: url.clone(),
+                    detail: e.to_string(),
+                })?;
+        let mut options = match &self.auth {
+            Auth::None => async_nats::ConnectOptions::new(),
+            Auth::Token(t) => async_nats::ConnectOptions::with_token(t.clone()),
+            Auth::UserPassword(u, p) => {
+                async_nats::ConnectOptions::with_user_and_password(u.clone(), p.clone())
+            }
+            Auth::NkeySeed(s) => async_nats::ConnectOptions::with_nkey(s.clone()),
+            Auth::CredentialsFile(path) => {
+                async_nats::ConnectOptions::with_credentials_file(path.clone())
+                    .await
+                    .map_err(|e| ConnectError::Credentials {
+                        path: path.clone(),
+                        detail: e.to_string(),
+                    })?
+            }
+        };
+        for ca in &self.root_certificates {
+            options = options.add_root_certificates(ca.clone());
+        }
+        if let Some((cert, key)) = &self.client_certificate {
+            options = options.add_client_certificate(cert.clone(), key.clone());
+        }
+        options = options
+            .require_tls(self.require_tls)
+            .connection_timeout(self.connect_timeout)
+            .request_timeout(Some(self.request_timeout));
+        if let Some(name) = &self.name {
+            options = options.name(name);
+        }
+        let client = match tokio::time::timeout(self.connect_timeout, options.connect(server)).await
+        {
+            Err(_elapsed) => {
+                return Err(ConnectError::TimedOut {
+                    url,
+                    after: self.connect_timeout,
+                });
+            }
+            Ok(Err(e)) => return Err(map_connect_error(&url, self.connect_timeout, &e)),
+            Ok(Ok(client)) => client,
+        };
+        let info = client.server_info();
+        let version = check_server_version(&info.version)?;
+        if !info.jetstream {
+            return Err(ConnectError::JetStreamUnavailable {
+                detail: format!("server {} runs without JetStream", info.version),
+            });
+        }
+        let context = jetstream::ContextBuilder::new()
+            .timeout(self.request_timeout)
+            .ack_timeout(self.request_timeout)
+            .build(client.clone());
+        context
+            .query_account()
+            .await
+            .map_err(|e| ConnectError::JetStreamUnavailable {
+                detail: e.to_string(),
+            })?;
+        Ok(JetStream {
+            client,
+            context,
+            version,
+            max_payload: info.max_payload,
+            request_timeout: self.request_timeout,
+        })
+    }
+}
+
+fn map_connect_error(url: &str, after: Duration, e: &async_nats::ConnectError) -> ConnectError {
+    use async_nats::ConnectErrorKind as K;
+    let detail = e.to_string();
+    match e.kind() {
+        K::ServerParse | K::Dns => ConnectError::InvalidUrl {
+            url: url.to_owned(),
+            detail,
+        },
+        K::Authentication | K::AuthorizationViolation => {
+            ConnectError::AuthenticationFailed { detail }
+        }
+        K::TimedOut => ConnectError::TimedOut {
+            url: url.to_owned(),
+            after,
+        },
+        K::Tls => ConnectError::Tls { detail },
+        _ => ConnectError::Unreachable {
+            url: url.to_owned(),
+            detail,
+        },
+    }
+}
+
+/// A connection to a NATS server with JetStream: streams, appends, durable consumers.
+///
+/// Cheap to clone (clones share the connection). The connection closes when the last clone
+/// is dropped.
+#[derive(Clone)]
+pub struct JetStream {
+    pub(crate) client: async_nats::Client,
+    pub(crate) context: jetstream::Context,
+    version: ServerVersion,
+    /// The server's maximum payload (headers included), from its INFO at connect.
+    pub(crate) max_payload: usize,
+    pub(crate) request_timeout: Duration,
+}
+
+impl fmt::Debug for JetStream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("JetStream")
+            .field("server_version", &self.version)
+            .finish_non_exhaustive()
+    }
+}
+
+impl JetStream {
+    /// The version the server reported at connect (at least [`MIN_SERVER_VERSION`]).
+    #[must_use]
+    pub fn server_version(&self) -> ServerVersion {
+        self.version
+    }
+
+    /// The bound on each request and publish acknowledgement.
+    #[must_use]
+    pub fn request_timeout(&self) -> Duration {
+        self.request_timeout
+    }
+
+    /// Whether the client is connected right now (it reconnects by itself after a loss).
+    #[must_use]
+    pub fn is_connected(&self) -> bool {
+        self.client.connection_state() == async_nats::connection::State::Connected
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_parse_and_compare() {
+        let v = |s| ServerVersion::parse(s).expect("parses");
+        assert_eq!(v("2.15.1").to_string(), "2.15.1");
+        assert_eq!(
+            v("v2.10.3"),
+            ServerVersion {
+                major: 2,
+                minor: 10,
+                patch: 3
+            }
+        );
+        assert_eq!(v("2.11.0-beta.2").minor, 11);
+        assert_eq!(v("2.10").patch, 0);
+        assert!(ServerVersion::parse("banana").is_none());
+        assert!(ServerVersion::parse("2").is_none());
+    }
+
+    #[test]
+    fn too_old_servers_are_refused() {
+        // R-DIST-4: Debian's 2.9.10 drops filter_subjects silently, so it is refused.
+        let err = check_server_version("2.9.10").expect_err("2.9 is too old");
+        assert!(
+            matches!(&err, ConnectError::ServerTooOld { version, required, .. }
+                if version == "2.9.10" && *required == MIN_SERVER_VERSION),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("filter_subjects"), "{err}");
+        // R-DIST-4: an unparseable version is refused, not trusted.
+        assert!(check_server_version("garbage").is_err());
+        assert!(check_server_version("2.10.0").is_ok());
+        assert!(check_server_version("2.15.1").is_ok());
+    }
+}

@@ -1,0 +1,52 @@
+//! # tidings-jetstream
+//!
+//! The durable source of tidings on NATS JetStream (R-DIST-1): the layer a durable
+//! subscription needs from a remote engine, on `async-nats`, with this crate's own error
+//! kinds (no `async-nats` type in the public API).
+//!
+//! | tidings | JetStream |
+//! |---|---|
+//! | topic `a.b.c` | subject `a.b.c` |
+//! | pattern `*` / `#` | `*` / the tightest superset of filters, re-checked client-side ([`subject`]) |
+//! | stream ([`StreamSpec`]) | stream, file storage |
+//! | append ([`JetStream::append`]) | publish with ack, `Nats-Msg-Id` = message id (dedup) |
+//! | durable subscription cursor ([`Durable`]) | durable pull consumer, explicit ack, `max_deliver`, backoff, inactivity cleanup |
+//! | `StartAt::{Earliest, Latest, Offset, Time}` | deliver policy all / new / by start sequence / by start time |
+//! | finished (handled or dead-lettered) | ack; redeliver: nak; still working: in-progress; give up: term |
+//!
+//! # What is here and what is not
+//! Connecting (credentials, TLS, bounded timeouts, a server version check), streams,
+//! appends, durable consumers (fetch-and-wait, ack/nak/in-progress/term, seek, lag) and the
+//! read-back check of consumer settings. The dispatcher, retry loop and dead-letter queue
+//! are tidings' own and plug in through its durable-source seam; nothing here retries.
+//!
+//! # Failure
+//! Every operation is bounded by the connection's request timeout and returns a typed error
+//! when the server is away (R-DIST-5); the client reconnects by itself. A server older than
+//! [`MIN_SERVER_VERSION`], or one that silently drops a consumer setting, is refused with an
+//! error naming the feature or field (R-DIST-4).
+//!
+//! # Offsets and time
+//! Offsets are JetStream stream sequences (the first record is 1). `StartAt::Time` and
+//! [`Delivery::published`] use the server's store time, not the tidings message timestamp.
+
+mod connect;
+mod consumer;
+mod error;
+mod stream;
+pub mod subject;
+
+pub use connect::{
+    ConnectOptions, DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT, JetStream,
+    MIN_SERVER_VERSION, ServerVersion, check_server_version,
+};
+pub use consumer::{
+    ConsumerSettings, ConsumerSpec, DEFAULT_ACK_WAIT, DEFAULT_INACTIVE_THRESHOLD, Delivery,
+    Durable, Fetched, Lag,
+};
+pub use error::{
+    AckError, AppendError, ConnectError, ConsumerError, FetchError, InfoError, StreamError,
+};
+pub use stream::{
+    Appended, DEFAULT_DUPLICATE_WINDOW, RESERVED_HEADER_PREFIX, Record, StreamSpec, StreamState,
+};

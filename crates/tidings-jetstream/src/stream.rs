@@ -1,0 +1,426 @@
+//! Streams and appends: a JetStream stream captures the subjects of some tidings patterns;
+//! a record is appended with its tidings message id as `Nats-Msg-Id`.
+//!
+//! # Durability
+//! Streams use file storage. An append returns only after the server acknowledged it; with
+//! the server's `sync_interval: always` (what the testkit launcher configures and production
+//! servers should), acknowledged means fsynced.
+//!
+//! # Deduplication
+//! Within the stream's duplicate window ([`StreamSpec::duplicate_window`], default
+//! [`DEFAULT_DUPLICATE_WINDOW`]) appending a record whose message id was already appended
+//! stores nothing and returns the original sequence with [`Appended::duplicate`] set.
+//!
+//! # Offsets
+//! Offsets on this backend are JetStream stream sequences: the first record is 1, not 0.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use async_nats::HeaderMap;
+use async_nats::header::{HeaderName, HeaderValue};
+use async_nats::jetstream::context::{CreateStreamErrorKind, PublishErrorKind};
+use async_nats::jetstream::stream;
+use tidings::{Headers, MessageId, Pattern, Topic};
+
+use crate::connect::JetStream;
+use crate::error::{AppendError, StreamError};
+use crate::subject::{filter_subjects, stream_subjects};
+
+/// Default duplicate window of a stream: appends of the same message id within it are stored
+/// once (the NATS default).
+pub const DEFAULT_DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
+
+/// The header prefix NATS reserves for itself; record headers may not use it.
+pub const RESERVED_HEADER_PREFIX: &str = "Nats-";
+
+/// Checks a stream or consumer name: 1 to 255 characters from `A-Z a-z 0-9 - _` (NATS
+/// forbids `.`, `*`, `>`, whitespace and path separators; this is the portable subset).
+pub(crate) fn check_name(name: &str) -> Result<(), &'static str> {
+    if name.is_empty() {
+        return Err("empty");
+    }
+    if name.len() > 255 {
+        return Err("longer than 255 bytes");
+    }
+    if !name
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    {
+        return Err("only A-Z a-z 0-9 - _ are allowed");
+    }
+    Ok(())
+}
+
+/// What a stream captures and keeps.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use]
+pub struct StreamSpec {
+    name: String,
+    patterns: Vec<Pattern>,
+    duplicate_window: Duration,
+    max_age: Option<Duration>,
+}
+
+impl StreamSpec {
+    /// A stream named `name` capturing every topic any of `patterns` matches (as the
+    /// non-overlapping superset of [`stream_subjects`]; consumers re-check their own
+    /// pattern), file storage, no age limit.
+    pub fn new(name: impl Into<String>, patterns: impl IntoIterator<Item = Pattern>) -> Self {
+        Self {
+            name: name.into(),
+            patterns: patterns.into_iter().collect(),
+            duplicate_window: DEFAULT_DUPLICATE_WINDOW,
+            max_age: None,
+        }
+    }
+
+    /// How long a message id is remembered for deduplication.
+    pub fn duplicate_window(mut self, window: Duration) -> Self {
+        self.duplicate_window = window;
+        self
+    }
+
+    /// Drops records older than `age` (retention).
+    pub fn max_age(mut self, age: Duration) -> Self {
+        self.max_age = Some(age);
+        self
+    }
+
+    /// The stream's name.
+    #[must_use]
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The NATS subjects the stream captures.
+    #[must_use]
+    pub fn subjects(&self) -> Vec<String> {
+        stream_subjects(&self.patterns)
+    }
+
+    fn to_config(&self) -> stream::Config {
+        stream::Config {
+            name: self.name.clone(),
+            subjects: self.subjects(),
+            storage: stream::StorageType::File,
+            duplicate_window: self.duplicate_window,
+            max_age: self.max_age.unwrap_or(Duration::ZERO),
+            ..Default::default()
+        }
+    }
+}
+
+/// The state of a stream after [`JetStream::ensure_stream`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StreamState {
+    /// The stream's name.
+    pub name: String,
+    /// The subjects it captures, as the server reports them.
+    pub subjects: Vec<String>,
+    /// Number of records stored.
+    pub messages: u64,
+    /// Sequence of the first stored record (0 when empty).
+    pub first_sequence: u64,
+    /// Sequence of the last stored record (0 when empty).
+    pub last_sequence: u64,
+}
+
+/// One record to append: a tidings message as the durable source stores it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use]
+pub struct Record {
+    id: MessageId,
+    topic: Topic,
+    // Shared, so an append hands the client a reference count, not a copy.
+    payload: bytes::Bytes,
+    headers: Headers,
+}
+
+impl Record {
+    /// A record with an empty payload and no headers.
+    pub fn new(id: MessageId, topic: Topic) -> Self {
+        Self {
+            id,
+            topic,
+            payload: bytes::Bytes::new(),
+            headers: Headers::new(),
+        }
+    }
+
+    /// Sets the payload.
+    pub fn payload(mut self, payload: impl Into<Vec<u8>>) -> Self {
+        self.payload = bytes::Bytes::from(payload.into());
+        self
+    }
+
+    /// Adds a header (sent as a NATS header; names starting with
+    /// [`RESERVED_HEADER_PREFIX`] are refused at append).
+    pub fn header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.headers.insert(name, value);
+        self
+    }
+
+    /// The message id (sent as `Nats-Msg-Id`).
+    #[must_use]
+    pub fn id(&self) -> MessageId {
+        self.id
+    }
+
+    /// The topic (the NATS subject).
+    #[must_use]
+    pub fn topic(&self) -> &Topic {
+        &self.topic
+    }
+
+    fn nats_headers(&self) -> Result<HeaderMap, AppendError> {
+        let mut map = HeaderMap::new();
+        for (name, value) in self.headers.iter() {
+            let invalid = |reason| AppendError::InvalidHeader {
+                name: name.to_owned(),
+                reason,
+            };
+            if name
+                .get(..RESERVED_HEADER_PREFIX.len())
+                .is_some_and(|p| p.eq_ignore_ascii_case(RESERVED_HEADER_PREFIX))
+            {
+                return Err(invalid("the Nats- prefix is reserved"));
+            }
+            let n = HeaderName::from_str(name)
+                .map_err(|_| invalid("names are printable ASCII without ':' or spaces"))?;
+            let v = HeaderValue::from_str(value)
+                .map_err(|_| invalid("values may not contain CR or LF"))?;
+            map.append(n, v);
+        }
+        map.insert(
+            async_nats::header::NATS_MESSAGE_ID,
+            self.id.to_string().as_str(),
+        );
+        Ok(map)
+    }
+}
+
+/// What the server said about an append.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Appended {
+    /// The record's stream sequence (its offset on this backend).
+    pub sequence: u64,
+    /// True when the message id was already stored within the duplicate window: nothing
+    /// new was stored and `sequence` is the earlier copy's.
+    pub duplicate: bool,
+}
+
+impl JetStream {
+    /// Creates the stream, or updates it to `spec` when it exists, and reads its config back.
+    ///
+    /// # Errors
+    ///
+    /// [`StreamError`]: bad name, no pattern, refused by the server (overlapping another
+    /// stream's subjects, say), a setting the server dropped, or no answer in time.
+    pub async fn ensure_stream(&self, spec: &StreamSpec) -> Result<StreamState, StreamError> {
+        check_name(&spec.name).map_err(|reason| StreamError::InvalidName {
+            name: spec.name.clone(),
+            reason,
+        })?;
+        if spec.patterns.is_empty() {
+            return Err(StreamError::NoPatterns {
+                name: spec.name.clone(),
+            });
+        }
+        if let Some(p) = spec
+            .patterns
+            .iter()
+            .find(|p| filter_subjects(p).iter().any(|s| s == ">"))
+        {
+            return Err(StreamError::CapturesEverything {
+                name: spec.name.clone(),
+                pattern: p.to_string(),
+            });
+        }
+        let config = spec.to_config();
+        if config.subjects.iter().any(|s| s == ">") {
+            return Err(StreamError::CapturesEverything {
+                name: spec.name.clone(),
+                pattern: spec
+                    .patterns
+                    .iter()
+                    .map(Pattern::as_str)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            });
+        }
+        let info = self
+            .context
+            .create_or_update_stream(config.clone())
+            .await
+            .map_err(|e| match e.kind() {
+                CreateStreamErrorKind::TimedOut => StreamError::TimedOut {
+                    after: self.request_timeout,
+                },
+                _ => StreamError::Refused {
+                    name: spec.name.clone(),
+                    detail: e.to_string(),
+                },
+            })?;
+        let mut got = info.config.subjects.clone();
+        got.sort();
+        if got != config.subjects {
+            return Err(StreamError::ConfigDropped { field: "subjects" });
+        }
+        if info.config.duplicate_window != config.duplicate_window {
+            return Err(StreamError::ConfigDropped {
+                field: "duplicate_window",
+            });
+        }
+        if info.config.storage != stream::StorageType::File {
+            return Err(StreamError::ConfigDropped { field: "storage" });
+        }
+        Ok(StreamState {
+            name: info.config.name,
+            subjects: info.config.subjects,
+            messages: info.state.messages,
+            first_sequence: info.state.first_sequence,
+            last_sequence: info.state.last_sequence,
+        })
+    }
+
+    /// Deletes a stream and everything it holds. Returns whether it existed.
+    ///
+    /// # Errors
+    ///
+    /// [`StreamError::Refused`] or [`StreamError::TimedOut`].
+    pub async fn delete_stream(&self, name: &str) -> Result<bool, StreamError> {
+        check_name(name).map_err(|reason| StreamError::InvalidName {
+            name: name.to_owned(),
+            reason,
+        })?;
+        match self.context.delete_stream(name).await {
+            Ok(status) => Ok(status.success),
+            Err(e) => {
+                use async_nats::jetstream::context::DeleteStreamErrorKind as K;
+                match e.kind() {
+                    K::JetStream(js)
+                        if js.error_code()
+                            == async_nats::jetstream::ErrorCode::STREAM_NOT_FOUND =>
+                    {
+                        Ok(false)
+                    }
+                    _ => Err(StreamError::Refused {
+                        name: name.to_owned(),
+                        detail: e.to_string(),
+                    }),
+                }
+            }
+        }
+    }
+
+    /// Appends `record` to the stream capturing its topic and waits for the server's
+    /// acknowledgement (at most the request timeout).
+    ///
+    /// # Errors
+    ///
+    /// [`AppendError`]: a header that cannot travel, no stream for the topic, too large,
+    /// no acknowledgement in time (the server is away: R-DIST-5), or refused.
+    pub async fn append(&self, record: &Record) -> Result<Appended, AppendError> {
+        let headers = record.nats_headers()?;
+        let len = record.payload.len() + self.headers_len(&headers);
+        let max = self.max_payload;
+        if max > 0 && len > max {
+            return Err(AppendError::TooLarge { len, max });
+        }
+        let map_err = |e: async_nats::jetstream::context::PublishError| match e.kind() {
+            PublishErrorKind::StreamNotFound => AppendError::NoStream {
+                topic: record.topic.as_str().to_owned(),
+            },
+            PublishErrorKind::TimedOut | PublishErrorKind::BrokenPipe => AppendError::TimedOut {
+                after: self.request_timeout,
+            },
+            PublishErrorKind::MaxPayloadExceeded => AppendError::TooLarge { len, max },
+            _ => AppendError::Refused {
+                detail: e.to_string(),
+            },
+        };
+        let subject = record.topic.as_str().to_owned();
+        let ack_future = tokio::time::timeout(
+            self.request_timeout,
+            self.context
+                .publish_with_headers(subject, headers, record.payload.clone()),
+        )
+        .await
+        .map_err(|_| AppendError::TimedOut {
+            after: self.request_timeout,
+        })?
+        .map_err(map_err)?;
+        let ack = tokio::time::timeout(self.request_timeout, ack_future)
+            .await
+            .map_err(|_| AppendError::TimedOut {
+                after: self.request_timeout,
+            })?
+            .map_err(map_err)?;
+        Ok(Appended {
+            sequence: ack.sequence,
+            duplicate: ack.duplicate,
+        })
+    }
+
+    fn headers_len(&self, headers: &HeaderMap) -> usize {
+        headers
+            .iter()
+            .map(|(n, vs)| {
+                let name: &str = n.as_ref();
+                vs.iter()
+                    .map(|v| name.len() + v.as_str().len() + 4)
+                    .sum::<usize>()
+            })
+            .sum::<usize>()
+            + 12
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record() -> Record {
+        Record::new(
+            MessageId::from_u128(7),
+            Topic::new("a.b").expect("valid topic"),
+        )
+    }
+
+    #[test]
+    fn headers_are_validated() {
+        let ok = record()
+            .header("x-trace", "abc")
+            .nats_headers()
+            .expect("valid");
+        assert_eq!(
+            ok.get(async_nats::header::NATS_MESSAGE_ID)
+                .map(|v| v.as_str()),
+            Some(MessageId::from_u128(7).to_string().as_str())
+        );
+        for (name, value) in [
+            ("Nats-Msg-Id", "x"),
+            ("nats-expected-stream", "x"),
+            ("bad:name", "x"),
+            ("bad name", "x"),
+            ("x", "line\nbreak"),
+        ] {
+            let err = record().header(name, value).nats_headers().expect_err(name);
+            assert!(
+                matches!(&err, AppendError::InvalidHeader { name: n, .. } if n == name),
+                "{err:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn names_are_validated() {
+        assert!(check_name("orders_v2-eu").is_ok());
+        for bad in ["", "a.b", "a*", "a>", "a b", "a/b", &"x".repeat(256)] {
+            assert!(check_name(bad).is_err(), "{bad:?}");
+        }
+    }
+}

