@@ -103,6 +103,7 @@ impl BrokerBuilder {
             timer: Mutex::new(None),
             inbox: OnceLock::new(),
             streams: crate::stream::Streams::new(self.data_dir),
+            driver_name: crate::ops::snapshot::driver_name(&self.driver),
         });
         let waiter: Weak<dyn ClockWaiter> = Arc::downgrade(&inner) as Weak<dyn ClockWaiter>;
         inner.clock.register_waiter(waiter);
@@ -163,6 +164,8 @@ pub(crate) struct BrokerInner {
     inbox: OnceLock<Arc<Inbox>>,
     /// Durable streams and durable subscriptions (src/stream).
     pub(crate) streams: crate::stream::Streams,
+    /// The driver's name, for the snapshot (src/ops/snapshot.rs).
+    pub(crate) driver_name: &'static str,
 }
 
 impl Broker {
@@ -411,10 +414,14 @@ impl BrokerInner {
     }
 
     pub(crate) fn publish_builder(&self, b: MessageBuilder) -> Result<PublishReport, PublishError> {
+        // R-OPS-3: the publish span, and (feature `otel`) the traceparent header (src/ops).
+        let span = crate::ops::trace::publish_span(&b.topic);
+        let _entered = span.enter();
         if self.closed.load(Ordering::Acquire) {
             return Err(PublishError::Closed);
         }
-        let message = Arc::new(self.build_message(b)?);
+        let message = Arc::new(crate::ops::trace::stamped(self.build_message(b)?, &self.limits));
+        crate::ops::trace::record_published(&span, &message);
         // Durable streams first: a failed append fails the publish (src/stream).
         let streams = self.streams.append(&message)?;
         let mut report = match self.due_time(&message) {
@@ -615,7 +622,7 @@ impl BrokerInner {
         report
     }
 
-    fn live(&self) -> Vec<Arc<SubShared>> {
+    pub(crate) fn live(&self) -> Vec<Arc<SubShared>> {
         self.registry.read().all.values().cloned().collect()
     }
 

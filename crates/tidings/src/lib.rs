@@ -50,6 +50,7 @@ pub mod filter;
 mod handler;
 mod limits;
 mod message;
+pub mod ops;
 mod options;
 mod queue;
 mod report;

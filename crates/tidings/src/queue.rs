@@ -59,6 +59,13 @@ impl PriorityQueue {
         self.take_front(level)
     }
 
+    /// Messages waiting at each priority level, lowest first (R-OPS-1 snapshot).
+    pub(crate) fn depth_by_level(&self, out: &mut [u64; Priority::LEVELS]) {
+        for (slot, level) in out.iter_mut().zip(&self.levels) {
+            *slot += level.len() as u64;
+        }
+    }
+
     /// Enqueue time of the longest-waiting message, whatever its level.
     pub(crate) fn oldest_enqueued(&self) -> Option<Instant> {
         self.levels

@@ -51,6 +51,8 @@ pub(crate) struct SubShared {
     workers: usize,
     // --- durable streams (src/stream): completion hook, set once; see `set_on_finished`.
     on_finished: OnceLock<FinishedHook>,
+    /// What it was configured with, for the snapshot (src/ops/snapshot.rs, R-OPS-1).
+    pub(crate) summary: crate::ops::snapshot::OptionsSummary,
 }
 
 /// Called (outside the subscription lock) with messages that finished for good.
@@ -83,6 +85,7 @@ impl SubShared {
             space: Condvar::new(),
             broker,
             on_finished: OnceLock::new(),
+            summary: crate::ops::snapshot::OptionsSummary::of(options),
         }
     }
 
@@ -190,7 +193,13 @@ impl SubShared {
     /// Run the handler for one delivery: no lock held, panics caught (R-CORE-2, R-DEL-1).
     pub(crate) fn run(&self, delivery: &Delivery) -> Result<(), HandlerError> {
         match &self.handler {
-            HandlerKind::Sync(h) => invoke(h.as_ref(), &delivery.message),
+            // R-OPS-3 span; R-OPS-2 duration histogram (feature `metrics`), src/ops.
+            HandlerKind::Sync(h) => crate::ops::trace::in_process_span(
+                &delivery.message,
+                &self.name,
+                delivery.attempt,
+                || crate::ops::timed(&self.name, || invoke(h.as_ref(), &delivery.message)),
+            ),
             // Unreachable: refused at subscribe under non-tokio drivers, and the tokio
             // driver awaits it via `async_handler`. Dead-letter rather than panic.
             #[cfg(feature = "tokio")]
