@@ -40,7 +40,10 @@ pub(crate) fn router(broker: Broker, config: AdminConfig) -> Router {
         .route("/api/info", get(info))
         .route("/api/snapshot", get(snapshot))
         .route("/api/subscriptions/{id}/dead-letters", get(dead_letters))
-        .route("/api/subscriptions/{id}/dead-letters/redrive", post(redrive))
+        .route(
+            "/api/subscriptions/{id}/dead-letters/redrive",
+            post(redrive),
+        )
         .route("/api/subscriptions/{id}/dead-letters/purge", post(purge))
         .route("/api/subscriptions/{id}/seek", post(seek))
         .route("/metrics", get(metrics))
@@ -102,12 +105,18 @@ impl From<SeekError> for ApiError {
             SeekError::UnknownSubscription(_) => {
                 ApiError::new(StatusCode::NOT_FOUND, "unknown_subscription", e.to_string())
             }
-            SeekError::NotDurable(_) => {
-                ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "not_durable", e.to_string())
-            }
-            SeekError::Stream(StreamError::OutOfRetention { .. } | StreamError::BeyondEnd { .. }) => {
-                ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "out_of_range", e.to_string())
-            }
+            SeekError::NotDurable(_) => ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "not_durable",
+                e.to_string(),
+            ),
+            SeekError::Stream(
+                StreamError::OutOfRetention { .. } | StreamError::BeyondEnd { .. },
+            ) => ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "out_of_range",
+                e.to_string(),
+            ),
             _ => ApiError::new(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "seek_failed",
@@ -124,10 +133,7 @@ fn json_ok(value: impl serde::Serialize) -> ApiResult {
 }
 
 async fn dashboard() -> impl IntoResponse {
-    (
-        [(header::CACHE_CONTROL, "no-store")],
-        Html(DASHBOARD),
-    )
+    ([(header::CACHE_CONTROL, "no-store")], Html(DASHBOARD))
 }
 
 async fn not_found() -> ApiError {
@@ -158,7 +164,10 @@ async fn metrics(State(app): State<App>) -> ApiResult {
         .await
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
     Ok((
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
         text,
     )
         .into_response())
@@ -186,7 +195,11 @@ fn query_params(raw: Option<String>) -> HashMap<String, String> {
         .collect()
 }
 
-fn usize_param(params: &HashMap<String, String>, name: &str, default: usize) -> Result<usize, ApiError> {
+fn usize_param(
+    params: &HashMap<String, String>,
+    name: &str,
+    default: usize,
+) -> Result<usize, ApiError> {
     match params.get(name) {
         None => Ok(default),
         Some(v) => v.parse::<usize>().map_err(|_| {
@@ -314,7 +327,9 @@ async fn redrive(
     // A re-offer may wait under `Overflow::Block`: keep it off the async thread.
     let outcome = tokio::task::spawn_blocking(move || broker.redrive_dead_letters(id, &selection))
         .await
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))??;
+        .map_err(|e| {
+            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
+        })??;
     if requested > 0 && outcome.missing.len() == requested {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
@@ -328,11 +343,7 @@ async fn redrive(
     json_ok(outcome)
 }
 
-async fn purge(
-    State(app): State<App>,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-) -> ApiResult {
+async fn purge(State(app): State<App>, Path(id): Path<String>, headers: HeaderMap) -> ApiResult {
     authorize(&app, &headers)?;
     let id = subscription_id(&id)?;
     let purged = app.broker.purge_dead_letters(id)?;
@@ -375,7 +386,9 @@ async fn seek(
     let broker = app.broker.clone();
     let position = tokio::task::spawn_blocking(move || broker.seek_subscription(id, at))
         .await
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))??;
+        .map_err(|e| {
+            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
+        })??;
     json_ok(json!({ "position": position }))
 }
 
@@ -394,7 +407,12 @@ mod tests {
     #[test]
     fn message_ids_must_be_32_hex_digits() {
         assert!(parse_message_id("0000000000000000000000000000002a").is_ok());
-        for bad in ["", "2a", "zz000000000000000000000000000000", "+0000000000000000000000000000002a"] {
+        for bad in [
+            "",
+            "2a",
+            "zz000000000000000000000000000000",
+            "+0000000000000000000000000000002a",
+        ] {
             assert!(parse_message_id(bad).is_err(), "{bad}");
         }
     }

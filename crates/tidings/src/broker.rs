@@ -420,7 +420,10 @@ impl BrokerInner {
         if self.closed.load(Ordering::Acquire) {
             return Err(PublishError::Closed);
         }
-        let message = Arc::new(crate::ops::trace::stamped(self.build_message(b)?, &self.limits));
+        let message = Arc::new(crate::ops::trace::stamped(
+            self.build_message(b)?,
+            &self.limits,
+        ));
         crate::ops::trace::record_published(&span, &message);
         // Durable streams first: a failed append fails the publish (src/stream).
         let streams = self.streams.append(&message)?;

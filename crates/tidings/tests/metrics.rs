@@ -33,7 +33,12 @@ fn find<'a>(
 ) -> &'a DebugValue {
     let matches: Vec<_> = all
         .iter()
-        .filter(|(n, l, _)| n == name && labels.iter().all(|(k, v)| l.get(*k).map(String::as_str) == Some(*v)))
+        .filter(|(n, l, _)| {
+            n == name
+                && labels
+                    .iter()
+                    .all(|(k, v)| l.get(*k).map(String::as_str) == Some(*v))
+        })
         .collect();
     assert_eq!(matches.len(), 1, "{name} {labels:?}: {matches:?}");
     &matches[0].2
@@ -69,13 +74,31 @@ fn exported_metrics_equal_the_snapshot_after_a_scripted_run() {
     assert_eq!(snap, sc.broker.snapshot(), "nothing moved since the export");
     for s in &snap.subscriptions {
         let c = &s.counters;
-        let l = [("subscription", s.name.as_str()), ("messaging.system", "tidings")];
+        let l = [
+            ("subscription", s.name.as_str()),
+            ("messaging.system", "tidings"),
+        ];
         // OpenTelemetry messaging names (R-OPS-2), equal to the snapshot.
-        assert_eq!(counter(&all, "messaging.client.sent.messages", &l), c.offered); // R-OPS-2
-        assert_eq!(counter(&all, "messaging.client.consumed.messages", &l), c.attempts); // R-OPS-2
-        assert_eq!(counter(&all, "tidings.subscription.accepted", &l), c.accepted); // R-OPS-2
-        assert_eq!(counter(&all, "tidings.subscription.delivered", &l), c.delivered); // R-OPS-2
-        assert_eq!(counter(&all, "tidings.subscription.redelivered", &l), c.redelivered); // R-OPS-2
+        assert_eq!(
+            counter(&all, "messaging.client.sent.messages", &l),
+            c.offered
+        ); // R-OPS-2
+        assert_eq!(
+            counter(&all, "messaging.client.consumed.messages", &l),
+            c.attempts
+        ); // R-OPS-2
+        assert_eq!(
+            counter(&all, "tidings.subscription.accepted", &l),
+            c.accepted
+        ); // R-OPS-2
+        assert_eq!(
+            counter(&all, "tidings.subscription.delivered", &l),
+            c.delivered
+        ); // R-OPS-2
+        assert_eq!(
+            counter(&all, "tidings.subscription.redelivered", &l),
+            c.redelivered
+        ); // R-OPS-2
         for (reason, n) in &c.dead_lettered {
             let lr = [l[0], ("reason", reason.as_str())];
             assert_eq!(counter(&all, "tidings.subscription.dead_lettered", &lr), *n); // R-OPS-2
@@ -84,8 +107,14 @@ fn exported_metrics_equal_the_snapshot_after_a_scripted_run() {
             let lr = [l[0], ("reason", reason.as_str())];
             assert_eq!(counter(&all, "tidings.subscription.refused", &lr), *n); // R-OPS-2
         }
-        assert_eq!(gauge(&all, "tidings.subscription.depth", &l), c.queued as f64); // R-OPS-2
-        assert_eq!(gauge(&all, "tidings.subscription.in_flight", &l), c.in_flight as f64); // R-OPS-2
+        assert_eq!(
+            gauge(&all, "tidings.subscription.depth", &l),
+            c.queued as f64
+        ); // R-OPS-2
+        assert_eq!(
+            gauge(&all, "tidings.subscription.in_flight", &l),
+            c.in_flight as f64
+        ); // R-OPS-2
         for reason in ["overflow", "rejected", "retries_exhausted"] {
             let n = s.dead_letters.by_reason.get(reason).copied().unwrap_or(0);
             let lr = [l[0], ("reason", reason)];
@@ -93,18 +122,29 @@ fn exported_metrics_equal_the_snapshot_after_a_scripted_run() {
         }
         if let Some(d) = &s.durable {
             assert_eq!(gauge(&all, "tidings.subscription.lag", &l), d.lag as f64); // R-OPS-2
-            assert_eq!(gauge(&all, "tidings.subscription.committed", &l), d.committed as f64);
+            assert_eq!(
+                gauge(&all, "tidings.subscription.committed", &l),
+                d.committed as f64
+            );
         }
     }
     // Non-trivial values, so the equalities above mean something.
     let billing = snap.subscription_named("billing").unwrap();
     assert_eq!(billing.counters.dead_lettered["retries_exhausted"], 1);
     assert_eq!(
-        gauge(&all, "tidings.subscription.dlq.size", &[("subscription", "billing"), ("reason", "overflow")]),
+        gauge(
+            &all,
+            "tidings.subscription.dlq.size",
+            &[("subscription", "billing"), ("reason", "overflow")]
+        ),
         1.0
     );
     // One processing-time sample per handler call (R-OPS-2).
-    match find(&all, "messaging.process.duration", &[("subscription", "billing")]) {
+    match find(
+        &all,
+        "messaging.process.duration",
+        &[("subscription", "billing")],
+    ) {
         DebugValue::Histogram(samples) => {
             assert_eq!(samples.len() as u64, billing.counters.attempts); // R-OPS-2
             assert!(samples.iter().all(|s| s.into_inner() >= 0.0));
@@ -113,7 +153,16 @@ fn exported_metrics_equal_the_snapshot_after_a_scripted_run() {
     }
     let orders = &snap.streams[0];
     let ls = [("stream", "orders")];
-    assert_eq!(gauge(&all, "tidings.stream.records", &ls), orders.records as f64); // R-OPS-2
-    assert_eq!(gauge(&all, "tidings.stream.bytes", &ls), orders.bytes as f64);
-    assert_eq!(gauge(&all, "tidings.stream.segments", &ls), orders.segments as f64);
+    assert_eq!(
+        gauge(&all, "tidings.stream.records", &ls),
+        orders.records as f64
+    ); // R-OPS-2
+    assert_eq!(
+        gauge(&all, "tidings.stream.bytes", &ls),
+        orders.bytes as f64
+    );
+    assert_eq!(
+        gauge(&all, "tidings.stream.segments", &ls),
+        orders.segments as f64
+    );
 }

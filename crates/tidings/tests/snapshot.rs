@@ -45,7 +45,10 @@ fn snapshot_shows_subscriptions_durables_and_streams_through_a_scripted_run() {
     let orders = &s.streams[0];
     assert_eq!(orders.name, "orders");
     assert_eq!(orders.patterns, ["orders.#"]);
-    assert_eq!((orders.start_offset, orders.end_offset, orders.records), (0, 3, 3)); // R-OPS-1
+    assert_eq!(
+        (orders.start_offset, orders.end_offset, orders.records),
+        (0, 3, 3)
+    ); // R-OPS-1
     assert!(orders.segments >= 1 && orders.bytes > 0, "{orders:?}");
     assert_eq!(orders.fsync, "always");
 
@@ -78,8 +81,24 @@ fn snapshot_shows_subscriptions_durables_and_streams_through_a_scripted_run() {
         assert!(st.is_conserved()); // R-DEL-6
         let c = &snap.counters;
         assert_eq!(
-            (c.offered, c.accepted, c.delivered, c.queued, c.in_flight, c.attempts, c.failures),
-            (st.offered, st.accepted, st.delivered, st.queued, st.in_flight, st.attempts, st.failures)
+            (
+                c.offered,
+                c.accepted,
+                c.delivered,
+                c.queued,
+                c.in_flight,
+                c.attempts,
+                c.failures
+            ),
+            (
+                st.offered,
+                st.accepted,
+                st.delivered,
+                st.queued,
+                st.in_flight,
+                st.attempts,
+                st.failures
+            )
         );
         assert_eq!(c.dead_lettered_total(), st.dead_lettered.total());
         assert_eq!(c.refused_total(), st.refused.total());
@@ -112,7 +131,8 @@ fn dead_letter_actions_page_redrive_and_purge_by_subscription_id() {
     assert_eq!(rest.entries.len(), 1);
     assert_eq!(rest.entries[0].attempts, 2);
     assert!(matches!(
-        sc.broker.dead_letter_page(id, 0, tidings::ops::MAX_PAGE_SIZE + 1),
+        sc.broker
+            .dead_letter_page(id, 0, tidings::ops::MAX_PAGE_SIZE + 1),
         Err(tidings::ops::DeadLetterError::PageTooLarge { .. })
     ));
     assert!(matches!(
@@ -140,11 +160,19 @@ fn dead_letter_actions_page_redrive_and_purge_by_subscription_id() {
         Err(tidings::ops::SeekError::NotDurable(_))
     ));
     let ship = sc.ship.id().get();
-    assert_eq!(sc.broker.seek_subscription(ship, tidings::StartAt::Earliest).unwrap(), 0);
+    assert_eq!(
+        sc.broker
+            .seek_subscription(ship, tidings::StartAt::Earliest)
+            .unwrap(),
+        0
+    );
     assert_eq!(sc.ship.committed(), 0);
     assert!(matches!(
-        sc.broker.seek_subscription(ship, tidings::StartAt::Offset(99)),
-        Err(tidings::ops::SeekError::Stream(tidings::StreamError::BeyondEnd { .. }))
+        sc.broker
+            .seek_subscription(ship, tidings::StartAt::Offset(99)),
+        Err(tidings::ops::SeekError::Stream(
+            tidings::StreamError::BeyondEnd { .. }
+        ))
     ));
     sc.broker.run_until_idle();
     assert_eq!(sc.ship.committed(), 4);

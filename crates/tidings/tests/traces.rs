@@ -132,21 +132,29 @@ fn the_handlers_span_continues_the_publishers_trace() {
         let weak = b.downgrade();
         let seen2 = seen.clone();
         let _s = b
-            .subscribe("orders.created", SubscribeOptions::default(), move |m: &Message| {
-                seen2
-                    .lock()
-                    .push(m.header(tidings::ops::trace::TRACEPARENT).unwrap_or("").to_owned());
-                // Published from inside the handler: joins the same trace.
-                if let Some(b) = weak.upgrade() {
-                    b.publish(Message::to("orders.billed")).unwrap();
-                }
-                Ok::<(), HandlerError>(())
-            })
+            .subscribe(
+                "orders.created",
+                SubscribeOptions::default(),
+                move |m: &Message| {
+                    seen2.lock().push(
+                        m.header(tidings::ops::trace::TRACEPARENT)
+                            .unwrap_or("")
+                            .to_owned(),
+                    );
+                    // Published from inside the handler: joins the same trace.
+                    if let Some(b) = weak.upgrade() {
+                        b.publish(Message::to("orders.billed")).unwrap();
+                    }
+                    Ok::<(), HandlerError>(())
+                },
+            )
             .unwrap();
         let _sink = b
-            .subscribe("orders.billed", SubscribeOptions::default(), |_: &Message| {
-                Ok::<(), HandlerError>(())
-            })
+            .subscribe(
+                "orders.billed",
+                SubscribeOptions::default(),
+                |_: &Message| Ok::<(), HandlerError>(()),
+            )
             .unwrap();
         tracing::info_span!("checkout").in_scope(|| {
             b.publish(Message::to("orders.created")).unwrap();
@@ -187,7 +195,95 @@ fn a_traceparent_given_by_the_publisher_is_kept() {
         })
         .unwrap();
     let given = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
-    b.publish(Message::to("t").header("traceparent", given)).unwrap();
+    b.publish(Message::to("t").header("traceparent", given))
+        .unwrap();
     b.run_until_idle();
     assert_eq!(seen.lock().as_deref(), Some(given)); // R-OPS-3
+}
+
+// An async handler (tokio driver) runs in its `process` span on every poll, across its
+// awaits: what it publishes after an await is a child of that span (and, with `otel`,
+// continues the trace).
+#[cfg(feature = "tokio")]
+#[test]
+fn async_handlers_run_in_their_process_span_across_awaits() {
+    use std::time::{Duration, Instant};
+    let rec = Recorder::default();
+    let subscriber = tracing_subscriber::registry().with(rec.clone());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    tracing::subscriber::with_default(subscriber, || {
+        rt.block_on(async {
+            let b = Broker::builder()
+                .driver(Driver::Tokio(tokio::runtime::Handle::current()))
+                .build()
+                .unwrap();
+            let weak = b.downgrade();
+            let _ship = b
+                .subscribe_async(
+                    "orders.created",
+                    SubscribeOptions {
+                        name: Some("ship".into()),
+                        ..Default::default()
+                    },
+                    move |_m: Arc<Message>| {
+                        let weak = weak.clone();
+                        async move {
+                            tokio::task::yield_now().await;
+                            if let Some(b) = weak.upgrade() {
+                                b.publish(Message::to("orders.shipped")).unwrap();
+                            }
+                            Ok::<(), HandlerError>(())
+                        }
+                    },
+                )
+                .unwrap();
+            let sink = b
+                .subscribe(
+                    "orders.shipped",
+                    SubscribeOptions::default(),
+                    |_: &Message| Ok::<(), HandlerError>(()),
+                )
+                .unwrap();
+            b.publish(Message::to("orders.created")).unwrap();
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while sink.stats().delivered == 0 {
+                assert!(
+                    Instant::now() < deadline,
+                    "the async handler never published"
+                );
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            assert!(b.close_async(Duration::from_secs(5)).await.is_clean());
+        });
+    });
+    let process = rec.named("process");
+    let ship = process
+        .iter()
+        .find(|p| {
+            p.fields
+                .get("messaging.consumer.group.name")
+                .map(String::as_str)
+                == Some("ship")
+        })
+        .expect("a process span for the async handler"); // R-OPS-3
+    assert_eq!(ship.fields["otel.name"], "process orders.created"); // R-OPS-3
+    assert_eq!(ship.fields["outcome"], "ok"); // R-OPS-3
+    let publish = rec.named("publish");
+    let shipped = publish
+        .iter()
+        .find(|p| p.fields["messaging.destination.name"] == "orders.shipped")
+        .expect("the handler's publish span");
+    assert_eq!(shipped.parent.as_deref(), Some("process")); // R-OPS-3: after an await too
+    #[cfg(feature = "otel")]
+    {
+        let created = publish
+            .iter()
+            .find(|p| p.fields["messaging.destination.name"] == "orders.created")
+            .unwrap();
+        assert_eq!(ship.fields["parent_span_id"], created.fields["span_id"]); // R-OPS-3
+        assert_eq!(shipped.fields["trace_id"], created.fields["trace_id"]); // R-OPS-3
+    }
 }

@@ -36,24 +36,41 @@ pub use actions::{
     RedriveOutcome, RedriveSelection, SeekError,
 };
 pub use snapshot::{
-    BrokerSnapshot, Counters, DeadLetterSummary, DurableSnapshot, OptionsSummary,
-    StreamSnapshot, SubscriptionKind, SubscriptionSnapshot,
+    BrokerSnapshot, Counters, DeadLetterSummary, DurableSnapshot, OptionsSummary, StreamSnapshot,
+    SubscriptionKind, SubscriptionSnapshot,
 };
 
 /// Run one handler call; with the `metrics` feature, record its duration in seconds in the
 /// `messaging.process.duration` histogram labelled by subscription (R-OPS-2).
 #[inline]
 pub(crate) fn timed<T>(subscription: &str, call: impl FnOnce() -> T) -> T {
+    let started = Started::now();
+    let out = call();
+    started.record(subscription);
+    out
+}
+
+/// When a handler call started; records its duration in `messaging.process.duration`
+/// (feature `metrics`), a no-op without the feature.
+pub(crate) struct Started {
     #[cfg(feature = "metrics")]
-    {
-        let start = std::time::Instant::now();
-        let out = call();
-        metrics::record_process_duration(subscription, start.elapsed());
-        out
+    at: std::time::Instant,
+}
+
+impl Started {
+    #[inline]
+    pub(crate) fn now() -> Self {
+        Self {
+            #[cfg(feature = "metrics")]
+            at: std::time::Instant::now(),
+        }
     }
-    #[cfg(not(feature = "metrics"))]
-    {
+
+    #[inline]
+    pub(crate) fn record(self, subscription: &str) {
+        #[cfg(feature = "metrics")]
+        metrics::record_process_duration(subscription, self.at.elapsed());
+        #[cfg(not(feature = "metrics"))]
         let _ = subscription;
-        call()
     }
 }

@@ -228,9 +228,7 @@ impl Counters {
             in_flight: s.in_flight,
             attempts: s.attempts,
             failures: s.failures,
-            redelivered: s
-                .failures
-                .saturating_sub(d.retries_exhausted + d.rejected),
+            redelivered: s.failures.saturating_sub(d.retries_exhausted + d.rejected),
             blocked_publishers: s.blocked_publishers,
         }
     }

@@ -120,8 +120,35 @@ pub(crate) fn in_process_span(
 ) -> Result<(), HandlerError> {
     let span = process_span(message, subscription, attempt);
     let _entered = span.enter();
-    let _context = CurrentTrace::enter(message, attempt);
+    let _context = CurrentTrace::set(CurrentTrace::of(message, attempt));
     let outcome = call();
+    if !span.is_disabled() {
+        span.record("outcome", outcome_name(&outcome));
+    }
+    outcome
+}
+
+/// The async form of [`in_process_span`] (tokio driver): every poll of `call` runs inside
+/// the `process` span and, under `otel`, with the message's trace as the current one; with
+/// the `metrics` feature the duration from first poll to completion is recorded.
+#[cfg(feature = "tokio")]
+pub(crate) async fn in_process_span_async(
+    message: &Message,
+    subscription: &str,
+    attempt: u32,
+    call: impl std::future::Future<Output = Result<(), HandlerError>>,
+) -> Result<(), HandlerError> {
+    let span = process_span(message, subscription, attempt);
+    let trace = CurrentTrace::of(message, attempt);
+    let started = super::Started::now();
+    let mut call = std::pin::pin!(call);
+    let outcome = std::future::poll_fn(|cx| {
+        let _entered = span.enter();
+        let _context = CurrentTrace::set(trace);
+        call.as_mut().poll(cx)
+    })
+    .await;
+    started.record(subscription);
     if !span.is_disabled() {
         span.record("outcome", outcome_name(&outcome));
     }
@@ -146,15 +173,22 @@ thread_local! {
 struct CurrentTrace(Option<Option<TraceParent>>);
 
 impl CurrentTrace {
-    fn enter(message: &Message, attempt: u32) -> Self {
+    /// The handler call's own trace context (feature `otel`; none without it, or when the
+    /// message carries no valid `traceparent`).
+    fn of(message: &Message, attempt: u32) -> Option<TraceParent> {
         if !cfg!(feature = "otel") {
-            return Self(None);
+            return None;
         }
-        let Some(tp) = message.header(TRACEPARENT).and_then(TraceParent::parse) else {
-            return Self(None);
-        };
-        let own = TraceParent::child_of(&tp, message, attempt);
-        Self(Some(CURRENT.with(|c| c.replace(Some(own)))))
+        let tp = message.header(TRACEPARENT).and_then(TraceParent::parse)?;
+        Some(TraceParent::child_of(&tp, message, attempt))
+    }
+
+    /// Make `own` the current trace on this thread until the guard drops.
+    fn set(own: Option<TraceParent>) -> Self {
+        match own {
+            None => Self(None),
+            Some(own) => Self(Some(CURRENT.with(|c| c.replace(Some(own))))),
+        }
     }
 }
 
