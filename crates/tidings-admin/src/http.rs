@@ -5,6 +5,7 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use axum::Router;
 use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, PathRejection};
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{Html, IntoResponse, Response};
@@ -48,6 +49,7 @@ pub(crate) fn router(broker: Broker, config: AdminConfig) -> Router {
         .route("/api/subscriptions/{id}/seek", post(seek))
         .route("/metrics", get(metrics))
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .with_state(app)
 }
 
@@ -140,6 +142,36 @@ async fn not_found() -> ApiError {
     ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint")
 }
 
+async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "this endpoint does not take that method",
+    )
+}
+
+/// The path's `{id}` segment, or a JSON error when it cannot be decoded.
+type IdPath = Result<Path<String>, PathRejection>;
+
+/// The raw request body, or a JSON error (e.g. 413 beyond axum's 2 MB default limit).
+type Body = Result<Bytes, BytesRejection>;
+
+fn path_id(path: IdPath) -> Result<u64, ApiError> {
+    let Path(raw) = path.map_err(|e| ApiError::new(e.status(), "bad_request", e.body_text()))?;
+    subscription_id(&raw)
+}
+
+fn body_bytes(body: Body) -> Result<Bytes, ApiError> {
+    body.map_err(|e| {
+        let code = if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            "body_too_large"
+        } else {
+            "bad_request"
+        };
+        ApiError::new(e.status(), code, e.body_text())
+    })
+}
+
 async fn info(State(app): State<App>) -> ApiResult {
     json_ok(json!({
         "actions_enabled": app.token.is_some(),
@@ -212,12 +244,8 @@ fn usize_param(
     }
 }
 
-async fn dead_letters(
-    State(app): State<App>,
-    Path(id): Path<String>,
-    RawQuery(query): RawQuery,
-) -> ApiResult {
-    let id = subscription_id(&id)?;
+async fn dead_letters(State(app): State<App>, id: IdPath, RawQuery(query): RawQuery) -> ApiResult {
+    let id = path_id(id)?;
     let params = query_params(query);
     let offset = usize_param(&params, "offset", 0)?;
     let limit = usize_param(&params, "limit", DEFAULT_PAGE)?;
@@ -240,11 +268,13 @@ fn authorize(app: &App, headers: &HeaderMap) -> Result<(), ApiError> {
             "actions are disabled on this server (read-only)",
         ));
     };
+    // RFC 9110: the scheme is case-insensitive.
     let given = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim);
+        .and_then(|v| v.trim().split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, t)| t.trim());
     match given {
         Some(g) if constant_time_eq(g.as_bytes(), token.as_bytes()) => Ok(()),
         Some(_) => Err(ApiError::new(
@@ -295,14 +325,10 @@ fn parse_message_id(s: &str) -> Result<MessageId, ApiError> {
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "bad_request", e.to_string()))
 }
 
-async fn redrive(
-    State(app): State<App>,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> ApiResult {
+async fn redrive(State(app): State<App>, id: IdPath, headers: HeaderMap, body: Body) -> ApiResult {
     authorize(&app, &headers)?;
-    let id = subscription_id(&id)?;
+    let id = path_id(id)?;
+    let body = body_bytes(body)?;
     let body: RedriveBody = parse_json(&body)?;
     let selection = match (body.all, body.ids) {
         (true, None) => RedriveSelection::All,
@@ -343,9 +369,9 @@ async fn redrive(
     json_ok(outcome)
 }
 
-async fn purge(State(app): State<App>, Path(id): Path<String>, headers: HeaderMap) -> ApiResult {
+async fn purge(State(app): State<App>, id: IdPath, headers: HeaderMap) -> ApiResult {
     authorize(&app, &headers)?;
-    let id = subscription_id(&id)?;
+    let id = path_id(id)?;
     let purged = app.broker.purge_dead_letters(id)?;
     json_ok(json!({ "purged": purged }))
 }
@@ -361,14 +387,10 @@ struct SeekBody {
     time_ms: Option<u64>,
 }
 
-async fn seek(
-    State(app): State<App>,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> ApiResult {
+async fn seek(State(app): State<App>, id: IdPath, headers: HeaderMap, body: Body) -> ApiResult {
     authorize(&app, &headers)?;
-    let id = subscription_id(&id)?;
+    let id = path_id(id)?;
+    let body = body_bytes(body)?;
     let body: SeekBody = parse_json(&body)?;
     let at = match (body.to.as_deref(), body.offset, body.time_ms) {
         (Some("earliest"), None, None) => StartAt::Earliest,

@@ -22,9 +22,11 @@
 //!
 //! # Failure
 //! Every bad request gets a 4xx answer with a JSON body `{"error": "<code>", "message":
-//! "<text>"}`: `bad_request`/`bad_json` (400), `unauthorized` (401), `actions_disabled` (403),
-//! `unknown_subscription`/`not_found` (404), `gone` (409: none of the requested dead-letter
-//! entries is in the DLQ any more), `not_durable`/`out_of_range` (422), `page_too_large` (400).
+//! "<text>"}`: `bad_request`/`bad_json`/`page_too_large` (400), `unauthorized` (401),
+//! `actions_disabled` (403), `unknown_subscription`/`not_found` (404),
+//! `method_not_allowed` (405), `gone` (409: none of the requested dead-letter entries is in
+//! the DLQ any more), `body_too_large` (413, beyond 2 MB), `not_durable`/`out_of_range`
+//! (422). A seek whose position cannot be written gets `seek_failed` (500).
 //! Handlers never panic on input.
 //!
 //! # Redrive
