@@ -451,3 +451,82 @@ fn concurrent_redrives_lose_and_duplicate_nothing() {
     assert!(stats.is_conserved()); // R-DEL-6
     assert_eq!(stats.delivered, N as u64);
 }
+
+#[test]
+fn the_metrics_endpoint_serves_prometheus_text_equal_to_the_snapshot() {
+    use std::sync::{Arc, OnceLock};
+    let recorder = Arc::new(metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder());
+    let handle = recorder.handle();
+    let broker: Arc<OnceLock<tidings::WeakBroker>> = Arc::default();
+    let (b, in_test) = (broker.clone(), recorder.clone());
+    // A recorder local to the scrape, so the test does not install a global one.
+    let w = World::start(actions().metrics(move || {
+        if let Some(b) = b.get().and_then(tidings::WeakBroker::upgrade) {
+            let _ = metrics::with_local_recorder(&*recorder, || b.export_metrics());
+        }
+        handle.render()
+    }));
+    assert!(broker.set(w.broker.downgrade()).is_ok());
+    // Handler calls run here (manual driver): their duration samples go to the same recorder.
+    metrics::with_local_recorder(&*in_test, || {
+        w.orders(3);
+        w.failing.store(false, Ordering::SeqCst);
+        w.orders(2);
+    });
+    let text = get(w.addr(), "/metrics");
+    assert_eq!(text.status, 200);
+    assert!(text.headers.contains("text/plain"), "{text:?}");
+    let value = |name: &str, labels: &[&str]| -> f64 {
+        let line = text
+            .body
+            .lines()
+            .find(|l| l.starts_with(&format!("{name}{{")) && labels.iter().all(|x| l.contains(x)))
+            .unwrap_or_else(|| panic!("{name} {labels:?} not in\n{}", text.body));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    let snap = w.broker.snapshot();
+    for s in &snap.subscriptions {
+        let l = format!(r#"subscription="{}""#, s.name);
+        let c = &s.counters;
+        assert_eq!(
+            value("messaging_client_sent_messages", &[&l]),
+            c.offered as f64
+        ); // R-OPS-2
+        assert_eq!(
+            value("messaging_client_consumed_messages", &[&l]),
+            c.attempts as f64
+        ); // R-OPS-2
+        assert_eq!(
+            value("tidings_subscription_delivered", &[&l]),
+            c.delivered as f64
+        ); // R-OPS-2
+        assert_eq!(value("tidings_subscription_depth", &[&l]), c.queued as f64); // R-OPS-2
+    }
+    let billing = r#"subscription="billing""#;
+    assert_eq!(
+        value(
+            "tidings_subscription_dlq_size",
+            &[billing, r#"reason="rejected""#]
+        ),
+        3.0
+    ); // R-OPS-2
+    assert_eq!(value("tidings_subscription_delivered", &[billing]), 2.0);
+    let calls = value("messaging_process_duration_count", &[billing]);
+    assert_eq!(
+        calls,
+        snap.subscription_named("billing")
+            .unwrap()
+            .counters
+            .attempts as f64
+    ); // R-OPS-2
+    let lag = value("tidings_subscription_lag", &[r#"stream="orders""#]);
+    assert_eq!(
+        lag,
+        snap.subscription_named("durable:orders/ship")
+            .unwrap()
+            .durable
+            .as_ref()
+            .unwrap()
+            .lag as f64
+    ); // R-OPS-2
+}
