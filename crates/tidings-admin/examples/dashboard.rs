@@ -106,7 +106,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut n: u64 = 0;
     while run_for.is_none_or(|d| started.elapsed() < d) {
         n += 1;
-        let priority = if n % 10 == 0 {
+        let priority = if n.is_multiple_of(10) {
             Priority::High
         } else {
             Priority::Normal
@@ -117,7 +117,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .header("customer", format!("c-{}", n % 13))
                 .priority(priority),
         )?;
-        if n % 3 == 0 {
+        if n.is_multiple_of(3) {
             broker.publish(Message::to("orders.paid").payload(n.to_string()))?;
         }
         std::thread::sleep(Duration::from_millis(200));

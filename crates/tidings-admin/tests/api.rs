@@ -66,7 +66,9 @@ fn bad_requests_get_typed_4xx_json_errors_and_never_a_panic() {
     w.orders(2);
     let addr = w.addr();
     let ship = w.ship.id().get();
-    let cases: Vec<(&str, &str, String, Option<&str>, u16, &str)> = vec![
+    // (method, what, path, body, status, error code)
+    type Case<'a> = (&'a str, &'a str, String, Option<&'a str>, u16, &'a str);
+    let cases: Vec<Case> = vec![
         // Unknown subscription, for reads and actions.
         (
             "GET",
