@@ -104,6 +104,11 @@ pub struct AdminServer {
 impl AdminServer {
     /// Bind and start serving `broker` per `config`. Returns once the socket is bound.
     ///
+    /// The server keeps its `Broker` handle until it stops, so dropping the application's
+    /// own handles does not close the broker while the server runs: call
+    /// [`Broker::close`](tidings::Broker::close) (the server then shows it closed) or shut
+    /// the server down first.
+    ///
     /// # Errors
     /// The address could not be bound, an empty token, or no thread could be started.
     pub fn start(broker: Broker, config: AdminConfig) -> Result<Self, StartError> {

@@ -20,10 +20,10 @@
 //! # Metrics
 //! With the `metrics` feature, [`Broker::export_metrics`](crate::Broker::export_metrics)
 //! writes the snapshot's values to the installed `metrics` recorder; the processing-time
-//! histogram is recorded per handler call. See [`metrics`](self::metrics) for the names.
+//! histogram is recorded per handler call. See the `metrics` module (feature `metrics`) for the names.
 //!
 //! # Traces
-//! Publish and process run in `tracing` spans; see [`trace`](self::trace).
+//! Publish and process run in `tracing` spans; see [`trace`].
 
 pub(crate) mod actions;
 #[cfg(feature = "metrics")]

@@ -31,6 +31,13 @@
 //! and the header crosses any backend that keeps headers — so a trace continues in
 //! another process too. The header counts against the message's header limits; when it
 //! would exceed them it is left out.
+//!
+//! # Limits
+//! The ids are tidings' own and travel as span *fields*: tidings does not depend on an
+//! OpenTelemetry SDK, so a `tracing-opentelemetry` layer does not link these spans by
+//! itself. To join an OpenTelemetry trace, inject the current context into the
+//! `traceparent` header when publishing (tidings keeps a header it is given) and, in the
+//! handler, extract it from [`Message::header`] and set it as the parent of your span.
 
 use std::cell::RefCell;
 
