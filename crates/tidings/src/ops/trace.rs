@@ -241,13 +241,9 @@ impl TraceParent {
         (tp.trace != 0 && tp.span != 0).then_some(tp)
     }
 
+    /// The header value, formatted in one allocation (this runs on every publish).
     fn header(&self) -> String {
-        format!(
-            "00-{}-{}-{:02x}",
-            self.trace_hex(),
-            self.span_hex(),
-            self.flags
-        )
+        format!("00-{:032x}-{:016x}-{:02x}", self.trace, self.span, self.flags)
     }
 
     pub(crate) fn trace_hex(&self) -> String {
