@@ -33,8 +33,21 @@ impl Visit for FieldVisitor<'_> {
     }
 }
 
-impl<S: tracing::Subscriber + for<'a> LookupSpan<'a>> tracing_subscriber::Layer<S> for Recorder {
+/// The one global subscriber's layer: it hands each span to the [`Recorder`] of the test
+/// running on the current thread, if any. (A global subscriber rather than per-test
+/// `with_default` ones: scoped dispatchers in parallel tests race on tracing's per-callsite
+/// interest cache and can miss spans.)
+struct Router;
+
+thread_local! {
+    static SINK: std::cell::RefCell<Option<Recorder>> = const { std::cell::RefCell::new(None) };
+}
+
+impl<S: tracing::Subscriber + for<'a> LookupSpan<'a>> tracing_subscriber::Layer<S> for Router {
     fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
+        let Some(sink) = SINK.with(|s| s.borrow().clone()) else {
+            return;
+        };
         let mut rec = SpanRec {
             name: attrs.metadata().name().to_owned(),
             ..Default::default()
@@ -44,10 +57,13 @@ impl<S: tracing::Subscriber + for<'a> LookupSpan<'a>> tracing_subscriber::Layer<
             .span(id)
             .and_then(|s| s.parent())
             .map(|p| p.name().to_owned());
-        self.0.lock().push((id.into_u64(), rec));
+        sink.0.lock().push((id.into_u64(), rec));
     }
     fn on_record(&self, id: &Id, values: &Record<'_>, _ctx: Context<'_, S>) {
-        let mut all = self.0.lock();
+        let Some(sink) = SINK.with(|s| s.borrow().clone()) else {
+            return;
+        };
+        let mut all = sink.0.lock();
         if let Some((_, rec)) = all.iter_mut().rev().find(|(i, _)| *i == id.into_u64()) {
             values.record(&mut FieldVisitor(&mut rec.fields));
         }
@@ -55,6 +71,19 @@ impl<S: tracing::Subscriber + for<'a> LookupSpan<'a>> tracing_subscriber::Layer<
 }
 
 impl Recorder {
+    /// Run `f` with the spans created on this thread recorded here.
+    fn scope<T>(&self, f: impl FnOnce() -> T) -> T {
+        static GLOBAL: std::sync::Once = std::sync::Once::new();
+        GLOBAL.call_once(|| {
+            tracing::subscriber::set_global_default(tracing_subscriber::registry().with(Router))
+                .expect("no other global subscriber in this test binary");
+        });
+        SINK.with(|s| *s.borrow_mut() = Some(self.clone()));
+        let out = f();
+        SINK.with(|s| *s.borrow_mut() = None);
+        out
+    }
+
     fn named(&self, name: &str) -> Vec<SpanRec> {
         self.0
             .lock()
@@ -76,8 +105,7 @@ fn manual() -> Broker {
 #[test]
 fn publish_and_process_spans_carry_the_messaging_attributes() {
     let rec = Recorder::default();
-    let subscriber = tracing_subscriber::registry().with(rec.clone());
-    tracing::subscriber::with_default(subscriber, || {
+    rec.scope(|| {
         let b = manual();
         let _s = b
             .subscribe(
@@ -126,8 +154,7 @@ fn publish_and_process_spans_carry_the_messaging_attributes() {
 fn the_handlers_span_continues_the_publishers_trace() {
     let rec = Recorder::default();
     let seen = Arc::new(Mutex::new(Vec::<String>::new()));
-    let subscriber = tracing_subscriber::registry().with(rec.clone());
-    tracing::subscriber::with_default(subscriber, || {
+    rec.scope(|| {
         let b = manual();
         let weak = b.downgrade();
         let seen2 = seen.clone();
@@ -209,12 +236,11 @@ fn a_traceparent_given_by_the_publisher_is_kept() {
 fn async_handlers_run_in_their_process_span_across_awaits() {
     use std::time::{Duration, Instant};
     let rec = Recorder::default();
-    let subscriber = tracing_subscriber::registry().with(rec.clone());
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
-    tracing::subscriber::with_default(subscriber, || {
+    rec.scope(|| {
         rt.block_on(async {
             let b = Broker::builder()
                 .driver(Driver::Tokio(tokio::runtime::Handle::current()))

@@ -243,7 +243,10 @@ impl TraceParent {
 
     /// The header value, formatted in one allocation (this runs on every publish).
     fn header(&self) -> String {
-        format!("00-{:032x}-{:016x}-{:02x}", self.trace, self.span, self.flags)
+        format!(
+            "00-{:032x}-{:016x}-{:02x}",
+            self.trace, self.span, self.flags
+        )
     }
 
     pub(crate) fn trace_hex(&self) -> String {
