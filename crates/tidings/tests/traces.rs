@@ -313,3 +313,51 @@ fn async_handlers_run_in_their_process_span_across_awaits() {
         assert_eq!(shipped.fields["trace_id"], created.fields["trace_id"]); // R-OPS-3
     }
 }
+
+// The trace context is stored with the message in a durable stream: a handler reading it
+// after a restart (another broker on the same data dir, as another process would) still
+// continues the publisher's trace.
+#[cfg(feature = "otel")]
+#[test]
+fn the_trace_survives_a_durable_stream_and_a_restart() {
+    use tidings::{StartAt, StreamConfig};
+    let dir = tempfile::tempdir().unwrap();
+    let open = || {
+        let b = Broker::builder()
+            .driver(Driver::Manual)
+            .clock(ManualClock::new())
+            .data_dir(dir.path())
+            .build()
+            .unwrap();
+        b.create_stream(StreamConfig::new("orders", ["orders.#"]))
+            .unwrap();
+        b
+    };
+    let rec = Recorder::default();
+    rec.scope(|| {
+        let first = open();
+        tracing::info_span!("checkout").in_scope(|| {
+            first.publish(Message::to("orders.created")).unwrap();
+        });
+        assert!(first.close(std::time::Duration::from_secs(5)).is_clean());
+        drop(first);
+        let second = open();
+        let _ship = second
+            .subscribe_durable(
+                "ship",
+                "orders",
+                "orders.#",
+                StartAt::Earliest,
+                SubscribeOptions::default(),
+                |_: &Message| Ok::<(), HandlerError>(()),
+            )
+            .unwrap();
+        second.run_until_idle();
+    });
+    let publish = rec.named("publish");
+    let process = rec.named("process");
+    assert_eq!((publish.len(), process.len()), (1, 1));
+    let (p, h) = (&publish[0].fields, &process[0].fields);
+    assert_eq!(h["parent_span_id"], p["span_id"]); // R-OPS-3 across a restart
+    assert_eq!(h["trace_id"], p["trace_id"]); // R-OPS-3
+}
