@@ -12,7 +12,7 @@ use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::Deserialize;
 use serde_json::json;
-use tidings::ops::{DeadLetterError, MAX_PAGE_SIZE, RedriveSelection, SeekError};
+use tidings::ops::{DeadLetterError, MAX_PAGE_SIZE, PageError, RedriveSelection, SeekError};
 use tidings::{Broker, MessageId, StartAt, StreamError};
 
 use crate::server::{AdminConfig, MetricsRender};
@@ -93,7 +93,18 @@ impl From<DeadLetterError> for ApiError {
             DeadLetterError::UnknownSubscription(_) => {
                 ApiError::new(StatusCode::NOT_FOUND, "unknown_subscription", e.to_string())
             }
-            DeadLetterError::PageTooLarge { .. } => {
+            other => ApiError::new(StatusCode::BAD_REQUEST, "bad_request", other.to_string()),
+        }
+    }
+}
+
+impl From<PageError> for ApiError {
+    fn from(e: PageError) -> Self {
+        match e {
+            PageError::UnknownSubscription(_) => {
+                ApiError::new(StatusCode::NOT_FOUND, "unknown_subscription", e.to_string())
+            }
+            PageError::PageTooLarge { .. } => {
                 ApiError::new(StatusCode::BAD_REQUEST, "page_too_large", e.to_string())
             }
             other => ApiError::new(StatusCode::BAD_REQUEST, "bad_request", other.to_string()),
@@ -250,7 +261,7 @@ async fn dead_letters(State(app): State<App>, id: IdPath, RawQuery(query): RawQu
     let offset = usize_param(&params, "offset", 0)?;
     let limit = usize_param(&params, "limit", DEFAULT_PAGE)?;
     if limit > MAX_PAGE_SIZE {
-        return Err(DeadLetterError::PageTooLarge {
+        return Err(PageError::PageTooLarge {
             requested: limit,
             max: MAX_PAGE_SIZE,
         }

@@ -133,11 +133,11 @@ fn dead_letter_actions_page_redrive_and_purge_by_subscription_id() {
     assert!(matches!(
         sc.broker
             .dead_letter_page(id, 0, tidings::ops::MAX_PAGE_SIZE + 1),
-        Err(tidings::ops::DeadLetterError::PageTooLarge { .. })
+        Err(tidings::ops::PageError::PageTooLarge { .. })
     ));
     assert!(matches!(
         sc.broker.dead_letter_page(999, 0, 1),
-        Err(tidings::ops::DeadLetterError::UnknownSubscription(999))
+        Err(tidings::ops::PageError::UnknownSubscription(999))
     ));
 
     // Redrive one entry by id: it leaves the DLQ only as it is re-offered (R-OPS-4).

@@ -122,10 +122,10 @@ pub struct RedriveOutcome {
     pub missing: Vec<String>,
 }
 
-/// Why a dead-letter operation failed.
+/// Why [`Broker::dead_letter_page`] failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
-pub enum DeadLetterError {
+pub enum PageError {
     /// No live subscription has this id.
     #[error("no live subscription with id {0}")]
     UnknownSubscription(u64),
@@ -137,6 +137,15 @@ pub enum DeadLetterError {
         /// [`MAX_PAGE_SIZE`].
         max: usize,
     },
+}
+
+/// Why [`Broker::redrive_dead_letters`] or [`Broker::purge_dead_letters`] failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DeadLetterError {
+    /// No live subscription has this id.
+    #[error("no live subscription with id {0}")]
+    UnknownSubscription(u64),
 }
 
 /// Why a seek failed.
@@ -170,16 +179,16 @@ impl Broker {
         id: u64,
         offset: usize,
         limit: usize,
-    ) -> Result<DeadLetterPage, DeadLetterError> {
+    ) -> Result<DeadLetterPage, PageError> {
         if limit > MAX_PAGE_SIZE {
-            return Err(DeadLetterError::PageTooLarge {
+            return Err(PageError::PageTooLarge {
                 requested: limit,
                 max: MAX_PAGE_SIZE,
             });
         }
         let sub = self
             .live_subscription(id)
-            .ok_or(DeadLetterError::UnknownSubscription(id))?;
+            .ok_or(PageError::UnknownSubscription(id))?;
         let mut core = sub.core.lock();
         let dlq = &core.ledger_mut().dlq;
         let mut by_reason = BTreeMap::new();

@@ -33,7 +33,7 @@ pub mod trace;
 
 pub use actions::{
     DeadLetterEntry, DeadLetterError, DeadLetterPage, MAX_PAGE_SIZE, PAYLOAD_PREVIEW_BYTES,
-    RedriveOutcome, RedriveSelection, SeekError,
+    PageError, RedriveOutcome, RedriveSelection, SeekError,
 };
 pub use snapshot::{
     BrokerSnapshot, Counters, DeadLetterSummary, DurableSnapshot, OptionsSummary, StreamSnapshot,
