@@ -135,6 +135,7 @@ impl BrokerBuilder {
             close_done: Condvar::new(),
             manual_clock: self.manual_clock,
             streams: crate::stream::Streams::new(self.data_dir),
+            driver_name: crate::ops::snapshot::driver_name(&self.driver),
         });
         let waiter: Weak<dyn ClockWaiter> = Arc::downgrade(&inner) as Weak<dyn ClockWaiter>;
         inner.clock.register_waiter(waiter);
@@ -201,6 +202,8 @@ pub(crate) struct BrokerInner {
     manual_clock: Option<ManualClock>,
     /// Durable streams and durable subscriptions (src/stream).
     pub(crate) streams: crate::stream::Streams,
+    /// The driver's name, for the snapshot (src/ops/snapshot.rs).
+    pub(crate) driver_name: &'static str,
 }
 
 impl Broker {
@@ -583,10 +586,17 @@ impl BrokerInner {
     }
 
     pub(crate) fn publish_builder(&self, b: MessageBuilder) -> Result<PublishReport, PublishError> {
+        // R-OPS-3: the publish span, and (feature `otel`) the traceparent header (src/ops).
+        let span = crate::ops::trace::publish_span(&b.topic);
+        let _entered = span.enter();
         if self.closed.load(Ordering::Acquire) {
             return Err(PublishError::Closed);
         }
-        let message = Arc::new(self.build_message(b)?);
+        let message = Arc::new(crate::ops::trace::stamped(
+            self.build_message(b)?,
+            &self.limits,
+        ));
+        crate::ops::trace::record_published(&span, &message);
         // Durable streams first: a failed append fails the publish (src/stream).
         let streams = self.streams.append(&message)?;
         let mut report = match self.due_time(&message) {
@@ -809,7 +819,7 @@ impl BrokerInner {
     }
 
     /// Every live subscription, the internal ones included, in id order.
-    fn live(&self) -> Vec<Arc<SubShared>> {
+    pub(crate) fn live(&self) -> Vec<Arc<SubShared>> {
         let reg = self.registry.read();
         let mut subs: Vec<Arc<SubShared>> = reg
             .all
@@ -825,6 +835,12 @@ impl BrokerInner {
     /// delayed message is scheduled.
     fn is_idle(&self) -> bool {
         self.scheduler.len() == 0 && self.live().iter().all(|s| s.is_idle())
+    }
+
+    /// The user's subscriptions (not the internal reply inbox), in id order: what the
+    /// snapshot shows and the admin actions may touch.
+    pub(crate) fn user_subscriptions(&self) -> Vec<Arc<SubShared>> {
+        self.registry.read().all.values().cloned().collect()
     }
 
     fn run_until_idle(&self) -> usize {

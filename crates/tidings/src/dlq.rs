@@ -160,6 +160,11 @@ impl DeadLetterQueue {
         }
     }
 
+    /// The entries, oldest first (snapshot and admin pages, src/ops).
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &DeadLetter> {
+        self.entries.iter()
+    }
+
     pub(crate) fn len(&self) -> usize {
         self.entries.len()
     }

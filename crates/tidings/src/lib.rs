@@ -50,6 +50,7 @@ pub mod filter;
 mod handler;
 mod limits;
 mod message;
+pub mod ops;
 mod options;
 mod queue;
 mod report;
@@ -74,8 +75,8 @@ pub use handler::{FnHandler, Handler, HandlerError, IntoHandlerResult, handler_f
 pub use limits::Limits;
 pub use message::{Headers, Message, MessageBuilder, MessageId, Priority};
 pub use options::{
-    Concurrency, DeadLetterOptions, DeliveryMode, MAX_WORKERS_PER_SUBSCRIPTION, Overflow,
-    Predicate, SubscribeOptions,
+    Concurrency, DeadLetterOptions, DeliveryMode, MAX_NAME_LEN, MAX_WORKERS_PER_SUBSCRIPTION,
+    Overflow, Predicate, SubscribeOptions,
 };
 pub use report::{CloseReport, PublishReport, Undelivered};
 pub use request::RequestError;

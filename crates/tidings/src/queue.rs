@@ -172,6 +172,19 @@ impl PriorityQueue {
         }
     }
 
+    /// Messages waiting at each priority level, lowest first, keyed ones included
+    /// (R-OPS-1 snapshot).
+    pub(crate) fn depth_by_level(&self, out: &mut [u64; Priority::LEVELS]) {
+        for (slot, level) in out.iter_mut().zip(&self.levels) {
+            *slot += level.len() as u64;
+        }
+        for fifo in self.keys.values() {
+            for (_, q) in fifo {
+                out[q.message.priority().index()] += 1;
+            }
+        }
+    }
+
     /// Enqueue time of the longest-waiting message, whatever its level or key.
     pub(crate) fn oldest_enqueued(&self) -> Option<Instant> {
         let unkeyed = self

@@ -194,7 +194,16 @@ async fn dispatch(sub: &SubShared, slots: &Slots, worker: usize) {
         match sub.poll(worker) {
             Poll::Deliver(delivery) => {
                 let outcome = match sub.async_handler() {
-                    Some(handler) => run_async(handler, delivery.message.clone()).await,
+                    // R-OPS-3 span, R-OPS-2 duration histogram (src/ops/trace.rs).
+                    Some(handler) => {
+                        crate::ops::trace::in_process_span_async(
+                            &delivery.message,
+                            &sub.name,
+                            delivery.attempt,
+                            run_async(handler, delivery.message.clone()),
+                        )
+                        .await
+                    }
                     None => sub.run(&delivery),
                 };
                 sub.complete(delivery, outcome);

@@ -537,6 +537,16 @@ impl Core {
         }
     }
 
+    /// Queued messages per priority level, lowest first (R-OPS-1 snapshot).
+    pub(crate) fn depth_by_priority(&self) -> [u64; crate::message::Priority::LEVELS] {
+        let mut out = [0; crate::message::Priority::LEVELS];
+        match &self.flavor {
+            Flavor::Lanes(x) => x.depth_by_priority(&mut out),
+            Flavor::PerKey(x) => x.depth_by_priority(&mut out),
+        }
+        out
+    }
+
     pub(crate) fn ledger_mut(&mut self) -> &mut Ledger {
         &mut self.ledger
     }

@@ -9,7 +9,6 @@ use crate::message::Message;
 use crate::stats::SubscriptionStats;
 use crate::topic::Pattern;
 
-use super::core::Refusal;
 use super::shared::SubShared;
 
 /// Identifies a subscription within its broker. Ids are never reused by one broker.
@@ -94,24 +93,11 @@ impl Subscription {
     /// unsubscribed or closed subscription every offer is refused and every entry stays.
     /// Under `Overflow::Block` the redrive waits for room like any publisher.
     pub fn redrive(&self, select: impl FnMut(&DeadLetter) -> bool) -> RedriveReport {
-        let entries = self.shared.core.lock().ledger_mut().dlq.take_where(select);
-        let mut report = RedriveReport::default();
-        let mut keep = Vec::new();
-        for e in entries {
-            match self.shared.offer_unfiltered(&e.message) {
-                Ok(()) => report.accepted += 1,
-                // The core dead-lettered it again (a new Overflow entry).
-                Err(Refusal::Overflow) => report.refused += 1,
-                Err(_) => {
-                    report.refused += 1;
-                    keep.push(e);
-                }
-            }
+        let done = self.shared.redrive(select);
+        RedriveReport {
+            accepted: done.accepted,
+            refused: done.overflowed + done.returned,
         }
-        if !keep.is_empty() {
-            self.shared.core.lock().ledger_mut().dlq.restore(keep);
-        }
-        report
     }
     /// Unsubscribe now: later offers are refused, a handler call in flight completes, and
     /// what was still queued is returned (and dead-lettered as `Shutdown` when the DLQ

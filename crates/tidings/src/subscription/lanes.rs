@@ -107,6 +107,13 @@ impl Lanes {
             .min()
     }
 
+    /// Queued messages per priority level, lowest first (R-OPS-1 snapshot).
+    pub(crate) fn depth_by_priority(&self, out: &mut [u64; crate::message::Priority::LEVELS]) {
+        for lane in &self.lanes {
+            lane.queue.depth_by_level(out);
+        }
+    }
+
     pub(crate) fn oldest_enqueued(&self) -> Option<Instant> {
         self.lanes
             .iter()

@@ -152,6 +152,15 @@ impl PerKey {
         self.parked.iter().map(|p| p.due).min()
     }
 
+    /// Queued messages per priority level, lowest first (R-OPS-1 snapshot).
+    pub(crate) fn depth_by_priority(&self, out: &mut [u64; crate::message::Priority::LEVELS]) {
+        for k in self.keys.values() {
+            for (_, q) in &k.pending {
+                out[q.message.priority().index()] += 1;
+            }
+        }
+    }
+
     pub(crate) fn oldest_enqueued(&self) -> Option<Instant> {
         self.keys
             .values()

@@ -22,6 +22,19 @@ use super::core::{Core, Delivery, Offered, Poll, Refusal};
 use super::handle::SubscriptionId;
 use super::ledger::Forwards;
 
+/// What [`SubShared::redrive`] did with the entries it took.
+#[derive(Debug, Default)]
+pub(crate) struct Redriven {
+    /// Ids of every entry taken out of the DLQ to be re-offered.
+    pub(crate) taken: Vec<crate::message::MessageId>,
+    /// Re-offered and accepted.
+    pub(crate) accepted: usize,
+    /// Refused for a full queue: dead-lettered again as `Overflow`.
+    pub(crate) overflowed: usize,
+    /// Refused otherwise (closed): put back in place.
+    pub(crate) returned: usize,
+}
+
 /// Header naming the reason on messages forwarded to a dead-letter topic.
 pub const DLQ_REASON_HEADER: &str = "tidings-dlq-reason";
 
@@ -76,6 +89,8 @@ pub(crate) struct SubShared {
     workers: usize,
     // --- durable streams (src/stream): completion hook, set once; see `set_on_finished`.
     on_finished: OnceLock<FinishedHook>,
+    /// What it was configured with, for the snapshot (src/ops/snapshot.rs, R-OPS-1).
+    pub(crate) summary: crate::ops::snapshot::OptionsSummary,
 }
 
 /// Called (outside the subscription lock) with messages that finished for good.
@@ -108,6 +123,7 @@ impl SubShared {
             space: Condvar::new(),
             broker,
             on_finished: OnceLock::new(),
+            summary: crate::ops::snapshot::OptionsSummary::of(options),
         }
     }
 
@@ -173,6 +189,29 @@ impl SubShared {
             Offered::Refused(r) => Err(r),
             Offered::Full => Err(Refusal::Overflow),
         }
+    }
+
+    /// Re-offer the dead letters `select` picks (R-DEL-4), loss-safe: an entry leaves the
+    /// DLQ only when the queue accepted it, or when a full queue dead-lettered it again as
+    /// `Overflow` (a new entry at the back); any other refusal (closed) puts it back in
+    /// place. One step for `Subscription::redrive` and the admin actions.
+    pub(crate) fn redrive(&self, select: impl FnMut(&crate::dlq::DeadLetter) -> bool) -> Redriven {
+        let entries = self.core.lock().ledger_mut().dlq.take_where(select);
+        let mut done = Redriven::default();
+        let mut keep = Vec::new();
+        for e in entries {
+            done.taken.push(e.message.id());
+            match self.offer_unfiltered(&e.message) {
+                Ok(()) => done.accepted += 1,
+                Err(Refusal::Overflow) => done.overflowed += 1,
+                Err(_) => keep.push(e),
+            }
+        }
+        done.returned = keep.len();
+        if !keep.is_empty() {
+            self.core.lock().ledger_mut().dlq.restore(keep);
+        }
+        done
     }
 
     /// Header filter, then predicate. `Err` with the panic text when the user's predicate
@@ -241,7 +280,13 @@ impl SubShared {
     /// Run the handler for one delivery: no lock held, panics caught (R-CORE-2, R-DEL-1).
     pub(crate) fn run(&self, delivery: &Delivery) -> Result<(), HandlerError> {
         match &self.handler {
-            HandlerKind::Sync(h) => invoke(h.as_ref(), &delivery.message),
+            // R-OPS-3 span; R-OPS-2 duration histogram (feature `metrics`), src/ops.
+            HandlerKind::Sync(h) => crate::ops::trace::in_process_span(
+                &delivery.message,
+                &self.name,
+                delivery.attempt,
+                || crate::ops::timed(&self.name, || invoke(h.as_ref(), &delivery.message)),
+            ),
             // Unreachable: refused at subscribe under non-tokio drivers, and the tokio
             // driver awaits it via `async_handler`. Dead-letter rather than panic.
             #[cfg(feature = "tokio")]

@@ -1,0 +1,40 @@
+//! # tidings-admin
+//!
+//! An HTTP admin API and a live dashboard for a running [`tidings::Broker`] (R-OPS-4).
+//!
+//! # Security
+//! The server binds to `127.0.0.1` unless told otherwise, and is **read-only** unless
+//! actions are enabled with [`AdminConfig::enable_actions`], which requires a bearer token.
+//! An action request without the token, or with a wrong one, gets `401` and changes nothing;
+//! with actions disabled, every action gets `403`.
+//!
+//! # Endpoints
+//! | method & path | answer |
+//! |---|---|
+//! | `GET /` | the dashboard: one self-contained HTML page (no CDN, no build step) |
+//! | `GET /api/info` | `{"actions_enabled": bool, "version": ..}` |
+//! | `GET /api/snapshot` | [`tidings::ops::BrokerSnapshot`] |
+//! | `GET /api/subscriptions/{id}/dead-letters?offset=0&limit=50` | [`tidings::ops::DeadLetterPage`] (`limit` ≤ 1000) |
+//! | `POST /api/subscriptions/{id}/dead-letters/redrive` | body `{"all": true}` or `{"ids": ["<32 hex>", ..]}` → [`tidings::ops::RedriveOutcome`] |
+//! | `POST /api/subscriptions/{id}/dead-letters/purge` | `{"purged": n}` |
+//! | `POST /api/subscriptions/{id}/seek` | body `{"to": "earliest"}`, `{"to": "latest"}`, `{"offset": n}` or `{"time_ms": t}` → `{"position": n}` |
+//! | `GET /metrics` | whatever [`AdminConfig::metrics`] renders (e.g. Prometheus text) |
+//!
+//! # Failure
+//! Every bad request gets a 4xx answer with a JSON body `{"error": "<code>", "message":
+//! "<text>"}`: `bad_request`/`bad_json`/`page_too_large` (400), `unauthorized` (401),
+//! `actions_disabled` (403), `unknown_subscription`/`not_found` (404),
+//! `method_not_allowed` (405), `gone` (409: none of the requested dead-letter entries is in
+//! the DLQ any more), `body_too_large` (413, beyond 2 MB), `not_durable`/`out_of_range`
+//! (422). A seek whose position cannot be written gets `seek_failed` (500).
+//! Handlers never panic on input.
+//!
+//! # Redrive
+//! Loss-safe and race-free: each entry is taken out of the DLQ atomically and then
+//! re-offered (see [`tidings::Broker::redrive_dead_letters`]); two concurrent redrives of
+//! the same entry re-offer it once, and the loser sees it under `missing`.
+
+mod http;
+mod server;
+
+pub use server::{AdminConfig, AdminServer, StartError};

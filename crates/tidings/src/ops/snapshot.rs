@@ -1,0 +1,450 @@
+//! One call that shows everything about a running broker (R-OPS-1, R-BP-3).
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::broker::Broker;
+use crate::driver::Driver;
+use crate::message::{Priority, millis_since_epoch};
+use crate::options::{Concurrency, DeliveryMode, Overflow, SubscribeOptions};
+use crate::retry::Retry;
+use crate::stats::SubscriptionStats;
+use crate::stream::StreamInner;
+use crate::stream::durable::Durable;
+use crate::subscription::handle::SubscriptionId;
+use crate::subscription::shared::SubShared;
+
+/// Everything about a broker at one moment (R-OPS-1).
+///
+/// Each subscription's figures are read under that subscription's lock, so they are
+/// consistent per subscription (R-DEL-6 holds within each entry at a quiescent point);
+/// different subscriptions are read one after the other.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct BrokerSnapshot {
+    /// The broker clock's wall time when the snapshot was taken, in ms since the Unix epoch.
+    pub taken_at_ms: u64,
+    /// The driver: `thread`, `pool`, `tokio` or `manual`.
+    pub driver: String,
+    /// True once close has begun.
+    pub closed: bool,
+    /// Delayed messages waiting in the scheduler.
+    pub scheduled: u64,
+    /// Every live subscription, by ascending id.
+    pub subscriptions: Vec<SubscriptionSnapshot>,
+    /// Every open stream, by name.
+    pub streams: Vec<StreamSnapshot>,
+}
+
+impl BrokerSnapshot {
+    /// The subscription with this numeric id, if it is in the snapshot.
+    #[must_use]
+    pub fn subscription(&self, id: u64) -> Option<&SubscriptionSnapshot> {
+        self.subscriptions.iter().find(|s| s.id == id)
+    }
+
+    /// The first subscription with this name, if any.
+    #[must_use]
+    pub fn subscription_named(&self, name: &str) -> Option<&SubscriptionSnapshot> {
+        self.subscriptions.iter().find(|s| s.name == name)
+    }
+}
+
+/// Buffered (push, fed by the topic router) or durable (a cursor over a stream).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum SubscriptionKind {
+    /// Fed by publish through the topic router into its bounded queue.
+    Buffered,
+    /// Fed from a stream by its cursor.
+    Durable,
+}
+
+/// One subscription (R-OPS-1).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct SubscriptionSnapshot {
+    /// Its numeric id ([`SubscriptionId::get`]).
+    pub id: u64,
+    /// Its name (the id's display form unless one was given).
+    pub name: String,
+    /// The pattern it subscribed with (a durable subscription's filter).
+    pub pattern: String,
+    /// Buffered or durable.
+    pub kind: SubscriptionKind,
+    /// What it was configured with.
+    pub options: OptionsSummary,
+    /// Its counters (R-DEL-6).
+    pub counters: Counters,
+    /// Messages queued, by priority level, lowest first (`low`, `normal`, `high`, `urgent`);
+    /// they add up to `counters.queued`.
+    pub depth_by_priority: Vec<u64>,
+    /// How long the oldest queued message has waited, in ms (none when the queue is empty).
+    pub oldest_age_ms: Option<u64>,
+    /// Its in-memory dead-letter queue.
+    pub dead_letters: DeadLetterSummary,
+    /// Stream, position, committed offset and lag, for a durable subscription.
+    pub durable: Option<DurableSnapshot>,
+}
+
+/// A subscription's options, summarised (R-OPS-1).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct OptionsSummary {
+    /// Queue capacity (a durable subscription's window).
+    pub capacity: usize,
+    /// Overflow policy, e.g. `reject`, `drop_oldest(keep)`, `block(250ms)`.
+    pub overflow: String,
+    /// Retry policy, e.g. `none`, `fixed(3 × 100ms)`, `exponential(5 × 100ms ×2 ≤30s)`.
+    pub retry: String,
+    /// Concurrency, e.g. `serial`, `lanes(4)`, `per_key(8)`.
+    pub concurrency: String,
+    /// `at_least_once` or `at_most_once`.
+    pub delivery: String,
+    /// Time-to-live applied to every message, in ms.
+    pub ttl_ms: Option<u64>,
+    /// Dead-letter queue capacity.
+    pub dlq_capacity: usize,
+    /// Topic dead letters are forwarded to, if any.
+    pub dlq_topic: Option<String>,
+    /// True when a predicate or header filter is set.
+    pub filtered: bool,
+}
+
+impl OptionsSummary {
+    pub(crate) fn of(o: &SubscribeOptions) -> Self {
+        let overflow = match o.overflow {
+            Overflow::Reject => "reject".to_owned(),
+            Overflow::DropOldest { keep: true } => "drop_oldest(keep)".to_owned(),
+            Overflow::DropOldest { keep: false } => "drop_oldest".to_owned(),
+            Overflow::Block { timeout } => format!("block({timeout:?})"),
+        };
+        let retry = match &o.retry {
+            Retry::None => "none".to_owned(),
+            Retry::Fixed {
+                delay,
+                max_attempts,
+            } => format!("fixed({max_attempts} × {delay:?})"),
+            Retry::Exponential {
+                initial,
+                multiplier,
+                max,
+                max_attempts,
+                ..
+            } => format!("exponential({max_attempts} × {initial:?} ×{multiplier} ≤{max:?})"),
+            Retry::Custom(_) => "custom".to_owned(),
+            // Refused at subscribe; never seen on a live subscription.
+            Retry::Inconsistent(_) => "inconsistent".to_owned(),
+        };
+        let concurrency = match o.concurrency {
+            Concurrency::Serial => "serial".to_owned(),
+            Concurrency::Lanes(n) => format!("lanes({n})"),
+            Concurrency::PerKey { max_in_flight } => format!("per_key({max_in_flight})"),
+        };
+        let delivery = match o.delivery {
+            DeliveryMode::AtLeastOnce => "at_least_once",
+            DeliveryMode::AtMostOnce => "at_most_once",
+        };
+        Self {
+            capacity: o.capacity,
+            overflow,
+            retry,
+            concurrency,
+            delivery: delivery.to_owned(),
+            ttl_ms: o.ttl.map(|t| t.as_millis() as u64),
+            dlq_capacity: o.dead_letter.capacity,
+            dlq_topic: o.dead_letter.topic.clone(),
+            filtered: o.predicate.is_some() || o.header_filter.is_some(),
+        }
+    }
+}
+
+/// A subscription's counters (the figures of [`SubscriptionStats`], R-DEL-6), with the
+/// dead-lettered and refused counts by reason name.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct Counters {
+    /// Messages offered.
+    pub offered: u64,
+    /// Offers that entered the queue.
+    pub accepted: u64,
+    /// Offers refused, by reason: `filtered`, `overflow`, `closed`.
+    pub refused: BTreeMap<String, u64>,
+    /// Handler successes.
+    pub delivered: u64,
+    /// Accepted messages that left without success, by reason: `retries_exhausted`,
+    /// `rejected`, `expired`, `dropped_oldest`, `shutdown`.
+    pub dead_lettered: BTreeMap<String, u64>,
+    /// Messages queued now.
+    pub queued: u64,
+    /// Messages taken and not finished (running or waiting to retry).
+    pub in_flight: u64,
+    /// Handler calls (first attempts and retries).
+    pub attempts: u64,
+    /// Handler calls that failed.
+    pub failures: u64,
+    /// Failed handler calls that were followed by (or are waiting for) another attempt:
+    /// `failures - retries_exhausted - rejected`.
+    pub redelivered: u64,
+    /// Publishers blocked under `Overflow::Block` now.
+    pub blocked_publishers: u64,
+}
+
+impl Counters {
+    /// Sum of the refused counts.
+    #[must_use]
+    pub fn refused_total(&self) -> u64 {
+        self.refused.values().sum()
+    }
+    /// Sum of the dead-lettered counts.
+    #[must_use]
+    pub fn dead_lettered_total(&self) -> u64 {
+        self.dead_lettered.values().sum()
+    }
+
+    pub(crate) fn of(s: &SubscriptionStats) -> Self {
+        let refused = BTreeMap::from([
+            ("filtered".to_owned(), s.refused.filtered),
+            ("overflow".to_owned(), s.refused.overflow),
+            ("closed".to_owned(), s.refused.closed),
+        ]);
+        let d = &s.dead_lettered;
+        let dead_lettered = BTreeMap::from([
+            ("retries_exhausted".to_owned(), d.retries_exhausted),
+            ("rejected".to_owned(), d.rejected),
+            ("expired".to_owned(), d.expired),
+            ("dropped_oldest".to_owned(), d.dropped_oldest),
+            ("shutdown".to_owned(), d.shutdown),
+        ]);
+        Self {
+            offered: s.offered,
+            accepted: s.accepted,
+            refused,
+            delivered: s.delivered,
+            dead_lettered,
+            queued: s.queued,
+            in_flight: s.in_flight,
+            attempts: s.attempts,
+            failures: s.failures,
+            redelivered: s.failures.saturating_sub(d.retries_exhausted + d.rejected),
+            blocked_publishers: s.blocked_publishers,
+        }
+    }
+}
+
+/// A dead-letter queue's size (R-OPS-1).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct DeadLetterSummary {
+    /// Entries in it now.
+    pub len: u64,
+    /// Entries now in it, by [`DeadLetterReason::name`](crate::DeadLetterReason::name).
+    pub by_reason: BTreeMap<String, u64>,
+    /// Entries evicted because it was full.
+    pub evicted: u64,
+}
+
+/// The durable side of a durable subscription (R-OPS-1, R-BP-3).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct DurableSnapshot {
+    /// Its durable name.
+    pub name: String,
+    /// The stream it reads.
+    pub stream: String,
+    /// The next offset its reader will read.
+    pub position: u64,
+    /// The committed position: every offset below it is finished, durably.
+    pub committed: u64,
+    /// `stream end offset - committed`.
+    pub lag: u64,
+    /// Messages offered and not yet finished.
+    pub outstanding: u64,
+    /// Offsets skipped because retention removed them before they were read.
+    pub skipped: u64,
+    /// Why its reader halted, if it did.
+    pub error: Option<String>,
+    /// Records in its durable dead-letter log.
+    pub dead_letter_log_len: u64,
+}
+
+/// One open stream (R-OPS-1).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct StreamSnapshot {
+    /// Its name.
+    pub name: String,
+    /// The patterns it captures.
+    pub patterns: Vec<String>,
+    /// The earliest retained offset.
+    pub start_offset: u64,
+    /// One past the last readable record.
+    pub end_offset: u64,
+    /// Records retained: `end_offset - start_offset`.
+    pub records: u64,
+    /// Bytes of its segment files on disk.
+    pub bytes: u64,
+    /// Number of segment files.
+    pub segments: u64,
+    /// Retention: largest total size kept, in bytes.
+    pub retention_max_bytes: Option<u64>,
+    /// Retention: oldest age kept, in ms.
+    pub retention_max_age_ms: Option<u64>,
+    /// Fsync policy, e.g. `always`, `interval(100ms)`, `never`.
+    pub fsync: String,
+    /// Its directory.
+    pub dir: String,
+}
+
+/// The name the snapshot gives a driver.
+pub(crate) fn driver_name(d: &Driver) -> &'static str {
+    match d {
+        Driver::Thread => "thread",
+        Driver::Manual => "manual",
+        Driver::Pool { .. } => "pool",
+        #[cfg(feature = "tokio")]
+        Driver::Tokio(_) => "tokio",
+    }
+}
+
+impl Broker {
+    /// Everything about this broker now, in one call (R-OPS-1): every live subscription
+    /// (kind, pattern, options, counters, depth by priority, in-flight, oldest age, DLQ by
+    /// reason; stream, position, committed offset and lag for durable ones) and every open
+    /// stream (offsets, bytes, segments, retention). Serializable with `serde`.
+    ///
+    /// Takes each subscription's lock briefly, one at a time; never blocks publishers for
+    /// longer than one `stats()` call does. Stream sizes are read from the directory.
+    #[must_use]
+    pub fn snapshot(&self) -> BrokerSnapshot {
+        let inner = &self.inner;
+        let durables: HashMap<SubscriptionId, Arc<Durable>> = inner
+            .streams
+            .durables
+            .lock()
+            .values()
+            .filter_map(|w| w.upgrade())
+            .filter_map(|d| d.sub.upgrade().map(|s| (s.id, d)))
+            .collect();
+        let mut subs = inner.user_subscriptions();
+        subs.sort_by_key(|s| s.id);
+        let subscriptions = subs
+            .iter()
+            .map(|s| subscription_snapshot(s, durables.get(&s.id)))
+            .collect();
+        let streams = inner
+            .streams
+            .map
+            .read()
+            .values()
+            .map(|s| stream_snapshot(s))
+            .collect();
+        BrokerSnapshot {
+            taken_at_ms: millis_since_epoch(inner.clock.wall()),
+            driver: inner.driver_name.to_owned(),
+            closed: self.is_closed(),
+            scheduled: self.scheduled() as u64,
+            subscriptions,
+            streams,
+        }
+    }
+}
+
+fn subscription_snapshot(s: &SubShared, durable: Option<&Arc<Durable>>) -> SubscriptionSnapshot {
+    let now = s.clock.now();
+    let (stats, depth, by_reason) = {
+        let mut core = s.core.lock();
+        let stats = core.stats(now);
+        let depth = core.depth_by_priority();
+        let mut by_reason = BTreeMap::new();
+        for e in core.ledger_mut().dlq.iter() {
+            *by_reason.entry(e.reason.name().to_owned()).or_insert(0) += 1;
+        }
+        (stats, depth, by_reason)
+    };
+    debug_assert_eq!(depth.len(), Priority::LEVELS);
+    SubscriptionSnapshot {
+        id: s.id.get(),
+        name: s.name.clone(),
+        pattern: s.pattern.as_str().to_owned(),
+        kind: if durable.is_some() {
+            SubscriptionKind::Durable
+        } else {
+            SubscriptionKind::Buffered
+        },
+        options: s.summary.clone(),
+        counters: Counters::of(&stats),
+        depth_by_priority: depth.to_vec(),
+        oldest_age_ms: stats.oldest_age.map(|a| a.as_millis() as u64),
+        dead_letters: DeadLetterSummary {
+            len: stats.dlq_len,
+            by_reason,
+            evicted: stats.dlq_evicted,
+        },
+        durable: durable.map(|d| durable_snapshot(d)),
+    }
+}
+
+fn durable_snapshot(d: &Durable) -> DurableSnapshot {
+    let (position, committed, outstanding, skipped, error) = {
+        let st = d.state.lock();
+        (
+            st.cursor,
+            st.committed,
+            st.pending.len() as u64,
+            st.skipped,
+            st.error.clone(),
+        )
+    };
+    DurableSnapshot {
+        name: d.name.clone(),
+        stream: d.stream.name.clone(),
+        position,
+        committed,
+        lag: d.stream.log.end_offset().saturating_sub(committed),
+        outstanding,
+        skipped,
+        error,
+        dead_letter_log_len: d.dlq.end_offset().saturating_sub(d.dlq.start_offset()),
+    }
+}
+
+fn stream_snapshot(s: &StreamInner) -> StreamSnapshot {
+    let (start, end) = (s.log.start_offset(), s.log.end_offset());
+    let config = s.log.config();
+    let (segments, bytes) = segment_files(&s.dir);
+    StreamSnapshot {
+        name: s.name.clone(),
+        patterns: s.patterns.iter().map(|p| p.as_str().to_owned()).collect(),
+        start_offset: start,
+        end_offset: end,
+        records: end.saturating_sub(start),
+        bytes,
+        segments,
+        retention_max_bytes: config.retention.max_bytes,
+        retention_max_age_ms: config.retention.max_age.map(|a| a.as_millis() as u64),
+        fsync: match config.fsync {
+            tidings_log::Fsync::Always => "always".to_owned(),
+            tidings_log::Fsync::Interval(i) => format!("interval({i:?})"),
+            tidings_log::Fsync::Never => "never".to_owned(),
+        },
+        dir: s.dir.display().to_string(),
+    }
+}
+
+/// Count and size the `*.seg` files of a log directory (0, 0 when it cannot be read).
+fn segment_files(dir: &Path) -> (u64, u64) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return (0, 0);
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter(|e| e.path().extension().is_some_and(|x| x == "seg"))
+        .fold((0, 0), |(n, bytes), e| {
+            (n + 1, bytes + e.metadata().map_or(0, |m| m.len()))
+        })
+}
