@@ -282,17 +282,7 @@ impl Broker {
             .filter_map(|w| w.upgrade())
             .find(|d| d.sub.upgrade().is_some_and(|s| s.id == sub.id))
             .ok_or(SeekError::NotDurable(id))?;
-        // The same steps as `DurableSubscription::seek` (src/stream/durable.rs).
-        let target = durable.stream.resolve(at)?;
-        let mut st = durable.state.lock();
-        durable.store.store(target)?;
-        st.cursor = target;
-        st.pending.clear();
-        st.committed = target;
-        st.since_commit = 0;
-        st.error = None;
-        drop(st);
-        durable.room.notify_all();
+        let target = durable.seek(at)?;
         Ok(target)
     }
 }

@@ -89,6 +89,25 @@ pub(crate) struct Durable {
 }
 
 impl Durable {
+    /// Move the cursor and commit the new position (see [`DurableSubscription::seek`]; the
+    /// admin action `Broker::seek_subscription` takes the same step).
+    pub(crate) fn seek(&self, at: StartAt) -> Result<u64, StreamError> {
+        let target = self.stream.resolve(at)?;
+        let mut st = self.state.lock();
+        if st.retired {
+            return Err(StreamError::Closed);
+        }
+        self.commit_locked(&mut st, target)?;
+        st.cursor = target;
+        st.pending.clear();
+        st.committed = target;
+        st.since_commit = 0;
+        st.error = None;
+        drop(st);
+        self.room.notify_all();
+        Ok(target)
+    }
+
     pub(crate) fn new(
         name: String,
         stream: Arc<StreamInner>,
@@ -445,20 +464,7 @@ impl DurableSubscription {
     /// stream, [`StreamError::Closed`] once the broker closed, [`StreamError::Poisoned`]
     /// after a failed commit; nothing changes then. A poisoned cursor is not cleared.
     pub fn seek(&self, at: StartAt) -> Result<u64, StreamError> {
-        let target = self.durable.stream.resolve(at)?;
-        let mut st = self.durable.state.lock();
-        if st.retired {
-            return Err(StreamError::Closed);
-        }
-        self.durable.commit_locked(&mut st, target)?;
-        st.cursor = target;
-        st.pending.clear();
-        st.committed = target;
-        st.since_commit = 0;
-        st.error = None;
-        drop(st);
-        self.durable.room.notify_all();
-        Ok(target)
+        self.durable.seek(at)
     }
     /// The entries of the durable dead-letter log still in it (not drained or redriven),
     /// oldest first (R-DEL-4). Survives restarts.
