@@ -63,7 +63,14 @@ pub(crate) fn run(cmd: &LogCommand) -> ExitCode {
             print!("{report}");
             ExitCode::SUCCESS
         }),
-        LogTool::Verify { dir } => tools::verify(dir).map(|report| {
+        LogTool::Verify { dir } => {
+            // A bar on a terminal, a plain line per tenth otherwise (long logs).
+            let mut bar = crate::progress::Progress::new(format!("verify {}", dir.display()));
+            tools::verify_with_progress(&tidings_log::FsStorage, dir, &mut |done, total| {
+                bar.update(done, total)
+            })
+        }
+        .map(|report| {
             println!("{report}");
             if report.is_ok() {
                 ExitCode::SUCCESS

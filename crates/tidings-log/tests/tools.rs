@@ -158,3 +158,22 @@ fn verify_names_the_damaged_index_file() {
         );
     }
 }
+
+#[test]
+fn verify_reports_progress_once_per_segment() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (log, _) = Log::open(tmp.path(), config()).unwrap();
+    fill(&log, 60);
+    drop(log);
+    let mut calls = Vec::new();
+    let rep = tidings_log::tools::verify_with_progress(
+        &tidings_log::FsStorage,
+        tmp.path(),
+        &mut |done, total| calls.push((done, total)),
+    )
+    .unwrap();
+    assert!(rep.segments > 1, "the test wants several segments");
+    let total = rep.segments as u64;
+    let expected: Vec<_> = (1..=total).map(|d| (d, total)).collect();
+    assert_eq!(calls, expected);
+}

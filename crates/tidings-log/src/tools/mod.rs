@@ -12,7 +12,9 @@ use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
 
-pub use verify::{Problem, ProblemKind, VerifyReport, verify, verify_with_storage};
+pub use verify::{
+    Problem, ProblemKind, VerifyReport, verify, verify_with_progress, verify_with_storage,
+};
 
 use crate::dir::{self, BadEntry, Listing};
 use crate::error::ToolError;

@@ -136,6 +136,16 @@ pub fn verify(dir: impl AsRef<Path>) -> Result<VerifyReport, ToolError> {
 
 /// [`verify`] on any [`Storage`].
 pub fn verify_with_storage(storage: &dyn Storage, dir: &Path) -> Result<VerifyReport, ToolError> {
+    verify_with_progress(storage, dir, &mut |_, _| {})
+}
+
+/// [`verify_with_storage`], calling `progress(segments_done, segments_total)` after each
+/// segment (for a progress display on long logs).
+pub fn verify_with_progress(
+    storage: &dyn Storage,
+    dir: &Path,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<VerifyReport, ToolError> {
     let listing = listing(storage, dir)?;
     let mut rep = VerifyReport {
         dir: dir.to_path_buf(),
@@ -281,6 +291,7 @@ pub fn verify_with_storage(storage: &dyn Storage, dir: &Path) -> Result<VerifyRe
                 ),
             }
         }
+        progress(i as u64 + 1, bases.len() as u64);
     }
     Ok(rep)
 }
