@@ -249,10 +249,12 @@ impl TraceParent {
         )
     }
 
+    #[cfg_attr(not(feature = "otel"), allow(dead_code))]
     pub(crate) fn trace_hex(&self) -> String {
         format!("{:032x}", self.trace)
     }
 
+    #[cfg_attr(not(feature = "otel"), allow(dead_code))]
     pub(crate) fn span_hex(&self) -> String {
         format!("{:016x}", self.span)
     }
