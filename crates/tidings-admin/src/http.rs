@@ -93,6 +93,14 @@ impl From<DeadLetterError> for ApiError {
             DeadLetterError::UnknownSubscription(_) => {
                 ApiError::new(StatusCode::NOT_FOUND, "unknown_subscription", e.to_string())
             }
+            DeadLetterError::Closed(_) => {
+                ApiError::new(StatusCode::CONFLICT, "closed", e.to_string())
+            }
+            DeadLetterError::DurableLog { .. } => ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "durable_dlq_failed",
+                e.to_string(),
+            ),
             other => ApiError::new(StatusCode::BAD_REQUEST, "bad_request", other.to_string()),
         }
     }
@@ -107,6 +115,11 @@ impl From<PageError> for ApiError {
             PageError::PageTooLarge { .. } => {
                 ApiError::new(StatusCode::BAD_REQUEST, "page_too_large", e.to_string())
             }
+            PageError::DurableLog { .. } => ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "durable_dlq_failed",
+                e.to_string(),
+            ),
             other => ApiError::new(StatusCode::BAD_REQUEST, "bad_request", other.to_string()),
         }
     }
@@ -267,7 +280,14 @@ async fn dead_letters(State(app): State<App>, id: IdPath, RawQuery(query): RawQu
         }
         .into());
     }
-    json_ok(app.broker.dead_letter_page(id, offset, limit)?)
+    let broker = app.broker.clone();
+    // A durable subscription's page replays its log file: off the async thread.
+    let page = tokio::task::spawn_blocking(move || broker.dead_letter_page(id, offset, limit))
+        .await
+        .map_err(|e| {
+            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
+        })??;
+    json_ok(page)
 }
 
 /// Check that actions are enabled and the request carries the token.
@@ -383,7 +403,13 @@ async fn redrive(State(app): State<App>, id: IdPath, headers: HeaderMap, body: B
 async fn purge(State(app): State<App>, id: IdPath, headers: HeaderMap) -> ApiResult {
     authorize(&app, &headers)?;
     let id = path_id(id)?;
-    let purged = app.broker.purge_dead_letters(id)?;
+    let broker = app.broker.clone();
+    // A durable subscription's purge reads and appends to its log: off the async thread.
+    let purged = tokio::task::spawn_blocking(move || broker.purge_dead_letters(id))
+        .await
+        .map_err(|e| {
+            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
+        })??;
     json_ok(json!({ "purged": purged }))
 }
 

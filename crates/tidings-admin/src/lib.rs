@@ -20,6 +20,15 @@
 //! | `POST /api/subscriptions/{id}/seek` | body `{"to": "earliest"}`, `{"to": "latest"}`, `{"offset": n}` or `{"time_ms": t}` → `{"position": n}` |
 //! | `GET /metrics` | whatever [`AdminConfig::metrics`] renders (e.g. Prometheus text) |
 //!
+//! # Durable subscriptions
+//! For the id of a durable subscription, the three dead-letter endpoints act on its
+//! **durable** dead-letter log (R-DEL-4), the one that survives restarts: the page lists
+//! its entries (`"durable": true`, with `stream_offset`), redrive appends the selected
+//! entries to the stream again and syncs it before their removal is recorded, and purge
+//! drains the log (the subscription's in-memory copies go with them). A durable log that
+//! cannot be read or written gets `durable_dlq_failed` (500); a closing durable
+//! subscription gets `closed` (409).
+//!
 //! # Failure
 //! Every bad request gets a 4xx answer with a JSON body `{"error": "<code>", "message":
 //! "<text>"}`: `bad_request`/`bad_json`/`page_too_large` (400), `unauthorized` (401),

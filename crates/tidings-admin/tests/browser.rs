@@ -190,3 +190,87 @@ fn the_dashboard_renders_subscriptions_counts_and_dead_letters_in_a_browser() {
     assert!(b.contains(r#"data-dlq="0""#), "{b}"); // R-OPS-4
     assert!(b.contains(r#"data-delivered="5""#), "{b}"); // R-OPS-4: redriven and delivered
 }
+
+#[test]
+fn the_dashboard_shows_a_durable_subscriptions_durable_dead_letters() {
+    let Some(browser) = browser() else {
+        let required = std::env::var("TIDINGS_REQUIRE_BROWSER").is_ok_and(|v| v == "1");
+        assert!(
+            !required,
+            "TIDINGS_REQUIRE_BROWSER=1 but no chromium-headless-shell was found"
+        );
+        eprintln!("NOTICE: durable dashboard browser test skipped: no chromium-headless-shell");
+        return;
+    };
+    let w = World::start(AdminConfig::new().enable_actions(TOKEN));
+    w.failing.store(false, Ordering::SeqCst);
+    // A durable subscription that rejects every refund: its entry lands in its durable log.
+    let refunds = w
+        .broker
+        .subscribe_durable(
+            "refunds",
+            "orders",
+            "orders.refund",
+            tidings::StartAt::Earliest,
+            tidings::SubscribeOptions::default(),
+            |_: &Message| Err::<(), _>(tidings::HandlerError::reject("refund window closed")),
+        )
+        .unwrap();
+    w.broker
+        .publish(Message::to("orders.refund").payload("refund-7"))
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let dead = loop {
+        w.broker.run_until_idle();
+        let dead = refunds.durable_dead_letters().unwrap();
+        if !dead.is_empty() {
+            break dead;
+        }
+        assert!(Instant::now() < deadline, "no durable dead letter in 30 s");
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let dead_id = dead[0].message.id().to_string();
+    let offset = dead[0].message.offset().unwrap();
+    let id = refunds.id().get();
+    let profile = tempfile::tempdir().unwrap();
+    let url = format!("{}?dlq={id}", w.server.url());
+
+    let dom = run(&browser, profile.path(), &["--dump-dom"], &url);
+    assert!(
+        dom.contains(r#"data-loaded="true""#),
+        "the page never loaded:\n{dom}"
+    );
+    let e = row(&dom, &format!(r#"class="dlq-entry" data-id="{dead_id}""#));
+    assert!(e.contains(r#"data-durable="true""#), "{e}"); // R-OPS-4 the durable log's entry
+    assert!(e.contains(&format!("durable @{offset}")), "{e}"); // R-DEL-4 its stream offset
+    assert!(
+        e.contains("rejected") && e.contains("refund window closed"),
+        "{e}"
+    ); // R-OPS-4
+    assert!(
+        e.contains("refund-7") && e.contains(r#"class="redrive""#),
+        "{e}"
+    );
+
+    // Redrive it through the API: out of the durable log, and the page shows that.
+    let r = post(
+        w.addr(),
+        &format!("/api/subscriptions/{id}/dead-letters/redrive"),
+        &format!(r#"{{"ids":["{dead_id}"]}}"#),
+    );
+    assert_eq!(
+        (r.status, r.json()["accepted"].as_u64()),
+        (200, Some(1)),
+        "{r:?}"
+    );
+    let dom = run(&browser, profile.path(), &["--dump-dom"], &url);
+    assert!(
+        dom.contains(r#"data-loaded="true""#),
+        "the page never loaded:\n{dom}"
+    );
+    // The copy waits in the stream (the manual driver has not run): the log is empty.
+    assert!(!dom.contains(&dead_id), "the redriven entry is still shown"); // R-OPS-4
+    assert!(dom.contains(r#"id="dlq-empty""#), "no empty DLQ notice"); // R-OPS-4
+    assert!(refunds.durable_dead_letters().unwrap().is_empty()); // R-DEL-4
+    drop(refunds);
+}

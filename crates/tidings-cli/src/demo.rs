@@ -14,6 +14,11 @@
 //!
 //! Then a durable stream survives a crash (see [`durable_demo`]).
 //!
+//! With `--admin ADDR` the demo broker stays up after the scenario, before it is closed,
+//! with the admin dashboard, its JSON API and Prometheus `/metrics` on `ADDR` (R-OPS-4),
+//! until Ctrl-C (which ends the process there) or for `--for SECS` (then the run goes on
+//! to close and the checks). Only loopback addresses are served unless `--admin-public`.
+//!
 //! The run ends with a per-subscription table (the R-DEL-6 conservation check per row), a
 //! table of DLQ entries by reason, the close report and a list of checks; the exit code is 1
 //! when a check fails.
@@ -21,6 +26,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::error::Error;
 use std::fmt::Write as _;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
@@ -33,8 +39,8 @@ use tidings::{
     Subscription, SubscriptionStats,
 };
 
-use crate::EXIT_PROBLEM;
 use crate::durable_demo;
+use crate::{EXIT_PROBLEM, EXIT_USAGE};
 
 /// Arguments of `tidings demo`.
 #[derive(Debug, Args)]
@@ -47,6 +53,104 @@ pub(crate) struct DemoArgs {
     /// afterwards).
     #[arg(long, value_name = "DIR")]
     data_dir: Option<PathBuf>,
+    /// Keep the demo broker alive after the scenario with the admin dashboard, its JSON API
+    /// and Prometheus /metrics on ADDR (e.g. 127.0.0.1:8080; port 0 picks a free one),
+    /// printing the URL. Stops on Ctrl-C, or after --for. Loopback addresses only, unless
+    /// --admin-public is given.
+    #[arg(long, value_name = "ADDR")]
+    admin: Option<SocketAddr>,
+    /// Allow --admin on a non-loopback address: whoever can reach it sees the broker,
+    /// message headers and payload previews included.
+    #[arg(long, requires = "admin")]
+    admin_public: bool,
+    /// Enable the dashboard's actions (redrive, purge, seek) for requests carrying
+    /// `Authorization: Bearer TOKEN`; without it the admin API is read-only.
+    #[arg(long, value_name = "TOKEN", requires = "admin")]
+    admin_token: Option<String>,
+    /// With --admin: stop serving after SECS seconds, then close the broker and print the
+    /// checks (default: serve until Ctrl-C).
+    #[arg(long = "for", value_name = "SECS", requires = "admin")]
+    for_secs: Option<u64>,
+}
+
+/// What `--admin` asked for.
+struct Admin {
+    addr: SocketAddr,
+    token: Option<String>,
+    run_for: Option<Duration>,
+    prometheus: metrics_exporter_prometheus::PrometheusHandle,
+}
+
+/// Check the `--admin` options and install the Prometheus recorder (before the scenario,
+/// so the processing-time histogram sees every handler call).
+fn admin_of(args: &DemoArgs) -> Result<Option<Admin>, String> {
+    let Some(addr) = args.admin else {
+        return Ok(None);
+    };
+    if !addr.ip().is_loopback() && !args.admin_public {
+        return Err(format!(
+            "--admin {addr} is not a loopback address: the dashboard would be open to the \
+             network; add --admin-public to mean it"
+        ));
+    }
+    if args.admin_token.as_deref() == Some("") {
+        return Err("--admin-token must not be empty".to_owned());
+    }
+    let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .map_err(|e| format!("could not install the metrics recorder: {e}"))?;
+    Ok(Some(Admin {
+        addr,
+        token: args.admin_token.clone(),
+        run_for: args.for_secs.map(Duration::from_secs),
+        prometheus,
+    }))
+}
+
+/// Serve the admin API on `broker` until `--for` ends (or Ctrl-C ends the process).
+fn serve_admin(broker: &Broker, admin: &Admin) -> DemoResult<()> {
+    let exporter = broker.clone();
+    let prometheus = admin.prometheus.clone();
+    let mut config = tidings_admin::AdminConfig::new()
+        .bind(admin.addr)
+        .metrics(move || {
+            let _ = exporter.export_metrics();
+            prometheus.run_upkeep();
+            prometheus.render()
+        });
+    if let Some(token) = &admin.token {
+        config = config.enable_actions(token.clone());
+    }
+    let server = tidings_admin::AdminServer::start(broker.clone(), config)?;
+    let url = server.url();
+    println!(
+        "
+admin: the demo broker stays up with its dashboard at {url}"
+    );
+    println!("  JSON: {url}api/snapshot   Prometheus: {url}metrics");
+    println!(
+        "  actions (redrive, purge, seek): {}",
+        if admin.token.is_some() {
+            "enabled with the bearer token given"
+        } else {
+            "off (read-only; --admin-token enables them)"
+        }
+    );
+    match admin.run_for {
+        Some(d) => {
+            println!("  serving for {} s", d.as_secs());
+            std::thread::sleep(d);
+        }
+        None => {
+            println!("  press Ctrl-C to stop");
+            loop {
+                std::thread::park();
+            }
+        }
+    }
+    server.shutdown();
+    println!("admin: stopped; closing the demo broker");
+    Ok(())
 }
 
 /// Queue capacity of `gated`: it accepts one order into its handler plus this many.
@@ -64,11 +168,18 @@ const PATIENCE: Duration = Duration::from_secs(10);
 
 /// Run the demo; exit 0 when every check passed.
 pub(crate) fn run(args: &DemoArgs) -> ExitCode {
+    let admin = match admin_of(args) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("tidings demo: {e}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
     let (dir, temporary) = match &args.data_dir {
         Some(d) => (d.clone(), false),
         None => (durable_demo::fresh_dir(), true),
     };
-    let outcome = scenario(args.orders, &dir);
+    let outcome = scenario(args.orders, &dir, admin.as_ref());
     if temporary {
         let _ = std::fs::remove_dir_all(&dir);
     } else {
@@ -206,7 +317,7 @@ struct Row {
 // ---------------------------------------------------------------------------------------
 // The scenario.
 
-fn scenario(orders: u32, data_dir: &Path) -> DemoResult<bool> {
+fn scenario(orders: u32, data_dir: &Path, admin: Option<&Admin>) -> DemoResult<bool> {
     let t0 = Instant::now();
     let stamp = || format!("  [{:>5} ms]", t0.elapsed().as_millis());
     let broker = Broker::new(); // thread driver, system clock
@@ -500,6 +611,9 @@ fn scenario(orders: u32, data_dir: &Path) -> DemoResult<bool> {
         return Err("the redriven messages were not delivered in time".into());
     }
     println!("{} every subscription idle again", stamp());
+    if let Some(admin) = admin {
+        serve_admin(&broker, admin)?;
+    }
 
     let closing = Instant::now();
     let report = broker.close(DRAIN);

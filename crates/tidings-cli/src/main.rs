@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! tidings demo                         a guided order-pipeline scenario on the real broker
+//! tidings demo --admin 127.0.0.1:8080  ... then keep it up with the dashboard (Ctrl-C stops)
 //! tidings bench [--quick] [FILTER] ..  the benchmarks (same options as `tidings-bench`)
 //! tidings log inspect DIR              describe the segments of a stream directory
 //! tidings log verify DIR               check every record; exit 1 when problems are found

@@ -11,6 +11,7 @@ use crate::dlq::DeadLetter;
 use crate::message::{MessageId, millis_since_epoch};
 use crate::stream::StreamError;
 use crate::stream::config::StartAt;
+use crate::stream::durable::{Durable, DurableDeadLetter};
 use crate::subscription::shared::SubShared;
 
 /// The largest page [`Broker::dead_letter_page`] returns; larger requests are refused.
@@ -47,10 +48,18 @@ pub struct DeadLetterEntry {
     pub attempts: u32,
     /// The last handler error, when there was one.
     pub last_error: Option<String>,
-    /// When it was dead-lettered, in ms since the Unix epoch.
+    /// When it was dead-lettered, in ms since the Unix epoch. A durable entry's log does
+    /// not keep that time: there it is the publish time (`published_ms`).
     pub at_ms: u64,
     /// When the message was published, in ms since the Unix epoch.
     pub published_ms: u64,
+    /// `true` for an entry of a durable subscription's durable dead-letter log (it
+    /// survives restarts; redrive appends it to the stream again).
+    #[serde(default)]
+    pub durable: bool,
+    /// A durable entry's offset in its stream when it was dead-lettered.
+    #[serde(default)]
+    pub stream_offset: Option<u64>,
 }
 
 impl DeadLetterEntry {
@@ -76,7 +85,60 @@ impl DeadLetterEntry {
             last_error: e.last_error().map(str::to_owned),
             at_ms: millis_since_epoch(e.at),
             published_ms: millis_since_epoch(m.timestamp()),
+            durable: false,
+            stream_offset: None,
         }
+    }
+
+    fn of_durable(e: &DurableDeadLetter) -> Self {
+        let m = &e.message;
+        let preview = &m.payload()[..m.payload().len().min(PAYLOAD_PREVIEW_BYTES)];
+        let published_ms = millis_since_epoch(m.timestamp());
+        Self {
+            id: m.id().to_string(),
+            topic: m.topic().as_str().to_owned(),
+            key: m.key().map(|k| String::from_utf8_lossy(k).into_owned()),
+            priority: format!("{:?}", m.priority()),
+            headers: m
+                .headers()
+                .iter()
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect(),
+            correlation_id: m.correlation_id().map(str::to_owned),
+            payload_preview: String::from_utf8_lossy(preview).into_owned(),
+            payload_len: m.payload().len() as u64,
+            reason: durable_reason_name(&e.reason).to_owned(),
+            reason_text: e.reason.clone(),
+            attempts: e.attempts,
+            last_error: durable_last_error(&e.reason).map(str::to_owned),
+            at_ms: published_ms,
+            published_ms,
+            durable: true,
+            stream_offset: m.offset(),
+        }
+    }
+}
+
+/// The stable reason name of a durable entry's stored reason (the
+/// [`DeadLetterReason`](crate::DeadLetterReason) display text).
+fn durable_reason_name(text: &str) -> &str {
+    if text.starts_with("retries exhausted") {
+        "retries_exhausted"
+    } else if text.starts_with("rejected") {
+        "rejected"
+    } else if text.is_empty() {
+        "unknown"
+    } else {
+        text.split(':').next().unwrap_or(text)
+    }
+}
+
+/// The handler error inside a stored reason text, when it has one.
+fn durable_last_error(text: &str) -> Option<&str> {
+    if text.starts_with("retries exhausted") || text.starts_with("rejected") {
+        text.split_once(": ").map(|(_, e)| e)
+    } else {
+        None
     }
 }
 
@@ -106,7 +168,9 @@ pub enum RedriveSelection {
     Ids(Vec<MessageId>),
 }
 
-/// What a redrive did.
+/// What a redrive did. For a durable subscription's durable dead-letter log, `accepted`
+/// counts the entries appended (and synced) to the stream again; `refused` and `returned`
+/// are 0 there.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct RedriveOutcome {
@@ -136,6 +200,14 @@ pub enum PageError {
         /// [`MAX_PAGE_SIZE`].
         max: usize,
     },
+    /// The durable dead-letter log of this durable subscription could not be read.
+    #[error("durable dead-letter log of subscription {id}: {reason}")]
+    DurableLog {
+        /// The subscription's id.
+        id: u64,
+        /// The stream error, in words.
+        reason: String,
+    },
 }
 
 /// Why [`Broker::redrive_dead_letters`] or [`Broker::purge_dead_letters`] failed.
@@ -145,6 +217,31 @@ pub enum DeadLetterError {
     /// No live subscription has this id.
     #[error("no live subscription with id {0}")]
     UnknownSubscription(u64),
+    /// The durable subscription is closing: its durable dead-letter log is not touched.
+    #[error("durable subscription {0} is closing")]
+    Closed(u64),
+    /// The durable dead-letter log of this durable subscription could not be read or
+    /// written, or the stream could not take the redriven copies. Entries whose removal
+    /// was not recorded stay in the log (loss-safe); a redrive may have moved some first.
+    #[error("durable dead-letter log of subscription {id}: {reason}")]
+    DurableLog {
+        /// The subscription's id.
+        id: u64,
+        /// The stream error, in words.
+        reason: String,
+    },
+}
+
+impl DeadLetterError {
+    fn durable(id: u64, e: &StreamError) -> Self {
+        match e {
+            StreamError::Closed => Self::Closed(id),
+            other => Self::DurableLog {
+                id,
+                reason: other.to_string(),
+            },
+        }
+    }
 }
 
 /// Why a seek failed.
@@ -171,11 +268,28 @@ impl Broker {
             .find(|s| s.id.get() == id)
     }
 
+    /// The durable cursor feeding `sub`, when it is a durable subscription's.
+    fn durable_of(&self, sub: &SubShared) -> Option<Arc<Durable>> {
+        self.inner
+            .streams
+            .durables
+            .lock()
+            .values()
+            .filter_map(|w| w.upgrade())
+            .find(|d| d.sub.upgrade().is_some_and(|s| s.id == sub.id))
+    }
+
     /// Up to `limit` entries of subscription `id`'s dead-letter queue from index `offset`,
     /// oldest first, with headers, payload preview, reason, attempts, last error and time.
     ///
+    /// For a durable subscription this is its durable dead-letter log (R-DEL-4: what
+    /// survives a restart, and what [`redrive_dead_letters`](Self::redrive_dead_letters)
+    /// and [`purge_dead_letters`](Self::purge_dead_letters) act on there), the entries
+    /// marked [`DeadLetterEntry::durable`]. Each call replays that log.
+    ///
     /// # Errors
-    /// Unknown subscription; `limit` above [`MAX_PAGE_SIZE`].
+    /// Unknown subscription; `limit` above [`MAX_PAGE_SIZE`]; a durable dead-letter log
+    /// that cannot be read.
     pub fn dead_letter_page(
         &self,
         id: u64,
@@ -191,6 +305,30 @@ impl Broker {
         let sub = self
             .live_subscription(id)
             .ok_or(PageError::UnknownSubscription(id))?;
+        if let Some(durable) = self.durable_of(&sub) {
+            let entries = durable.dead_letters().map_err(|e| PageError::DurableLog {
+                id,
+                reason: e.to_string(),
+            })?;
+            let mut by_reason = BTreeMap::new();
+            for e in &entries {
+                *by_reason
+                    .entry(durable_reason_name(&e.reason).to_owned())
+                    .or_insert(0) += 1;
+            }
+            return Ok(DeadLetterPage {
+                subscription: id,
+                total: entries.len() as u64,
+                offset: offset as u64,
+                entries: entries
+                    .iter()
+                    .skip(offset)
+                    .take(limit)
+                    .map(DeadLetterEntry::of_durable)
+                    .collect(),
+                by_reason,
+            });
+        }
         let mut core = sub.core.lock();
         let dlq = &core.ledger_mut().dlq;
         let mut by_reason = BTreeMap::new();
@@ -218,8 +356,16 @@ impl Broker {
     /// because the subscription is closing puts it back unchanged. Ids not in the DLQ are
     /// listed in [`RedriveOutcome::missing`].
     ///
+    /// For a durable subscription the entries of its durable dead-letter log are redriven,
+    /// as [`DurableSubscription::redrive_durable`](crate::DurableSubscription::redrive_durable)
+    /// does (R-DEL-4, R-OPS-4): appended to the stream again and synced *before* their
+    /// removal is recorded, so a crash in between redelivers, never loses; concurrent
+    /// redrives are serialised, so an entry is appended once. The in-memory copies of the
+    /// redriven messages (the subscription's volatile DLQ) are dropped with them.
+    ///
     /// # Errors
-    /// Unknown subscription.
+    /// Unknown subscription; for a durable one, a closing subscription or a durable log or
+    /// stream that cannot be read or written.
     pub fn redrive_dead_letters(
         &self,
         id: u64,
@@ -232,6 +378,38 @@ impl Broker {
             RedriveSelection::All => None,
             RedriveSelection::Ids(ids) => Some(ids.iter().copied().collect()),
         };
+        if let Some(durable) = self.durable_of(&sub) {
+            let mut taken = HashSet::new();
+            let accepted = durable
+                .redrive_dead_letters(|e| {
+                    let pick = wanted.as_ref().is_none_or(|w| w.contains(&e.message.id()));
+                    if pick {
+                        taken.insert(e.message.id());
+                    }
+                    pick
+                })
+                .map_err(|e| DeadLetterError::durable(id, &e))?;
+            if !taken.is_empty() {
+                sub.core
+                    .lock()
+                    .ledger_mut()
+                    .dlq
+                    .take_where(|e| taken.contains(&e.message.id()));
+            }
+            let missing = match selection {
+                RedriveSelection::Ids(ids) => ids
+                    .iter()
+                    .filter(|i| !taken.contains(i))
+                    .map(ToString::to_string)
+                    .collect(),
+                RedriveSelection::All => Vec::new(),
+            };
+            return Ok(RedriveOutcome {
+                accepted: accepted as u64,
+                missing,
+                ..RedriveOutcome::default()
+            });
+        }
         let done = sub.redrive(|e| wanted.as_ref().is_none_or(|w| w.contains(&e.message.id())));
         let mut outcome = RedriveOutcome {
             accepted: done.accepted as u64,
@@ -252,12 +430,25 @@ impl Broker {
 
     /// Remove every entry of subscription `id`'s dead-letter queue; returns how many.
     ///
+    /// For a durable subscription its durable dead-letter log is drained, as
+    /// [`DurableSubscription::drain_durable_dead_letters`](crate::DurableSubscription::drain_durable_dead_letters)
+    /// does (the removal is durable once this returns), and its in-memory DLQ with it; the
+    /// count is the durable entries removed.
+    ///
     /// # Errors
-    /// Unknown subscription.
+    /// Unknown subscription; for a durable one, a closing subscription or a durable log that
+    /// cannot be read or written (nothing is removed then).
     pub fn purge_dead_letters(&self, id: u64) -> Result<u64, DeadLetterError> {
         let sub = self
             .live_subscription(id)
             .ok_or(DeadLetterError::UnknownSubscription(id))?;
+        if let Some(durable) = self.durable_of(&sub) {
+            let drained = durable
+                .drain_dead_letters()
+                .map_err(|e| DeadLetterError::durable(id, &e))?;
+            sub.core.lock().ledger_mut().dlq.drain();
+            return Ok(drained.len() as u64);
+        }
         let purged = sub.core.lock().ledger_mut().dlq.drain().len();
         Ok(purged as u64)
     }
@@ -273,15 +464,7 @@ impl Broker {
         let sub = self
             .live_subscription(id)
             .ok_or(SeekError::UnknownSubscription(id))?;
-        let durable = self
-            .inner
-            .streams
-            .durables
-            .lock()
-            .values()
-            .filter_map(|w| w.upgrade())
-            .find(|d| d.sub.upgrade().is_some_and(|s| s.id == sub.id))
-            .ok_or(SeekError::NotDurable(id))?;
+        let durable = self.durable_of(&sub).ok_or(SeekError::NotDurable(id))?;
         let target = durable.seek(at)?;
         Ok(target)
     }

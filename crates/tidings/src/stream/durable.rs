@@ -484,14 +484,7 @@ impl DurableSubscription {
     /// Reading the DLQ log or appending the removal failed (then nothing was removed), or
     /// the broker closed ([`StreamError::Closed`]).
     pub fn drain_durable_dead_letters(&self) -> Result<Vec<DurableDeadLetter>, StreamError> {
-        let _ops = self.durable.dlq_ops.lock();
-        self.check_open()?;
-        let entries = self.durable.dlq_entries()?;
-        let offsets: Vec<u64> = entries.iter().map(|(at, _)| *at).collect();
-        if !offsets.is_empty() {
-            self.durable.remove_dlq(&offsets)?;
-        }
-        Ok(entries.into_iter().map(|(_, e)| e).collect())
+        self.durable.drain_dead_letters()
     }
 
     /// Redrive the durable dead letters `select` picks (R-DEL-4): each is appended again to
@@ -509,24 +502,48 @@ impl DurableSubscription {
     /// from the DLQ; the others stay.
     pub fn redrive_durable(
         &self,
+        select: impl FnMut(&DurableDeadLetter) -> bool,
+    ) -> Result<usize, StreamError> {
+        self.durable.redrive_dead_letters(select)
+    }
+}
+
+/// The durable DLQ steps, shared by [`DurableSubscription`] and the admin actions
+/// (src/ops/actions.rs), so both are loss-safe and serialised the same way.
+impl Durable {
+    /// See [`DurableSubscription::drain_durable_dead_letters`].
+    pub(crate) fn drain_dead_letters(&self) -> Result<Vec<DurableDeadLetter>, StreamError> {
+        let _ops = self.dlq_ops.lock();
+        self.check_open()?;
+        let entries = self.dlq_entries()?;
+        let offsets: Vec<u64> = entries.iter().map(|(at, _)| *at).collect();
+        if !offsets.is_empty() {
+            self.remove_dlq(&offsets)?;
+        }
+        Ok(entries.into_iter().map(|(_, e)| e).collect())
+    }
+
+    /// See [`DurableSubscription::redrive_durable`].
+    pub(crate) fn redrive_dead_letters(
+        &self,
         mut select: impl FnMut(&DurableDeadLetter) -> bool,
     ) -> Result<usize, StreamError> {
-        let _ops = self.durable.dlq_ops.lock();
+        let _ops = self.dlq_ops.lock();
         self.check_open()?;
-        let stream = &self.durable.stream;
+        let stream = &self.stream;
         let append_error = |source| StreamError::Append {
             dir: stream.dir.clone(),
             source,
         };
         let mut done = Vec::new();
         let mut failure = None;
-        for (at, e) in self.durable.dlq_entries()? {
+        for (at, e) in self.dlq_entries()? {
             if !select(&e) {
                 continue;
             }
             match stream
                 .log
-                .append(&codec::encode_for(&e.message, &self.durable.name))
+                .append(&codec::encode_for(&e.message, &self.name))
             {
                 Ok(_) => done.push(at),
                 Err(source) => {
@@ -537,7 +554,7 @@ impl DurableSubscription {
         }
         if !done.is_empty() {
             stream.log.sync().map_err(append_error)?;
-            self.durable.remove_dlq(&done)?;
+            self.remove_dlq(&done)?;
         }
         match failure {
             Some(e) => Err(e),
@@ -545,8 +562,13 @@ impl DurableSubscription {
         }
     }
 
+    /// The live entries of the durable DLQ, oldest first (admin pages, src/ops).
+    pub(crate) fn dead_letters(&self) -> Result<Vec<DurableDeadLetter>, StreamError> {
+        Ok(self.dlq_entries()?.into_iter().map(|(_, e)| e).collect())
+    }
+
     fn check_open(&self) -> Result<(), StreamError> {
-        if self.durable.state.lock().retired {
+        if self.state.lock().retired {
             return Err(StreamError::Closed);
         }
         Ok(())
