@@ -1,8 +1,73 @@
-//! The one behavioural suite, run under every driver (R-DIST-2, R-EXE-1).
+//! The one behavioural suite, run under every driver (R-DIST-2, R-EXE-1), and its durable
+//! cases under every driver against every durable backend.
+//!
+//! A new durable backend plugs in with one line in `conformance!` below:
+//! `durable_cases!(<module>, <its DurableBackend>);`.
 
 use tidings::Driver;
-use tidings_testkit::suite;
-use tidings_testkit::{Backend, ManualBackend, ThreadedBackend};
+use tidings_testkit::{Backend, ManualBackend, Outcome, ThreadedBackend};
+use tidings_testkit::{DurableBackend, DurableCaps, EmbeddedLog, durable_suite, suite};
+
+/// Every durable case against one durable backend, under the enclosing module's driver.
+macro_rules! durable_cases {
+    ($module:ident, $durable:expr) => {
+        mod $module {
+            use super::*;
+            fn durable() -> Box<dyn DurableBackend> {
+                Box::new($durable)
+            }
+            fn run(name: &str, case: durable_suite::DurableCaseFn) {
+                let (b, d) = (backend(), durable());
+                let outcome = durable_suite::run(name, case, b.as_ref(), d.as_ref());
+                // A backend with every capability runs every assertion.
+                if d.caps() == DurableCaps::all() {
+                    assert_eq!(outcome, Outcome::Ran, "{name}");
+                }
+            }
+            #[test]
+            fn resume_after_restart() {
+                run("resume_after_restart", durable_suite::resume_after_restart);
+            }
+            #[test]
+            fn replay_by_offset() {
+                run("replay_by_offset", durable_suite::replay_by_offset);
+            }
+            #[test]
+            fn replay_by_time() {
+                run("replay_by_time", durable_suite::replay_by_time);
+            }
+            #[test]
+            fn durable_dlq_reasons() {
+                run("durable_dlq_reasons", durable_suite::durable_dlq_reasons);
+            }
+            #[test]
+            fn durable_dlq_redrive_and_drain() {
+                run(
+                    "durable_dlq_redrive_and_drain",
+                    durable_suite::durable_dlq_redrive_and_drain,
+                );
+            }
+            #[test]
+            fn lag_and_slow_consumer() {
+                run(
+                    "lag_and_slow_consumer",
+                    durable_suite::lag_and_slow_consumer,
+                );
+            }
+            #[test]
+            fn durable_filter() {
+                run("durable_filter", durable_suite::durable_filter);
+            }
+            #[test]
+            fn durable_message_fields() {
+                run(
+                    "durable_message_fields",
+                    durable_suite::durable_message_fields,
+                );
+            }
+        }
+    };
+}
 
 macro_rules! conformance {
     ($module:ident, $backend:expr) => {
@@ -39,6 +104,8 @@ macro_rules! conformance {
             fn request_reply() {
                 suite::request_reply(backend().as_ref());
             }
+            // The durable backends, one line each (R-DIST-2).
+            durable_cases!(embedded_log, EmbeddedLog);
         }
     };
 }
@@ -56,4 +123,5 @@ conformance!(tokio, tidings_testkit::TokioBackend::new());
 fn every_suite_case_is_wired() {
     // Adding a case to suite::ALL without a test above would leave it unrun.
     assert_eq!(suite::ALL.len(), 7);
+    assert_eq!(durable_suite::ALL.len(), 8);
 }
