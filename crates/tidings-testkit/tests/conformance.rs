@@ -119,6 +119,56 @@ conformance!(
 #[cfg(feature = "tokio")]
 conformance!(tokio, tidings_testkit::TokioBackend::new());
 
+/// The embedded log with some capabilities taken away: the cases needing them must skip,
+/// naming the capability, instead of passing or failing silently.
+struct Restricted(DurableCaps);
+
+impl DurableBackend for Restricted {
+    fn name(&self) -> String {
+        "restricted-log".into()
+    }
+    fn caps(&self) -> DurableCaps {
+        self.0
+    }
+    fn open(&self) -> Box<dyn tidings_testkit::DurableStore> {
+        EmbeddedLog.open()
+    }
+}
+
+#[test]
+fn a_missing_capability_skips_visibly() {
+    let restricted = Restricted(DurableCaps::all().without_manual_time().without_priority());
+    let b = ManualBackend::default();
+    let outcome = durable_suite::run(
+        "replay_by_time",
+        durable_suite::replay_by_time,
+        &b,
+        &restricted,
+    );
+    assert!(
+        matches!(&outcome, Outcome::Skipped(why) if why.contains("manual_time")),
+        "{outcome:?}"
+    ); // R-DIST-2
+    let outcome = durable_suite::run(
+        "durable_message_fields",
+        durable_suite::durable_message_fields,
+        &b,
+        &restricted,
+    );
+    assert!(
+        matches!(&outcome, Outcome::Skipped(why) if why.contains("priority") && why.contains("manual_time")),
+        "{outcome:?}"
+    ); // R-DIST-2
+    // The embedded log itself has every capability: nothing is skipped there.
+    let all = durable_suite::run(
+        "replay_by_time",
+        durable_suite::replay_by_time,
+        &b,
+        &EmbeddedLog,
+    );
+    assert_eq!(all, Outcome::Ran); // R-DIST-2
+}
+
 #[test]
 fn every_suite_case_is_wired() {
     // Adding a case to suite::ALL without a test above would leave it unrun.
