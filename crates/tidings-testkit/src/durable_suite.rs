@@ -821,6 +821,147 @@ pub fn durable_message_fields(b: &dyn Backend, d: &dyn DurableBackend) -> Outcom
     }
 }
 
+/// Many durable subscriptions on one stream, more than any driver has workers, one of them
+/// held an hour in retry: every other one receives the whole stream and commits to its end
+/// without waiting for the held one (R-EXE-1, R-CORE-1: a durable feeder holds no worker
+/// while it waits), and the held one catches up once time moves (R-BP-2).
+pub fn many_durables_progress(b: &dyn Backend, d: &dyn DurableBackend) -> Outcome {
+    const SUBS: usize = 16;
+    const N: u64 = 20;
+    let rig = Rig::new(b, d);
+    let l = rig.label.clone();
+    let broker = rig.start();
+    rig.publish_range(&broker, 0..N / 2);
+    let held = Seen::default();
+    let failed = Arc::new(AtomicBool::new(false));
+    let (h, f) = (held.clone(), failed.clone());
+    let slow = broker
+        .subscribe_durable(
+            "held",
+            STREAM,
+            "#",
+            StartAt::Earliest,
+            SubscribeOptions {
+                capacity: 2,
+                retry: Retry::fixed(HOLD, 2),
+                ..Default::default()
+            },
+            move |m: &Message| {
+                if text(m) == "m0" && !f.swap(true, Ordering::SeqCst) {
+                    return Err(HandlerError::retry("held"));
+                }
+                h.record(m);
+                Ok(())
+            },
+        )
+        .unwrap();
+    let subs: Vec<(Seen, DurableSubscription)> = (0..SUBS)
+        .map(|i| {
+            let seen = Seen::default();
+            let sub = broker
+                .subscribe_durable(
+                    &format!("d{i}"),
+                    STREAM,
+                    "#",
+                    StartAt::Earliest,
+                    SubscribeOptions {
+                        capacity: 2,
+                        ..Default::default()
+                    },
+                    seen.handler(),
+                )
+                .unwrap();
+            (seen, sub)
+        })
+        .collect();
+    rig.publish_range(&broker, N / 2..N);
+    rig.settle(
+        &broker,
+        "every free subscription has the whole stream",
+        || {
+            subs.iter()
+                .all(|(seen, sub)| seen.len() == N as usize && sub.committed() == rig.off(N))
+        },
+    );
+    for (seen, sub) in &subs {
+        assert_eq!(seen.payloads(), names(0..N), "[{l}]"); // R-EXE-1, R-LOG-3
+        assert_eq!(sub.lag(), 0, "[{l}]"); // R-BP-3
+    }
+    // The held one has not moved past m0, and its window is its capacity (R-BP-2).
+    assert_eq!(held.len(), 0, "[{l}]");
+    assert_eq!(slow.committed(), rig.off(0), "[{l}]");
+    assert_eq!(slow.lag(), N, "[{l}]"); // R-BP-3
+    assert!(slow.outstanding() <= 2, "[{l}]"); // R-BP-2
+    rig.clock.advance(HOLD);
+    rig.settle(&broker, "the held one caught up", || {
+        held.len() == N as usize && slow.committed() == rig.off(N)
+    });
+    assert_eq!(held.payloads(), names(0..N), "[{l}]"); // R-ORD-1, R-LOG-3
+    assert!(slow.stats().is_conserved(), "[{l}]"); // R-DEL-6
+    drop((slow, subs));
+    broker.close(Duration::from_secs(10));
+    Outcome::Ran
+}
+
+/// A `seek` while messages are outstanding (R-LOG-4): the position and the commit move at
+/// once, the messages already offered are still delivered, in order, and they no longer
+/// hold the commit back; nothing between them and the new position is read.
+pub fn seek_while_outstanding(b: &dyn Backend, d: &dyn DurableBackend) -> Outcome {
+    const CAPACITY: usize = 4;
+    let rig = Rig::new(b, d);
+    let l = rig.label.clone();
+    let broker = rig.start();
+    rig.publish_range(&broker, 0..10);
+    let seen = Seen::default();
+    let failed = Arc::new(AtomicBool::new(false));
+    let (s, f) = (seen.clone(), failed.clone());
+    let sub = broker
+        .subscribe_durable(
+            "seeker",
+            STREAM,
+            "#",
+            StartAt::Earliest,
+            SubscribeOptions {
+                capacity: CAPACITY,
+                retry: Retry::fixed(HOLD, 2),
+                ..Default::default()
+            },
+            move |m: &Message| {
+                if text(m) == "m0" && !f.swap(true, Ordering::SeqCst) {
+                    return Err(HandlerError::retry("held"));
+                }
+                s.record(m);
+                Ok(())
+            },
+        )
+        .unwrap();
+    rig.settle(&broker, "the window is full behind m0", || {
+        sub.stats().failures == 1 && sub.outstanding() >= CAPACITY
+    });
+    assert_eq!(sub.committed(), rig.off(0), "[{l}]");
+    assert_eq!(sub.seek(StartAt::Latest).unwrap(), rig.off(10)); // R-LOG-4
+    assert_eq!(
+        (sub.committed(), sub.position(), sub.lag()),
+        (rig.off(10), rig.off(10), 0),
+        "[{l}]"
+    ); // R-LOG-4: committed at once
+    rig.publish_range(&broker, 10..12);
+    rig.clock.advance(HOLD);
+    rig.settle(&broker, "the offered ones and the new ones", || {
+        seen.len() == CAPACITY + 2 && sub.committed() == rig.off(12)
+    });
+    let want: Vec<String> = names(0..CAPACITY as u64)
+        .into_iter()
+        .chain(names(10..12))
+        .collect();
+    assert_eq!(seen.payloads(), want, "[{l}]"); // R-LOG-4: m4..m9 skipped
+    assert_eq!(sub.lag(), 0, "[{l}]"); // R-BP-3
+    assert!(sub.stats().is_conserved(), "[{l}]"); // R-DEL-6
+    drop(sub);
+    broker.close(Duration::from_secs(10));
+    Outcome::Ran
+}
+
 /// Run `case` under `backend` on `durable` and report a skip on stderr (visible with
 /// `--nocapture` and in every failure's output).
 pub fn run(
@@ -859,4 +1000,6 @@ pub const ALL: &[DurableCase] = &[
     ("lag_and_slow_consumer", lag_and_slow_consumer),
     ("durable_filter", durable_filter),
     ("durable_message_fields", durable_message_fields),
+    ("many_durables_progress", many_durables_progress),
+    ("seek_while_outstanding", seek_while_outstanding),
 ];

@@ -65,6 +65,20 @@ macro_rules! durable_cases {
                     durable_suite::durable_message_fields,
                 );
             }
+            #[test]
+            fn many_durables_progress() {
+                run(
+                    "many_durables_progress",
+                    durable_suite::many_durables_progress,
+                );
+            }
+            #[test]
+            fn seek_while_outstanding() {
+                run(
+                    "seek_while_outstanding",
+                    durable_suite::seek_while_outstanding,
+                );
+            }
         }
     };
 }
@@ -173,5 +187,5 @@ fn a_missing_capability_skips_visibly() {
 fn every_suite_case_is_wired() {
     // Adding a case to suite::ALL without a test above would leave it unrun.
     assert_eq!(suite::ALL.len(), 7);
-    assert_eq!(durable_suite::ALL.len(), 8);
+    assert_eq!(durable_suite::ALL.len(), 10);
 }
