@@ -826,8 +826,8 @@ pub fn durable_message_fields(b: &dyn Backend, d: &dyn DurableBackend) -> Outcom
 /// without waiting for the held one (R-EXE-1, R-CORE-1: a durable feeder holds no worker
 /// while it waits), and the held one catches up once time moves (R-BP-2).
 pub fn many_durables_progress(b: &dyn Backend, d: &dyn DurableBackend) -> Outcome {
-    const SUBS: usize = 16;
-    const N: u64 = 20;
+    const SUBS: usize = 8;
+    const N: u64 = 12;
     let rig = Rig::new(b, d);
     let l = rig.label.clone();
     let broker = rig.start();
