@@ -57,11 +57,20 @@ impl<'a> Rig<'a> {
         broker
     }
 
-    /// Close `broker` cleanly and start a new one on the same store.
+    /// Close `broker` (every thread or task it started joined, R-CORE-6) and start a new
+    /// one on the same store.
     fn restart(&self, broker: Broker) -> Broker {
-        broker.close(Duration::from_secs(10));
+        let report = broker.close(Duration::from_secs(10));
+        assert!(report.unjoined.is_empty(), "[{}] {report:?}", self.label); // R-CORE-6
         drop(broker);
         self.start()
+    }
+
+    /// Close `broker` with nothing left behind: no message undelivered, every thread or
+    /// task joined (R-CORE-6).
+    fn close_clean(&self, broker: Broker) {
+        let report = broker.close(Duration::from_secs(10));
+        assert!(report.is_clean(), "[{}] {report:?}", self.label); // R-CORE-6
     }
 
     /// The offset of the `k`-th message appended to the stream.
@@ -245,7 +254,7 @@ pub fn resume_after_restart(b: &dyn Backend, d: &dyn DurableBackend) -> Outcome 
     assert_eq!(sub.lag(), 0, "[{l}]"); // R-BP-3
     assert!(sub.stats().is_conserved(), "[{l}]"); // R-DEL-6
     drop(sub);
-    broker.close(Duration::from_secs(10));
+    rig.close_clean(broker);
     Outcome::Ran
 }
 
@@ -332,7 +341,7 @@ pub fn replay_by_offset(b: &dyn Backend, d: &dyn DurableBackend) -> Outcome {
         assert!(s.stats().is_conserved(), "[{l}]"); // R-DEL-6
     }
     drop((e, m, t));
-    broker.close(Duration::from_secs(10));
+    rig.close_clean(broker);
     Outcome::Ran
 }
 
@@ -405,7 +414,7 @@ pub fn replay_by_time(b: &dyn Backend, d: &dyn DurableBackend) -> Outcome {
         assert!(s.stats().is_conserved(), "[{l}]"); // R-DEL-6
     }
     drop((a, bt, c, z));
-    broker.close(Duration::from_secs(10));
+    rig.close_clean(broker);
     Outcome::Ran
 }
 
@@ -420,6 +429,10 @@ pub fn durable_dlq_reasons(b: &dyn Backend, d: &dyn DurableBackend) -> Outcome {
     for p in ["ok-0", "rej-1", "dead-2", "ok-3", "rej-4"] {
         rig.publish(&broker, Message::to("suite.orders").payload(p));
     }
+    let expired = Message::to("suite.orders")
+        .payload("exp-5")
+        .expires_at(SystemTime::UNIX_EPOCH);
+    rig.publish(&broker, expired);
     let seen = Seen::default();
     let tries: Arc<Mutex<HashMap<String, u32>>> = Arc::default();
     let (s, t) = (seen.clone(), tries.clone());
@@ -453,12 +466,13 @@ pub fn durable_dlq_reasons(b: &dyn Backend, d: &dyn DurableBackend) -> Outcome {
             handler,
         )
         .unwrap();
-    rig.settle_in_time(&broker, "two delivered, three dead-lettered", || {
+    rig.settle_in_time(&broker, "two delivered, four dead-lettered", || {
         let st = sub.stats();
         st.delivered == 2
             && st.dead_lettered.rejected == 2
             && st.dead_lettered.retries_exhausted == 1
-            && sub.committed() == rig.off(5)
+            && st.dead_lettered.expired == 1
+            && sub.committed() == rig.off(6)
     });
     let rejected = DeadLetterReason::Rejected {
         error: "bad input".into(),
@@ -484,6 +498,12 @@ pub fn durable_dlq_reasons(b: &dyn Backend, d: &dyn DurableBackend) -> Outcome {
             ("rej-1".into(), rejected.to_string(), 1, Some(rig.off(1))),
             ("dead-2".into(), exhausted.to_string(), 3, Some(rig.off(2))),
             ("rej-4".into(), rejected.to_string(), 1, Some(rig.off(4))),
+            (
+                "exp-5".into(),
+                DeadLetterReason::Expired.to_string(),
+                0,
+                Some(rig.off(5)),
+            ),
         ];
         assert_eq!(got, want, "[{l}]"); // R-DEL-4, R-DEL-1
     };
@@ -504,15 +524,15 @@ pub fn durable_dlq_reasons(b: &dyn Backend, d: &dyn DurableBackend) -> Outcome {
             seen.handler(),
         )
         .unwrap();
-    assert_eq!(sub.committed(), rig.off(5), "[{l}]"); // R-LOG-3: nothing to redeliver
+    assert_eq!(sub.committed(), rig.off(6), "[{l}]"); // R-LOG-3: nothing to redeliver
     check(&sub); // R-DEL-4: durable across restarts
-    rig.publish(&broker, Message::to("suite.orders").payload("ok-5"));
+    rig.publish(&broker, Message::to("suite.orders").payload("ok-6"));
     rig.settle(&broker, "after restart", || {
-        seen.len() == 3 && sub.committed() == rig.off(6)
+        seen.len() == 3 && sub.committed() == rig.off(7)
     });
-    assert_eq!(seen.payloads(), ["ok-0", "ok-3", "ok-5"], "[{l}]"); // R-LOG-3
+    assert_eq!(seen.payloads(), ["ok-0", "ok-3", "ok-6"], "[{l}]"); // R-LOG-3
     drop(sub);
-    broker.close(Duration::from_secs(10));
+    rig.close_clean(broker);
     Outcome::Ran
 }
 
@@ -617,7 +637,7 @@ pub fn durable_dlq_redrive_and_drain(b: &dyn Backend, d: &dyn DurableBackend) ->
     assert!(dlq_payloads(&sub).is_empty(), "[{l}]"); // R-DEL-4: the drain is durable
     assert_eq!(seen.len(), 3, "[{l}]");
     drop(sub);
-    broker.close(Duration::from_secs(10));
+    rig.close_clean(broker);
     Outcome::Ran
 }
 
@@ -681,7 +701,7 @@ pub fn lag_and_slow_consumer(b: &dyn Backend, d: &dyn DurableBackend) -> Outcome
     assert_eq!(st.delivered, 52, "[{l}]");
     assert!(st.is_conserved(), "[{l}]"); // R-DEL-6
     drop(sub);
-    broker.close(Duration::from_secs(10));
+    rig.close_clean(broker);
     Outcome::Ran
 }
 
@@ -754,7 +774,7 @@ pub fn durable_filter(b: &dyn Backend, d: &dyn DurableBackend) -> Outcome {
         assert!(s.stats().is_conserved(), "[{l}]"); // R-DEL-6
     }
     drop((s1, s2));
-    broker.close(Duration::from_secs(10));
+    rig.close_clean(broker);
     Outcome::Ran
 }
 
@@ -809,7 +829,7 @@ pub fn durable_message_fields(b: &dyn Backend, d: &dyn DurableBackend) -> Outcom
         skipped.push("priority");
     }
     drop(sub);
-    broker.close(Duration::from_secs(10));
+    rig.close_clean(broker);
     if skipped.is_empty() {
         Outcome::Ran
     } else {
@@ -899,7 +919,7 @@ pub fn many_durables_progress(b: &dyn Backend, d: &dyn DurableBackend) -> Outcom
     assert_eq!(held.payloads(), names(0..N), "[{l}]"); // R-ORD-1, R-LOG-3
     assert!(slow.stats().is_conserved(), "[{l}]"); // R-DEL-6
     drop((slow, subs));
-    broker.close(Duration::from_secs(10));
+    rig.close_clean(broker);
     Outcome::Ran
 }
 
@@ -958,7 +978,7 @@ pub fn seek_while_outstanding(b: &dyn Backend, d: &dyn DurableBackend) -> Outcom
     assert_eq!(sub.lag(), 0, "[{l}]"); // R-BP-3
     assert!(sub.stats().is_conserved(), "[{l}]"); // R-DEL-6
     drop(sub);
-    broker.close(Duration::from_secs(10));
+    rig.close_clean(broker);
     Outcome::Ran
 }
 
