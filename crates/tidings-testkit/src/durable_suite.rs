@@ -982,6 +982,80 @@ pub fn seek_while_outstanding(b: &dyn Backend, d: &dyn DurableBackend) -> Outcom
     Outcome::Ran
 }
 
+/// A delayed message in a stream (R-TIME-2 on a durable source): the messages after it are
+/// delivered at once, the delayed one when the manual clock reaches it; until then it holds
+/// the commit (the lowest unfinished offset, R-LOG-3), then the commit passes everything.
+pub fn delayed_durable_message(b: &dyn Backend, d: &dyn DurableBackend) -> Outcome {
+    let rig = Rig::new(b, d);
+    let l = rig.label.clone();
+    let broker = rig.start();
+    let late = Message::to("suite.orders")
+        .payload("late")
+        .delay(Duration::from_secs(60));
+    rig.publish(&broker, late);
+    rig.publish(&broker, Message::to("suite.orders").payload("now"));
+    let seen = Seen::default();
+    let sub = broker
+        .subscribe_durable(
+            "delayed",
+            STREAM,
+            "#",
+            StartAt::Earliest,
+            Default::default(),
+            seen.handler(),
+        )
+        .unwrap();
+    rig.settle(&broker, "the immediate one", || {
+        seen.len() == 1 && sub.outstanding() == 1
+    });
+    assert_eq!(seen.payloads(), ["now"], "[{l}]"); // R-TIME-2
+    assert_eq!(sub.committed(), rig.off(0), "[{l}]"); // R-LOG-3: held by the delayed one
+    rig.clock.advance(Duration::from_secs(60));
+    rig.settle(&broker, "the delayed one when due", || {
+        seen.len() == 2 && sub.committed() == rig.off(2)
+    });
+    assert_eq!(seen.payloads(), ["now", "late"], "[{l}]"); // R-TIME-2
+    assert_eq!(sub.lag(), 0, "[{l}]"); // R-BP-3
+    assert!(sub.stats().is_conserved(), "[{l}]"); // R-DEL-6
+    drop(sub);
+    rig.close_clean(broker);
+    Outcome::Ran
+}
+
+/// Dropping a durable subscription and subscribing again under the same name in the same
+/// broker resumes at the commit (R-LOG-3); while one is live, a second is refused with a
+/// typed error.
+pub fn resubscribe_resumes(b: &dyn Backend, d: &dyn DurableBackend) -> Outcome {
+    let rig = Rig::new(b, d);
+    let l = rig.label.clone();
+    let broker = rig.start();
+    rig.publish_range(&broker, 0..5);
+    let seen = Seen::default();
+    let subscribe = |at: StartAt| {
+        broker.subscribe_durable("again", STREAM, "#", at, Default::default(), seen.handler())
+    };
+    let sub = subscribe(StartAt::Earliest).unwrap();
+    assert!(matches!(
+        subscribe(StartAt::Earliest),
+        Err(StreamError::DurableInUse { .. })
+    ));
+    rig.settle(&broker, "the first five", || {
+        seen.len() == 5 && sub.committed() == rig.off(5)
+    });
+    drop(sub);
+    rig.publish_range(&broker, 5..8);
+    let sub = subscribe(StartAt::Earliest).unwrap();
+    assert_eq!(sub.committed(), rig.off(5), "[{l}]"); // R-LOG-3: its start is ignored
+    rig.settle(&broker, "only the new ones", || {
+        seen.len() == 8 && sub.committed() == rig.off(8)
+    });
+    assert_eq!(seen.payloads(), names(0..8), "[{l}]"); // R-LOG-3: none twice, none lost
+    assert!(sub.stats().is_conserved(), "[{l}]"); // R-DEL-6
+    drop(sub);
+    rig.close_clean(broker);
+    Outcome::Ran
+}
+
 /// Run `case` under `backend` on `durable` and report a skip on stderr (visible with
 /// `--nocapture` and in every failure's output).
 pub fn run(
@@ -1022,4 +1096,6 @@ pub const ALL: &[DurableCase] = &[
     ("durable_message_fields", durable_message_fields),
     ("many_durables_progress", many_durables_progress),
     ("seek_while_outstanding", seek_while_outstanding),
+    ("delayed_durable_message", delayed_durable_message),
+    ("resubscribe_resumes", resubscribe_resumes),
 ];

@@ -8,6 +8,18 @@ use tidings::Driver;
 use tidings_testkit::{Backend, ManualBackend, Outcome, ThreadedBackend};
 use tidings_testkit::{DurableBackend, DurableCaps, EmbeddedLog, durable_suite, suite};
 
+/// One `#[test]` per named durable case, run by the enclosing module's `run`.
+macro_rules! durable_tests {
+    ($($case:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $case() {
+                run(stringify!($case), durable_suite::$case);
+            }
+        )*
+    };
+}
+
 /// Every durable case against one durable backend, under the enclosing module's driver.
 macro_rules! durable_cases {
     ($module:ident, $durable:expr) => {
@@ -24,61 +36,20 @@ macro_rules! durable_cases {
                     assert_eq!(outcome, Outcome::Ran, "{name}");
                 }
             }
-            #[test]
-            fn resume_after_restart() {
-                run("resume_after_restart", durable_suite::resume_after_restart);
-            }
-            #[test]
-            fn replay_by_offset() {
-                run("replay_by_offset", durable_suite::replay_by_offset);
-            }
-            #[test]
-            fn replay_by_time() {
-                run("replay_by_time", durable_suite::replay_by_time);
-            }
-            #[test]
-            fn durable_dlq_reasons() {
-                run("durable_dlq_reasons", durable_suite::durable_dlq_reasons);
-            }
-            #[test]
-            fn durable_dlq_redrive_and_drain() {
-                run(
-                    "durable_dlq_redrive_and_drain",
-                    durable_suite::durable_dlq_redrive_and_drain,
-                );
-            }
-            #[test]
-            fn lag_and_slow_consumer() {
-                run(
-                    "lag_and_slow_consumer",
-                    durable_suite::lag_and_slow_consumer,
-                );
-            }
-            #[test]
-            fn durable_filter() {
-                run("durable_filter", durable_suite::durable_filter);
-            }
-            #[test]
-            fn durable_message_fields() {
-                run(
-                    "durable_message_fields",
-                    durable_suite::durable_message_fields,
-                );
-            }
-            #[test]
-            fn many_durables_progress() {
-                run(
-                    "many_durables_progress",
-                    durable_suite::many_durables_progress,
-                );
-            }
-            #[test]
-            fn seek_while_outstanding() {
-                run(
-                    "seek_while_outstanding",
-                    durable_suite::seek_while_outstanding,
-                );
-            }
+            durable_tests!(
+                resume_after_restart,
+                replay_by_offset,
+                replay_by_time,
+                durable_dlq_reasons,
+                durable_dlq_redrive_and_drain,
+                lag_and_slow_consumer,
+                durable_filter,
+                durable_message_fields,
+                many_durables_progress,
+                seek_while_outstanding,
+                delayed_durable_message,
+                resubscribe_resumes,
+            );
         }
     };
 }
@@ -187,5 +158,5 @@ fn a_missing_capability_skips_visibly() {
 fn every_suite_case_is_wired() {
     // Adding a case to suite::ALL without a test above would leave it unrun.
     assert_eq!(suite::ALL.len(), 7);
-    assert_eq!(durable_suite::ALL.len(), 10);
+    assert_eq!(durable_suite::ALL.len(), 12);
 }
