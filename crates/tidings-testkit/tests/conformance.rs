@@ -89,6 +89,10 @@ macro_rules! conformance {
             fn request_reply() {
                 suite::request_reply(backend().as_ref());
             }
+            #[test]
+            fn expired_forwarded_to_dead_letter_topic() {
+                suite::expired_forwarded_to_dead_letter_topic(backend().as_ref());
+            }
             // The durable backends, one line each (R-DIST-2).
             durable_cases!(embedded_log, EmbeddedLog);
         }
@@ -157,6 +161,6 @@ fn a_missing_capability_skips_visibly() {
 #[test]
 fn every_suite_case_is_wired() {
     // Adding a case to suite::ALL without a test above would leave it unrun.
-    assert_eq!(suite::ALL.len(), 7);
+    assert_eq!(suite::ALL.len(), 8);
     assert_eq!(durable_suite::ALL.len(), 12);
 }
