@@ -360,7 +360,9 @@ pub fn expired_forwarded_to_dead_letter_topic(b: &dyn Backend) {
             |_m: &Message| Ok(()),
         )
         .unwrap();
-    let forwarded: Arc<Mutex<Vec<(String, Option<String>)>>> = Arc::default();
+    // (payload, reason header) of each forwarded dead letter.
+    type Forwarded = Vec<(String, Option<String>)>;
+    let forwarded: Arc<Mutex<Forwarded>> = Arc::default();
     let f = forwarded.clone();
     let _dlq = broker
         .subscribe(
