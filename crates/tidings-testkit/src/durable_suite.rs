@@ -538,7 +538,8 @@ pub fn durable_dlq_reasons(b: &dyn Backend, d: &dyn DurableBackend) -> Outcome {
 
 /// Redrive and drain of the durable DLQ (R-DEL-4): the selected entries are appended again
 /// for this subscription only, delivered, and leave the DLQ; the rest stays across a
-/// restart until drained; the drain is durable.
+/// restart; one redriven while still refused comes back at its new offset; the drain
+/// empties the DLQ durably.
 pub fn durable_dlq_redrive_and_drain(b: &dyn Backend, d: &dyn DurableBackend) -> Outcome {
     let rig = Rig::new(b, d);
     let l = rig.label.clone();
@@ -615,12 +616,18 @@ pub fn durable_dlq_redrive_and_drain(b: &dyn Backend, d: &dyn DurableBackend) ->
         .unwrap();
     assert_eq!(sub.committed(), rig.off(6), "[{l}]"); // R-LOG-3: nothing redelivered
     assert_eq!(dlq_payloads(&sub), ["bad-3"], "[{l}]"); // R-DEL-4: durable
+    // Redriven while its handler still refuses it, it comes back, from its new offset.
+    failing.store(true, Ordering::SeqCst);
+    assert_eq!(sub.redrive_durable(|_| true).unwrap(), 1, "[{l}]"); // R-DEL-4
+    rig.settle(&broker, "the redriven one dead-lettered again", || {
+        sub.stats().dead_lettered.rejected == 1 && sub.committed() == rig.off(7)
+    });
     let drained = sub.drain_durable_dead_letters().unwrap();
     let drained: Vec<(String, Option<u64>)> = drained
         .iter()
         .map(|e| (text(&e.message), e.message.offset()))
         .collect();
-    assert_eq!(drained, [("bad-3".to_owned(), Some(rig.off(3)))], "[{l}]"); // R-DEL-4
+    assert_eq!(drained, [("bad-3".to_owned(), Some(rig.off(6)))], "[{l}]"); // R-DEL-4
     assert!(dlq_payloads(&sub).is_empty(), "[{l}]"); // R-DEL-4
     drop(sub);
     let broker = rig.restart(broker);
