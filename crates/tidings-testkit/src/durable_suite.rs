@@ -1063,6 +1063,52 @@ pub fn resubscribe_resumes(b: &dyn Backend, d: &dyn DurableBackend) -> Outcome {
     Outcome::Ran
 }
 
+/// A `seek` past messages still outstanding is durable (R-LOG-4, R-LOG-3): after a restart
+/// before they finish, the subscription resumes at the sought position, not below it.
+pub fn seek_survives_restart(b: &dyn Backend, d: &dyn DurableBackend) -> Outcome {
+    let rig = Rig::new(b, d);
+    let l = rig.label.clone();
+    let broker = rig.start();
+    rig.publish_range(&broker, 0..10);
+    let sub = broker
+        .subscribe_durable(
+            "seek-restart",
+            STREAM,
+            "#",
+            StartAt::Earliest,
+            SubscribeOptions {
+                capacity: 4,
+                retry: Retry::fixed(HOLD, 2),
+                ..Default::default()
+            },
+            |_m: &Message| Err(HandlerError::retry("held")),
+        )
+        .unwrap();
+    rig.settle(&broker, "m0 held", || sub.stats().failures == 1);
+    assert_eq!(sub.seek(StartAt::Offset(rig.off(7))).unwrap(), rig.off(7)); // R-LOG-4
+    drop(sub);
+    let broker = rig.restart(broker);
+    let seen = Seen::default();
+    let sub = broker
+        .subscribe_durable(
+            "seek-restart",
+            STREAM,
+            "#",
+            StartAt::Earliest,
+            Default::default(),
+            seen.handler(),
+        )
+        .unwrap();
+    assert_eq!(sub.committed(), rig.off(7), "[{l}]"); // R-LOG-4, R-LOG-3
+    rig.settle(&broker, "from the sought position", || {
+        seen.len() == 3 && sub.committed() == rig.off(10)
+    });
+    assert_eq!(seen.payloads(), names(7..10), "[{l}]"); // R-LOG-4
+    drop(sub);
+    rig.close_clean(broker);
+    Outcome::Ran
+}
+
 /// Run `case` under `backend` on `durable` and report a skip on stderr (visible with
 /// `--nocapture` and in every failure's output).
 pub fn run(
@@ -1105,4 +1151,5 @@ pub const ALL: &[DurableCase] = &[
     ("seek_while_outstanding", seek_while_outstanding),
     ("delayed_durable_message", delayed_durable_message),
     ("resubscribe_resumes", resubscribe_resumes),
+    ("seek_survives_restart", seek_survives_restart),
 ];

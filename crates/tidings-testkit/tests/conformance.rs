@@ -49,6 +49,7 @@ macro_rules! durable_cases {
                 seek_while_outstanding,
                 delayed_durable_message,
                 resubscribe_resumes,
+                seek_survives_restart,
             );
         }
     };
@@ -162,5 +163,5 @@ fn a_missing_capability_skips_visibly() {
 fn every_suite_case_is_wired() {
     // Adding a case to suite::ALL without a test above would leave it unrun.
     assert_eq!(suite::ALL.len(), 8);
-    assert_eq!(durable_suite::ALL.len(), 12);
+    assert_eq!(durable_suite::ALL.len(), 13);
 }
