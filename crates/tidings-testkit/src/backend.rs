@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use tidings::{Broker, Driver, ManualClock};
+use tidings::{Broker, BrokerBuilder, Driver, ManualClock};
 
 use crate::helpers::wait_until;
 
@@ -10,8 +10,16 @@ use crate::helpers::wait_until;
 pub trait Backend {
     /// A short name for failure messages.
     fn name(&self) -> String;
+    /// A builder with this backend's driver (and clock): the durable cases add a data
+    /// directory and their own manual clock to it.
+    fn builder(&self) -> BrokerBuilder;
     /// A fresh broker.
-    fn broker(&self) -> Broker;
+    ///
+    /// # Panics
+    /// If the builder's configuration is invalid (a test-setup bug).
+    fn broker(&self) -> Broker {
+        self.builder().build().expect("valid configuration")
+    }
     /// Make progress until `cond` holds; panic naming `what` if it never does.
     fn settle(&self, broker: &Broker, what: &str, cond: &mut dyn FnMut() -> bool);
     /// True when delivery happens only inside `settle` (the manual driver).
@@ -30,12 +38,10 @@ impl Backend for ManualBackend {
     fn name(&self) -> String {
         "manual".into()
     }
-    fn broker(&self) -> Broker {
+    fn builder(&self) -> BrokerBuilder {
         Broker::builder()
             .driver(Driver::Manual)
             .clock(self.clock.clone())
-            .build()
-            .expect("valid configuration")
     }
     fn settle(&self, broker: &Broker, what: &str, cond: &mut dyn FnMut() -> bool) {
         broker.run_until_idle();
@@ -71,11 +77,8 @@ impl Backend for ThreadedBackend {
     fn name(&self) -> String {
         self.label.clone()
     }
-    fn broker(&self) -> Broker {
-        Broker::builder()
-            .driver(self.driver.clone())
-            .build()
-            .expect("valid configuration")
+    fn builder(&self) -> BrokerBuilder {
+        Broker::builder().driver(self.driver.clone())
     }
     fn settle(&self, _broker: &Broker, what: &str, cond: &mut dyn FnMut() -> bool) {
         wait_until(
@@ -121,11 +124,8 @@ impl Backend for TokioBackend {
     fn name(&self) -> String {
         "tokio".into()
     }
-    fn broker(&self) -> Broker {
-        Broker::builder()
-            .driver(Driver::Tokio(self.runtime.handle().clone()))
-            .build()
-            .expect("valid configuration")
+    fn builder(&self) -> BrokerBuilder {
+        Broker::builder().driver(Driver::Tokio(self.runtime.handle().clone()))
     }
     fn settle(&self, broker: &Broker, what: &str, cond: &mut dyn FnMut() -> bool) {
         ThreadedBackend::new("tokio", Driver::Thread).settle(broker, what, cond);

@@ -4,10 +4,13 @@
 //! backend drives the broker in the test's thread and jumps its manual clock to the next
 //! wake-up; the threaded backends wait (bounded, generous) for a condition. Each function
 //! in [`suite`] is written once and run against every backend by `tests/conformance.rs`;
-//! later backends (durable log, JetStream) implement [`Backend`] and run the same suite.
+//! [`durable_suite`] adds the durable cases, run under every driver against every
+//! [`DurableBackend`] (the embedded log today; JetStream implements the same trait).
 //! [`nats`] starts and stops the `nats-server` the JetStream backend's tests run against.
 
 pub mod backend;
+pub mod durable;
+pub mod durable_suite;
 pub mod helpers;
 pub mod nats;
 pub mod suite;
@@ -15,3 +18,4 @@ pub mod suite;
 #[cfg(feature = "tokio")]
 pub use backend::TokioBackend;
 pub use backend::{Backend, ManualBackend, ThreadedBackend};
+pub use durable::{DurableBackend, DurableCaps, DurableStore, EmbeddedLog, Outcome};

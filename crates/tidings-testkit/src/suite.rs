@@ -342,6 +342,62 @@ pub fn request_reply(b: &dyn Backend) {
     broker.close(Duration::from_secs(5));
 }
 
+/// An expired message — the only one queued — is dead-lettered and forwarded to the
+/// dead-letter topic (R-TIME-1, R-DEL-4), under every driver: a dispatcher that finds the
+/// queue empty after expiring it still forwards it.
+pub fn expired_forwarded_to_dead_letter_topic(b: &dyn Backend) {
+    let broker = b.broker();
+    let sub = broker
+        .subscribe(
+            "suite.exp",
+            SubscribeOptions {
+                dead_letter: DeadLetterOptions {
+                    topic: Some("suite.exp-dlq".into()),
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+            |_m: &Message| Ok(()),
+        )
+        .unwrap();
+    // (payload, reason header) of each forwarded dead letter.
+    type Forwarded = Vec<(String, Option<String>)>;
+    let forwarded: Arc<Mutex<Forwarded>> = Arc::default();
+    let f = forwarded.clone();
+    let _dlq = broker
+        .subscribe(
+            "suite.exp-dlq",
+            SubscribeOptions::default(),
+            move |m: &Message| {
+                f.lock()
+                    .push((text(m), m.header(DLQ_REASON_HEADER).map(str::to_owned)));
+                Ok(())
+            },
+        )
+        .unwrap();
+    broker
+        .publish(
+            Message::to("suite.exp")
+                .payload("stale")
+                .expires_at(SystemTime::UNIX_EPOCH),
+        )
+        .unwrap();
+    b.settle(&broker, "the expired message forwarded", &mut || {
+        forwarded.lock().len() == 1
+    });
+    let got = forwarded.lock().clone();
+    assert_eq!(got[0].0, "stale", "[{}]", b.name()); // R-DEL-4
+    assert_eq!(
+        got[0].1.as_deref(),
+        Some(DeadLetterReason::Expired.name()),
+        "[{}]",
+        b.name()
+    ); // R-TIME-1, R-DEL-4
+    assert_eq!(sub.stats().dead_lettered.expired, 1, "[{}]", b.name()); // R-TIME-1
+    assert!(sub.stats().is_conserved(), "[{}]", b.name()); // R-DEL-6
+    broker.close(Duration::from_secs(5));
+}
+
 /// One suite case: its name and body.
 pub type Case = (&'static str, fn(&dyn Backend));
 
@@ -357,4 +413,8 @@ pub const ALL: &[Case] = &[
     ("close_interrupts_backoff", close_interrupts_backoff),
     ("per_key_order", per_key_order),
     ("request_reply", request_reply),
+    (
+        "expired_forwarded_to_dead_letter_topic",
+        expired_forwarded_to_dead_letter_topic,
+    ),
 ];

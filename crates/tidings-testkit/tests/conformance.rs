@@ -1,8 +1,59 @@
-//! The one behavioural suite, run under every driver (R-DIST-2, R-EXE-1).
+//! The one behavioural suite, run under every driver (R-DIST-2, R-EXE-1), and its durable
+//! cases under every driver against every durable backend.
+//!
+//! A new durable backend plugs in with one line in `conformance!` below:
+//! `durable_cases!(<module>, <its DurableBackend>);`.
 
 use tidings::Driver;
-use tidings_testkit::suite;
-use tidings_testkit::{Backend, ManualBackend, ThreadedBackend};
+use tidings_testkit::{Backend, ManualBackend, Outcome, ThreadedBackend};
+use tidings_testkit::{DurableBackend, DurableCaps, EmbeddedLog, durable_suite, suite};
+
+/// One `#[test]` per named durable case, run by the enclosing module's `run`.
+macro_rules! durable_tests {
+    ($($case:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $case() {
+                run(stringify!($case), durable_suite::$case);
+            }
+        )*
+    };
+}
+
+/// Every durable case against one durable backend, under the enclosing module's driver.
+macro_rules! durable_cases {
+    ($module:ident, $durable:expr) => {
+        mod $module {
+            use super::*;
+            fn durable() -> Box<dyn DurableBackend> {
+                Box::new($durable)
+            }
+            fn run(name: &str, case: durable_suite::DurableCaseFn) {
+                let (b, d) = (backend(), durable());
+                let outcome = durable_suite::run(name, case, b.as_ref(), d.as_ref());
+                // A backend with every capability runs every assertion.
+                if d.caps() == DurableCaps::all() {
+                    assert_eq!(outcome, Outcome::Ran, "{name}");
+                }
+            }
+            durable_tests!(
+                resume_after_restart,
+                replay_by_offset,
+                replay_by_time,
+                durable_dlq_reasons,
+                durable_dlq_redrive_and_drain,
+                lag_and_slow_consumer,
+                durable_filter,
+                durable_message_fields,
+                many_durables_progress,
+                seek_while_outstanding,
+                delayed_durable_message,
+                resubscribe_resumes,
+                seek_survives_restart,
+            );
+        }
+    };
+}
 
 macro_rules! conformance {
     ($module:ident, $backend:expr) => {
@@ -39,6 +90,12 @@ macro_rules! conformance {
             fn request_reply() {
                 suite::request_reply(backend().as_ref());
             }
+            #[test]
+            fn expired_forwarded_to_dead_letter_topic() {
+                suite::expired_forwarded_to_dead_letter_topic(backend().as_ref());
+            }
+            // The durable backends, one line each (R-DIST-2).
+            durable_cases!(embedded_log, EmbeddedLog);
         }
     };
 }
@@ -52,8 +109,59 @@ conformance!(
 #[cfg(feature = "tokio")]
 conformance!(tokio, tidings_testkit::TokioBackend::new());
 
+/// The embedded log with some capabilities taken away: the cases needing them must skip,
+/// naming the capability, instead of passing or failing silently.
+struct Restricted(DurableCaps);
+
+impl DurableBackend for Restricted {
+    fn name(&self) -> String {
+        "restricted-log".into()
+    }
+    fn caps(&self) -> DurableCaps {
+        self.0
+    }
+    fn open(&self) -> Box<dyn tidings_testkit::DurableStore> {
+        EmbeddedLog.open()
+    }
+}
+
+#[test]
+fn a_missing_capability_skips_visibly() {
+    let restricted = Restricted(DurableCaps::all().without_manual_time().without_priority());
+    let b = ManualBackend::default();
+    let outcome = durable_suite::run(
+        "replay_by_time",
+        durable_suite::replay_by_time,
+        &b,
+        &restricted,
+    );
+    assert!(
+        matches!(&outcome, Outcome::Skipped(why) if why.contains("manual_time")),
+        "{outcome:?}"
+    ); // R-DIST-2
+    let outcome = durable_suite::run(
+        "durable_message_fields",
+        durable_suite::durable_message_fields,
+        &b,
+        &restricted,
+    );
+    assert!(
+        matches!(&outcome, Outcome::Skipped(why) if why.contains("priority") && why.contains("manual_time")),
+        "{outcome:?}"
+    ); // R-DIST-2
+    // The embedded log itself has every capability: nothing is skipped there.
+    let all = durable_suite::run(
+        "replay_by_time",
+        durable_suite::replay_by_time,
+        &b,
+        &EmbeddedLog,
+    );
+    assert_eq!(all, Outcome::Ran); // R-DIST-2
+}
+
 #[test]
 fn every_suite_case_is_wired() {
     // Adding a case to suite::ALL without a test above would leave it unrun.
-    assert_eq!(suite::ALL.len(), 7);
+    assert_eq!(suite::ALL.len(), 8);
+    assert_eq!(durable_suite::ALL.len(), 13);
 }

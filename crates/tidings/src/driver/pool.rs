@@ -264,11 +264,18 @@ fn run_slot(pool: &Arc<Shared>, task: Task) {
                 // Clear the flag under the core lock: an offer after this sees the slot
                 // idle and schedules it again, so no wake-up is lost.
                 mailbox_flag(&sub);
+                // The poll may have dead-lettered (expired) messages: forward them too, or
+                // a durable source never hears they finished.
+                let forwards = core.take_forwards();
+                drop(core);
+                sub.forward(forwards);
                 return;
             }
             Poll::WakeAt(due) => {
                 mailbox_flag(&sub);
+                let forwards = core.take_forwards();
                 drop(core);
+                sub.forward(forwards);
                 let mut timers = pool.timers.lock();
                 let seq = timers.1;
                 timers.1 += 1;
@@ -283,7 +290,9 @@ fn run_slot(pool: &Arc<Shared>, task: Task) {
                 return;
             }
             Poll::Stopped => {
+                let forwards = core.take_forwards();
                 drop(core);
+                sub.forward(forwards);
                 pool.live_slots.exit();
                 return;
             }

@@ -1,0 +1,137 @@
+//! The durable dimension of the suite: where durable streams live (R-DIST-2).
+//!
+//! A [`DurableBackend`] opens a fresh, empty [`DurableStore`] for each case; the store
+//! outlives the brokers a case builds on it, so a case can close its broker and build a new
+//! one on the same store (a restart). [`DurableCaps`] says what the backend can do; a case
+//! that needs a missing capability returns [`Outcome::Skipped`] naming it, and the test that
+//! ran it prints the reason.
+//!
+//! The embedded log ([`EmbeddedLog`]) is the one backend today. Another one (JetStream)
+//! implements these two traits and adds one line to the `durable_cases!` list in
+//! `tests/conformance.rs`.
+
+use tidings::{Broker, BrokerBuilder, Fsync, StreamConfig, StreamError};
+
+/// What a durable backend can do; the cases skip, visibly, what it cannot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DurableCaps {
+    /// Messages keep their [`Priority`](tidings::Priority) through the stream.
+    pub priority: bool,
+    /// Stored messages are stamped with the broker's clock, so a case can place them in
+    /// time with a [`ManualClock`](tidings::ManualClock) and replay by time
+    /// (`StartAt::Time`). A backend stamping with a server's clock cannot.
+    pub manual_time: bool,
+    /// The offset of the first message appended to an empty stream (0 for the embedded
+    /// log; JetStream sequences start at 1).
+    pub first_offset: u64,
+}
+
+impl DurableCaps {
+    /// Everything the embedded log does: priority, manual time, offsets from 0.
+    #[must_use]
+    pub const fn all() -> Self {
+        Self {
+            priority: true,
+            manual_time: true,
+            first_offset: 0,
+        }
+    }
+    /// These capabilities without priority.
+    #[must_use]
+    pub const fn without_priority(mut self) -> Self {
+        self.priority = false;
+        self
+    }
+    /// These capabilities without replay on a manual clock.
+    #[must_use]
+    pub const fn without_manual_time(mut self) -> Self {
+        self.manual_time = false;
+        self
+    }
+    /// These capabilities with the first offset `first`.
+    #[must_use]
+    pub const fn first_offset(mut self, first: u64) -> Self {
+        self.first_offset = first;
+        self
+    }
+}
+
+/// A kind of durable storage the suite runs its durable cases against.
+pub trait DurableBackend {
+    /// A short name for failure messages.
+    fn name(&self) -> String;
+    /// What it can do.
+    fn caps(&self) -> DurableCaps;
+    /// A fresh, empty store for one case. It lives until the case drops it, across every
+    /// broker the case builds on it.
+    fn open(&self) -> Box<dyn DurableStore>;
+}
+
+/// One case's durable storage, shared by the brokers the case builds on it in turn.
+pub trait DurableStore {
+    /// Point `builder` at this store (for the embedded log: its data directory).
+    fn attach(&self, builder: BrokerBuilder) -> BrokerBuilder;
+    /// Create — or, on a broker built after a restart, reopen — the stream `name` capturing
+    /// the topics matching `patterns`, acknowledging appends durably.
+    ///
+    /// # Errors
+    /// What [`Broker::create_stream`] reports.
+    fn create_stream(
+        &self,
+        broker: &Broker,
+        name: &str,
+        patterns: &[&str],
+    ) -> Result<(), StreamError>;
+}
+
+/// The embedded log (`tidings-log`) in a temporary data directory, fsync on every append.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct EmbeddedLog;
+
+impl DurableBackend for EmbeddedLog {
+    fn name(&self) -> String {
+        "embedded-log".into()
+    }
+    fn caps(&self) -> DurableCaps {
+        DurableCaps::all()
+    }
+    /// # Panics
+    /// If no temporary directory can be made (a test-environment failure).
+    fn open(&self) -> Box<dyn DurableStore> {
+        Box::new(EmbeddedStore {
+            dir: tempfile::tempdir().expect("a temporary directory"),
+        })
+    }
+}
+
+/// A temporary data directory, removed on drop.
+struct EmbeddedStore {
+    dir: tempfile::TempDir,
+}
+
+impl DurableStore for EmbeddedStore {
+    fn attach(&self, builder: BrokerBuilder) -> BrokerBuilder {
+        builder.data_dir(self.dir.path())
+    }
+    fn create_stream(
+        &self,
+        broker: &Broker,
+        name: &str,
+        patterns: &[&str],
+    ) -> Result<(), StreamError> {
+        broker
+            .create_stream(StreamConfig::new(name, patterns.iter().copied()).fsync(Fsync::Always))
+            .map(drop)
+    }
+}
+
+/// What running one durable case did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use = "a skipped case must be reported"]
+pub enum Outcome {
+    /// Every assertion of the case ran.
+    Ran,
+    /// The backend lacks what the case needs: the reason names the capability.
+    Skipped(String),
+}
