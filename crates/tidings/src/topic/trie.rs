@@ -112,7 +112,7 @@ fn edge_key(parent: u32, word: u32) -> u64 {
 /// A fast seeded hasher for short keys (folded 64×64→128 multiply, as in foldhash). The seed is
 /// drawn once per process from std's random source, so colliding keys cannot be precomputed.
 #[derive(Clone, Copy)]
-struct FastState(u64);
+pub(crate) struct FastState(u64);
 
 impl Default for FastState {
     fn default() -> Self {
@@ -131,7 +131,7 @@ impl BuildHasher for FastState {
     }
 }
 
-struct FastHasher(u64);
+pub(crate) struct FastHasher(u64);
 
 const MUL: u64 = 0x9E37_79B9_7F4A_7C15;
 const MUL2: u64 = 0xA076_1D64_78BD_642F;
