@@ -22,7 +22,7 @@ use super::{HASH, MAX_WORDS, Pattern, STAR, Topic};
 ///   live node and word. So the cost grows with the topic's depth and the number of matching
 ///   patterns, never with the number of patterns. When no wildcard pattern is stored the walk
 ///   is skipped.
-/// * Matching does not allocate unless more than 8 trie nodes are live at once or more than 8
+/// * Matching does not allocate unless more than 32 trie nodes are live at once or more than 8
 ///   distinct patterns match (then one buffer per call).
 ///
 /// # Equivalent patterns
@@ -327,48 +327,12 @@ impl<T: Copy, const N: usize> Buf<T, N> {
     }
 }
 
-/// The live node set of the match walk, deduplicated.
-struct States {
-    buf: Buf<u32, 8>,
-    /// Set when pushes skipped the linear duplicate check (large sets); fixed by `finish`.
-    dirty: bool,
-}
+/// The live node set of the match walk. Inline room for this many nodes; larger sets spill to
+/// the heap (one allocation per call).
+const LIVE_INLINE: usize = 32;
 
-impl States {
-    const LINEAR: usize = 32;
-
-    #[inline]
-    fn new() -> Self {
-        Self {
-            buf: Buf::new(ROOT),
-            dirty: false,
-        }
-    }
-
-    #[inline]
-    fn push(&mut self, node: u32) {
-        let s = self.buf.as_slice();
-        if s.len() <= Self::LINEAR {
-            if !s.contains(&node) {
-                self.buf.push(node);
-            }
-        } else {
-            self.dirty = true;
-            self.buf.push(node);
-        }
-    }
-
-    #[inline]
-    fn finish(&mut self) {
-        if self.dirty {
-            self.dirty = false;
-            // Only reached once the set spilled to the heap (LINEAR >= inline capacity).
-            let v = &mut self.buf.heap;
-            v.sort_unstable();
-            v.dedup();
-        }
-    }
-}
+/// The live node set of one step of the match walk, each node once.
+type Live = Buf<u32, LIVE_INLINE>;
 
 impl<V> Default for TopicTrie<V> {
     fn default() -> Self {
@@ -618,20 +582,32 @@ impl<V> TopicTrie<V> {
             return;
         }
 
-        // Walk the wildcard trie: `cur` holds the live nodes, closed under "a `#` child may
-        // match zero words".
+        // Walk the wildcard trie: `cur` holds the live nodes, each once, closed under "a `#`
+        // child may match zero words".
+        //
+        // Why no general duplicate check is needed: the trie is a tree, so a node entered
+        // through a word or `*` edge has one parent, which `cur` holds once; and only nodes
+        // reached through a `#` edge (`is_hash`) stay live across a word. So a node can be
+        // added twice only as the `#` child of a node just entered while it also stays, that
+        // is, while it is in `cur`; that one case is checked, against `cur` (a few nodes).
+        // Canonical patterns never put a `#` right after a `#`, so the closure is one level
+        // deep and a `#` node has no `#` child.
         let nodes = &self.nodes[..];
-        let mut a = States::new();
-        let mut b = States::new();
+        let mut a = Live::new(ROOT);
+        let mut b = Live::new(ROOT);
         let (mut cur, mut next) = (&mut a, &mut b);
         cur.push(ROOT);
-        close(nodes, cur, 0);
+        let h = nodes[ROOT as usize].hash;
+        if h != NONE {
+            cur.push(h);
+        }
         for word in topic.words() {
+            next.clear();
             // The word's id, looked up only if some live node has literal children.
             let mut word_id: Option<Option<u32>> = None;
-            next.buf.clear();
-            for &id in cur.buf.as_slice() {
+            for &id in cur.as_slice() {
                 let node = &nodes[id as usize];
+                // A `#` node consumes this word and stays.
                 if node.is_hash {
                     next.push(id);
                 }
@@ -647,17 +623,24 @@ impl<V> TopicTrie<V> {
                     next.push(node.star);
                 }
             }
-            close(nodes, next, 0);
-            next.finish();
+            // `#` children of what was just entered (they match zero more words), unless
+            // already staying.
+            let entered = next.as_slice().len();
+            for i in 0..entered {
+                let h = nodes[next.as_slice()[i] as usize].hash;
+                if h != NONE && !cur.as_slice().contains(&h) {
+                    next.push(h);
+                }
+            }
             std::mem::swap(&mut cur, &mut next); // swaps the references only
-            if cur.buf.as_slice().is_empty() {
+            if cur.as_slice().is_empty() {
                 break;
             }
         }
 
         // Merge the sorted entry lists of the literal match and every final node. Fast path:
         // a single non-empty list (the common case) needs no merge.
-        let finals = cur.buf.as_slice();
+        let finals = cur.as_slice();
         let mut nonempty = finals
             .iter()
             .map(|&i| nodes[i as usize].entries.as_slice())
@@ -702,20 +685,6 @@ impl<V> TopicTrie<V> {
         let mut any = false;
         self.for_each_match(topic, |_, _| any = true);
         any
-    }
-}
-
-/// Adds the `#` child of every state from index `from` on (a `#` may match zero words). After
-/// canonicalisation a `#` node never has a `#` child, but newly added ones are scanned anyway.
-#[inline]
-fn close<V>(nodes: &[Node<V>], states: &mut States, from: usize) {
-    let mut i = from;
-    while let Some(&id) = states.buf.as_slice().get(i) {
-        let h = nodes[id as usize].hash;
-        if h != NONE {
-            states.push(h);
-        }
-        i += 1;
     }
 }
 
