@@ -22,8 +22,9 @@ use super::{HASH, MAX_WORDS, Pattern, STAR, Topic};
 ///   live node and word. So the cost grows with the topic's depth and the number of matching
 ///   patterns, never with the number of patterns. When no wildcard pattern is stored the walk
 ///   is skipped.
-/// * Matching does not allocate unless more than 32 trie nodes are live at once or more than 8
-///   distinct patterns match (then one buffer per call).
+/// * Matching reuses two per-thread buffers for the live nodes (they grow to the largest live
+///   set seen on the thread, and a match nested in a callback gets fresh ones), and allocates
+///   only when more than 8 distinct patterns' entry lists must be merged.
 ///
 /// # Equivalent patterns
 ///
@@ -303,15 +304,6 @@ impl<T: Copy, const N: usize> Buf<T, N> {
     }
 
     #[inline]
-    fn as_slice(&self) -> &[T] {
-        if self.heap.is_empty() {
-            &self.inline[..self.len]
-        } else {
-            &self.heap
-        }
-    }
-
-    #[inline]
     fn as_mut_slice(&mut self) -> &mut [T] {
         if self.heap.is_empty() {
             &mut self.inline[..self.len]
@@ -319,20 +311,13 @@ impl<T: Copy, const N: usize> Buf<T, N> {
             &mut self.heap
         }
     }
-
-    #[inline]
-    fn clear(&mut self) {
-        self.len = 0;
-        self.heap.clear();
-    }
 }
 
-/// The live node set of the match walk. Inline room for this many nodes; larger sets spill to
-/// the heap (one allocation per call).
-const LIVE_INLINE: usize = 32;
-
-/// The live node set of one step of the match walk, each node once.
-type Live = Buf<u32, LIVE_INLINE>;
+thread_local! {
+    /// The two live-node buffers of the match walk, reused across calls on this thread (taken
+    /// out for the call, so a nested call from a callback just starts with empty ones).
+    static LIVE: std::cell::Cell<(Vec<u32>, Vec<u32>)> = const { std::cell::Cell::new((Vec::new(), Vec::new())) };
+}
 
 impl<V> Default for TopicTrie<V> {
     fn default() -> Self {
@@ -593,8 +578,8 @@ impl<V> TopicTrie<V> {
         // Canonical patterns never put a `#` right after a `#`, so the closure is one level
         // deep and a `#` node has no `#` child.
         let nodes = &self.nodes[..];
-        let mut a = Live::new(ROOT);
-        let mut b = Live::new(ROOT);
+        let (mut a, mut b) = LIVE.with(std::cell::Cell::take);
+        a.clear();
         let (mut cur, mut next) = (&mut a, &mut b);
         cur.push(ROOT);
         let h = nodes[ROOT as usize].hash;
@@ -625,46 +610,36 @@ impl<V> TopicTrie<V> {
             }
             // `#` children of what was just entered (they match zero more words), unless
             // already staying.
-            let entered = next.as_slice().len();
+            let entered = next.len();
             for i in 0..entered {
-                let h = nodes[next.as_slice()[i] as usize].hash;
-                if h != NONE && !cur.as_slice().contains(&h) {
+                let h = nodes[next[i] as usize].hash;
+                if h != NONE && !cur.contains(&h) {
                     next.push(h);
                 }
             }
             std::mem::swap(&mut cur, &mut next); // swaps the references only
-            if cur.as_slice().is_empty() {
+            if cur.is_empty() {
                 break;
             }
         }
 
-        // Merge the sorted entry lists of the literal match and every final node. Fast path:
-        // a single non-empty list (the common case) needs no merge.
-        let finals = cur.as_slice();
-        let mut nonempty = finals
-            .iter()
-            .map(|&i| nodes[i as usize].entries.as_slice())
-            .filter(|e| !e.is_empty());
-        let first = literal.or_else(|| nonempty.next());
-        match (first, nonempty.next()) {
-            (None, _) => return,
-            (Some(one), None) => {
-                one.iter().for_each(|(id, v)| f(*id, v));
-                return;
-            }
-            (Some(_), Some(_)) => {}
-        }
+        // Merge the sorted entry lists of the literal match and every final node.
         let mut lists: Buf<&[(u64, V)], 8> = Buf::new(&[]);
         if let Some(l) = literal {
             lists.push(l);
         }
-        for &i in finals {
+        for &i in cur.iter() {
             let e = &nodes[i as usize].entries;
             if !e.is_empty() {
                 lists.push(e);
             }
         }
+        // Hand the buffers back before running callbacks (which may match again).
+        LIVE.with(|s| s.set((a, b)));
         match lists.as_mut_slice() {
+            [] => {}
+            // The common case: one list, no merge.
+            [one] => one.iter().for_each(|(id, v)| f(*id, v)),
             many if many.len() <= 16 => merge(many, f),
             many => {
                 let mut all: Vec<(u64, &V)> = many
@@ -759,6 +734,23 @@ mod tests {
         }
         let entries: usize = trie.nodes.iter().map(|n| n.entries.len()).sum();
         assert_eq!(entries, trie.wild_len);
+    }
+
+    /// The walk's per-thread buffers are taken for the call: a match run from inside a match
+    /// callback on the same thread sees a consistent trie and gives the same answers (R-RT-1).
+    #[test]
+    fn nested_match_from_a_callback() {
+        let mut trie = TopicTrie::new();
+        for (i, pat) in ["a.#", "#.c", "a.*.c", "*.b.*", "#"].iter().enumerate() {
+            trie.insert(&p(pat), i as u64, ());
+        }
+        let mut outer = Vec::new();
+        trie.for_each_match(&t("a.b.c"), |id, _| {
+            assert_eq!(ids(&trie, "x.b.y"), vec![3, 4]); // R-RT-1
+            outer.push(id);
+        });
+        assert_eq!(outer, vec![0, 1, 2, 3, 4]); // R-RT-1
+        assert_eq!(ids(&trie, "a.b.c"), outer);
     }
 
     #[test]
