@@ -1,5 +1,8 @@
 //! `fanout/n={1,4,16,256}/{thread,pool,tokio}`: one publisher, N subscribers, 64-byte
 //! payloads, no-op handlers; deliveries per second until all N×M are delivered.
+//!
+//! `fanout/publishers=4/n={1,16}/{thread,pool,tokio}`: the same with 4 publisher threads
+//! sharing the M messages, against crossbeam-per-subscriber with 4 publisher threads.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -16,6 +19,10 @@ use crate::{Case, Filter, Plan};
 
 /// Subscriber counts.
 pub const NS: [u64; 4] = [1, 4, 16, 256];
+/// Subscriber counts of the multi-publisher cases.
+const MULTI_NS: [u64; 2] = [1, 16];
+/// Publisher threads of the multi-publisher cases.
+const MULTI_PUBLISHERS: u64 = 4;
 /// Topic every fan-out message goes to.
 const TOPIC: &str = "bench.fanout.created";
 /// tidings queue capacity per subscription (with `Overflow::Block`, so nothing is lost).
@@ -30,13 +37,22 @@ const ROUND_TIMEOUT: Duration = Duration::from_secs(60);
 pub(crate) static PAYLOAD_64: [u8; 64] = [0xAB; 64];
 
 pub(crate) fn case_names() -> Vec<String> {
-    NS.iter()
-        .flat_map(|n| {
-            DRIVERS
-                .iter()
-                .map(move |d| format!("fanout/n={n}/{}", d.label()))
-        })
-        .collect()
+    let single = NS.iter().flat_map(|n| {
+        DRIVERS
+            .iter()
+            .map(move |d| format!("fanout/n={n}/{}", d.label()))
+    });
+    single.chain(multi_names_all()).collect()
+}
+
+fn multi_name(n: u64, d: crate::env::DriverKind) -> String {
+    format!("fanout/publishers={MULTI_PUBLISHERS}/n={n}/{}", d.label())
+}
+
+fn multi_names_all() -> impl Iterator<Item = String> {
+    MULTI_NS
+        .iter()
+        .flat_map(|&n| DRIVERS.iter().map(move |&d| multi_name(n, d)))
 }
 
 /// One system under test in a fan-out comparison.
@@ -64,7 +80,98 @@ pub(crate) fn run(plan: &Plan, env: &Env, filter: &Filter) -> Vec<Case> {
         let m = plan.fanout_min_msgs.max(plan.fanout_deliveries / n);
         cases.extend(run_group(plan, env, filter, n, m, &names));
     }
+    for n in MULTI_NS {
+        let names: Vec<String> = DRIVERS.iter().map(|&d| multi_name(n, d)).collect();
+        if !filter.wants_any(names.iter().map(String::as_str)) {
+            continue;
+        }
+        let m = plan.fanout_min_msgs.max(plan.fanout_deliveries / n);
+        cases.extend(run_multi_group(plan, env, filter, n, m, &names));
+    }
     cases
+}
+
+/// `fanout/publishers=4/n=N/*`: tidings per driver and crossbeam-per-subscriber, each fed
+/// by [`MULTI_PUBLISHERS`] threads that share the round's messages.
+fn run_multi_group(
+    plan: &Plan,
+    env: &Env,
+    filter: &Filter,
+    n: u64,
+    m: u64,
+    names: &[String],
+) -> Vec<Case> {
+    let p = MULTI_PUBLISHERS;
+    let mut systems: Vec<Named> = Vec::new();
+    for (d, name) in DRIVERS.iter().zip(names) {
+        if filter.wants(name) {
+            let sys = d
+                .build(env)
+                .and_then(|driver| TidingsFanout::start(driver, n, true))
+                .map(|s| Box::new(s.publishers(p)) as Box<dyn FanoutSystem>);
+            systems.push((format!("tidings/{}", d.label()), sys));
+        }
+    }
+    systems.push((
+        "crossbeam-per-subscriber".into(),
+        Ok(Box::new(CrossbeamFanout::start(n).publishers(p))),
+    ));
+    let (outcomes, counts) = sized_rounds(plan, n, m, &mut systems);
+    let mut sys_notes = Vec::new();
+    for (name, sys) in systems {
+        match sys {
+            Ok(sys) => {
+                let note = sys.finish(env);
+                if !note.is_empty() {
+                    sys_notes.push(format!("{name}: {note}"));
+                }
+            }
+            Err(e) => sys_notes.push(format!("{name} skipped: {e}")),
+        }
+    }
+    for o in &outcomes {
+        if let Some(e) = &o.error {
+            sys_notes.push(format!("{} FAILED: {e}", o.name));
+        }
+    }
+    let common = format!(
+        "msgs per round x {n} subs: {counts} (sized from a warm-up round to ~{:.2} s, capped at {m}), \
+         {p} publisher threads sharing each round's messages (started per round, inside the timing), \
+         64-byte payload, no-op handlers, {} rounds interleaved; tidings: capacity {TIDINGS_CAPACITY}, \
+         Overflow::Block{{60s}} (lossless), AtLeastOnce; crossbeam: bounded({CHANNEL_CAPACITY}) + 1 \
+         thread per sub, every publisher sends to every channel",
+        plan.round_secs, plan.rounds
+    );
+    let mut cases = Vec::new();
+    for (d, name) in DRIVERS.iter().zip(names) {
+        if !filter.wants(name) {
+            continue;
+        }
+        let mut case = Case::new(name.clone(), "deliveries/s", true);
+        let label = format!("tidings/{}", d.label());
+        match outcomes.iter().find(|o| o.name == label) {
+            Some(o) => case.tidings = o.median(),
+            None => case.note("tidings skipped: setup failed"),
+        }
+        for o in outcomes.iter().filter(|o| !o.name.starts_with("tidings/")) {
+            if let Some(v) = o.median() {
+                case.baselines.insert(o.name.clone(), v);
+            }
+        }
+        case.note(&common);
+        for s in &sys_notes {
+            if !s.starts_with("tidings/") || s.starts_with(&label) {
+                case.note(s);
+            }
+        }
+        cases.push(case);
+    }
+    cases
+}
+
+/// Split `m` messages among `publishers` threads (the first ones take the remainder).
+fn share(m: u64, publishers: u64, i: u64) -> u64 {
+    m / publishers + u64::from(i < m % publishers)
 }
 
 fn run_group(
@@ -202,9 +309,17 @@ pub(crate) struct TidingsFanout {
     per_sub: u64,
     refused: u64,
     n: u64,
+    /// Publisher threads per round (1 = the calling thread).
+    publishers: u64,
 }
 
 impl TidingsFanout {
+    /// Publish from `p` threads per round instead of the calling thread.
+    fn publishers(mut self, p: u64) -> Self {
+        self.publishers = p.max(1);
+        self
+    }
+
     /// `padded`: give each subscriber's counter its own cache line (fan-out); the scale
     /// cases use a plain counter so the handler's footprint stays minimal.
     pub(crate) fn start(driver: Driver, n: u64, padded: bool) -> Result<Self, String> {
@@ -249,6 +364,39 @@ impl TidingsFanout {
             per_sub: 0,
             refused: 0,
             n,
+            publishers: 1,
+        })
+    }
+
+    /// Publish `m` messages from `self.publishers` threads; returns the refusals.
+    fn publish_many(&self, m: u64) -> Result<u64, String> {
+        let payload = Bytes::from_static(&PAYLOAD_64);
+        let one = |count: u64| -> Result<u64, String> {
+            let mut refused = 0;
+            for _ in 0..count {
+                let report = self
+                    .broker
+                    .publish(Message::to(TOPIC).payload(payload.clone()))
+                    .map_err(|e| e.to_string())?;
+                refused += report.refused.len() as u64;
+            }
+            Ok(refused)
+        };
+        if self.publishers == 1 {
+            return one(m);
+        }
+        std::thread::scope(|s| {
+            let handles: Vec<_> = (0..self.publishers)
+                .map(|i| {
+                    let count = share(m, self.publishers, i);
+                    s.spawn(move || one(count))
+                })
+                .collect();
+            let mut refused = 0;
+            for h in handles {
+                refused += h.join().map_err(|_| "publisher panicked".to_string())??;
+            }
+            Ok(refused)
         })
     }
 }
@@ -257,15 +405,8 @@ impl FanoutSystem for TidingsFanout {
     fn round(&mut self, m: u64) -> Result<f64, String> {
         self.per_sub += m;
         self.tally.arm(self.per_sub, self.n as usize);
-        let payload = Bytes::from_static(&PAYLOAD_64);
         let start = Instant::now();
-        for _ in 0..m {
-            let report = self
-                .broker
-                .publish(Message::to(TOPIC).payload(payload.clone()))
-                .map_err(|e| e.to_string())?;
-            self.refused += report.refused.len() as u64;
-        }
+        self.refused += self.publish_many(m)?;
         if !self.tally.wait(ROUND_TIMEOUT) {
             let delivered: u64 = self.subs.iter().map(|s| s.stats().delivered).sum();
             return Err(format!(
@@ -332,9 +473,32 @@ struct CrossbeamFanout {
     tally: Arc<Tally>,
     per_sub: u64,
     seq: u64,
+    /// Publisher threads per round (1 = the calling thread).
+    publishers: u64,
 }
 
 impl CrossbeamFanout {
+    /// Publish from `p` threads per round instead of the calling thread.
+    fn publishers(mut self, p: u64) -> Self {
+        self.publishers = p.max(1);
+        self
+    }
+
+    /// Send `count` messages to every channel, numbered from `seq`.
+    fn send_all(&self, count: u64, seq: u64) -> Result<(), String> {
+        let payload = Bytes::from_static(&PAYLOAD_64);
+        for k in 0..count {
+            let msg = Arc::new(Msg {
+                payload: payload.clone(),
+                seq: seq + k,
+            });
+            for tx in &self.txs {
+                tx.send(msg.clone()).map_err(|e| e.to_string())?;
+            }
+        }
+        Ok(())
+    }
+
     fn start(n: u64) -> Self {
         let tally = Arc::new(Tally::new());
         let mut txs = Vec::new();
@@ -362,6 +526,7 @@ impl CrossbeamFanout {
             tally,
             per_sub: 0,
             seq: 0,
+            publishers: 1,
         }
     }
 }
@@ -370,17 +535,28 @@ impl FanoutSystem for CrossbeamFanout {
     fn round(&mut self, m: u64) -> Result<f64, String> {
         self.per_sub += m;
         self.tally.arm(self.per_sub, self.txs.len());
-        let payload = Bytes::from_static(&PAYLOAD_64);
         let start = Instant::now();
-        for _ in 0..m {
-            self.seq += 1;
-            let msg = Arc::new(Msg {
-                payload: payload.clone(),
-                seq: self.seq,
-            });
-            for tx in &self.txs {
-                tx.send(msg.clone()).map_err(|e| e.to_string())?;
-            }
+        let seq = self.seq;
+        self.seq += m;
+        if self.publishers == 1 {
+            self.send_all(m, seq)?;
+        } else {
+            let this = &*self;
+            std::thread::scope(|s| -> Result<(), String> {
+                let mut first = seq;
+                let handles: Vec<_> = (0..this.publishers)
+                    .map(|i| {
+                        let count = share(m, this.publishers, i);
+                        let from = first;
+                        first += count;
+                        s.spawn(move || this.send_all(count, from))
+                    })
+                    .collect();
+                for h in handles {
+                    h.join().map_err(|_| "publisher panicked".to_string())??;
+                }
+                Ok(())
+            })?;
         }
         if !self.tally.wait(ROUND_TIMEOUT) {
             return Err(format!(

@@ -33,6 +33,7 @@ mod latency;
 mod logbench;
 mod matching;
 mod output;
+mod perkey;
 pub mod plot;
 mod scale;
 
@@ -238,6 +239,7 @@ pub fn case_names() -> Vec<String> {
     names.extend(fanout::case_names());
     names.extend(latency::case_names());
     names.extend(scale::case_names());
+    names.extend(perkey::case_names());
     names.extend(matching::case_names());
     names.extend(logbench::case_names());
     names
@@ -279,6 +281,7 @@ pub fn run(args: &BenchArgs) -> Result<Report, BenchError> {
     progress(fanout::run(&plan, &env, &filter));
     progress(latency::run(&plan, &env, &filter));
     progress(scale::run(&plan, &env, &filter));
+    progress(perkey::run(&plan, &env, &filter));
     progress(matching::run(&plan, &filter));
     progress(logbench::run(&plan, &filter));
     env.finish();

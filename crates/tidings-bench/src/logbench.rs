@@ -1,6 +1,11 @@
 //! `log/append/{never,interval,always}`, `log/append/always/publishers=64`, `log/read`:
 //! 256-byte records through `tidings-log`, against plain file I/O.
 //!
+//! `log/durable/publishers=64`: end to end through the broker: 64 publisher threads publish
+//! to a stream with `Fsync::Always`, a durable subscription's handler receives every record
+//! and its position is committed; records/s against `log-append-alone` (the same 64
+//! publishers appending to a bare `tidings-log` log with `Fsync::Always`).
+//!
 //! Baselines:
 //! * `raw-write` — buffered appends (64 KiB `BufWriter`) to a plain file, no fsync.
 //! * `raw-fdatasync` — append + `fdatasync` per record.
@@ -34,8 +39,12 @@ pub(crate) fn case_names() -> Vec<String> {
     let mut v: Vec<String> = POLICIES.iter().map(|p| format!("log/append/{p}")).collect();
     v.push(format!("log/append/always/publishers={PUBLISHERS}"));
     v.push("log/read".into());
+    v.push(DURABLE_CASE.into());
     v
 }
+
+/// The end-to-end durable case.
+const DURABLE_CASE: &str = "log/durable/publishers=64";
 
 /// Where the files go: a fresh directory under the system temp dir (same disk as the
 /// workspace on this machine; a tmpfs would make every fsync free — see the notes).
@@ -455,5 +464,162 @@ pub(crate) fn run(plan: &Plan, filter: &Filter) -> Vec<Case> {
         ];
         cases.push(case_from("log/read", &out, &notes));
     }
+
+    if filter.wants(DURABLE_CASE) {
+        let per = plan.log_records_per_publisher;
+        let total = per * PUBLISHERS;
+        let mut sys = durable::DurableE2e::start(&d);
+        let mut cs = vec![
+            Contender::new("tidings", || match &mut sys {
+                Ok(s) => s.round(PUBLISHERS, per),
+                Err(e) => Err(e.clone()),
+            }),
+            Contender::new("log-append-alone", || {
+                tlog::append(&d, "always", PUBLISHERS, per)
+            }),
+        ];
+        let out = interleave(plan.rounds, &mut cs);
+        drop(cs);
+        let mut notes = vec![format!(
+            "{PUBLISHERS} publisher threads x {per} records per round ({total}): Broker::publish to a stream \
+             (StreamConfig fsync Always, default 64 MiB segments) -> durable subscription (thread driver, \
+             window 1024, commit every 64) whose handler counts -> DurableSubscription::commit once all are \
+             handled; timed until the committed position covers every record; log-append-alone = the same \
+             publishers appending to a bare tidings-log Log with Fsync::Always; one broker and stream for all \
+             rounds (setup untimed)"
+        )];
+        match sys {
+            Ok(s) => notes.push(s.finish()),
+            Err(e) => notes.push(format!("tidings skipped: {e}")),
+        }
+        notes.push(common.clone());
+        cases.push(case_from(DURABLE_CASE, &out, &notes));
+    }
     cases
+}
+
+/// Publish → stream (`Fsync::Always`) → durable subscription → commit.
+mod durable {
+    use std::path::Path;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::{Duration, Instant};
+
+    use tidings::{
+        Broker, DurableSubscription, Fsync, HandlerError, Message, StartAt, StreamConfig,
+        SubscribeOptions,
+    };
+
+    use crate::harness::Tally;
+
+    const TOPIC: &str = "bench.durable.appended";
+    const ROUND_TIMEOUT: Duration = Duration::from_secs(120);
+
+    pub(super) struct DurableE2e {
+        broker: Broker,
+        sub: DurableSubscription,
+        tally: Arc<Tally>,
+        published: u64,
+        _dir: tempfile::TempDir,
+    }
+
+    impl DurableE2e {
+        pub(super) fn start(scratch: &Path) -> Result<Self, String> {
+            let dir = tempfile::tempdir_in(scratch).map_err(|e| e.to_string())?;
+            let broker = Broker::builder()
+                .data_dir(dir.path())
+                .build()
+                .map_err(|e| e.to_string())?;
+            broker
+                .create_stream(StreamConfig::new("bench", ["bench.durable.#"]).fsync(Fsync::Always))
+                .map_err(|e| format!("create_stream: {e}"))?;
+            let tally = Arc::new(Tally::new());
+            let t = tally.clone();
+            let count = AtomicU64::new(0);
+            let sub = broker
+                .subscribe_durable(
+                    "bench-consumer",
+                    "bench",
+                    "#",
+                    StartAt::Earliest,
+                    SubscribeOptions::default(),
+                    move |m: &Message| {
+                        std::hint::black_box(m.payload());
+                        let before = count.fetch_add(1, Ordering::Relaxed);
+                        t.hit(before, before + 1);
+                        Ok::<(), HandlerError>(())
+                    },
+                )
+                .map_err(|e| format!("subscribe_durable: {e}"))?;
+            Ok(Self {
+                broker,
+                sub,
+                tally,
+                published: 0,
+                _dir: dir,
+            })
+        }
+
+        pub(super) fn round(&mut self, publishers: u64, per: u64) -> Result<f64, String> {
+            let target = self.published + publishers * per;
+            self.tally.arm(target, 1);
+            let payload = super::payload();
+            let start = Instant::now();
+            std::thread::scope(|s| -> Result<(), String> {
+                let handles: Vec<_> = (0..publishers)
+                    .map(|_| {
+                        let (broker, payload) = (&self.broker, payload.clone());
+                        s.spawn(move || -> Result<(), String> {
+                            for _ in 0..per {
+                                broker
+                                    .publish(Message::to(TOPIC).payload(payload.clone()))
+                                    .map_err(|e| format!("publish: {e}"))?;
+                            }
+                            Ok(())
+                        })
+                    })
+                    .collect();
+                for h in handles {
+                    h.join().map_err(|_| "publisher panicked".to_string())??;
+                }
+                Ok(())
+            })?;
+            self.published = target;
+            if !self.tally.wait(ROUND_TIMEOUT) {
+                return Err(format!(
+                    "stuck: handled short of {target}; committed {}, error {:?}",
+                    self.sub.committed(),
+                    self.sub.error()
+                ));
+            }
+            // The handler's return is recorded just after it counts: commit until the
+            // committed position covers every record.
+            loop {
+                let at = self.sub.commit().map_err(|e| format!("commit: {e}"))?;
+                if at >= target {
+                    break;
+                }
+                if start.elapsed() > ROUND_TIMEOUT {
+                    return Err(format!("commit stuck at {at} of {target}"));
+                }
+                std::thread::sleep(Duration::from_micros(50));
+            }
+            Ok((publishers * per) as f64 / start.elapsed().as_secs_f64())
+        }
+
+        pub(super) fn finish(self) -> String {
+            let committed = self.sub.committed();
+            drop(self.sub);
+            let report = self.broker.close(Duration::from_secs(5));
+            format!(
+                "tidings: committed {committed} of {} published; close {}",
+                self.published,
+                if report.is_clean() {
+                    "clean"
+                } else {
+                    "NOT clean"
+                }
+            )
+        }
+    }
 }

@@ -113,6 +113,14 @@ fn ns_per(
     mut f: impl FnMut(usize) -> usize,
 ) -> f64 {
     let reps = *reps.get_or_insert_with(|| {
+        // Profiling aid: `TIDINGS_BENCH_MATCH_REPS=N` fixes the lookups per round, so
+        // instruction and cycle counts (`perf stat`, callgrind) compare across builds.
+        if let Some(n) = std::env::var("TIDINGS_BENCH_MATCH_REPS")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+        {
+            return n.max(1);
+        }
         // Calibrate once so every round does the same work.
         let t = Instant::now();
         let mut n = 0;

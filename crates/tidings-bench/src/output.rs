@@ -86,7 +86,7 @@ pub(crate) fn table(report: &Report) -> String {
 }
 
 /// Case families, in report order, with the heading and the analysis prompt for each.
-const FAMILIES: [(&str, &str, &str); 5] = [
+const FAMILIES: [(&str, &str, &str); 6] = [
     (
         "fanout",
         "Fan-out",
@@ -104,6 +104,12 @@ const FAMILIES: [(&str, &str, &str); 5] = [
         "scale",
         "Scale",
         "Delivery rate and heap bytes per idle subscription at 1,000 and 100,000 subscriptions.",
+    ),
+    (
+        "perkey",
+        "Per-key concurrency",
+        "Deliveries per second of healthy keys while 1% of keys fail and stay parked for a retry, \
+         against the same subscription with no failures.",
     ),
     (
         "match",

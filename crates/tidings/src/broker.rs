@@ -20,7 +20,7 @@
 //! the last `Broker` handle closes it with a zero drain deadline.
 
 use std::any::Any;
-use std::cell::{Cell, RefCell};
+use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
@@ -39,6 +39,7 @@ use crate::message::{IdGenerator, Message, MessageBuilder};
 use crate::options::SubscribeOptions;
 use crate::report::{CloseReport, PublishReport, Undelivered};
 use crate::request::{Inbox, RequestError};
+use crate::route_cache::RouteCache;
 use crate::scheduler::{Due, Scheduled, Scheduler, Target};
 use crate::subscription::Subscription;
 use crate::subscription::handle::SubscriptionId;
@@ -62,8 +63,6 @@ const FAR_FUTURE: Duration = Duration::from_secs(100 * 365 * 86_400);
 const MAX_REASON_HEADER_BYTES: usize = 1024;
 
 thread_local! {
-    /// Reused snapshot buffer: publish allocates no vector per call.
-    static TARGETS: RefCell<Vec<Arc<SubShared>>> = const { RefCell::new(Vec::new()) };
     /// How many `run_until_idle` calls are delivering on this thread (nested ones included).
     static DRIVING: Cell<u32> = const { Cell::new(0) };
 }
@@ -71,6 +70,9 @@ thread_local! {
 #[derive(Default)]
 struct Registry {
     router: TopicTrie<Arc<SubShared>>,
+    /// Topic → the router's matches, for the current router generation (src/route_cache.rs).
+    /// Every change of `router` calls [`RouteCache::invalidate`].
+    routes: RouteCache,
     /// The user's subscriptions: listed, counted against `max_subscriptions`, removable.
     all: BTreeMap<SubscriptionId, Arc<SubShared>>,
     /// tidings' own subscriptions (the reply inbox): run and closed like the others, but
@@ -543,6 +545,7 @@ impl BrokerInner {
             self.clock.clone(),
             self.weak.clone(),
         ));
+        let evicted;
         {
             let mut reg = self.registry.write();
             // Checked again under the lock: close sets the flag before it lists the live
@@ -560,6 +563,8 @@ impl BrokerInner {
             if routed {
                 reg.router.insert(&pattern, id.0, shared.clone());
             }
+            // Publishes that start after this returns must see the new subscription.
+            evicted = routed.then(|| reg.routes.invalidate());
             let map = if internal {
                 &mut reg.internal
             } else {
@@ -567,6 +572,7 @@ impl BrokerInner {
             };
             map.insert(id, shared.clone());
         }
+        drop(evicted);
         Ok(Subscription {
             shared,
             broker: self.weak.clone(),
@@ -576,12 +582,16 @@ impl BrokerInner {
 
     /// Only the user's subscriptions can be removed by id; internal ones end at close.
     pub(crate) fn unsubscribe(&self, id: SubscriptionId) -> Option<Vec<Arc<Message>>> {
-        let shared = {
+        let (shared, evicted) = {
             let mut reg = self.registry.write();
             let shared = reg.all.remove(&id)?;
             reg.router.remove(&shared.pattern, id.0);
-            shared
+            // Publishes that start after this returns must not see it (R-CORE-6).
+            (shared, reg.routes.invalidate())
         };
+        // Cached routes may hold the last references to other removed subscriptions:
+        // dropped here, outside the registry lock.
+        drop(evicted);
         Some(shared.close())
     }
 
@@ -789,13 +799,19 @@ impl BrokerInner {
     }
 
     /// Snapshot the matching subscriptions, release the lock, offer to each (R-CORE-2).
+    /// A topic published before, with no subscribe or unsubscribe since, takes its
+    /// snapshot from the route cache: one hash lookup (src/route_cache.rs).
     fn route(&self, message: &Arc<Message>) -> PublishReport {
-        let mut targets = TARGETS.with(|t| std::mem::take(&mut *t.borrow_mut()));
-        {
+        let targets = {
             let reg = self.registry.read();
-            reg.router
-                .for_each_match(message.topic(), |_, sub| targets.push(sub.clone()));
-        }
+            let topic = message.topic();
+            reg.routes.get_or_compute(topic.as_str(), || {
+                let mut targets = Vec::new();
+                reg.router
+                    .for_each_match(topic, |_, sub| targets.push(sub.clone()));
+                targets
+            })
+        };
         let mut report = PublishReport {
             id: message.id(),
             accepted: 0,
@@ -803,18 +819,12 @@ impl BrokerInner {
             scheduled: false,
             streams: Vec::new(),
         };
-        for sub in targets.drain(..) {
+        for sub in targets.iter() {
             match sub.offer(message) {
                 Ok(()) => report.accepted += 1,
                 Err(reason) => report.refused.push((sub.id, reason)),
             }
         }
-        TARGETS.with(|t| {
-            let mut slot = t.borrow_mut();
-            if slot.capacity() < targets.capacity() {
-                *slot = targets;
-            }
-        });
         report
     }
 
@@ -975,6 +985,9 @@ impl BrokerInner {
         reg.all.clear();
         reg.internal.clear();
         reg.router = TopicTrie::default();
+        let evicted = reg.routes.invalidate();
+        drop(reg);
+        drop(evicted);
         report
     }
 }

@@ -56,6 +56,7 @@ mod queue;
 mod report;
 mod request;
 mod retry;
+mod route_cache;
 mod scheduler;
 mod stats;
 mod stream;

@@ -22,8 +22,9 @@ use super::{HASH, MAX_WORDS, Pattern, STAR, Topic};
 ///   live node and word. So the cost grows with the topic's depth and the number of matching
 ///   patterns, never with the number of patterns. When no wildcard pattern is stored the walk
 ///   is skipped.
-/// * Matching does not allocate unless more than 8 trie nodes are live at once or more than 8
-///   distinct patterns match (then one buffer per call).
+/// * Matching reuses two per-thread buffers for the live nodes (they grow to the largest live
+///   set seen on the thread, and a match nested in a callback gets fresh ones), and allocates
+///   only when more than 8 distinct patterns' entry lists must be merged.
 ///
 /// # Equivalent patterns
 ///
@@ -112,7 +113,7 @@ fn edge_key(parent: u32, word: u32) -> u64 {
 /// A fast seeded hasher for short keys (folded 64×64→128 multiply, as in foldhash). The seed is
 /// drawn once per process from std's random source, so colliding keys cannot be precomputed.
 #[derive(Clone, Copy)]
-struct FastState(u64);
+pub(crate) struct FastState(u64);
 
 impl Default for FastState {
     fn default() -> Self {
@@ -131,7 +132,7 @@ impl BuildHasher for FastState {
     }
 }
 
-struct FastHasher(u64);
+pub(crate) struct FastHasher(u64);
 
 const MUL: u64 = 0x9E37_79B9_7F4A_7C15;
 const MUL2: u64 = 0xA076_1D64_78BD_642F;
@@ -303,15 +304,6 @@ impl<T: Copy, const N: usize> Buf<T, N> {
     }
 
     #[inline]
-    fn as_slice(&self) -> &[T] {
-        if self.heap.is_empty() {
-            &self.inline[..self.len]
-        } else {
-            &self.heap
-        }
-    }
-
-    #[inline]
     fn as_mut_slice(&mut self) -> &mut [T] {
         if self.heap.is_empty() {
             &mut self.inline[..self.len]
@@ -319,55 +311,12 @@ impl<T: Copy, const N: usize> Buf<T, N> {
             &mut self.heap
         }
     }
-
-    #[inline]
-    fn clear(&mut self) {
-        self.len = 0;
-        self.heap.clear();
-    }
 }
 
-/// The live node set of the match walk, deduplicated.
-struct States {
-    buf: Buf<u32, 8>,
-    /// Set when pushes skipped the linear duplicate check (large sets); fixed by `finish`.
-    dirty: bool,
-}
-
-impl States {
-    const LINEAR: usize = 32;
-
-    #[inline]
-    fn new() -> Self {
-        Self {
-            buf: Buf::new(ROOT),
-            dirty: false,
-        }
-    }
-
-    #[inline]
-    fn push(&mut self, node: u32) {
-        let s = self.buf.as_slice();
-        if s.len() <= Self::LINEAR {
-            if !s.contains(&node) {
-                self.buf.push(node);
-            }
-        } else {
-            self.dirty = true;
-            self.buf.push(node);
-        }
-    }
-
-    #[inline]
-    fn finish(&mut self) {
-        if self.dirty {
-            self.dirty = false;
-            // Only reached once the set spilled to the heap (LINEAR >= inline capacity).
-            let v = &mut self.buf.heap;
-            v.sort_unstable();
-            v.dedup();
-        }
-    }
+thread_local! {
+    /// The two live-node buffers of the match walk, reused across calls on this thread (taken
+    /// out for the call, so a nested call from a callback just starts with empty ones).
+    static LIVE: std::cell::Cell<(Vec<u32>, Vec<u32>)> = const { std::cell::Cell::new((Vec::new(), Vec::new())) };
 }
 
 impl<V> Default for TopicTrie<V> {
@@ -618,20 +567,32 @@ impl<V> TopicTrie<V> {
             return;
         }
 
-        // Walk the wildcard trie: `cur` holds the live nodes, closed under "a `#` child may
-        // match zero words".
+        // Walk the wildcard trie: `cur` holds the live nodes, each once, closed under "a `#`
+        // child may match zero words".
+        //
+        // Why no general duplicate check is needed: the trie is a tree, so a node entered
+        // through a word or `*` edge has one parent, which `cur` holds once; and only nodes
+        // reached through a `#` edge (`is_hash`) stay live across a word. So a node can be
+        // added twice only as the `#` child of a node just entered while it also stays, that
+        // is, while it is in `cur`; that one case is checked, against `cur` (a few nodes).
+        // Canonical patterns never put a `#` right after a `#`, so the closure is one level
+        // deep and a `#` node has no `#` child.
         let nodes = &self.nodes[..];
-        let mut a = States::new();
-        let mut b = States::new();
+        let (mut a, mut b) = LIVE.with(std::cell::Cell::take);
+        a.clear();
         let (mut cur, mut next) = (&mut a, &mut b);
         cur.push(ROOT);
-        close(nodes, cur, 0);
+        let h = nodes[ROOT as usize].hash;
+        if h != NONE {
+            cur.push(h);
+        }
         for word in topic.words() {
+            next.clear();
             // The word's id, looked up only if some live node has literal children.
             let mut word_id: Option<Option<u32>> = None;
-            next.buf.clear();
-            for &id in cur.buf.as_slice() {
+            for &id in cur.as_slice() {
                 let node = &nodes[id as usize];
+                // A `#` node consumes this word and stays.
                 if node.is_hash {
                     next.push(id);
                 }
@@ -647,41 +608,38 @@ impl<V> TopicTrie<V> {
                     next.push(node.star);
                 }
             }
-            close(nodes, next, 0);
-            next.finish();
+            // `#` children of what was just entered (they match zero more words), unless
+            // already staying.
+            let entered = next.len();
+            for i in 0..entered {
+                let h = nodes[next[i] as usize].hash;
+                if h != NONE && !cur.contains(&h) {
+                    next.push(h);
+                }
+            }
             std::mem::swap(&mut cur, &mut next); // swaps the references only
-            if cur.buf.as_slice().is_empty() {
+            if cur.is_empty() {
                 break;
             }
         }
 
-        // Merge the sorted entry lists of the literal match and every final node. Fast path:
-        // a single non-empty list (the common case) needs no merge.
-        let finals = cur.buf.as_slice();
-        let mut nonempty = finals
-            .iter()
-            .map(|&i| nodes[i as usize].entries.as_slice())
-            .filter(|e| !e.is_empty());
-        let first = literal.or_else(|| nonempty.next());
-        match (first, nonempty.next()) {
-            (None, _) => return,
-            (Some(one), None) => {
-                one.iter().for_each(|(id, v)| f(*id, v));
-                return;
-            }
-            (Some(_), Some(_)) => {}
-        }
+        // Merge the sorted entry lists of the literal match and every final node.
         let mut lists: Buf<&[(u64, V)], 8> = Buf::new(&[]);
         if let Some(l) = literal {
             lists.push(l);
         }
-        for &i in finals {
+        for &i in cur.iter() {
             let e = &nodes[i as usize].entries;
             if !e.is_empty() {
                 lists.push(e);
             }
         }
+        // Hand the buffers back before running callbacks (which may match again).
+        LIVE.with(|s| s.set((a, b)));
         match lists.as_mut_slice() {
+            [] => {}
+            // The common case: one list, no merge.
+            [one] => one.iter().for_each(|(id, v)| f(*id, v)),
             many if many.len() <= 16 => merge(many, f),
             many => {
                 let mut all: Vec<(u64, &V)> = many
@@ -702,20 +660,6 @@ impl<V> TopicTrie<V> {
         let mut any = false;
         self.for_each_match(topic, |_, _| any = true);
         any
-    }
-}
-
-/// Adds the `#` child of every state from index `from` on (a `#` may match zero words). After
-/// canonicalisation a `#` node never has a `#` child, but newly added ones are scanned anyway.
-#[inline]
-fn close<V>(nodes: &[Node<V>], states: &mut States, from: usize) {
-    let mut i = from;
-    while let Some(&id) = states.buf.as_slice().get(i) {
-        let h = nodes[id as usize].hash;
-        if h != NONE {
-            states.push(h);
-        }
-        i += 1;
     }
 }
 
@@ -790,6 +734,23 @@ mod tests {
         }
         let entries: usize = trie.nodes.iter().map(|n| n.entries.len()).sum();
         assert_eq!(entries, trie.wild_len);
+    }
+
+    /// The walk's per-thread buffers are taken for the call: a match run from inside a match
+    /// callback on the same thread sees a consistent trie and gives the same answers (R-RT-1).
+    #[test]
+    fn nested_match_from_a_callback() {
+        let mut trie = TopicTrie::new();
+        for (i, pat) in ["a.#", "#.c", "a.*.c", "*.b.*", "#"].iter().enumerate() {
+            trie.insert(&p(pat), i as u64, ());
+        }
+        let mut outer = Vec::new();
+        trie.for_each_match(&t("a.b.c"), |id, _| {
+            assert_eq!(ids(&trie, "x.b.y"), vec![3, 4]); // R-RT-1
+            outer.push(id);
+        });
+        assert_eq!(outer, vec![0, 1, 2, 3, 4]); // R-RT-1
+        assert_eq!(ids(&trie, "a.b.c"), outer);
     }
 
     #[test]

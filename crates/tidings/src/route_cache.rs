@@ -1,0 +1,139 @@
+//! The publish side's route cache: topic → the subscriptions it matched (R-RT-1, R-CORE-2).
+//!
+//! As in NATS' sublist cache, a topic published again costs one hash lookup and one `Arc`
+//! clone instead of a trie walk and one reference-count increment per matching subscription.
+//!
+//! # Validity
+//! Every entry is stamped with the router's *generation*, which the broker bumps on every
+//! change of the router (subscribe, unsubscribe, close). An entry is used only while its
+//! stamp equals the current generation; entries are read and written only while the
+//! broker's registry lock is held (shared by publishers, exclusive for changes), so a
+//! matching stamp means the entry was computed from the router as it is now. A change also
+//! empties the cache ([`RouteCache::invalidate`]) so that a removed subscription is not kept
+//! alive by stale entries; the caller drops what it returns after releasing the registry
+//! lock.
+//!
+//! # Size
+//! At most [`MAX_ROUTES`] topics are cached; inserting into a full cache first evicts an
+//! arbitrary quarter of it (hash order), so a changing set of hot topics keeps being cached.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+
+use crate::subscription::shared::SubShared;
+use crate::topic::trie::FastState;
+
+/// Most topics cached at once.
+pub(crate) const MAX_ROUTES: usize = 1024;
+
+/// The subscriptions one topic matched, in ascending id order.
+pub(crate) type Targets = Arc<[Arc<SubShared>]>;
+
+/// A cached route and the router generation it was computed at.
+struct Entry {
+    generation: u64,
+    targets: Targets,
+}
+
+/// What [`RouteCache::invalidate`] took out, to be dropped outside the registry lock.
+pub(crate) struct Evicted {
+    _routes: HashMap<Box<str>, Entry, FastState>,
+}
+
+/// Topic → matched subscriptions, valid for one router generation. See the module docs.
+#[derive(Default)]
+pub(crate) struct RouteCache {
+    generation: u64,
+    map: RwLock<HashMap<Box<str>, Entry, FastState>>,
+}
+
+impl RouteCache {
+    /// The router changed: bump the generation and empty the cache. Needs `&mut` (the
+    /// registry's exclusive lock); drop the result after releasing that lock.
+    #[must_use = "drop the evicted routes after releasing the registry lock"]
+    pub(crate) fn invalidate(&mut self) -> Evicted {
+        self.generation = self.generation.wrapping_add(1);
+        Evicted {
+            _routes: std::mem::take(self.map.get_mut()),
+        }
+    }
+
+    /// The current generation.
+    #[cfg(test)]
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// The cached targets of `topic`, or `compute()`'s, which are cached. Call with the
+    /// registry's shared lock held, and `compute` reading the router under that same lock.
+    pub(crate) fn get_or_compute(
+        &self,
+        topic: &str,
+        compute: impl FnOnce() -> Vec<Arc<SubShared>>,
+    ) -> Targets {
+        if let Some(e) = self.map.read().get(topic)
+            && e.generation == self.generation
+        {
+            return e.targets.clone();
+        }
+        let targets: Targets = compute().into();
+        let mut map = self.map.write();
+        if map.len() >= MAX_ROUTES && !map.contains_key(topic) {
+            let mut drop_n = MAX_ROUTES / 4;
+            map.retain(|_, _| {
+                if drop_n == 0 {
+                    return true;
+                }
+                drop_n -= 1;
+                false
+            });
+        }
+        map.insert(
+            topic.into(),
+            Entry {
+                generation: self.generation,
+                targets: targets.clone(),
+            },
+        );
+        targets
+    }
+
+    /// Number of cached topics.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.map.read().len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hit_miss_invalidate_and_bound() {
+        let mut cache = RouteCache::default();
+        let mut computed = 0;
+        for _ in 0..3 {
+            cache.get_or_compute("a.b", || {
+                computed += 1;
+                Vec::new()
+            });
+        }
+        assert_eq!(computed, 1, "a repeated topic is computed once");
+        let g = cache.generation();
+        drop(cache.invalidate());
+        assert_eq!(cache.generation(), g + 1);
+        assert_eq!(cache.len(), 0);
+        cache.get_or_compute("a.b", || {
+            computed += 1;
+            Vec::new()
+        });
+        assert_eq!(computed, 2, "a change forces a recompute");
+        for i in 0..(3 * MAX_ROUTES) {
+            cache.get_or_compute(&format!("t.{i}"), Vec::new);
+            assert!(cache.len() <= MAX_ROUTES);
+        }
+    }
+}
