@@ -492,3 +492,61 @@ fn durable_progress_on_a_current_thread_runtime_while_commits_fsync() {
     stop.store(true, Ordering::SeqCst);
     runtime_thread.join().unwrap();
 }
+
+/// R-EXE-4, R-LOG-1: the retention service is run by the driver — the pool's timer and a
+/// worker, or a tokio task — and sheds an idle stream's old segments when a manual clock
+/// moves past their age.
+fn retention_run_by_the_driver(driver: Driver) {
+    const HOUR: Duration = Duration::from_secs(3600);
+    let dir = tempfile::tempdir().unwrap();
+    let clock = tidings::ManualClock::new();
+    let b = Broker::builder()
+        .data_dir(dir.path())
+        .clock(clock.clone())
+        .driver(driver)
+        .build()
+        .unwrap();
+    let s = b
+        .create_stream(
+            StreamConfig::new("orders", ["orders.#"])
+                .fsync(Fsync::Never)
+                .segment_bytes(256)
+                .retention(tidings::Retention {
+                    max_bytes: None,
+                    max_age: Some(HOUR),
+                })
+                .retention_interval(Duration::from_secs(60)),
+        )
+        .unwrap();
+    for i in 0..20 {
+        b.publish(Message::to("orders.created").payload(format!("order number {i:04}")))
+            .unwrap();
+    }
+    let end = s.end_offset();
+    assert_eq!(s.start_offset(), 0);
+    clock.advance(2 * HOUR);
+    wait_until(
+        "R-LOG-1: the idle stream's old segments are removed",
+        || s.start_offset() > 0,
+    );
+    assert!(s.start_offset() < end); // R-LOG-1
+    assert_eq!(s.end_offset(), end);
+    let report = b.close(Duration::from_secs(30));
+    assert!(report.unjoined.is_empty(), "{:?}", report.unjoined);
+}
+
+#[test]
+fn retention_runs_on_the_pool() {
+    retention_run_by_the_driver(Driver::Pool { workers: 2 });
+}
+
+#[cfg(feature = "tokio")]
+#[test]
+fn retention_runs_as_a_tokio_task() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    retention_run_by_the_driver(Driver::Tokio(rt.handle().clone()));
+}

@@ -86,6 +86,8 @@ pub(crate) enum FeedStep {
     Again,
     /// Nothing to do until [`FeederHandle::wake`] (an append, room freed, a seek, stop).
     Idle,
+    /// Nothing to do until this time on the feeder's clock, or a wake (a timer service).
+    WakeAt(Instant),
     /// Stopped for good: never run it again.
     Stopped,
 }
@@ -101,6 +103,11 @@ pub(crate) trait Feeder: Send + Sync + 'static {
     fn step(&self) -> FeedStep;
     /// The thread driver's body: run until stopped, waiting (bounded) between passes.
     fn run(&self);
+    /// How long a real thread or task should sleep to reach `at` on the feeder's clock
+    /// (`None`: until woken — a manual clock wakes the feeder when it moves).
+    fn wait_hint(&self, at: Instant) -> Option<std::time::Duration> {
+        Some(at.saturating_duration_since(Instant::now()))
+    }
 }
 
 /// The driver's handle on a started [`Feeder`].

@@ -68,25 +68,38 @@ impl FeederMailbox {
     }
 }
 
+impl FeederMailbox {
+    fn wake(self: &Arc<Self>) {
+        // `pending` before `scheduled`: a step that ends after this sees `pending` and runs
+        // again; one that already ended cleared `scheduled`, so this queues it.
+        self.pending.store(true, Ordering::SeqCst);
+        if !self.scheduled.swap(true, Ordering::SeqCst) {
+            self.enqueue();
+        }
+    }
+}
+
 /// The pool's handle on a feeder.
 struct PoolFeeder(Arc<FeederMailbox>);
 
 impl FeederHandle for PoolFeeder {
     fn wake(&self) {
-        // `pending` before `scheduled`: a step that ends after this sees `pending` and runs
-        // again; one that already ended cleared `scheduled`, so this queues it.
-        self.0.pending.store(true, Ordering::SeqCst);
-        if !self.0.scheduled.swap(true, Ordering::SeqCst) {
-            self.0.enqueue();
-        }
+        self.0.wake();
     }
 }
 
 struct Timer {
     due: Instant,
     seq: u64,
-    sub: Weak<SubShared>,
-    worker: usize,
+    target: TimerTarget,
+}
+
+/// What a pool timer wakes.
+enum TimerTarget {
+    /// A dispatcher slot waiting for a retry.
+    Slot(Weak<SubShared>, usize),
+    /// A feeder waiting for its next due time (a timer service).
+    Feeder(Weak<FeederMailbox>),
 }
 
 impl PartialEq for Timer {
@@ -313,10 +326,18 @@ fn run_feeder(mailbox: &Arc<FeederMailbox>) {
         return; // its owner is gone: `scheduled` stays set, it is never queued again
     };
     mailbox.pending.store(false, Ordering::SeqCst);
-    match feeder.step() {
+    let step = feeder.step();
+    match step {
         FeedStep::Again => mailbox.enqueue(),
         FeedStep::Stopped => {}
-        FeedStep::Idle => {
+        FeedStep::Idle | FeedStep::WakeAt(_) => {
+            if let FeedStep::WakeAt(due) = step {
+                park(
+                    &mailbox.pool,
+                    due,
+                    TimerTarget::Feeder(Arc::downgrade(mailbox)),
+                );
+            }
             mailbox.scheduled.store(false, Ordering::SeqCst);
             if mailbox.pending.load(Ordering::SeqCst)
                 && !mailbox.scheduled.swap(true, Ordering::SeqCst)
@@ -349,17 +370,7 @@ fn run_slot(pool: &Arc<Shared>, sub: Arc<SubShared>, worker: usize) {
             Poll::WakeAt(due) => {
                 mailbox_flag(&sub);
                 drop(core);
-                let mut timers = pool.timers.lock();
-                let seq = timers.1;
-                timers.1 += 1;
-                timers.0.push(Reverse(Timer {
-                    due,
-                    seq,
-                    sub: Arc::downgrade(&sub),
-                    worker,
-                }));
-                drop(timers);
-                pool.timer_changed.notify_one();
+                park(pool, due, TimerTarget::Slot(Arc::downgrade(&sub), worker));
                 return;
             }
             Poll::Stopped => {
@@ -374,6 +385,16 @@ fn run_slot(pool: &Arc<Shared>, sub: Arc<SubShared>, worker: usize) {
     pool.work.notify_one();
 }
 
+/// Put `target` on the pool's timer until `due`.
+fn park(pool: &Shared, due: Instant, target: TimerTarget) {
+    let mut timers = pool.timers.lock();
+    let seq = timers.1;
+    timers.1 += 1;
+    timers.0.push(Reverse(Timer { due, seq, target }));
+    drop(timers);
+    pool.timer_changed.notify_one();
+}
+
 fn timer_loop(pool: &Arc<Shared>) {
     let mut timers = pool.timers.lock();
     loop {
@@ -385,8 +406,18 @@ fn timer_loop(pool: &Arc<Shared>) {
             let Some(Reverse(t)) = timers.0.pop() else {
                 break;
             };
-            if let Some(sub) = t.sub.upgrade() {
-                sub.wake(t.worker);
+            match t.target {
+                TimerTarget::Slot(sub, worker) => {
+                    if let Some(sub) = sub.upgrade() {
+                        sub.wake(worker);
+                    }
+                }
+                // Due work runs on a worker, never on the timer thread.
+                TimerTarget::Feeder(mailbox) => {
+                    if let Some(mailbox) = mailbox.upgrade() {
+                        mailbox.wake();
+                    }
+                }
             }
         }
         // A manual clock wakes every slot itself when it moves.

@@ -165,6 +165,19 @@ async fn feed(feeder: std::sync::Weak<dyn Feeder>, notify: Arc<Notify>) {
         match step {
             Ok(FeedStep::Again) => ::tokio::task::yield_now().await,
             Ok(FeedStep::Idle) => notify.notified().await,
+            Ok(FeedStep::WakeAt(at)) => {
+                let hint = feeder.upgrade().and_then(|f| f.wait_hint(at));
+                match hint {
+                    Some(d) if d.is_zero() => {}
+                    Some(d) => {
+                        ::tokio::select! {
+                            () = notify.notified() => {}
+                            () = ::tokio::time::sleep(d) => {}
+                        }
+                    }
+                    None => notify.notified().await,
+                }
+            }
             // Stopped, or the runtime is shutting down.
             Ok(FeedStep::Stopped) | Err(_) => return,
         }

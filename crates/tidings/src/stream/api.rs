@@ -102,10 +102,9 @@ impl Broker {
             let service = match streams.retention.get() {
                 Some(s) => s.clone(),
                 None => {
-                    // Under the manual driver `run_until_idle` runs it instead of a thread.
-                    let threaded = !self.inner.executor.is_manual();
-                    let s = RetentionService::start(self.inner.clock.clone(), threaded)
-                        .map_err(|e| SubscribeError::Spawn(e.to_string()))?;
+                    // Run by the driver (the manual one: in `run_until_idle`).
+                    let s =
+                        RetentionService::start(self.inner.clock.clone(), &*self.inner.executor)?;
                     streams.retention.get_or_init(|| s).clone()
                 }
             };
