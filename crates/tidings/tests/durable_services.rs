@@ -550,3 +550,70 @@ fn retention_runs_as_a_tokio_task() {
         .unwrap();
     retention_run_by_the_driver(Driver::Tokio(rt.handle().clone()));
 }
+
+/// R-EXE-4, R-TIME-2: the scheduler's timer is run by the driver (the pool's timer and a
+/// worker, or a tokio task): delayed messages — published ones and a durable subscription's
+/// delayed records — are released when a manual clock reaches them, in due order.
+fn scheduler_run_by_the_driver(driver: Driver) {
+    let clock = tidings::ManualClock::new();
+    let b = Broker::builder()
+        .storage(Arc::new(SimStorage::new()))
+        .data_dir(DATA)
+        .clock(clock.clone())
+        .driver(driver)
+        .build()
+        .unwrap();
+    b.create_stream(StreamConfig::new("orders", ["orders.#"]))
+        .unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s = seen.clone();
+    let _sub = b
+        .subscribe("t", SubscribeOptions::default(), move |m: &Message| {
+            s.lock()
+                .push(String::from_utf8_lossy(m.payload()).into_owned());
+            Ok(())
+        })
+        .unwrap();
+    let durable_seen = Arc::new(Mutex::new(Vec::new()));
+    let d = subscribe(&b, "late", &durable_seen, None);
+    let ms = Duration::from_millis(1);
+    for (payload, delay) in [("d300", 300), ("d100", 100), ("d200", 200)] {
+        b.publish(Message::to("t").payload(payload).delay(delay * ms))
+            .unwrap();
+    }
+    b.publish(Message::to("orders.created").payload("0").delay(150 * ms))
+        .unwrap();
+    clock.advance(120 * ms);
+    wait_until("the first due message", || seen.lock().len() == 1);
+    assert!(durable_seen.lock().is_empty()); // R-TIME-2: not yet due
+    clock.advance(200 * ms);
+    wait_until("every due message", || {
+        seen.lock().len() == 3 && durable_seen.lock().len() == 1
+    });
+    assert_eq!(*seen.lock(), ["d100", "d200", "d300"]); // R-TIME-2: due order
+    drop(d);
+    let report = b.close(Duration::from_secs(30));
+    assert!(report.unjoined.is_empty(), "{:?}", report.unjoined);
+    assert!(report.undelivered.is_empty());
+}
+
+#[test]
+fn scheduler_runs_on_the_pool() {
+    scheduler_run_by_the_driver(Driver::Pool { workers: 2 });
+}
+
+#[test]
+fn scheduler_runs_on_a_thread() {
+    scheduler_run_by_the_driver(Driver::Thread);
+}
+
+#[cfg(feature = "tokio")]
+#[test]
+fn scheduler_runs_as_a_tokio_task() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    scheduler_run_by_the_driver(Driver::Tokio(rt.handle().clone()));
+}
