@@ -24,7 +24,7 @@ use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
-use std::thread::{JoinHandle, ThreadId};
+use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex, RwLock};
@@ -130,7 +130,6 @@ impl BrokerBuilder {
             closed: AtomicBool::new(false),
             weak: weak.clone(),
             scheduler: Arc::new(Scheduler::default()),
-            timer: Mutex::new(None),
             inbox: OnceLock::new(),
             inbox_init: Mutex::new(()),
             close_state: Mutex::new(CloseState::Open),
@@ -194,7 +193,6 @@ pub(crate) struct BrokerInner {
     closed: AtomicBool,
     weak: Weak<BrokerInner>,
     scheduler: Arc<Scheduler>,
-    timer: Mutex<Option<JoinHandle<()>>>,
     inbox: OnceLock<Arc<Inbox>>,
     /// Serialises the inbox's creation (one internal subscription, never a losing twin).
     inbox_init: Mutex<()>,
@@ -674,28 +672,21 @@ impl BrokerInner {
         });
     }
 
-    /// One timer thread per broker offers due messages (R-TIME-2); it never blocks on a
-    /// subscription's queue (see [`BrokerInner::release`]).
+    /// One timer per broker, run by the driver (src/scheduler.rs), offers due messages
+    /// (R-TIME-2); it never blocks on a subscription's queue (see [`BrokerInner::release`]).
     fn start_timer(&self) {
-        let (scheduler, clock, weak) = (
-            self.scheduler.clone(),
-            self.clock.clone(),
-            self.weak.clone(),
-        );
-        let spawned = std::thread::Builder::new()
-            .name("tidings-scheduler".into())
-            .spawn(move || {
-                while let Some(due) = scheduler.wait_due(clock.as_ref()) {
-                    let Some(broker) = weak.upgrade() else { return };
-                    for entry in due {
-                        broker.release(entry);
-                    }
-                }
-            });
-        match spawned {
-            Ok(h) => *self.timer.lock() = Some(h),
-            // Without a timer thread the messages stay scheduled and are reported at close.
-            Err(e) => tracing::error!("tidings: could not start the scheduler thread: {e}"),
+        let weak = self.weak.clone();
+        let release = Box::new(move |due: Due| {
+            if let Some(broker) = weak.upgrade() {
+                broker.release(due);
+            }
+        });
+        let started = self
+            .scheduler
+            .start_timer(self.clock.clone(), release, &*self.executor);
+        // Without a timer the messages stay scheduled and are reported at close.
+        if let Err(e) = started {
+            tracing::error!("tidings: could not start the scheduler's timer: {e}");
         }
     }
 
@@ -965,11 +956,7 @@ impl BrokerInner {
         report.unjoined = self.executor.join(Instant::now() + JOIN_GRACE);
         // Stop stream pumps, write durable positions, close stream logs (src/stream).
         self.streams.close();
-        if let Some(timer) = self.timer.lock().take()
-            && timer.thread().id() != std::thread::current().id()
-        {
-            let _ = timer.join();
-        }
+        self.scheduler.join_timer();
         // Handlers that were running when their queue closed and then failed retryably
         // were dead-lettered as `Shutdown` after `sub.close()` returned: report them too,
         // so the report and the `Shutdown` dead letters agree exactly (R-CORE-6).

@@ -1,10 +1,12 @@
 //! Delayed and scheduled messages (R-TIME-2).
 //!
 //! One scheduler per broker: a min-heap keyed by (due time, publish sequence), so due
-//! messages are offered in due-time order and ties in publish order. Under the thread
-//! driver one timer thread (started on the first delayed publish) waits for the earliest
-//! due time; under the manual driver `run_until_idle` releases what is due. Nothing waits
-//! per message. Close cancels what is pending and reports it.
+//! messages are offered in due-time order and ties in publish order. Its timer (started on
+//! the first delayed publish) is run by the driver (R-EXE-4): a thread waiting for the
+//! earliest due time under the thread driver, the pool's timer and a worker under the pool
+//! driver, a task under tokio (its releases on the blocking pool), and `run_until_idle`
+//! under the manual driver. Nothing waits per message. Close cancels what is pending and
+//! reports it.
 //!
 //! # Never waiting on a queue
 //! The timer offers a due message without waiting (R-TIME-2, R-CORE-1): a full
@@ -17,12 +19,14 @@
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
-use std::sync::Arc;
-use std::time::Instant;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
 use crate::clock::{Clock, wait_until};
+use crate::driver::{Executor, FeedStep, Feeder, FeederHandle};
+use crate::error::SubscribeError;
 use crate::message::Message;
 use crate::subscription::SubscriptionId;
 
@@ -85,6 +89,54 @@ struct State {
 pub(crate) struct Scheduler {
     state: Mutex<State>,
     changed: Condvar,
+    /// The driver's handle on the timer, once started.
+    timer: OnceLock<Box<dyn FeederHandle>>,
+    /// The timer itself (pool and tokio drivers hold it weakly), dropped at close.
+    timer_feeder: Mutex<Option<Arc<dyn Feeder>>>,
+}
+
+/// Hands a due message to the broker.
+pub(crate) type Release = Box<dyn Fn(Due) + Send + Sync>;
+
+/// The scheduler's timer, a service the driver runs.
+struct Timer {
+    scheduler: Arc<Scheduler>,
+    clock: Arc<dyn Clock>,
+    release: Release,
+}
+
+impl Feeder for Timer {
+    fn name(&self) -> String {
+        "tidings-scheduler".into()
+    }
+    /// Release what is due now; then wait for the next due time.
+    fn step(&self) -> FeedStep {
+        let (due, next) = {
+            let mut s = self.scheduler.state.lock();
+            if s.closed {
+                return FeedStep::Stopped;
+            }
+            let due = Scheduler::pop_due(&mut s, self.clock.now());
+            (due, s.heap.peek().map(|Reverse(e)| e.due))
+        };
+        if !due.is_empty() {
+            for entry in due {
+                (self.release)(entry);
+            }
+            return FeedStep::Again;
+        }
+        next.map_or(FeedStep::Idle, FeedStep::WakeAt)
+    }
+    fn run(&self) {
+        while let Some(due) = self.scheduler.wait_due(self.clock.as_ref()) {
+            for entry in due {
+                (self.release)(entry);
+            }
+        }
+    }
+    fn wait_hint(&self, at: Instant) -> Option<Duration> {
+        self.clock.wait_hint(at)
+    }
 }
 
 /// What `schedule` asks of the caller.
@@ -96,6 +148,43 @@ pub(crate) enum Scheduled {
 }
 
 impl Scheduler {
+    /// Start the timer on `executor` (once, on the first delayed publish). The timer holds
+    /// the only strong reference to itself under the thread driver; the scheduler keeps it
+    /// alive otherwise.
+    pub(crate) fn start_timer(
+        self: &Arc<Self>,
+        clock: Arc<dyn Clock>,
+        release: Release,
+        executor: &dyn Executor,
+    ) -> Result<(), SubscribeError> {
+        let timer: Arc<dyn Feeder> = Arc::new(Timer {
+            scheduler: self.clone(),
+            clock,
+            release,
+        });
+        let handle = executor.start_feeder(timer.clone())?;
+        let _ = self.timer.set(handle); // started once (`timer_started`)
+        self.timer_feeder.lock().replace(timer);
+        self.notify();
+        Ok(())
+    }
+
+    /// Wake the timer: the earliest due time changed, the clock jumped, or close.
+    fn notify(&self) {
+        self.changed.notify_all();
+        if let Some(t) = self.timer.get() {
+            t.wake();
+        }
+    }
+
+    /// Wait for the timer's thread to end (thread driver; close, after `close`).
+    pub(crate) fn join_timer(&self) {
+        if let Some(t) = self.timer.get() {
+            t.join();
+        }
+        self.timer_feeder.lock().take();
+    }
+
     pub(crate) fn schedule(
         &self,
         due: Instant,
@@ -120,7 +209,7 @@ impl Scheduler {
         s.timer_started |= start_timer;
         drop(s);
         if earliest {
-            self.changed.notify_all();
+            self.notify();
         }
         Scheduled::Held { start_timer }
     }
@@ -169,7 +258,7 @@ impl Scheduler {
     /// Wake the timer (the clock jumped).
     pub(crate) fn wake(&self) {
         drop(self.state.lock());
-        self.changed.notify_all();
+        self.notify();
     }
 
     /// Cancel everything pending; returns it in due order, with the one subscription it was
@@ -179,7 +268,7 @@ impl Scheduler {
         s.closed = true;
         let mut rest: Vec<Entry> = s.heap.drain().map(|Reverse(e)| e).collect();
         drop(s);
-        self.changed.notify_all();
+        self.notify();
         rest.sort();
         rest.into_iter()
             .map(|e| {

@@ -34,7 +34,7 @@ use std::time::Instant;
 use crate::error::SubscribeError;
 use crate::subscription::shared::SubShared;
 
-use super::{Executor, Wake};
+use super::{Executor, Feeder, FeederHandle, Unscheduled, Wake};
 
 pub(crate) struct ManualExecutor;
 
@@ -49,6 +49,13 @@ impl Executor for ManualExecutor {
     fn start(&self, sub: &Arc<SubShared>) -> Result<(), SubscribeError> {
         sub.set_waker(Arc::new(NoWake));
         Ok(())
+    }
+    fn start_feeder(
+        &self,
+        _feeder: Arc<dyn Feeder>,
+    ) -> Result<Box<dyn FeederHandle>, SubscribeError> {
+        // `run_until_idle` steps every durable feeder in the caller's thread.
+        Ok(Box::new(Unscheduled))
     }
     fn wait_stopped(&self, _deadline: Option<Instant>) -> bool {
         true

@@ -79,10 +79,69 @@ pub(crate) trait Wake: Send + Sync {
     fn unschedule(&self, _worker: usize) {}
 }
 
+/// What one step of a [`Feeder`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FeedStep {
+    /// It made progress and may have more to do: run it again (after others had a turn).
+    Again,
+    /// Nothing to do until [`FeederHandle::wake`] (an append, room freed, a seek, stop).
+    Idle,
+    /// Nothing to do until this time on the feeder's clock, or a wake (a timer service).
+    WakeAt(Instant),
+    /// Stopped for good: never run it again.
+    Stopped,
+}
+
+/// A broker service the driver runs, such as a durable subscription's feeder (R-EXE-4):
+/// a thread of its own under the thread driver, a schedulable unit of the pool under the
+/// pool driver, a task (with its blocking I/O on the blocking pool) under tokio, and the
+/// caller's thread (`run_until_idle`) under the manual driver.
+pub(crate) trait Feeder: Send + Sync + 'static {
+    /// A name for its thread or task.
+    fn name(&self) -> String;
+    /// One bounded pass that never waits for more work (it may do blocking file I/O).
+    fn step(&self) -> FeedStep;
+    /// The thread driver's body: run until stopped, waiting (bounded) between passes.
+    fn run(&self);
+    /// How long a real thread or task should sleep to reach `at` on the feeder's clock
+    /// (`None`: until woken — a manual clock wakes the feeder when it moves).
+    fn wait_hint(&self, at: Instant) -> Option<std::time::Duration> {
+        Some(at.saturating_duration_since(Instant::now()))
+    }
+}
+
+/// The driver's handle on a started [`Feeder`].
+pub(crate) trait FeederHandle: Send + Sync {
+    /// There may be new work (an append, room freed, a seek, a stop request).
+    fn wake(&self);
+    /// True when the thread that finishes a message must not do blocking I/O for it (a
+    /// tokio runtime worker): the finished messages are queued and handed to the feeder's
+    /// next step instead, which runs off the runtime's workers.
+    fn defers_io(&self) -> bool {
+        false
+    }
+    /// Wait for the feeder's thread to end, when it has one and it is not this thread
+    /// (the feeder was asked to stop and woken first).
+    fn join(&self) {}
+}
+
+/// A feeder handle that does nothing: the manual driver steps feeders in `run_until_idle`.
+pub(crate) struct Unscheduled;
+
+impl FeederHandle for Unscheduled {
+    fn wake(&self) {}
+}
+
 /// Runs subscriptions' dispatchers.
 pub(crate) trait Executor: Send + Sync {
     /// Start the dispatcher slots of a new subscription.
     fn start(&self, sub: &Arc<SubShared>) -> Result<(), SubscribeError>;
+    /// Start running `feeder` (see [`Feeder`]). The handle keeps no strong reference to it
+    /// except under the thread driver, whose thread holds one until it stops.
+    fn start_feeder(
+        &self,
+        feeder: Arc<dyn Feeder>,
+    ) -> Result<Box<dyn FeederHandle>, SubscribeError>;
     /// Wait until every dispatcher has stopped, or `deadline` (real time; `None`: no
     /// deadline). True if all stopped. A dispatcher that is the calling thread is not
     /// waited for.

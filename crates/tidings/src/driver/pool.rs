@@ -9,6 +9,11 @@
 //!
 //! Memory per idle subscription is the subscription itself plus one flag per slot: no
 //! thread, no stack.
+//!
+//! A durable subscription's feeder is a schedulable unit too (R-EXE-4): woken by an append
+//! to its stream, room freed in its window, a seek or a stop; a worker runs one bounded
+//! step (at most one read batch), then re-queues it at the back or leaves it idle. So idle
+//! durable subscriptions cost no OS thread each.
 
 use std::cell::Cell;
 use std::cmp::Reverse;
@@ -26,7 +31,7 @@ use crate::subscription::core::Poll;
 use crate::subscription::shared::SubShared;
 
 use super::live::LiveCount;
-use super::{Executor, Wake};
+use super::{Executor, FeedStep, Feeder, FeederHandle, Wake};
 
 /// Most deliveries a worker makes for one slot before yielding it.
 pub const BATCH: usize = 64;
@@ -37,16 +42,64 @@ thread_local! {
     static CURRENT_POOL: Cell<u64> = const { Cell::new(0) };
 }
 
-struct Task {
-    sub: Arc<SubShared>,
-    worker: usize,
+enum Task {
+    /// A subscription's dispatcher slot.
+    Slot { sub: Arc<SubShared>, worker: usize },
+    /// A feeder's step.
+    Feeder(Arc<FeederMailbox>),
+}
+
+/// The mailbox of one feeder: `scheduled` while queued or running (so no two workers are
+/// inside one feeder), `pending` when woken since its current step began.
+struct FeederMailbox {
+    scheduled: AtomicBool,
+    pending: AtomicBool,
+    feeder: Weak<dyn Feeder>,
+    pool: Arc<Shared>,
+}
+
+impl FeederMailbox {
+    fn enqueue(self: &Arc<Self>) {
+        self.pool
+            .run_queue
+            .lock()
+            .push_back(Task::Feeder(self.clone()));
+        self.pool.work.notify_one();
+    }
+}
+
+impl FeederMailbox {
+    fn wake(self: &Arc<Self>) {
+        // `pending` before `scheduled`: a step that ends after this sees `pending` and runs
+        // again; one that already ended cleared `scheduled`, so this queues it.
+        self.pending.store(true, Ordering::SeqCst);
+        if !self.scheduled.swap(true, Ordering::SeqCst) {
+            self.enqueue();
+        }
+    }
+}
+
+/// The pool's handle on a feeder.
+struct PoolFeeder(Arc<FeederMailbox>);
+
+impl FeederHandle for PoolFeeder {
+    fn wake(&self) {
+        self.0.wake();
+    }
 }
 
 struct Timer {
     due: Instant,
     seq: u64,
-    sub: Weak<SubShared>,
-    worker: usize,
+    target: TimerTarget,
+}
+
+/// What a pool timer wakes.
+enum TimerTarget {
+    /// A dispatcher slot waiting for a retry.
+    Slot(Weak<SubShared>, usize),
+    /// A feeder waiting for its next due time (a timer service).
+    Feeder(Weak<FeederMailbox>),
 }
 
 impl PartialEq for Timer {
@@ -98,7 +151,10 @@ impl Mailbox {
         let Some(sub) = self.sub.upgrade() else {
             return;
         };
-        self.pool.run_queue.lock().push_back(Task { sub, worker });
+        self.pool
+            .run_queue
+            .lock()
+            .push_back(Task::Slot { sub, worker });
         self.pool.work.notify_one();
     }
 }
@@ -184,6 +240,21 @@ impl PoolExecutor {
 }
 
 impl Executor for PoolExecutor {
+    fn start_feeder(
+        &self,
+        feeder: Arc<dyn Feeder>,
+    ) -> Result<Box<dyn FeederHandle>, SubscribeError> {
+        let handle = PoolFeeder(Arc::new(FeederMailbox {
+            scheduled: AtomicBool::new(false),
+            pending: AtomicBool::new(false),
+            feeder: Arc::downgrade(&feeder),
+            pool: self.shared.clone(),
+        }));
+        // A first step reads what the stream already holds.
+        handle.wake();
+        Ok(Box::new(handle))
+    }
+
     fn start(&self, sub: &Arc<SubShared>) -> Result<(), SubscribeError> {
         let mailbox = Arc::new(Mailbox {
             scheduled: (0..sub.workers()).map(|_| AtomicBool::new(false)).collect(),
@@ -242,13 +313,43 @@ fn worker_loop(pool: &Arc<Shared>) {
                 pool.work.wait(&mut q);
             }
         };
-        run_slot(pool, task);
+        match task {
+            Task::Slot { sub, worker } => run_slot(pool, sub, worker),
+            Task::Feeder(mailbox) => run_feeder(&mailbox),
+        }
+    }
+}
+
+/// Run one step of a feeder, then re-queue it, leave it idle, or drop it (stopped/gone).
+fn run_feeder(mailbox: &Arc<FeederMailbox>) {
+    let Some(feeder) = mailbox.feeder.upgrade() else {
+        return; // its owner is gone: `scheduled` stays set, it is never queued again
+    };
+    mailbox.pending.store(false, Ordering::SeqCst);
+    let step = feeder.step();
+    match step {
+        FeedStep::Again => mailbox.enqueue(),
+        FeedStep::Stopped => {}
+        FeedStep::Idle | FeedStep::WakeAt(_) => {
+            if let FeedStep::WakeAt(due) = step {
+                park(
+                    &mailbox.pool,
+                    due,
+                    TimerTarget::Feeder(Arc::downgrade(mailbox)),
+                );
+            }
+            mailbox.scheduled.store(false, Ordering::SeqCst);
+            if mailbox.pending.load(Ordering::SeqCst)
+                && !mailbox.scheduled.swap(true, Ordering::SeqCst)
+            {
+                mailbox.enqueue();
+            }
+        }
     }
 }
 
 /// Run one slot for up to `BATCH` deliveries, then re-queue, park or retire it.
-fn run_slot(pool: &Arc<Shared>, task: Task) {
-    let Task { sub, worker } = task;
+fn run_slot(pool: &Arc<Shared>, sub: Arc<SubShared>, worker: usize) {
     let mailbox_flag = |sub: &SubShared| sub.mailbox_clear(worker);
     for _ in 0..BATCH {
         let mut core = sub.core.lock();
@@ -276,17 +377,7 @@ fn run_slot(pool: &Arc<Shared>, task: Task) {
                 let forwards = core.take_forwards();
                 drop(core);
                 sub.forward(forwards);
-                let mut timers = pool.timers.lock();
-                let seq = timers.1;
-                timers.1 += 1;
-                timers.0.push(Reverse(Timer {
-                    due,
-                    seq,
-                    sub: Arc::downgrade(&sub),
-                    worker,
-                }));
-                drop(timers);
-                pool.timer_changed.notify_one();
+                park(pool, due, TimerTarget::Slot(Arc::downgrade(&sub), worker));
                 return;
             }
             Poll::Stopped => {
@@ -299,8 +390,18 @@ fn run_slot(pool: &Arc<Shared>, task: Task) {
         }
     }
     // Batch used up: yield the slot to the back of the run queue (fairness).
-    pool.run_queue.lock().push_back(Task { sub, worker });
+    pool.run_queue.lock().push_back(Task::Slot { sub, worker });
     pool.work.notify_one();
+}
+
+/// Put `target` on the pool's timer until `due`.
+fn park(pool: &Shared, due: Instant, target: TimerTarget) {
+    let mut timers = pool.timers.lock();
+    let seq = timers.1;
+    timers.1 += 1;
+    timers.0.push(Reverse(Timer { due, seq, target }));
+    drop(timers);
+    pool.timer_changed.notify_one();
 }
 
 fn timer_loop(pool: &Arc<Shared>) {
@@ -314,8 +415,18 @@ fn timer_loop(pool: &Arc<Shared>) {
             let Some(Reverse(t)) = timers.0.pop() else {
                 break;
             };
-            if let Some(sub) = t.sub.upgrade() {
-                sub.wake(t.worker);
+            match t.target {
+                TimerTarget::Slot(sub, worker) => {
+                    if let Some(sub) = sub.upgrade() {
+                        sub.wake(worker);
+                    }
+                }
+                // Due work runs on a worker, never on the timer thread.
+                TimerTarget::Feeder(mailbox) => {
+                    if let Some(mailbox) = mailbox.upgrade() {
+                        mailbox.wake();
+                    }
+                }
             }
         }
         // A manual clock wakes every slot itself when it moves.

@@ -21,7 +21,7 @@ use crate::subscription::shared::SubShared;
 
 use super::handles::Handles;
 use super::live::LiveCount;
-use super::{Executor, Wake};
+use super::{Executor, Feeder, FeederHandle, Wake};
 
 static NEXT_EXECUTOR: AtomicU64 = AtomicU64::new(1);
 
@@ -67,7 +67,34 @@ impl ThreadExecutor {
     }
 }
 
+/// A feeder's own thread.
+struct FeederThread(Mutex<Option<JoinHandle<()>>>);
+
+impl FeederHandle for FeederThread {
+    fn wake(&self) {
+        // The feeder waits on its own condition (room, appends) with a bounded wait.
+    }
+    fn join(&self) {
+        if let Some(h) = self.0.lock().take()
+            && h.thread().id() != std::thread::current().id()
+        {
+            let _ = h.join();
+        }
+    }
+}
+
 impl Executor for ThreadExecutor {
+    fn start_feeder(
+        &self,
+        feeder: Arc<dyn Feeder>,
+    ) -> Result<Box<dyn FeederHandle>, SubscribeError> {
+        let h = std::thread::Builder::new()
+            .name(feeder.name())
+            .spawn(move || feeder.run())
+            .map_err(|e| SubscribeError::Spawn(e.to_string()))?;
+        Ok(Box::new(FeederThread(Mutex::new(Some(h)))))
+    }
+
     fn start(&self, sub: &Arc<SubShared>) -> Result<(), SubscribeError> {
         let parking = Arc::new(Parking {
             slots: (0..sub.workers()).map(|_| Condvar::new()).collect(),

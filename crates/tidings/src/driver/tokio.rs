@@ -17,6 +17,13 @@
 //!   (no long computations, no blocking I/O, no `Broker::request`). Use an async handler,
 //!   or move blocking work to `tokio::task::spawn_blocking`, otherwise.
 //!
+//! # Durable feeders
+//! A durable subscription's feeder is one task (R-EXE-4): it awaits a [`Notify`] (an
+//! append, room freed, a seek, a stop) and runs each step — log reads, offset commits with
+//! their fsync, durable-DLQ appends — through `spawn_blocking`, so no blocking file I/O runs
+//! on a runtime worker. Messages finished by a dispatcher task are handed to that step
+//! instead of being committed on the worker ([`FeederHandle::defers_io`]).
+//!
 //! # Waiting for tasks at close
 //! Close waits for the tasks with a real-time deadline. From a thread that is inside a
 //! tokio runtime context (a task, `block_on`, `spawn_blocking`), blocking could deadlock the
@@ -46,7 +53,7 @@ use crate::subscription::shared::SubShared;
 
 use super::handles::Handles;
 use super::live::LiveCount;
-use super::{Executor, Wake};
+use super::{Executor, FeedStep, Feeder, FeederHandle, Wake};
 
 /// Deliveries a slot makes before yielding to the runtime, so a busy subscription cannot
 /// starve other tasks (sync handlers never reach an `.await`).
@@ -135,7 +142,61 @@ impl TokioExecutor {
     }
 }
 
+/// The tokio driver's handle on a feeder task.
+struct FeederTask(Arc<Notify>);
+
+impl FeederHandle for FeederTask {
+    fn wake(&self) {
+        // A stored permit: a wake before the task awaits is not lost.
+        self.0.notify_one();
+    }
+    fn defers_io(&self) -> bool {
+        true
+    }
+}
+
+/// A feeder's task: each step on the blocking pool, waits on the notify.
+async fn feed(feeder: std::sync::Weak<dyn Feeder>, notify: Arc<Notify>) {
+    loop {
+        let Some(f) = feeder.upgrade() else {
+            return;
+        };
+        let step = ::tokio::task::spawn_blocking(move || f.step()).await;
+        match step {
+            Ok(FeedStep::Again) => ::tokio::task::yield_now().await,
+            Ok(FeedStep::Idle) => notify.notified().await,
+            Ok(FeedStep::WakeAt(at)) => {
+                let hint = feeder.upgrade().and_then(|f| f.wait_hint(at));
+                match hint {
+                    Some(d) if d.is_zero() => {}
+                    Some(d) => {
+                        ::tokio::select! {
+                            () = notify.notified() => {}
+                            () = ::tokio::time::sleep(d) => {}
+                        }
+                    }
+                    None => notify.notified().await,
+                }
+            }
+            // Stopped, or the runtime is shutting down.
+            Ok(FeedStep::Stopped) | Err(_) => return,
+        }
+    }
+}
+
 impl Executor for TokioExecutor {
+    fn start_feeder(
+        &self,
+        feeder: Arc<dyn Feeder>,
+    ) -> Result<Box<dyn FeederHandle>, SubscribeError> {
+        let notify = Arc::new(Notify::new());
+        drop(
+            self.handle
+                .spawn(feed(Arc::downgrade(&feeder), notify.clone())),
+        );
+        Ok(Box::new(FeederTask(notify)))
+    }
+
     fn start(&self, sub: &Arc<SubShared>) -> Result<(), SubscribeError> {
         let slots = Arc::new(Slots {
             slots: (0..sub.workers()).map(|_| Notify::new()).collect(),

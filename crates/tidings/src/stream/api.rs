@@ -18,7 +18,7 @@ use super::dedup_log::DurableDedupStore;
 use super::durable::{Durable, DurableSubscription, Feed, Position};
 use super::error::StreamError;
 use super::retention::RetentionService;
-use super::{Stream, StreamInner, check_name, pump};
+use super::{Stream, StreamInner, check_name};
 
 impl BrokerBuilder {
     /// Directory for streams (`streams/<name>/`) and durable subscription state
@@ -96,15 +96,15 @@ impl Broker {
             recovery,
             commit_every: config.commit_every,
             retention_interval: has_retention.then_some(config.retention_interval),
+            feeders: parking_lot::RwLock::default(),
         });
         if has_retention {
             let service = match streams.retention.get() {
                 Some(s) => s.clone(),
                 None => {
-                    // Under the manual driver `run_until_idle` runs it instead of a thread.
-                    let threaded = !self.inner.executor.is_manual();
-                    let s = RetentionService::start(self.inner.clock.clone(), threaded)
-                        .map_err(|e| SubscribeError::Spawn(e.to_string()))?;
+                    // Run by the driver (the manual one: in `run_until_idle`).
+                    let s =
+                        RetentionService::start(self.inner.clock.clone(), &*self.inner.executor)?;
                     streams.retention.get_or_init(|| s).clone()
                 }
             };
@@ -246,37 +246,36 @@ impl Broker {
             HandlerKind::Sync(Arc::new(handler)),
             false,
         )?;
-        let durable = Arc::new(Durable::new(
-            name.to_owned(),
-            s,
-            filter_pattern,
-            store,
-            dlq,
-            Position {
-                at: position,
-                clamped_from,
-            },
-            Feed {
-                sub: Arc::downgrade(&sub.shared),
-                window,
-            },
-        ));
+        let durable = Arc::new_cyclic(|me| {
+            Durable::new(
+                name.to_owned(),
+                s.clone(),
+                filter_pattern,
+                store,
+                dlq,
+                Position {
+                    at: position,
+                    clamped_from,
+                },
+                Feed {
+                    sub: Arc::downgrade(&sub.shared),
+                    window,
+                    broker: Arc::downgrade(&self.inner),
+                    me: me.clone(),
+                },
+            )
+        });
         let hook = durable.clone();
         sub.shared
             .set_on_finished(Arc::new(move |items| hook.on_finished(items)));
-        // Under the manual driver `run_until_idle` pumps in the caller's thread instead.
-        if !self.inner.executor.is_manual() {
-            let (d, shared, broker) = (
-                durable.clone(),
-                sub.shared.clone(),
-                Arc::downgrade(&self.inner),
-            );
-            let pump = std::thread::Builder::new()
-                .name(format!("tidings-pump-{name}"))
-                .spawn(move || pump::run(d, shared, broker))
-                .map_err(|e| SubscribeError::Spawn(e.to_string()))?;
-            *durable.pump.lock() = Some(pump);
-        }
+        // The driver runs the feeder (R-EXE-4): its own thread, a pool unit, a tokio task,
+        // or `run_until_idle` in the caller's thread.
+        // Its steps wait (idle) until the handle is in place, so every completion knows
+        // where its blocking I/O belongs; then the first wake starts it.
+        let handle = self.inner.executor.start_feeder(durable.clone())?;
+        let _ = durable.feeder.set(handle); // a new durable: not set before
+        s.add_feeder(&durable);
+        durable.wake_feeder();
         durables.insert(key, Arc::downgrade(&durable));
         Ok(DurableSubscription {
             sub,

@@ -5,14 +5,14 @@ use std::collections::BTreeSet;
 use std::fmt;
 use std::ops::Deref;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Weak};
-use std::thread::JoinHandle;
+use std::sync::{Arc, OnceLock, Weak};
 
 use parking_lot::{Condvar, Mutex};
 use tidings_log::Log;
 
 use crate::broker::BrokerInner;
 use crate::dlq::DeadLetterReason;
+use crate::driver::{FeedStep, Feeder, FeederHandle};
 use crate::message::Message;
 use crate::subscription::Subscription;
 use crate::subscription::shared::{Finished, SubShared};
@@ -24,6 +24,7 @@ use super::commit::OffsetStore;
 use super::config::StartAt;
 use super::dlq_record;
 use super::error::{CommitFailed, StreamError};
+use super::pump::{self, Pumped};
 
 #[derive(Debug)]
 pub(crate) struct CursorState {
@@ -60,10 +61,13 @@ pub(crate) struct Position {
     pub(crate) clamped_from: Option<u64>,
 }
 
-/// The subscription a durable cursor feeds, and how many of its messages may be outstanding.
+/// The subscription a durable cursor feeds, how many of its messages may be outstanding,
+/// the broker (for delayed records, R-TIME-2), and the durable itself (`Arc::new_cyclic`).
 pub(crate) struct Feed {
     pub(crate) sub: Weak<SubShared>,
     pub(crate) window: usize,
+    pub(crate) broker: Weak<BrokerInner>,
+    pub(crate) me: Weak<Durable>,
 }
 
 pub(crate) struct Durable {
@@ -78,7 +82,18 @@ pub(crate) struct Durable {
     pub(crate) window: usize,
     pub(crate) commit_every: usize,
     pub(crate) stop: AtomicBool,
-    pub(crate) pump: Mutex<Option<JoinHandle<()>>>,
+    /// The driver's handle on this feeder (R-EXE-4); unset under the manual driver until
+    /// started, and for a subscription whose start failed.
+    pub(crate) feeder: OnceLock<Box<dyn FeederHandle>>,
+    /// Held for one step (a pass, or the final flush), so shutdown waits for a step that
+    /// is under way on a pool worker or the blocking pool.
+    step: Mutex<()>,
+    /// Finished messages handed over by a thread that must not block (a tokio worker):
+    /// their DLQ appends and commits run in the feeder's next step.
+    deferred: Mutex<Vec<Finished>>,
+    /// This durable itself (the feeder's steps need an `Arc`).
+    me: Weak<Durable>,
+    pub(crate) broker: Weak<BrokerInner>,
     /// The subscription it feeds (for the manual driver, which pumps in `run_until_idle`).
     pub(crate) sub: Weak<SubShared>,
     /// The committed position found at open, when it lay beyond the stream's end and was
@@ -105,6 +120,7 @@ impl Durable {
         st.error = None;
         drop(st);
         self.room.notify_all();
+        self.wake_feeder();
         Ok(target)
     }
 
@@ -121,7 +137,12 @@ impl Durable {
             at: position,
             clamped_from,
         } = position;
-        let Feed { sub, window } = feed;
+        let Feed {
+            sub,
+            window,
+            broker,
+            me,
+        } = feed;
         let commit_every = stream.commit_every;
         Self {
             name,
@@ -143,7 +164,11 @@ impl Durable {
             window,
             commit_every,
             stop: AtomicBool::new(false),
-            pump: Mutex::new(None),
+            feeder: OnceLock::new(),
+            step: Mutex::new(()),
+            deferred: Mutex::new(Vec::new()),
+            me,
+            broker,
             sub,
             clamped_from,
             dlq_ops: Mutex::new(()),
@@ -158,19 +183,28 @@ impl Durable {
         self.stop.store(true, Ordering::Release);
         drop(self.state.lock());
         self.room.notify_all();
+        self.wake_feeder();
     }
 
-    /// Stop and join the pump, write the final position (abandoned messages are still
+    /// Tell the driver this feeder may have work (an append, room freed, a seek, stop).
+    pub(crate) fn wake_feeder(&self) {
+        if let Some(f) = self.feeder.get() {
+            f.wake();
+        }
+    }
+
+    /// Stop the feeder and wait for it (its thread, or a step under way), finish what a
+    /// tokio worker handed over, write the final position (abandoned messages are still
     /// pending, so they stay above it and are redelivered after a restart), then retire:
     /// no later commit, and the durable DLQ log is closed, releasing its directory lock, so
     /// the name can be subscribed again at once (R-LOG-3). Idempotent.
     pub(crate) fn shutdown(&self) {
         self.request_stop();
-        if let Some(h) = self.pump.lock().take()
-            && h.thread().id() != std::thread::current().id()
-        {
-            let _ = h.join();
+        if let Some(f) = self.feeder.get() {
+            f.join();
         }
+        let _step = self.step.lock();
+        self.finish_deferred();
         let mut st = self.state.lock();
         self.flush_locked(&mut st);
         st.retired = true;
@@ -241,8 +275,55 @@ impl Durable {
         self.room.notify_all();
     }
 
+    /// One bounded pass of the feeder (pool, tokio and manual drivers): finish what was
+    /// handed over, then read and offer what the window has room for; an idle feeder
+    /// writes the commit position if it moved.
+    pub(crate) fn step_once(&self) -> FeedStep {
+        if self.feeder.get().is_none() {
+            return FeedStep::Idle; // started, but not yet handed its handle: woken then
+        }
+        let _step = self.step.lock();
+        self.finish_deferred();
+        let (Some(d), Some(sub)) = (self.me.upgrade(), self.sub.upgrade()) else {
+            return FeedStep::Stopped;
+        };
+        match pump::pump_once(&d, &sub, &self.broker) {
+            Pumped::Progress => FeedStep::Again,
+            Pumped::Stopped => FeedStep::Stopped,
+            // Woken when room is freed (a completion) or the halt is cleared (a seek).
+            Pumped::NoRoom | Pumped::QueueFull => FeedStep::Idle,
+            Pumped::NoRecords(_) => {
+                // Idle at the end of the stream: write the position if it moved; woken
+                // by the next append.
+                self.flush_locked(&mut self.state.lock());
+                FeedStep::Idle
+            }
+        }
+    }
+
     /// The completion hook (runs on a dispatcher thread, outside the subscription lock).
+    /// Where that thread must not block (tokio), the items go to the feeder's next step.
+    /// Either way the feeder is woken: room may have been freed in its window or queue.
     pub(crate) fn on_finished(&self, items: Vec<Finished>) {
+        if self.feeder.get().is_some_and(|f| f.defers_io()) {
+            self.deferred.lock().extend(items);
+        } else {
+            self.finish_items(items);
+            self.room.notify_all();
+        }
+        self.wake_feeder();
+    }
+
+    /// Finish what a non-blocking thread handed over (see `on_finished`).
+    fn finish_deferred(&self) {
+        let items = std::mem::take(&mut *self.deferred.lock());
+        if !items.is_empty() {
+            self.finish_items(items);
+        }
+    }
+
+    /// Append dead letters to the durable DLQ, then finish the offsets.
+    fn finish_items(&self, items: Vec<Finished>) {
         for f in items {
             let Some(offset) = f.message.log_offset else {
                 continue;
@@ -330,6 +411,20 @@ impl Durable {
             dir: self.dlq.dir().to_path_buf(),
             source,
         })
+    }
+}
+
+impl Feeder for Durable {
+    fn name(&self) -> String {
+        format!("tidings-pump-{}", self.name)
+    }
+    fn step(&self) -> FeedStep {
+        self.step_once()
+    }
+    fn run(&self) {
+        if let (Some(d), Some(sub)) = (self.me.upgrade(), self.sub.upgrade()) {
+            pump::run(d, sub, self.broker.clone());
+        }
     }
 }
 
@@ -545,7 +640,10 @@ impl Durable {
                 .log
                 .append(&codec::encode_for(&e.message, &self.name))
             {
-                Ok(_) => done.push(at),
+                Ok(_) => {
+                    done.push(at);
+                    stream.appended();
+                }
                 Err(source) => {
                     failure = Some(append_error(source));
                     break;

@@ -110,6 +110,8 @@ pub(crate) struct StreamInner {
     pub(crate) commit_every: usize,
     /// Period of the retention timer; `None` without a retention policy.
     pub(crate) retention_interval: Option<std::time::Duration>,
+    /// The durable subscriptions reading it, woken by each append (R-EXE-4).
+    pub(crate) feeders: RwLock<Vec<Weak<durable::Durable>>>,
 }
 
 /// A handle on an open stream (cheap to clone).
@@ -184,6 +186,23 @@ impl Stream {
 }
 
 impl StreamInner {
+    /// Register a durable subscription to wake on appends (dropping ones that are gone).
+    pub(crate) fn add_feeder(&self, d: &Arc<durable::Durable>) {
+        let mut feeders = self.feeders.write();
+        feeders.retain(|w| w.strong_count() > 0);
+        feeders.push(Arc::downgrade(d));
+    }
+
+    /// Something was appended: wake every durable subscription reading this stream (a
+    /// no-op for a thread-driven one, which waits on the log itself).
+    pub(crate) fn appended(&self) {
+        for w in self.feeders.read().iter() {
+            if let Some(d) = w.upgrade() {
+                d.wake_feeder();
+            }
+        }
+    }
+
     pub(crate) fn read_error(&self, e: tidings_log::ReadError) -> StreamError {
         match e {
             tidings_log::ReadError::OutOfRetention {
@@ -315,6 +334,7 @@ impl Streams {
                     s.dir.display()
                 ),
             })?;
+            s.appended();
             names.push(s.name.clone());
         }
         Ok(names)

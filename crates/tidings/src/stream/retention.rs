@@ -2,19 +2,22 @@
 //! that stopped receiving messages still sheds its old segments — the log itself applies
 //! retention only after a segment roll, which an idle stream never has.
 //!
-//! One service per broker, created with its first stream that has a retention policy. Under
-//! the thread, pool and tokio drivers it runs on one thread of its own, waiting on the
-//! broker's clock (a [`ManualClock`](crate::ManualClock) wakes it when advanced); under the
-//! manual driver [`Broker::run_until_idle`](crate::Broker::run_until_idle) runs what is due
-//! in the caller's thread. Age is judged against the broker clock's wall time.
+//! One service per broker, created with its first stream that has a retention policy, and
+//! run by the driver (R-EXE-4): a thread of its own under the thread driver, the pool's
+//! timer and a worker under the pool driver, a task (its passes on the blocking pool) under
+//! tokio, and [`Broker::run_until_idle`](crate::Broker::run_until_idle) in the caller's
+//! thread under the manual driver. It waits on the broker's clock (a
+//! [`ManualClock`](crate::ManualClock) wakes it when advanced). Age is judged against the
+//! broker clock's wall time.
 
-use std::sync::{Arc, Weak};
-use std::thread::JoinHandle;
-use std::time::Instant;
+use std::sync::{Arc, OnceLock, Weak};
+use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use crate::clock::{Clock, ClockWaiter, deadline_after, wait_until};
+use crate::driver::{Executor, FeedStep, Feeder, FeederHandle};
+use crate::error::SubscribeError;
 use crate::message::millis_since_epoch;
 
 use super::StreamInner;
@@ -29,12 +32,16 @@ pub(crate) struct RetentionService {
     clock: Arc<dyn Clock>,
     state: Mutex<State>,
     cv: Condvar,
-    thread: Mutex<Option<JoinHandle<()>>>,
+    /// The driver's handle on this service.
+    handle: OnceLock<Box<dyn FeederHandle>>,
 }
 
 impl RetentionService {
-    /// A service on `clock`; with `threaded`, its thread is started.
-    pub(crate) fn start(clock: Arc<dyn Clock>, threaded: bool) -> std::io::Result<Arc<Self>> {
+    /// A service on `clock`, started by `executor`.
+    pub(crate) fn start(
+        clock: Arc<dyn Clock>,
+        executor: &dyn Executor,
+    ) -> Result<Arc<Self>, SubscribeError> {
         let svc = Arc::new(Self {
             clock,
             state: Mutex::new(State {
@@ -42,18 +49,22 @@ impl RetentionService {
                 stop: false,
             }),
             cv: Condvar::new(),
-            thread: Mutex::new(None),
+            handle: OnceLock::new(),
         });
         let waiter: Weak<dyn ClockWaiter> = Arc::downgrade(&svc) as Weak<dyn ClockWaiter>;
         svc.clock.register_waiter(waiter);
-        if threaded {
-            let s = svc.clone();
-            let h = std::thread::Builder::new()
-                .name("tidings-retention".into())
-                .spawn(move || s.run())?;
-            *svc.thread.lock() = Some(h);
-        }
+        let handle = executor.start_feeder(svc.clone())?;
+        let _ = svc.handle.set(handle); // a new service: not set before
+        svc.wake();
         Ok(svc)
+    }
+
+    fn wake(&self) {
+        drop(self.state.lock());
+        self.cv.notify_all();
+        if let Some(h) = self.handle.get() {
+            h.wake();
+        }
     }
 
     /// Apply `stream`'s retention every `stream.retention_interval` from now on.
@@ -63,7 +74,7 @@ impl RetentionService {
         };
         let next = deadline_after(self.clock.now(), every);
         self.state.lock().streams.push((stream, next));
-        self.cv.notify_all();
+        self.wake();
     }
 
     /// Take the streams due now and move their next due time on.
@@ -126,25 +137,56 @@ impl RetentionService {
         }
     }
 
-    /// Stop and join the thread (broker close). Idempotent.
+    /// Stop, and join the thread under the thread driver (broker close). Idempotent.
     pub(crate) fn stop(&self) {
         {
             let mut st = self.state.lock();
             st.stop = true;
             st.streams.clear();
         }
-        self.cv.notify_all();
-        if let Some(h) = self.thread.lock().take()
-            && h.thread().id() != std::thread::current().id()
-        {
-            let _ = h.join();
+        self.wake();
+        if let Some(h) = self.handle.get() {
+            h.join();
         }
+    }
+}
+
+impl Feeder for RetentionService {
+    fn name(&self) -> String {
+        "tidings-retention".into()
+    }
+    /// Apply what is due now; then wait for the next due time (pool timer, tokio sleep).
+    fn step(&self) -> FeedStep {
+        let due = {
+            let mut st = self.state.lock();
+            if st.stop {
+                return FeedStep::Stopped;
+            }
+            self.take_due(&mut st)
+        };
+        if !due.is_empty() {
+            self.apply(&due);
+            return FeedStep::Again;
+        }
+        let next = self
+            .state
+            .lock()
+            .streams
+            .iter()
+            .filter_map(|(_, n)| *n)
+            .min();
+        next.map_or(FeedStep::Idle, FeedStep::WakeAt)
+    }
+    fn run(&self) {
+        RetentionService::run(self);
+    }
+    fn wait_hint(&self, at: Instant) -> Option<Duration> {
+        self.clock.wait_hint(at)
     }
 }
 
 impl ClockWaiter for RetentionService {
     fn time_moved(&self) {
-        drop(self.state.lock());
-        self.cv.notify_all();
+        self.wake();
     }
 }

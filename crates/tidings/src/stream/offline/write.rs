@@ -70,6 +70,7 @@ impl DataDir {
             recovery: Default::default(),
             commit_every: 1,
             retention_interval: None,
+            feeders: Default::default(),
         };
         let result = (|| {
             let store = OffsetStore::new(
