@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::broker::Broker;
 use crate::dlq::DeadLetter;
-use crate::message::{MessageId, millis_since_epoch};
+use crate::message::{Message, MessageId, millis_since_epoch};
 use crate::stream::StreamError;
 use crate::stream::config::StartAt;
 use crate::stream::durable::{Durable, DurableDeadLetter};
@@ -64,36 +64,35 @@ pub struct DeadLetterEntry {
 
 impl DeadLetterEntry {
     fn of(e: &DeadLetter) -> Self {
-        let m = &e.message;
-        let preview = &m.payload()[..m.payload().len().min(PAYLOAD_PREVIEW_BYTES)];
         Self {
-            id: m.id().to_string(),
-            topic: m.topic().as_str().to_owned(),
-            key: m.key().map(|k| String::from_utf8_lossy(k).into_owned()),
-            priority: format!("{:?}", m.priority()),
-            headers: m
-                .headers()
-                .iter()
-                .map(|(k, v)| (k.to_owned(), v.to_owned()))
-                .collect(),
-            correlation_id: m.correlation_id().map(str::to_owned),
-            payload_preview: String::from_utf8_lossy(preview).into_owned(),
-            payload_len: m.payload().len() as u64,
             reason: e.reason.name().to_owned(),
             reason_text: e.reason.to_string(),
             attempts: e.attempts,
             last_error: e.last_error().map(str::to_owned),
             at_ms: millis_since_epoch(e.at),
-            published_ms: millis_since_epoch(m.timestamp()),
-            durable: false,
-            stream_offset: None,
+            ..Self::of_message(&e.message)
         }
     }
 
     fn of_durable(e: &DurableDeadLetter) -> Self {
-        let m = &e.message;
+        let base = Self::of_message(&e.message);
+        Self {
+            reason: durable_reason_name(&e.reason).to_owned(),
+            reason_text: e.reason.clone(),
+            attempts: e.attempts,
+            last_error: durable_last_error(&e.reason).map(str::to_owned),
+            // The durable log does not keep when the entry was written.
+            at_ms: base.published_ms,
+            durable: true,
+            stream_offset: e.message.offset(),
+            ..base
+        }
+    }
+
+    /// The fields that come from the message itself (an in-memory entry's defaults for
+    /// the rest).
+    fn of_message(m: &Message) -> Self {
         let preview = &m.payload()[..m.payload().len().min(PAYLOAD_PREVIEW_BYTES)];
-        let published_ms = millis_since_epoch(m.timestamp());
         Self {
             id: m.id().to_string(),
             topic: m.topic().as_str().to_owned(),
@@ -107,14 +106,14 @@ impl DeadLetterEntry {
             correlation_id: m.correlation_id().map(str::to_owned),
             payload_preview: String::from_utf8_lossy(preview).into_owned(),
             payload_len: m.payload().len() as u64,
-            reason: durable_reason_name(&e.reason).to_owned(),
-            reason_text: e.reason.clone(),
-            attempts: e.attempts,
-            last_error: durable_last_error(&e.reason).map(str::to_owned),
-            at_ms: published_ms,
-            published_ms,
-            durable: true,
-            stream_offset: m.offset(),
+            reason: String::new(),
+            reason_text: String::new(),
+            attempts: 0,
+            last_error: None,
+            at_ms: 0,
+            published_ms: millis_since_epoch(m.timestamp()),
+            durable: false,
+            stream_offset: None,
         }
     }
 }

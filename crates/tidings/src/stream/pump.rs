@@ -51,13 +51,7 @@ fn offer(d: &Durable, sub: &SubShared, offset: u64, message: &Arc<Message>) -> O
             return Offer::Taken;
         }
         Err(error) => {
-            // R-DEL-1: a panicking predicate dead-letters the record (`Rejected`); the
-            // completion hook finishes its offset once the durable DLQ holds it.
-            let mut core = sub.core.lock();
-            core.handle_filter_panic(message, error, &sub.now());
-            let forwards = core.take_forwards();
-            drop(core);
-            sub.forward(forwards);
+            sub.dead_letter_filter_panic(message, error);
             return Offer::Taken;
         }
     }

@@ -158,15 +158,20 @@ impl SubShared {
                 Err(Refusal::Filtered)
             }
             Err(error) => {
-                // R-DEL-1: a panicking predicate dead-letters the message as `Rejected`.
-                let mut core = self.core.lock();
-                core.handle_filter_panic(message, error, &self.now());
-                let forwards = core.take_forwards();
-                drop(core);
-                self.forward(forwards);
+                self.dead_letter_filter_panic(message, error);
                 Ok(())
             }
         }
+    }
+
+    /// R-DEL-1: a message whose predicate panicked is accepted and dead-lettered as
+    /// `Rejected` (for a durable subscription the completion hook then finishes its offset).
+    pub(crate) fn dead_letter_filter_panic(&self, message: &Arc<Message>, error: String) {
+        let mut core = self.core.lock();
+        core.handle_filter_panic(message, error, &self.now());
+        let forwards = core.take_forwards();
+        drop(core);
+        self.forward(forwards);
     }
 
     /// Offer without applying the filter (redrive).
