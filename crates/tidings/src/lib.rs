@@ -45,6 +45,7 @@ mod clock;
 mod dedup;
 mod dlq;
 pub mod driver;
+pub mod durable;
 mod error;
 pub mod filter;
 mod handler;

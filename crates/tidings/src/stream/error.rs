@@ -138,6 +138,22 @@ pub enum StreamError {
     /// The broker is closed.
     #[error("the broker is closed")]
     Closed,
+    /// The durable backend cannot do what was asked (an option, or an operation).
+    #[error("{feature} is not supported by the {backend} backend")]
+    Unsupported {
+        /// The option or operation.
+        feature: &'static str,
+        /// The backend's name.
+        backend: &'static str,
+    },
+    /// A remote backend failed (connection, timeout, a refusal by the server).
+    #[error("{backend}: {reason}")]
+    Backend {
+        /// The backend's name.
+        backend: &'static str,
+        /// What failed, as text.
+        reason: String,
+    },
 }
 
 /// A durable subscription could not write or sync its committed position: its cursor is

@@ -1,0 +1,417 @@
+//! The durable-source seam: what durable streams and durable subscriptions need from the
+//! place messages are kept (DESIGN.md: "the JetStream backend is a second implementation of
+//! the durable source, not a second broker").
+//!
+//! The broker owns everything a subscription does with a message — queue, dispatcher,
+//! retry in place, TTL, filters, lanes, counters, the in-memory DLQ — and the *feeder* that
+//! moves messages from a cursor into the subscription's queue, keeping at most `window`
+//! outstanding (R-BP-2), holding delayed ones in the scheduler (R-TIME-2), and reporting
+//! each message that finished. A backend owns only what must outlive the process:
+//!
+//! - [`DurableBackend`] opens streams (and, optionally, durable dedup stores);
+//! - [`BackendStream`] appends what the broker publishes and opens cursors;
+//! - [`BackendCursor`] is one durable subscription's position: it hands out messages,
+//!   records the ones that finished (success, filtered, or dead-lettered — made durable in
+//!   its dead-letter store *before* the message counts as finished), moves on seek, reports
+//!   lag, and keeps the durable DLQ (R-DEL-4).
+//!
+//! Two implementations exist: the embedded log (the default with
+//! [`BrokerBuilder::data_dir`](crate::BrokerBuilder::data_dir)) and NATS JetStream (crate
+//! `tidings-jetstream`). The conformance suite in `tidings-testkit` runs the same durable
+//! cases against each.
+//!
+//! # Threads
+//! Every method may block on file or network I/O. The broker never calls them on an async
+//! runtime's worker thread: under the tokio driver the feeder runs on the blocking pool and
+//! completions reached on a runtime worker are handed to the feeder's next step. A cursor
+//! signals "there may be more to fetch" through the [`CursorWaker`] it was opened with;
+//! waking is cheap and never blocks, so it may be called from any thread, under any lock.
+
+use std::fmt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use crate::dedup::DedupStore;
+use crate::dlq::DeadLetterReason;
+use crate::message::Message;
+use crate::stream::{CommitFailed, StartAt, StreamConfig, StreamError};
+use crate::topic::Pattern;
+use tidings_log::{RecoveryReport, RetentionReport};
+
+/// What a backend can do that the broker's options may ask for. An option the backend
+/// cannot honour is refused at subscribe or publish time with
+/// [`StreamError::Unsupported`], naming the option and the backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Capabilities {
+    /// Stored messages keep their [`Priority`](crate::Priority).
+    pub priority: bool,
+    /// [`DurableBackend::dedup_store`] is available (R-DEL-5 "durable").
+    pub dedup_store: bool,
+    /// The offset of the first message appended to an empty stream (0 for the embedded
+    /// log; JetStream sequences start at 1).
+    pub first_offset: u64,
+}
+
+impl Capabilities {
+    /// Everything, offsets from 0 (the embedded log).
+    #[must_use]
+    pub const fn all() -> Self {
+        Self {
+            priority: true,
+            dedup_store: true,
+            first_offset: 0,
+        }
+    }
+    /// These capabilities without priority.
+    #[must_use]
+    pub const fn without_priority(mut self) -> Self {
+        self.priority = false;
+        self
+    }
+    /// These capabilities without a durable dedup store.
+    #[must_use]
+    pub const fn without_dedup_store(mut self) -> Self {
+        self.dedup_store = false;
+        self
+    }
+    /// These capabilities with first offset `first`.
+    #[must_use]
+    pub const fn first_offset(mut self, first: u64) -> Self {
+        self.first_offset = first;
+        self
+    }
+}
+
+/// Where a broker's durable streams live. One backend serves one broker at a time.
+///
+/// # Closing
+/// [`Broker::close`](crate::Broker::close) closes every cursor, then every stream, then
+/// calls [`DurableBackend::close`].
+pub trait DurableBackend: Send + Sync + fmt::Debug + 'static {
+    /// A short name used in errors and snapshots: `"embedded-log"`, `"jetstream"`.
+    fn name(&self) -> &'static str;
+
+    /// What it can do.
+    fn capabilities(&self) -> Capabilities;
+
+    /// Create the stream `config.name` capturing `patterns` (validated by the broker), or
+    /// open it again after a restart.
+    ///
+    /// # Errors
+    /// The backend could not create or open it ([`StreamError::Open`] for a local log,
+    /// [`StreamError::Backend`] for a remote one), or `config` asks for what it cannot do
+    /// ([`StreamError::Unsupported`]).
+    fn open_stream(
+        &self,
+        config: &StreamConfig,
+        patterns: &[Pattern],
+    ) -> Result<Arc<dyn BackendStream>, StreamError>;
+
+    /// Open (or create, or reopen after a restart) the durable dedup store `name` that
+    /// remembers at least the `capacity` most recent ids (R-DEL-5 "durable").
+    ///
+    /// # Errors
+    /// [`StreamError::Unsupported`] unless [`Capabilities::dedup_store`]; otherwise what
+    /// opening it reported.
+    fn dedup_store(&self, name: &str, capacity: usize) -> Result<Arc<dyn DedupStore>, StreamError> {
+        let _ = (name, capacity);
+        Err(StreamError::Unsupported {
+            feature: "durable dedup store",
+            backend: self.name(),
+        })
+    }
+
+    /// The broker closed: release what the backend holds (connections, locks).
+    fn close(&self) {}
+}
+
+/// One open stream.
+///
+/// # Ordering
+/// Offsets grow by append order; [`BackendStream::append`] returns once the message is
+/// stored as durably as the stream's configuration promises.
+pub trait BackendStream: Send + Sync + fmt::Debug {
+    /// The stream's name.
+    fn name(&self) -> &str;
+
+    /// Store `message` (its topic matched the stream's patterns); returns its offset.
+    ///
+    /// # Errors
+    /// Not stored: publish fails with the error and offers the message to nobody.
+    fn append(&self, message: &Message) -> Result<u64, StreamError>;
+
+    /// The earliest retained offset, as last known.
+    fn start_offset(&self) -> u64;
+
+    /// One past the last stored offset, as last known.
+    fn end_offset(&self) -> u64;
+
+    /// Up to `max` stored messages from offset `from`, each carrying its
+    /// [`Message::offset`]. Reading does not move any cursor.
+    ///
+    /// # Errors
+    /// [`StreamError::OutOfRetention`], [`StreamError::BeyondEnd`], or a read failure.
+    fn read(&self, from: u64, max: usize) -> Result<Vec<Message>, StreamError>;
+
+    /// Open the cursor of durable subscription `spec.name`: at its committed position if it
+    /// has one, else at `spec.start`, committed at once.
+    ///
+    /// # Errors
+    /// The start is outside the stream, the stored position is unreadable, or the backend
+    /// failed.
+    fn open_cursor(&self, spec: CursorSpec<'_>) -> Result<Box<dyn BackendCursor>, StreamError>;
+
+    /// The stream's directory, for a backend that keeps it in local files.
+    fn dir(&self) -> Option<&Path> {
+        None
+    }
+
+    /// What opening found and repaired, for a backend that recovers a local log.
+    fn recovery(&self) -> Option<&RecoveryReport> {
+        None
+    }
+
+    /// Apply the stream's retention now, judging age against `now`.
+    ///
+    /// # Errors
+    /// [`StreamError::Unsupported`] where the backend applies retention itself.
+    fn apply_retention(&self, now: SystemTime) -> Result<RetentionReport, StreamError> {
+        let _ = now;
+        Err(StreamError::Unsupported {
+            feature: "apply_retention",
+            backend: "this backend",
+        })
+    }
+
+    /// Stop accepting appends and release the stream (its cursors are closed first).
+    ///
+    /// # Errors
+    /// Flushing or releasing failed (logged by the broker).
+    fn close(&self) -> Result<(), StreamError>;
+}
+
+/// What a durable subscription asks of its cursor.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct CursorSpec<'a> {
+    /// The durable name: the key of the committed position (valid as a file name).
+    pub name: &'a str,
+    /// Only messages whose topic matches are handed out; the others are finished by the
+    /// cursor itself (counted in [`CursorState::skipped_by_filter`]).
+    pub filter: &'a Pattern,
+    /// Where a new durable name starts.
+    pub start: StartAt,
+    /// At most this many messages are outstanding (fetched and not finished); the feeder
+    /// never asks for more.
+    pub window: usize,
+    /// Called when there may be more to fetch (an append, a redelivery, a seek).
+    pub waker: CursorWaker,
+}
+
+impl<'a> CursorSpec<'a> {
+    /// A spec for `name` reading `filter` from `start`.
+    #[must_use]
+    pub fn new(
+        name: &'a str,
+        filter: &'a Pattern,
+        start: StartAt,
+        window: usize,
+        waker: CursorWaker,
+    ) -> Self {
+        Self {
+            name,
+            filter,
+            start,
+            window,
+            waker,
+        }
+    }
+}
+
+/// A durable subscription's position in its stream.
+///
+/// # Delivery
+/// At-least-once: a message fetched and not reported finished is handed out again after a
+/// restart (or, for a shared remote consumer, after its ack deadline).
+///
+/// # Closing
+/// After [`BackendCursor::close`] nothing more is committed; messages finished later are
+/// redelivered after a restart.
+pub trait BackendCursor: Send + Sync {
+    /// Up to `max` next messages for this subscription, each carrying its
+    /// [`Message::offset`], without waiting for new ones (`Ok(vec![])`: nothing now; the
+    /// waker fires when there may be more). Messages the filter or a targeted redrive
+    /// excludes are skipped here.
+    ///
+    /// # Errors
+    /// The cursor cannot go on (an unreadable record, a poisoned commit, a lost
+    /// connection): the feeder stops fetching until a seek, and the error shows in
+    /// [`CursorState::error`].
+    fn fetch(&self, max: usize) -> Result<Vec<Message>, StreamError>;
+
+    /// These messages finished for good. A dead letter is stored in the durable DLQ
+    /// before its message counts as finished; one that could not be stored is not
+    /// finished (it is redelivered after a restart) and the error is returned.
+    ///
+    /// # Errors
+    /// A dead letter or the commit could not be stored.
+    fn finish(&self, done: &[Finished]) -> Result<(), StreamError>;
+
+    /// The feeder found nothing to fetch: a moment to store the position if it moved.
+    fn idle(&self) {}
+
+    /// Move the position (R-LOG-4) and commit it; returns the new position. Clears a
+    /// fetch error; a poisoned commit stays poisoned.
+    ///
+    /// # Errors
+    /// The target lies outside the stream, or the commit failed.
+    fn seek(&self, at: StartAt) -> Result<u64, StreamError>;
+
+    /// Store the position now; returns it.
+    ///
+    /// # Errors
+    /// [`StreamError::Poisoned`] after a failed commit, [`StreamError::Closed`] once closed.
+    fn commit(&self) -> Result<u64, StreamError>;
+
+    /// Position, commit and lag, as of now.
+    fn state(&self) -> CursorState;
+
+    /// The entries of the durable DLQ, oldest first (R-DEL-4).
+    ///
+    /// # Errors
+    /// The DLQ could not be read.
+    fn dead_letters(&self) -> Result<Vec<DurableDeadLetter>, StreamError>;
+
+    /// Remove every DLQ entry and return them, oldest first; durable once `Ok`.
+    ///
+    /// # Errors
+    /// Reading or recording the removal failed (then nothing was removed).
+    fn drain_dead_letters(&self) -> Result<Vec<DurableDeadLetter>, StreamError>;
+
+    /// Append the entries `select` picks to the stream again, reserved for this
+    /// subscription, *then* remove them from the DLQ (loss-safe); returns how many.
+    ///
+    /// # Errors
+    /// Reading, appending or recording failed; entries redriven before the failure left
+    /// the DLQ, the others stay.
+    fn redrive_dead_letters(
+        &self,
+        select: &mut dyn FnMut(&DurableDeadLetter) -> bool,
+    ) -> Result<usize, StreamError>;
+
+    /// The file the committed position is kept in, for a backend that keeps one.
+    fn offset_file(&self) -> Option<&Path> {
+        None
+    }
+
+    /// Store the final position and release the name (it can be subscribed again at
+    /// once). Idempotent.
+    fn close(&self);
+}
+
+/// Position, commit and lag of one cursor.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CursorState {
+    /// The next offset the cursor hands out.
+    pub position: u64,
+    /// Every offset below it is finished, durably.
+    pub committed: u64,
+    /// Fetched and not finished.
+    pub outstanding: usize,
+    /// Stored messages not yet committed (R-BP-3).
+    pub lag: u64,
+    /// Offsets skipped because retention removed them before they were read.
+    pub skipped: u64,
+    /// Messages the cursor's filter excluded (finished without delivery).
+    pub skipped_by_filter: u64,
+    /// Why fetching stopped, if it did.
+    pub error: Option<String>,
+    /// The failed commit that poisoned the cursor, if one did.
+    pub poisoned: Option<CommitFailed>,
+    /// The stored position found at open when it lay beyond the stream's end (clamped).
+    pub clamped_from: Option<u64>,
+}
+
+/// Wakes the feeder of one durable subscription: there may be more to fetch. Cheap, never
+/// blocks; callable from any thread.
+#[derive(Clone)]
+pub struct CursorWaker(Arc<dyn Fn() + Send + Sync>);
+
+impl CursorWaker {
+    /// A waker calling `f`.
+    pub fn new(f: impl Fn() + Send + Sync + 'static) -> Self {
+        Self(Arc::new(f))
+    }
+    /// Wake the feeder.
+    pub fn wake(&self) {
+        (self.0)();
+    }
+}
+
+impl fmt::Debug for CursorWaker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("CursorWaker")
+    }
+}
+
+/// A message that finished for good, reported to its cursor.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Finished {
+    /// The message (its [`Message::offset`] is its offset in the stream).
+    pub message: Arc<Message>,
+    /// How it finished.
+    pub outcome: Outcome,
+}
+
+impl Finished {
+    /// `message` finished with `outcome`.
+    #[must_use]
+    pub fn new(message: Arc<Message>, outcome: Outcome) -> Self {
+        Self { message, outcome }
+    }
+}
+
+/// How a message finished.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Outcome {
+    /// Its handler succeeded.
+    Delivered,
+    /// The subscription's filter (header filters, predicate) excluded it.
+    Filtered,
+    /// It was dead-lettered; the cursor stores it in the durable DLQ.
+    DeadLettered {
+        /// Why.
+        reason: DeadLetterReason,
+        /// Handler attempts made.
+        attempts: u32,
+    },
+}
+
+/// An entry of a durable subscription's dead-letter store (R-DEL-4).
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct DurableDeadLetter {
+    /// The message (its [`Message::offset`] is its offset in the stream).
+    pub message: Message,
+    /// Why it was dead-lettered.
+    pub reason: DeadLetterReason,
+    /// Handler attempts made.
+    pub attempts: u32,
+}
+
+impl DurableDeadLetter {
+    /// An entry for `message`.
+    #[must_use]
+    pub fn new(message: Message, reason: DeadLetterReason, attempts: u32) -> Self {
+        Self {
+            message,
+            reason,
+            attempts,
+        }
+    }
+}
