@@ -13,9 +13,7 @@ use tidings_log::ReadError;
 use crate::broker::BrokerInner;
 use crate::message::Message;
 use crate::scheduler::Target;
-use crate::subscription::Refusal;
-use crate::subscription::core::Offered;
-use crate::subscription::shared::SubShared;
+use crate::subscription::shared::{FeedOffer, SubShared};
 
 use super::codec;
 use super::durable::Durable;
@@ -39,40 +37,16 @@ enum Offer {
 }
 
 /// Offer one stream message; a filtered one is finished at once (nothing to deliver, so
-/// nothing to redeliver). The room check and the offer happen under one subscription lock,
-/// so a durable message is never refused for overflow (R-BP-2): when the queue is full —
-/// in-memory redrives share it — the pump waits instead.
+/// nothing to redeliver).
 fn offer(d: &Durable, sub: &SubShared, offset: u64, message: &Arc<Message>) -> Offer {
-    match sub.passes_filter(message) {
-        Ok(true) => {}
-        Ok(false) => {
-            sub.core.lock().handle_filtered();
+    match sub.offer_from_stream(message) {
+        FeedOffer::Taken => Offer::Taken,
+        FeedOffer::Filtered => {
             d.finish(offset);
-            return Offer::Taken;
-        }
-        Err(error) => {
-            sub.dead_letter_filter_panic(message, error);
-            return Offer::Taken;
-        }
-    }
-    let mut core = sub.core.lock();
-    if core.is_full() {
-        return Offer::Full;
-    }
-    let outcome = core.handle_offer(message, &sub.now(), false);
-    let forwards = core.take_forwards();
-    drop(core);
-    sub.forward(forwards);
-    match outcome {
-        Offered::Accepted(Some(worker)) => {
-            sub.wake(worker);
             Offer::Taken
         }
-        Offered::Accepted(None) => Offer::Taken,
-        Offered::Refused(Refusal::Closed) => Offer::Closed,
-        // Not reached (room was checked under the lock); were it, the core dead-lettered
-        // the message and the completion hook finished it durably.
-        Offered::Refused(_) | Offered::Full => Offer::Taken,
+        FeedOffer::Full => Offer::Full,
+        FeedOffer::Closed => Offer::Closed,
     }
 }
 

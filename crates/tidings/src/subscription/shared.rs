@@ -94,6 +94,19 @@ pub(crate) struct SubShared {
 }
 
 /// Called (outside the subscription lock) with messages that finished for good.
+/// What offering one durable stream message did (see `SubShared::offer_from_stream`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FeedOffer {
+    /// Queued (or dead-lettered at once, reported through the completion hook).
+    Taken,
+    /// The subscription's filter excluded it: nothing to deliver, finished now.
+    Filtered,
+    /// The queue has no room: nothing was counted; offer it again later.
+    Full,
+    /// The subscription is closed.
+    Closed,
+}
+
 pub(crate) type FinishedHook = Arc<dyn Fn(Vec<Finished>) + Send + Sync>;
 pub(crate) use super::ledger::Finished;
 
@@ -193,6 +206,45 @@ impl SubShared {
             Offered::Accepted(None) => Ok(()),
             Offered::Refused(r) => Err(r),
             Offered::Full => Err(Refusal::Overflow),
+        }
+    }
+
+    /// Offer a message read from a durable stream (R-BP-2): filters first (a filtered
+    /// message is counted and reported [`FeedOffer::Filtered`]; a panicking predicate
+    /// dead-letters it, and the completion hook reports it finished), then — under one lock
+    /// with the room check — the offer. A durable message is never refused for overflow:
+    /// when the queue is full (in-memory redrives share it) nothing is counted and the
+    /// feeder offers it again later.
+    pub(crate) fn offer_from_stream(&self, message: &Arc<Message>) -> FeedOffer {
+        match self.passes_filter(message) {
+            Ok(true) => {}
+            Ok(false) => {
+                self.core.lock().handle_filtered();
+                return FeedOffer::Filtered;
+            }
+            Err(error) => {
+                self.dead_letter_filter_panic(message, error);
+                return FeedOffer::Taken;
+            }
+        }
+        let mut core = self.core.lock();
+        if core.is_full() {
+            return FeedOffer::Full;
+        }
+        let outcome = core.handle_offer(message, &self.now(), false);
+        let forwards = core.take_forwards();
+        drop(core);
+        self.forward(forwards);
+        match outcome {
+            Offered::Accepted(Some(worker)) => {
+                self.wake(worker);
+                FeedOffer::Taken
+            }
+            Offered::Accepted(None) => FeedOffer::Taken,
+            Offered::Refused(Refusal::Closed) => FeedOffer::Closed,
+            // Not reached (room was checked under the lock); were it, the core dead-lettered
+            // the message and the completion hook finished it durably.
+            Offered::Refused(_) | Offered::Full => FeedOffer::Taken,
         }
     }
 
