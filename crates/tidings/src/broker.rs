@@ -136,7 +136,7 @@ impl BrokerBuilder {
             close_done: Condvar::new(),
             manual_clock: self.manual_clock,
             streams: crate::stream::Streams::new(self.data_dir),
-            driver_name: crate::ops::snapshot::driver_name(&self.driver),
+            driver_name: crate::driver::driver_name(&self.driver),
         });
         let waiter: Weak<dyn ClockWaiter> = Arc::downgrade(&inner) as Weak<dyn ClockWaiter>;
         inner.clock.register_waiter(waiter);
@@ -595,16 +595,16 @@ impl BrokerInner {
 
     pub(crate) fn publish_builder(&self, b: MessageBuilder) -> Result<PublishReport, PublishError> {
         // R-OPS-3: the publish span, and (feature `otel`) the traceparent header (src/ops).
-        let span = crate::ops::trace::publish_span(&b.topic);
+        let span = crate::telemetry::trace::publish_span(&b.topic);
         let _entered = span.enter();
         if self.closed.load(Ordering::Acquire) {
             return Err(PublishError::Closed);
         }
-        let message = Arc::new(crate::ops::trace::stamped(
+        let message = Arc::new(crate::telemetry::trace::stamped(
             self.build_message(b)?,
             &self.limits,
         ));
-        crate::ops::trace::record_published(&span, &message);
+        crate::telemetry::trace::record_published(&span, &message);
         // Durable streams first: a failed append fails the publish (src/stream).
         let streams = self.streams.append(&message)?;
         let mut report = match self.due_time(&message) {

@@ -263,3 +263,6 @@ impl SubscribeOptions {
         self.retry.validate()
     }
 }
+
+mod summary;
+pub use summary::OptionsSummary;

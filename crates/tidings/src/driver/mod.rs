@@ -190,3 +190,14 @@ pub(crate) fn executor_for(
         }
     })
 }
+
+/// The driver's name in snapshots: `thread`, `manual`, `pool`, `tokio`.
+pub(crate) fn driver_name(d: &Driver) -> &'static str {
+    match d {
+        Driver::Thread => "thread",
+        Driver::Manual => "manual",
+        Driver::Pool { .. } => "pool",
+        #[cfg(feature = "tokio")]
+        Driver::Tokio(_) => "tokio",
+    }
+}

@@ -257,7 +257,7 @@ async fn dispatch(sub: &SubShared, slots: &Slots, worker: usize) {
                 let outcome = match sub.async_handler() {
                     // R-OPS-3 span, R-OPS-2 duration histogram (src/ops/trace.rs).
                     Some(handler) => {
-                        crate::ops::trace::in_process_span_async(
+                        crate::telemetry::trace::in_process_span_async(
                             &delivery.message,
                             &sub.name,
                             delivery.attempt,

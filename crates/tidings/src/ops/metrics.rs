@@ -40,9 +40,7 @@
 //! A subscription that was unsubscribed keeps its last exported values in the recorder
 //! (the facade has no "forget"); exporters usually expire idle series.
 
-use std::time::Duration;
-
-use metrics::{Label, counter, gauge, histogram};
+use metrics::{Label, counter, gauge};
 
 use crate::broker::Broker;
 
@@ -52,17 +50,7 @@ use super::snapshot::{BrokerSnapshot, SubscriptionSnapshot};
 pub const SENT_MESSAGES: &str = "messaging.client.sent.messages";
 /// `messaging.client.consumed.messages`.
 pub const CONSUMED_MESSAGES: &str = "messaging.client.consumed.messages";
-/// `messaging.process.duration` (seconds).
-pub const PROCESS_DURATION: &str = "messaging.process.duration";
-
-pub(crate) fn record_process_duration(subscription: &str, elapsed: Duration) {
-    histogram!(
-        PROCESS_DURATION,
-        "messaging.system" => "tidings",
-        "subscription" => subscription.to_owned(),
-    )
-    .record(elapsed.as_secs_f64());
-}
+pub use crate::telemetry::PROCESS_DURATION;
 
 impl Broker {
     /// Write a fresh [`snapshot`](Broker::snapshot) to the installed `metrics` recorder

@@ -29,7 +29,7 @@ pub(crate) mod actions;
 #[cfg(feature = "metrics")]
 pub mod metrics;
 pub(crate) mod snapshot;
-pub mod trace;
+pub use crate::telemetry::trace;
 
 pub use actions::{
     DeadLetterEntry, DeadLetterError, DeadLetterPage, MAX_PAGE_SIZE, PAYLOAD_PREVIEW_BYTES,
@@ -39,38 +39,3 @@ pub use snapshot::{
     BrokerSnapshot, Counters, DeadLetterSummary, DurableSnapshot, OptionsSummary, StreamSnapshot,
     SubscriptionKind, SubscriptionSnapshot,
 };
-
-/// Run one handler call; with the `metrics` feature, record its duration in seconds in the
-/// `messaging.process.duration` histogram labelled by subscription (R-OPS-2).
-#[inline]
-pub(crate) fn timed<T>(subscription: &str, call: impl FnOnce() -> T) -> T {
-    let started = Started::now();
-    let out = call();
-    started.record(subscription);
-    out
-}
-
-/// When a handler call started; records its duration in `messaging.process.duration`
-/// (feature `metrics`), a no-op without the feature.
-pub(crate) struct Started {
-    #[cfg(feature = "metrics")]
-    at: std::time::Instant,
-}
-
-impl Started {
-    #[inline]
-    pub(crate) fn now() -> Self {
-        Self {
-            #[cfg(feature = "metrics")]
-            at: std::time::Instant::now(),
-        }
-    }
-
-    #[inline]
-    pub(crate) fn record(self, subscription: &str) {
-        #[cfg(feature = "metrics")]
-        metrics::record_process_duration(subscription, self.at.elapsed());
-        #[cfg(not(feature = "metrics"))]
-        let _ = subscription;
-    }
-}

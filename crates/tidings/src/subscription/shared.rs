@@ -90,7 +90,7 @@ pub(crate) struct SubShared {
     // --- durable streams (src/stream): completion hook, set once; see `set_on_finished`.
     on_finished: OnceLock<FinishedHook>,
     /// What it was configured with, for the snapshot (src/ops/snapshot.rs, R-OPS-1).
-    pub(crate) summary: crate::ops::snapshot::OptionsSummary,
+    pub(crate) summary: crate::options::OptionsSummary,
 }
 
 /// Called (outside the subscription lock) with messages that finished for good.
@@ -136,7 +136,7 @@ impl SubShared {
             space: Condvar::new(),
             broker,
             on_finished: OnceLock::new(),
-            summary: crate::ops::snapshot::OptionsSummary::of(options),
+            summary: crate::options::OptionsSummary::of(options),
         }
     }
 
@@ -338,11 +338,11 @@ impl SubShared {
     pub(crate) fn run(&self, delivery: &Delivery) -> Result<(), HandlerError> {
         match &self.handler {
             // R-OPS-3 span; R-OPS-2 duration histogram (feature `metrics`), src/ops.
-            HandlerKind::Sync(h) => crate::ops::trace::in_process_span(
+            HandlerKind::Sync(h) => crate::telemetry::trace::in_process_span(
                 &delivery.message,
                 &self.name,
                 delivery.attempt,
-                || crate::ops::timed(&self.name, || invoke(h.as_ref(), &delivery.message)),
+                || crate::telemetry::timed(&self.name, || invoke(h.as_ref(), &delivery.message)),
             ),
             // Unreachable: refused at subscribe under non-tokio drivers, and the tokio
             // driver awaits it via `async_handler`. Dead-letter rather than panic.
