@@ -76,7 +76,7 @@ pub use error::{ConfigError, PublishError, SubscribeError};
 pub use filter::{HeaderFilter, HeaderLookup};
 pub use handler::{FnHandler, Handler, HandlerError, IntoHandlerResult, handler_fn};
 pub use limits::Limits;
-pub use message::{Headers, Message, MessageBuilder, MessageId, Priority};
+pub use message::{Headers, Message, MessageBuilder, MessageId, MessageParts, Priority};
 pub use options::{
     Concurrency, DeadLetterOptions, DeliveryMode, MAX_NAME_LEN, MAX_WORKERS_PER_SUBSCRIPTION,
     Overflow, Predicate, SubscribeOptions,
