@@ -30,12 +30,16 @@
 //! Offsets are JetStream stream sequences (the first record is 1). `StartAt::Time` and
 //! [`Delivery::published`] use the server's store time, not the tidings message timestamp.
 
+mod backend;
 mod connect;
 mod consumer;
 mod error;
 mod stream;
 pub mod subject;
 
+pub use backend::{
+    BACKEND_NAME, DEFAULT_MAX_DELIVERIES, JetStreamBackend, JetStreamBackendBuilder,
+};
 pub use connect::{
     ConnectOptions, DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT, JetStream,
     MIN_SERVER_VERSION, ServerVersion, check_server_version,
