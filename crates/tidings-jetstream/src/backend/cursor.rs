@@ -124,14 +124,9 @@ impl JsCursor {
         spec: CursorSpec<'_>,
     ) -> Result<Self, StreamError> {
         let cspec = consumer_spec(&shared.settings, stream, spec.name, spec.filter);
-        let dlq = DeadLetters::new(
-            shared.js.clone(),
-            stream,
-            spec.name,
-            shared.settings.limits.clone(),
-        );
+        let dlq = DeadLetters::new(shared.js.clone(), stream, spec.name, shared.settings.limits);
         let js = shared.js.clone();
-        let (open_spec, d) = (cspec.clone().start(spec.start.clone()), dlq.clone());
+        let (open_spec, d) = (cspec.clone().start(spec.start), dlq.clone());
         let durable = shared.call(shared.bound(4), async move {
             d.ensure().await?;
             js.durable(open_spec).await.map_err(backend_error)
@@ -421,13 +416,14 @@ impl BackendCursor for JsCursor {
         }
         let js = self.shared.js.clone();
         let (stream, spec) = (self.stream.clone(), self.spec.clone());
-        let start = at.clone();
+        let start = at;
         self.stop_tasks();
         {
             let mut g = self.cursor.lock();
             g.buffer.clear();
             g.outstanding.clear();
             g.error = None;
+            g.handed = 0;
         }
         let durable = self.shared.call(self.shared.bound(5), async move {
             if let StartAt::Offset(n) = start
@@ -453,10 +449,11 @@ impl BackendCursor for JsCursor {
             .durable
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(durable);
+        // Read before the background fetch moves it.
+        let info = self.info();
         self.start_tasks();
         self.cursor.waker.wake();
-        let info = self.info()?;
-        Ok(info.delivered.stream_sequence + 1)
+        Ok(info?.delivered.stream_sequence + 1)
     }
 
     fn commit(&self) -> Result<u64, StreamError> {
@@ -549,7 +546,7 @@ impl BackendCursor for JsCursor {
         }
         self.stop_tasks();
         self.cursor.room.notify_one();
-        let held = self.cursor.held();
+        let mut held = self.cursor.held();
         {
             let mut g = self.cursor.lock();
             g.buffer.clear();
@@ -558,10 +555,19 @@ impl BackendCursor for JsCursor {
         if held.is_empty() {
             return;
         }
-        // Handed out again at once rather than after the ack wait.
-        let _ = self.shared.call(self.shared.bound(1), async move {
-            let naks = held.iter().map(|d| d.nak(None));
-            let _ = futures_util::future::join_all(naks).await;
+        // Handed out again at once rather than after the ack wait, in stream order (the
+        // server redelivers in the order it was told).
+        held.sort_by_key(|d| d.sequence());
+        let bound = self
+            .shared
+            .bound(u32::try_from(held.len()).unwrap_or(u32::MAX / 2));
+        let _ = self.shared.call(bound, async move {
+            for d in &held {
+                if d.nak(None).await.is_err() {
+                    // Server away: the rest come back after the ack wait anyway.
+                    break;
+                }
+            }
             Ok(())
         });
     }

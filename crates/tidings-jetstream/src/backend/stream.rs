@@ -187,7 +187,7 @@ impl BackendStream for JsStream {
         }
         let js = self.shared.js.clone();
         let nats = self.nats.clone();
-        let limits = self.shared.settings.limits.clone();
+        let limits = self.shared.settings.limits;
         let bound = self
             .shared
             .bound(u32::try_from(max.min(64)).unwrap_or(64) + 1);
