@@ -38,7 +38,7 @@ mod stream;
 pub mod subject;
 
 pub use backend::{
-    BACKEND_NAME, DEFAULT_MAX_DELIVERIES, JetStreamBackend, JetStreamBackendBuilder,
+    BACKEND_NAME, DEFAULT_MAX_DELIVERIES, JetStreamBackend, JetStreamBackendBuilder, MAX_NAME_BYTES,
 };
 pub use connect::{
     ConnectOptions, DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT, JetStream,

@@ -28,7 +28,8 @@
 //! tidings names allow `.`, NATS names do not: `_` is written `__` and `.` is written `_d`
 //! in stream and consumer names. The DLQ of durable `d` on stream `s` is the stream
 //! `<s>_x<d>` capturing the subject `$TIDINGS.dlq.<s>.<d>` (a stream capturing `*.>` would
-//! overlap it and is refused by the server when the DLQ is created).
+//! overlap it and is refused by the server when the DLQ is created). Names are at most
+//! [`MAX_NAME_BYTES`] long.
 //!
 //! # What differs from the embedded log
 //! - Offsets are stream sequences: the first is 1 ([`Capabilities::first_offset`]).
@@ -136,15 +137,20 @@ pub(crate) fn nats_name(name: &str) -> String {
     out
 }
 
-/// Checks a tidings stream or durable name (what the embedded log accepts).
+/// The longest stream or durable name: both, escaped, must fit in one NATS stream name
+/// (255 bytes) for the DLQ stream `<stream>_x<durable>`.
+pub const MAX_NAME_BYTES: usize = 60;
+
+/// Checks a tidings stream or durable name: what the embedded log accepts, at most
+/// [`MAX_NAME_BYTES`] long.
 pub(crate) fn check_name(what: &'static str, name: &str) -> Result<(), StreamError> {
     let bad = |reason| StreamError::InvalidName {
         what,
         name: name.to_owned(),
         reason,
     };
-    if name.is_empty() || name.len() > 100 {
-        return Err(bad("must be 1 to 100 bytes on the JetStream backend"));
+    if name.is_empty() || name.len() > MAX_NAME_BYTES {
+        return Err(bad("must be 1 to 60 bytes on the JetStream backend"));
     }
     if !name
         .bytes()
@@ -321,5 +327,37 @@ impl DurableBackend for JetStreamBackend {
             config.name(),
             patterns,
         )?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_map_one_to_one_onto_nats_names() {
+        let names = [
+            "a", "a.b", "a_b", "a_db", "a__b", "a._", "x-y.z_", "_d", ".",
+        ];
+        let mapped: std::collections::BTreeSet<String> =
+            names.iter().map(|n| nats_name(n)).collect();
+        assert_eq!(mapped.len(), names.len(), "{mapped:?}");
+        for m in &mapped {
+            assert!(crate::stream::check_name(m).is_ok(), "{m}");
+        }
+        assert_eq!(nats_name("orders.v2_eu"), "orders_dv2__eu");
+    }
+
+    #[test]
+    fn bad_names_are_typed_errors() {
+        for bad in ["", "a b", "a/b", "a*", "a>", &"x".repeat(61)] {
+            assert!(
+                matches!(
+                    check_name("stream", bad),
+                    Err(StreamError::InvalidName { what: "stream", .. })
+                ),
+                "{bad:?}"
+            );
+        }
     }
 }
