@@ -4,8 +4,8 @@
 //!
 //! | seam | JetStream |
 //! |---|---|
-//! | [`BackendStream`](tidings::durable::BackendStream) | a stream, file storage; append = publish with ack, `Nats-Msg-Id` = message id |
-//! | [`BackendCursor`](tidings::durable::BackendCursor) | a durable pull consumer, explicit ack, filter superset + client re-check |
+//! | [`BackendStream`] | a stream, file storage; append = publish with ack, `Nats-Msg-Id` = message id |
+//! | [`BackendCursor`] | a durable pull consumer, explicit ack, filter superset + client re-check |
 //! | finished: delivered / filtered | ack |
 //! | finished: dead-lettered | publish to the subscription's DLQ stream, await its ack, *then* term |
 //! | message outstanding | in-progress acks every third of the ack wait (retry in place never hits it) |
@@ -44,6 +44,7 @@
 //! [`BackendStream::apply_retention`]: tidings::durable::BackendStream::apply_retention
 //! [`Capabilities`]: tidings::durable::Capabilities
 //! [`Capabilities::first_offset`]: tidings::durable::Capabilities
+//! [`BackendCursor`]: tidings::durable::BackendCursor
 
 mod codec;
 mod cursor;
