@@ -17,7 +17,10 @@
 //!
 //! # Positions
 //! `committed` is one past the consumer's ack floor, `lag` the server's pending plus
-//! unacknowledged count: what other processes sharing the durable did shows too.
+//! unacknowledged count: what other processes sharing the durable did shows too. The
+//! consumer info behind them is read again after any change this process made (append,
+//! finish, skip, seek, redrive) and otherwise at most every 200 ms, so the feeder's
+//! per-step look at the state costs no round trip while nothing moves.
 //!
 //! # Seek and close
 //! [`BackendCursor::seek`] deletes the consumer and creates it again at the new start
@@ -29,7 +32,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tidings::durable::{
     BackendCursor, CursorSpec, CursorState, CursorWaker, DurableDeadLetter, Finished, Outcome,
@@ -109,7 +112,15 @@ pub(crate) struct JsCursor {
     stream: String,
     dlq: DeadLetters,
     tasks: Mutex<Option<Tasks>>,
+    /// The last consumer info read, with the change count before it was read.
+    cached: Mutex<Option<(u64, Instant, ConsumerInfo)>>,
 }
+
+type ConsumerInfo = async_nats::jetstream::consumer::Info;
+
+/// How long a cached consumer info may answer [`BackendCursor::state`] when this process
+/// changed nothing since: what other processes sharing the stream do shows within it.
+const INFO_TTL: Duration = Duration::from_millis(200);
 
 fn consumer_spec(settings: &Settings, stream: &str, name: &str, filter: &Pattern) -> ConsumerSpec {
     ConsumerSpec::new(stream, nats_name(name), filter.clone())
@@ -149,6 +160,7 @@ impl JsCursor {
             stream: stream.to_owned(),
             dlq,
             tasks: Mutex::new(None),
+            cached: Mutex::new(None),
         };
         this.start_tasks();
         Ok(this)
@@ -169,6 +181,7 @@ impl JsCursor {
             self.durable(),
             self.dlq.clone(),
             self.shared.settings.clone(),
+            Arc::clone(&self.shared.changes),
         ));
         let keep_alive = self.shared.rt.spawn(keep_alive::run(
             Arc::clone(&self.cursor),
@@ -197,11 +210,36 @@ impl JsCursor {
         }
     }
 
-    fn info(&self) -> Result<async_nats::jetstream::consumer::Info, StreamError> {
+    fn info(&self) -> Result<ConsumerInfo, StreamError> {
+        let before = self.shared.changes();
         let durable = self.durable();
-        self.shared.call(self.shared.bound(1), async move {
+        let info = self.shared.call(self.shared.bound(1), async move {
             durable.info().await.map_err(backend_error)
-        })
+        })?;
+        *self
+            .cached
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) =
+            Some((before, Instant::now(), info.clone()));
+        Ok(info)
+    }
+
+    /// The cached info when nothing changed since it was read and it is recent, else a
+    /// fresh one: the feeder asks for the state at every step.
+    fn recent_info(&self) -> Result<ConsumerInfo, StreamError> {
+        {
+            let cached = self
+                .cached
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Some((at_change, read, info)) = &*cached
+                && *at_change == self.shared.changes()
+                && read.elapsed() < INFO_TTL
+            {
+                return Ok(info.clone());
+            }
+        }
+        self.info()
     }
 }
 
@@ -211,6 +249,7 @@ async fn fetch_loop(
     durable: Arc<Durable>,
     dlq: DeadLetters,
     settings: Settings,
+    changes: Arc<AtomicU64>,
 ) {
     let mut backoff = Duration::from_millis(50);
     loop {
@@ -249,6 +288,8 @@ async fn fetch_loop(
                         }
                     }
                 }
+                // Skips were acknowledged, a dead letter stored: the consumer moved.
+                changes.fetch_add(1, Ordering::AcqRel);
                 if added {
                     cursor.waker.wake();
                 }
@@ -379,7 +420,7 @@ impl BackendCursor for JsCursor {
         let bound = self
             .shared
             .bound(2 * u32::try_from(work.len()).unwrap_or(u32::MAX / 2));
-        self.shared.call(bound, async move {
+        let result = self.shared.call(bound, async move {
             let mut acks = Vec::new();
             let mut first_error = None;
             for (d, message, outcome) in &work {
@@ -407,7 +448,9 @@ impl BackendCursor for JsCursor {
                 }
             }
             first_error.map_or(Ok(()), Err)
-        })
+        });
+        self.shared.changed();
+        result
     }
 
     fn seek(&self, at: StartAt) -> Result<u64, StreamError> {
@@ -449,6 +492,7 @@ impl BackendCursor for JsCursor {
             .durable
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(durable);
+        self.shared.changed();
         // Read before the background fetch moves it.
         let info = self.info();
         self.start_tasks();
@@ -478,7 +522,7 @@ impl BackendCursor for JsCursor {
         state.outstanding = outstanding;
         state.skipped_by_filter = self.cursor.skipped_by_filter.load(Ordering::Relaxed);
         state.error = error;
-        match self.info() {
+        match self.recent_info() {
             Ok(info) => {
                 state.committed = info.ack_floor.stream_sequence + 1;
                 state.position = buffered_front
@@ -505,6 +549,7 @@ impl BackendCursor for JsCursor {
     }
 
     fn drain_dead_letters(&self) -> Result<Vec<DurableDeadLetter>, StreamError> {
+        self.shared.changed();
         let dlq = self.dlq.clone();
         let entries = self.shared.call(self.shared.bound(66), async move {
             let entries = dlq.list().await?;
@@ -535,6 +580,7 @@ impl BackendCursor for JsCursor {
             done += 1;
         }
         if done > 0 {
+            self.shared.changed();
             self.cursor.waker.wake();
         }
         Ok(done)

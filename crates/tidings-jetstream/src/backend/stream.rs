@@ -160,6 +160,7 @@ impl BackendStream for JsStream {
             publish(&js, subject, headers, payload).await
         })?;
         self.end.fetch_max(seq + 1, Ordering::Relaxed);
+        self.shared.changed();
         Ok(seq)
     }
 
