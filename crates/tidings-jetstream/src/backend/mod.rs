@@ -73,9 +73,6 @@ pub const BACKEND_NAME: &str = "jetstream";
 /// before the next process dead-letters it instead of handling it.
 pub const DEFAULT_MAX_DELIVERIES: u32 = 5;
 
-/// How long a cursor's background fetch waits on the server for new messages per pull.
-const FETCH_WAIT: Duration = Duration::from_secs(1);
-
 #[derive(Debug, Clone)]
 pub(crate) struct Settings {
     pub(crate) ack_wait: Duration,
@@ -83,7 +80,6 @@ pub(crate) struct Settings {
     pub(crate) max_deliveries: u32,
     pub(crate) inactive_threshold: Duration,
     pub(crate) limits: Limits,
-    pub(crate) fetch_wait: Duration,
 }
 
 /// What every stream and cursor of one backend share.
@@ -287,7 +283,6 @@ impl JetStreamBackend {
                 max_deliveries: DEFAULT_MAX_DELIVERIES,
                 inactive_threshold: DEFAULT_INACTIVE_THRESHOLD,
                 limits: Limits::default(),
-                fetch_wait: FETCH_WAIT,
             },
         }
     }
