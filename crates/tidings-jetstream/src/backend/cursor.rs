@@ -259,28 +259,21 @@ async fn watch(js: crate::connect::JetStream, subjects: Vec<String>, cursor: Arc
     }
 }
 
-/// What one pull brought.
-enum Taken {
-    /// Hand it out.
-    Message(Arc<Delivery>, Message),
-    /// Skipped, dead-lettered here, or already held.
-    Nothing,
-}
-
-/// Takes one delivery, or returns the reason fetching must stop.
+/// Takes one delivery: `Some` to hand out, `None` when it was skipped, dead-lettered here
+/// or is already held; `Err` is the reason fetching must stop.
 async fn take(
     cursor: &CursorShared,
     dlq: &DeadLetters,
     settings: &Settings,
     d: Delivery,
-) -> Result<Taken, String> {
+) -> Result<Option<(Arc<Delivery>, Message)>, String> {
     if let Some(target) = d.headers().get(TARGET)
         && target != cursor.name
     {
         // A redrive copy for another durable subscription.
         d.ack().await.map_err(|e| e.to_string())?;
         cursor.skipped_by_filter.fetch_add(1, Ordering::Relaxed);
-        return Ok(Taken::Nothing);
+        return Ok(None);
     }
     let seq = d.sequence();
     let delivered = d.delivered();
@@ -289,7 +282,7 @@ async fn take(
         // Handed out again by the server while still held here (an ack wait passed
         // despite the keep-alive): keep the newer handle, do not hand it out twice.
         *held = Arc::clone(&d);
-        return Ok(Taken::Nothing);
+        return Ok(None);
     }
     let message = {
         let header = |n: &str| d.headers().get(n).map(str::to_owned);
@@ -317,9 +310,9 @@ async fn take(
             .await
             .map_err(|e| e.to_string())?;
         d.term().await.map_err(|e| e.to_string())?;
-        return Ok(Taken::Nothing);
+        return Ok(None);
     }
-    Ok(Taken::Message(d, message))
+    Ok(Some((d, message)))
 }
 
 impl BackendCursor for JsCursor {
@@ -360,7 +353,7 @@ impl BackendCursor for JsCursor {
                     .fetch_add(fetched.skipped, Ordering::Relaxed);
                 let mut out = Vec::with_capacity(fetched.deliveries.len());
                 for d in fetched.deliveries {
-                    if let Taken::Message(d, m) = take(&cursor, &dlq, &settings, d).await? {
+                    if let Some((d, m)) = take(&cursor, &dlq, &settings, d).await? {
                         out.push((d, m));
                     }
                 }
