@@ -19,8 +19,10 @@
 //! again after the ack wait (at-least-once).
 //!
 //! # Positions
-//! `committed` is one past the consumer's ack floor, `lag` the server's pending plus
-//! unacknowledged count: what other processes sharing the durable did shows too. The
+//! `committed` is one past the consumer's ack floor (the stream's end once nothing is out
+//! and nothing the filter takes is left), `lag` the stored offsets from the commit on, as
+//! on the embedded log (messages acknowledged above the floor count until the floor
+//! passes them): what other processes sharing the durable did shows too. The
 //! consumer info behind them is read again after any change this process made (append,
 //! finish, skip, seek, redrive) and otherwise at most every 200 ms, so the feeder's
 //! per-step look at the state costs no round trip while nothing moves.
@@ -112,10 +114,40 @@ pub(crate) struct JsCursor {
     dlq: DeadLetters,
     tasks: Mutex<Option<Tasks>>,
     /// The last consumer info read, with the change count before it was read.
-    cached: Mutex<Option<(u64, Instant, ConsumerInfo)>>,
+    cached: Mutex<Option<(u64, Instant, Positions)>>,
 }
 
-type ConsumerInfo = async_nats::jetstream::consumer::Info;
+/// Where a consumer stands in its stream, from the server.
+#[derive(Debug, Clone, Copy)]
+struct Positions {
+    /// Every offset below it is finished (acknowledged or terminated).
+    committed: u64,
+    /// The next offset the server would hand out.
+    position: u64,
+    /// One past the stream's last offset.
+    end: u64,
+}
+
+impl Positions {
+    fn new(info: &async_nats::jetstream::consumer::Info, end: u64) -> Self {
+        let floor = info.ack_floor.stream_sequence + 1;
+        let delivered = info.delivered.stream_sequence + 1;
+        let (committed, position) = match (info.num_ack_pending, info.num_pending) {
+            // Nothing out, nothing left that the filter takes: the whole stream is done
+            // for this consumer (the server keeps a filtered consumer's floor at the last
+            // message it delivered).
+            (0, 0) => (end.max(floor), end.max(delivered)),
+            // Nothing out: everything delivered is finished.
+            (0, _) => (floor.max(delivered), delivered),
+            _ => (floor, delivered),
+        };
+        Self {
+            committed,
+            position,
+            end,
+        }
+    }
+}
 
 /// How long a cached consumer info may answer [`BackendCursor::state`] when this process
 /// changed nothing since: what other processes sharing the stream do shows within it.
@@ -200,23 +232,26 @@ impl JsCursor {
         }
     }
 
-    fn info(&self) -> Result<ConsumerInfo, StreamError> {
+    fn info(&self) -> Result<Positions, StreamError> {
         let before = self.shared.changes();
         let durable = self.durable();
+        let (js, stream) = (self.shared.js.clone(), self.stream.clone());
         let info = self.shared.call(self.shared.bound(1), async move {
-            durable.info().await.map_err(backend_error)
+            let (info, bounds) = tokio::join!(durable.info(), bounds(&js, &stream));
+            let (_, end) = bounds?;
+            Ok(Positions::new(&info.map_err(backend_error)?, end))
         })?;
         *self
             .cached
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) =
-            Some((before, Instant::now(), info.clone()));
+            Some((before, Instant::now(), info));
         Ok(info)
     }
 
     /// The cached info when nothing changed since it was read and it is recent, else a
     /// fresh one: the feeder asks for the state at every step.
-    fn recent_info(&self) -> Result<ConsumerInfo, StreamError> {
+    fn recent_info(&self) -> Result<Positions, StreamError> {
         {
             let cached = self
                 .cached
@@ -226,7 +261,7 @@ impl JsCursor {
                 && *at_change == self.shared.changes()
                 && read.elapsed() < INFO_TTL
             {
-                return Ok(info.clone());
+                return Ok(*info);
             }
         }
         self.info()
@@ -477,7 +512,7 @@ impl BackendCursor for JsCursor {
         // Read before the feeder's next fetch moves it.
         let info = self.info();
         self.cursor.waker.wake();
-        Ok(info?.delivered.stream_sequence + 1)
+        Ok(info?.position)
     }
 
     fn commit(&self) -> Result<u64, StreamError> {
@@ -485,7 +520,7 @@ impl BackendCursor for JsCursor {
             return Err(StreamError::Closed);
         }
         // Every acknowledgement was confirmed by the server: the ack floor is the commit.
-        Ok(self.info()?.ack_floor.stream_sequence + 1)
+        Ok(self.info()?.committed)
     }
 
     fn state(&self) -> CursorState {
@@ -499,9 +534,11 @@ impl BackendCursor for JsCursor {
         state.error = error;
         match self.recent_info() {
             Ok(info) => {
-                state.committed = info.ack_floor.stream_sequence + 1;
-                state.position = (info.delivered.stream_sequence + 1).max(handed);
-                state.lag = info.num_pending + info.num_ack_pending as u64;
+                state.committed = info.committed;
+                state.position = info.position.max(handed);
+                // As on the embedded log: every stored offset from the commit on, those
+                // finished above it included.
+                state.lag = info.end.saturating_sub(info.committed);
             }
             Err(e) => {
                 state.position = handed;
