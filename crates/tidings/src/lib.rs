@@ -62,6 +62,7 @@ mod scheduler;
 mod stats;
 mod stream;
 mod subscription;
+mod sync;
 mod telemetry;
 pub mod topic;
 
