@@ -227,7 +227,11 @@ fn restart_resumes_from_committed_without_losing_acknowledged_messages() {
         let dl = d.durable_dead_letters().unwrap();
         assert_eq!(dl.len(), 1);
         assert_eq!(dl[0].message.offset(), Some(5));
-        assert!(dl[0].reason.contains("bad order"), "{}", dl[0].reason);
+        assert!(
+            dl[0].reason.to_string().contains("bad order"),
+            "{}",
+            dl[0].reason
+        );
         // Low watermark: offset 7 is still retrying, so nothing at or above it is committed.
         wait_until("idle commit", || d.committed() == 7);
         let report = b.close(Duration::ZERO);

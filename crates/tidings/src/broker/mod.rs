@@ -49,6 +49,8 @@ use crate::subscription::shared::{
 use crate::topic::Pattern;
 use crate::topic::trie::TopicTrie;
 
+mod durable;
+
 /// How long close waits for a handler that is still running after queues were closed.
 const JOIN_GRACE: Duration = Duration::from_secs(5);
 
@@ -95,8 +97,9 @@ pub struct BrokerBuilder {
     limits: Limits,
     /// The clock when it is a [`ManualClock`], so [`Broker::settle`] can move it.
     manual_clock: Option<ManualClock>,
-    /// Streams' data directory and storage (`BrokerBuilder::data_dir`, src/stream/api.rs).
-    pub(crate) data_dir: crate::stream::DataDir,
+    /// Where durable streams live (`BrokerBuilder::data_dir`, `durable_backend`:
+    /// src/broker/durable.rs).
+    durable: durable::DurableChoice,
 }
 
 impl BrokerBuilder {
@@ -119,6 +122,7 @@ impl BrokerBuilder {
     /// Build the broker. Fails on inconsistent limits.
     pub fn build(self) -> Result<Broker, ConfigError> {
         self.limits.validate()?;
+        let (backend, data_dir) = self.durable.build()?;
         let executor = executor_for(&self.driver, &self.clock)?;
         let inner = Arc::new_cyclic(|weak| BrokerInner {
             registry: RwLock::new(Registry::default()),
@@ -135,7 +139,7 @@ impl BrokerBuilder {
             close_state: Mutex::new(CloseState::Open),
             close_done: Condvar::new(),
             manual_clock: self.manual_clock,
-            streams: crate::stream::Streams::new(self.data_dir),
+            durables: Arc::new(crate::durable::Durables::new(backend, data_dir)),
             driver_name: crate::driver::driver_name(&self.driver),
         });
         let waiter: Weak<dyn ClockWaiter> = Arc::downgrade(&inner) as Weak<dyn ClockWaiter>;
@@ -200,8 +204,8 @@ pub(crate) struct BrokerInner {
     /// Signalled when the first `close` stored its report.
     close_done: Condvar,
     manual_clock: Option<ManualClock>,
-    /// Durable streams and durable subscriptions (src/stream).
-    pub(crate) streams: crate::stream::Streams,
+    /// Durable streams and durable subscriptions (src/durable).
+    pub(crate) durables: Arc<crate::durable::Durables>,
     /// The driver's name, for the snapshot (src/ops/snapshot.rs).
     pub(crate) driver_name: &'static str,
 }
@@ -214,7 +218,7 @@ impl Broker {
             driver: Driver::Thread,
             limits: Limits::default(),
             manual_clock: None,
-            data_dir: Default::default(),
+            durable: Default::default(),
         }
     }
 
@@ -508,7 +512,7 @@ impl BrokerInner {
     }
 
     /// `routed: false` creates a subscription outside the topic router, fed only by its
-    /// owner (a durable subscription's pump, src/stream/pump.rs).
+    /// owner (a durable subscription's feeder, src/durable/feeder.rs).
     pub(crate) fn subscribe_with(
         &self,
         pattern: &str,
@@ -605,8 +609,8 @@ impl BrokerInner {
             &self.limits,
         ));
         crate::telemetry::trace::record_published(&span, &message);
-        // Durable streams first: a failed append fails the publish (src/stream).
-        let streams = self.streams.append(&message)?;
+        // Durable streams first: a failed append fails the publish (src/durable).
+        let streams = self.durables.append(&message)?;
         let mut report = match self.due_time(&message) {
             Some(due) => self.schedule(due, message)?,
             None => self.route(&message),
@@ -778,7 +782,7 @@ impl BrokerInner {
             .headers
             .insert("tidings-dlq-original-id", original.id().to_string());
         let message = Arc::new(message);
-        let streams = self.streams.append(&message)?;
+        let streams = self.durables.append(&message)?;
         let mut report = self.route(&message);
         report.streams = streams;
         Ok(report)
@@ -871,7 +875,7 @@ impl BrokerInner {
                 self.release(entry);
                 progress += 1;
             }
-            progress += self.streams.pump_all(&self.weak);
+            progress += self.durables.run_now();
             for sub in self.live() {
                 for worker in 0..sub.workers() {
                     while sub.step(worker) {
@@ -954,8 +958,8 @@ impl BrokerInner {
             }
         }
         report.unjoined = self.executor.join(Instant::now() + JOIN_GRACE);
-        // Stop stream pumps, write durable positions, close stream logs (src/stream).
-        self.streams.close();
+        // Stop durable feeders, write durable positions, close streams (src/durable).
+        self.durables.close();
         self.scheduler.join_timer();
         // Handlers that were running when their queue closed and then failed retryably
         // were dead-lettered as `Shutdown` after `sub.close()` returned: report them too,
