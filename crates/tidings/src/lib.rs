@@ -39,8 +39,6 @@
 #[cfg(feature = "tokio")]
 mod async_handler;
 mod broker;
-#[cfg(feature = "tokio")]
-mod broker_async;
 mod clock;
 mod dedup;
 mod dlq;
