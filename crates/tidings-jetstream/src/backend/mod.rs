@@ -19,9 +19,10 @@
 //! every seam call may). Dropping the backend stops that thread.
 //!
 //! # Failure
-//! Every network step is bounded by the connection's request timeout
-//! ([`ConnectOptions::request_timeout`]); a server that is away yields
-//! [`StreamError::Backend`] naming `jetstream` within it. The client reconnects by itself;
+//! Every seam call is bounded: one request timeout ([`ConnectOptions::request_timeout`])
+//! per round trip it makes plus 0.5 s (an append, a fetch, a state read: one; a finish: two
+//! per message). A server that is away yields [`StreamError::Backend`] naming `jetstream`
+//! within that bound, never a hang. The client reconnects by itself;
 //! a cursor's background fetch retries until then.
 //!
 //! # Names
