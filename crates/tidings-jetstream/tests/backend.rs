@@ -579,3 +579,44 @@ fn server_down_is_a_typed_error_within_the_timeout() {
     });
     assert!(fetch_n(&*c.cursor, 1).len() == 1);
 }
+
+#[test]
+fn replay_by_the_servers_store_time() {
+    let Some(server) = NatsServer::for_test(NatsServerOptions::new()) else {
+        return;
+    };
+    let b = backend(&server);
+    let s = stream(&b, "timed", &["timed"]);
+    for i in 0..3 {
+        s.append(&msg("timed", &format!("early{i}")))
+            .expect("append");
+    }
+    // The server runs on this host: its store time and this clock agree well within the
+    // pauses around `at`.
+    std::thread::sleep(Duration::from_millis(200));
+    let at = std::time::SystemTime::now();
+    std::thread::sleep(Duration::from_millis(200));
+    for i in 0..3 {
+        s.append(&msg("timed", &format!("late{i}")))
+            .expect("append");
+    }
+    // R-LOG-4: a new name from a time starts at the first record stored at or after it.
+    let c = cursor(&*s, "from-time", "timed", StartAt::Time(at), 8);
+    assert_eq!(c.cursor.commit().expect("commit"), 4);
+    assert_eq!(
+        payloads(&fetch_n(&*c.cursor, 3)),
+        ["late0", "late1", "late2"]
+    );
+    // R-LOG-4: seek by time.
+    assert_eq!(
+        c.cursor
+            .seek(StartAt::Time(std::time::SystemTime::UNIX_EPOCH))
+            .expect("seek"),
+        1
+    );
+    assert_eq!(c.cursor.seek(StartAt::Time(at)).expect("seek"), 4);
+    assert_eq!(
+        payloads(&fetch_n(&*c.cursor, 3)),
+        ["late0", "late1", "late2"]
+    );
+}
