@@ -546,7 +546,16 @@ fn server_down_is_a_typed_error_within_the_timeout() {
     let s = stream(&b, "gone", &["gone"]);
     s.append(&msg("gone", "before")).expect("append");
     let c = cursor(&*s, "r", "gone", StartAt::Earliest, 4);
+    let before = c.cursor.state();
     server.kill().expect("killed");
+    // R-BP-3: the state stays readable (the last positions read), not an error; past the
+    // cache's 200 ms, so the server is asked and does not answer.
+    std::thread::sleep(Duration::from_millis(300));
+    let started = Instant::now();
+    let during = c.cursor.state();
+    assert!(started.elapsed() < timeout * 10);
+    assert_eq!((during.committed, during.lag), (before.committed, before.lag));
+    assert_eq!(during.error, None);
     let started = Instant::now();
     let err = s.append(&msg("gone", "after")).expect_err("server is down");
     // R-DIST-5: a typed error naming the backend, bounded by the stated timeout (one request

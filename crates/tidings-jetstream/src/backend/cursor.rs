@@ -532,21 +532,29 @@ impl BackendCursor for JsCursor {
         state.outstanding = outstanding;
         state.skipped_by_filter = self.cursor.skipped_by_filter.load(Ordering::Relaxed);
         state.error = error;
-        match self.recent_info() {
-            Ok(info) => {
-                state.committed = info.committed;
-                state.position = info.position.max(handed);
-                // As on the embedded log: every stored offset from the commit on, those
-                // finished above it included.
-                state.lag = info.end.saturating_sub(info.committed);
-            }
-            Err(e) => {
+        // Server away: the last positions read (the client reconnects by itself); the
+        // failure shows as the error only when nothing was ever read.
+        let info = self.recent_info().map_err(|e| {
+            let cached = self
+                .cached
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .map(|(_, _, info)| info);
+            (cached, e)
+        });
+        let info = match info {
+            Ok(info) | Err((Some(info), _)) => info,
+            Err((None, e)) => {
                 state.position = handed;
-                if state.error.is_none() {
-                    state.error = Some(e.to_string());
-                }
+                state.error.get_or_insert_with(|| e.to_string());
+                return state;
             }
-        }
+        };
+        state.committed = info.committed;
+        state.position = info.position.max(handed);
+        // As on the embedded log: every stored offset from the commit on, those finished
+        // above it included.
+        state.lag = info.end.saturating_sub(info.committed);
         state
     }
 
