@@ -541,7 +541,7 @@ impl BrokerInner {
             options,
             handler,
             self.clock.clone(),
-            self.weak.clone(),
+            self.dead_letter_sink(),
         ));
         let evicted;
         {
@@ -575,6 +575,16 @@ impl BrokerInner {
             shared,
             broker: self.weak.clone(),
             attached: !internal,
+        })
+    }
+
+    /// How a subscription publishes its dead letters to its dead-letter topic (R-DEL-4).
+    fn dead_letter_sink(&self) -> crate::subscription::shell::DeadLetterSink {
+        let broker = self.weak.clone();
+        Arc::new(move |topic, entry, name| {
+            broker
+                .upgrade()
+                .is_some_and(|b| b.forward_dead_letter(topic, entry, name).is_ok())
         })
     }
 
@@ -890,7 +900,7 @@ impl BrokerInner {
     fn next_wake(&self) -> Option<Instant> {
         self.live()
             .iter()
-            .filter_map(|s| s.core.lock().next_wake())
+            .filter_map(|s| s.next_wake())
             .chain(self.scheduler.next_due())
             .min()
     }
@@ -1008,5 +1018,11 @@ fn refuse_reserved_headers(message: &MessageBuilder) -> Result<(), PublishError>
             name: name.to_owned(),
         }),
         None => Ok(()),
+    }
+}
+
+impl crate::subscription::handle::Registry for BrokerInner {
+    fn unsubscribe(&self, id: SubscriptionId) -> Option<Vec<Arc<Message>>> {
+        BrokerInner::unsubscribe(self, id)
     }
 }

@@ -92,7 +92,7 @@ pub use stream::{
     DurableDedupStore, DurableSubscription, StartAt, Stream, StreamConfig, StreamError,
 };
 pub use subscription::handle::RedriveReport;
-pub use subscription::shared::DLQ_REASON_HEADER;
+pub use subscription::shell::DLQ_REASON_HEADER;
 pub use subscription::{Refusal, Subscription, SubscriptionId};
 pub use tidings_log::{Fsync, LogConfig, RecoveryReport, Retention, RetentionReport};
 pub use topic::{Pattern, Topic, TopicError};
