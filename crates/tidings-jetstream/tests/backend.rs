@@ -554,7 +554,10 @@ fn server_down_is_a_typed_error_within_the_timeout() {
     let started = Instant::now();
     let during = c.cursor.state();
     assert!(started.elapsed() < timeout * 10);
-    assert_eq!((during.committed, during.lag), (before.committed, before.lag));
+    assert_eq!(
+        (during.committed, during.lag),
+        (before.committed, before.lag)
+    );
     assert_eq!(during.error, None);
     let started = Instant::now();
     let err = s.append(&msg("gone", "after")).expect_err("server is down");
