@@ -433,6 +433,57 @@ impl JetStream {
     }
 }
 
+impl JetStream {
+    /// Whether the durable consumer `durable` exists on `stream`.
+    pub(crate) async fn consumer_exists(
+        &self,
+        stream: &str,
+        durable: &str,
+    ) -> Result<bool, ConsumerError> {
+        let spec = ConsumerSpec::new(stream, durable, Pattern::new("x").expect("a valid pattern"));
+        match self
+            .context
+            .get_consumer_from_stream::<consumer::Config, _, _>(durable, stream)
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(e) => match e.kind() {
+                async_nats::jetstream::stream::ConsumerErrorKind::JetStream(err)
+                    if err.error_code() == ErrorCode::CONSUMER_NOT_FOUND =>
+                {
+                    Ok(false)
+                }
+                _ => Err(map_consumer_error(self, &spec, &e)),
+            },
+        }
+    }
+
+    /// Deletes the durable consumer `durable` on `stream`; whether it existed.
+    pub(crate) async fn delete_consumer(
+        &self,
+        stream: &str,
+        durable: &str,
+    ) -> Result<bool, ConsumerError> {
+        let spec = ConsumerSpec::new(stream, durable, Pattern::new("x").expect("a valid pattern"));
+        match self
+            .context
+            .delete_consumer_from_stream(durable, stream)
+            .await
+        {
+            Ok(status) => Ok(status.success),
+            Err(e) => {
+                use async_nats::jetstream::stream::ConsumerErrorKind as K;
+                match e.kind() {
+                    K::JetStream(err) if err.error_code() == ErrorCode::CONSUMER_NOT_FOUND => {
+                        Ok(false)
+                    }
+                    _ => Err(map_consumer_error(self, &spec, &e)),
+                }
+            }
+        }
+    }
+}
+
 impl Durable {
     /// The spec this consumer was opened with.
     pub fn spec(&self) -> &ConsumerSpec {
@@ -586,6 +637,22 @@ impl Durable {
         Ok(())
     }
 
+    /// The consumer's info as the server reports it now (positions, ack floor, backlog).
+    pub(crate) async fn info(&self) -> Result<consumer::Info, InfoError> {
+        let mut consumer = self.consumer.clone();
+        consumer.info().await.cloned().map_err(|e| {
+            use async_nats::jetstream::context::ConsumerInfoErrorKind as K;
+            match e.kind() {
+                K::NotFound => InfoError::ConsumerGone {
+                    durable: self.spec.durable.clone(),
+                },
+                _ => InfoError::Unavailable {
+                    detail: e.to_string(),
+                },
+            }
+        })
+    }
+
     /// The consumer's backlog, as the server reports it now.
     ///
     /// # Errors
@@ -700,6 +767,22 @@ impl Delivery {
             published,
             request_timeout,
         })
+    }
+
+    /// The payload, shared (not copied).
+    pub(crate) fn payload_bytes(&self) -> bytes::Bytes {
+        self.message.payload.clone()
+    }
+
+    /// Says "still working" without waiting for the server's confirmation (a keep-alive
+    /// that is lost is sent again at the next tick).
+    pub(crate) async fn in_progress_unconfirmed(&self) -> Result<(), AckError> {
+        self.message
+            .ack_with(AckKind::Progress)
+            .await
+            .map_err(|e| AckError::Failed {
+                detail: e.to_string(),
+            })
     }
 
     /// The record's topic (its NATS subject).

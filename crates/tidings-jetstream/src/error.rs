@@ -64,6 +64,12 @@ pub enum ConnectError {
         /// The feature that needs it.
         feature: &'static str,
     },
+    /// The backend's runtime thread could not be started or stopped early.
+    #[error("the JetStream backend's runtime failed: {detail}")]
+    Runtime {
+        /// The underlying failure.
+        detail: String,
+    },
     /// JetStream is not enabled on the server or for this account.
     #[error("JetStream is not available: {detail}")]
     JetStreamUnavailable {

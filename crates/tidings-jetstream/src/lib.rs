@@ -30,6 +30,7 @@
 //! Offsets are JetStream stream sequences (the first record is 1). `StartAt::Time` and
 //! [`Delivery::published`] use the server's store time, not the tidings message timestamp.
 
+mod backend;
 mod connect;
 mod consumer;
 mod error;
@@ -37,6 +38,9 @@ mod pipeline;
 mod stream;
 pub mod subject;
 
+pub use backend::{
+    BACKEND_NAME, DEFAULT_MAX_DELIVERIES, JetStreamBackend, JetStreamBackendBuilder, MAX_NAME_BYTES,
+};
 pub use connect::{
     ConnectOptions, DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT, JetStream,
     MIN_SERVER_VERSION, ServerVersion, check_server_version,

@@ -6,10 +6,19 @@
 //! that needs a missing capability returns [`Outcome::Skipped`] naming it, and the test that
 //! ran it prints the reason.
 //!
-//! The embedded log ([`EmbeddedLog`]) is the one backend today. Another one (JetStream)
-//! implements these two traits and adds one line to the `durable_cases!` list in
-//! `tests/conformance.rs`.
+//! A store attaches its storage to each broker the case builds with
+//! [`DurableStore::attach`]: the embedded log through
+//! [`BrokerBuilder::data_dir`](tidings::BrokerBuilder::data_dir) ([`EmbeddedLog`]), any
+//! other backend through
+//! [`BrokerBuilder::durable_backend`](tidings::BrokerBuilder::durable_backend)
+//! ([`EmbeddedSeam`] does so with the embedded log, as JetStream does with its own). A new
+//! backend implements these two traits and runs the whole suite under every driver with
+//! one line: [`durable_conformance!`](crate::durable_conformance).
 
+use std::sync::Arc;
+
+use tidings::durable::Capabilities;
+use tidings::embedded::EmbeddedBackend;
 use tidings::{Broker, BrokerBuilder, Fsync, StreamConfig, StreamError};
 
 /// What a durable backend can do; the cases skip, visibly, what it cannot.
@@ -35,6 +44,16 @@ impl DurableCaps {
             priority: true,
             manual_time: true,
             first_offset: 0,
+        }
+    }
+    /// What a [`tidings::durable::DurableBackend`] says it can do (priority, first
+    /// offset), with replay on a manual clock.
+    #[must_use]
+    pub const fn of(caps: Capabilities) -> Self {
+        Self {
+            priority: caps.priority,
+            manual_time: true,
+            first_offset: caps.first_offset,
         }
     }
     /// These capabilities without priority.
@@ -70,7 +89,8 @@ pub trait DurableBackend {
 
 /// One case's durable storage, shared by the brokers the case builds on it in turn.
 pub trait DurableStore {
-    /// Point `builder` at this store (for the embedded log: its data directory).
+    /// Point `builder` at this store: for the embedded log its data directory, for any
+    /// other backend `builder.durable_backend(..)` with the backend serving this store.
     fn attach(&self, builder: BrokerBuilder) -> BrokerBuilder;
     /// Create — or, on a broker built after a restart, reopen — the stream `name` capturing
     /// the topics matching `patterns`, acknowledging appends durably.
@@ -113,6 +133,50 @@ struct EmbeddedStore {
 impl DurableStore for EmbeddedStore {
     fn attach(&self, builder: BrokerBuilder) -> BrokerBuilder {
         builder.data_dir(self.dir.path())
+    }
+    fn create_stream(
+        &self,
+        broker: &Broker,
+        name: &str,
+        patterns: &[&str],
+    ) -> Result<(), StreamError> {
+        broker
+            .create_stream(StreamConfig::new(name, patterns.iter().copied()).fsync(Fsync::Always))
+            .map(drop)
+    }
+}
+
+/// The embedded log in a temporary directory, plugged in through
+/// [`BrokerBuilder::durable_backend`](tidings::BrokerBuilder::durable_backend) as any other
+/// backend is: proves the suite runs through the seam alone.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct EmbeddedSeam;
+
+impl DurableBackend for EmbeddedSeam {
+    fn name(&self) -> String {
+        "embedded-seam".into()
+    }
+    fn caps(&self) -> DurableCaps {
+        let backend = EmbeddedBackend::new("unused");
+        DurableCaps::of(tidings::durable::DurableBackend::capabilities(&backend))
+    }
+    /// # Panics
+    /// If no temporary directory can be made (a test-environment failure).
+    fn open(&self) -> Box<dyn DurableStore> {
+        Box::new(SeamStore {
+            dir: tempfile::tempdir().expect("a temporary directory"),
+        })
+    }
+}
+
+/// A temporary data directory served by a new [`EmbeddedBackend`] for each broker.
+struct SeamStore {
+    dir: tempfile::TempDir,
+}
+
+impl DurableStore for SeamStore {
+    fn attach(&self, builder: BrokerBuilder) -> BrokerBuilder {
+        builder.durable_backend(Arc::new(EmbeddedBackend::new(self.dir.path())))
     }
     fn create_stream(
         &self,

@@ -504,7 +504,7 @@ pub fn durable_dlq_reasons(b: &dyn Backend, d: &dyn DurableBackend) -> Outcome {
     };
     let check = |sub: &DurableSubscription| {
         let dl = sub.durable_dead_letters().unwrap();
-        let got: Vec<(String, String, u32, Option<u64>)> = dl
+        let got: Vec<(String, DeadLetterReason, u32, Option<u64>)> = dl
             .iter()
             .map(|e| {
                 (
@@ -516,12 +516,12 @@ pub fn durable_dlq_reasons(b: &dyn Backend, d: &dyn DurableBackend) -> Outcome {
             })
             .collect();
         let want = vec![
-            ("rej-1".into(), rejected.to_string(), 1, Some(rig.off(1))),
-            ("dead-2".into(), exhausted.to_string(), 3, Some(rig.off(2))),
-            ("rej-4".into(), rejected.to_string(), 1, Some(rig.off(4))),
+            ("rej-1".into(), rejected.clone(), 1, Some(rig.off(1))),
+            ("dead-2".into(), exhausted.clone(), 3, Some(rig.off(2))),
+            ("rej-4".into(), rejected.clone(), 1, Some(rig.off(4))),
             (
                 "exp-5".into(),
-                DeadLetterReason::Expired.to_string(),
+                DeadLetterReason::Expired,
                 0,
                 Some(rig.off(5)),
             ),

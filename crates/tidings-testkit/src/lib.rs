@@ -5,11 +5,13 @@
 //! wake-up; the threaded backends wait (bounded, generous) for a condition. Each function
 //! in [`suite`] is written once and run against every backend by `tests/conformance.rs`;
 //! [`durable_suite`] adds the durable cases, run under every driver against every
-//! [`DurableBackend`] (the embedded log today; JetStream implements the same trait).
+//! [`DurableBackend`] (the embedded log, directly and through the seam; JetStream
+//! implements the same trait); [`durable_conformance!`] runs them all with one line.
 //! [`nats`] starts and stops the `nats-server` the JetStream backend's tests run against.
 
 pub mod backend;
 pub mod durable;
+pub mod durable_macros;
 pub mod durable_suite;
 pub mod helpers;
 pub mod nats;
@@ -18,4 +20,8 @@ pub mod suite;
 #[cfg(feature = "tokio")]
 pub use backend::TokioBackend;
 pub use backend::{Backend, ManualBackend, ThreadedBackend};
-pub use durable::{DurableBackend, DurableCaps, DurableStore, EmbeddedLog, Outcome};
+pub use durable::{DurableBackend, DurableCaps, DurableStore, EmbeddedLog, EmbeddedSeam, Outcome};
+
+/// The `tidings` crate, for paths inside the exported macros.
+#[doc(hidden)]
+pub use tidings as __tidings;

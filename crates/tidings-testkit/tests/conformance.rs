@@ -1,59 +1,14 @@
 //! The one behavioural suite, run under every driver (R-DIST-2, R-EXE-1), and its durable
 //! cases under every driver against every durable backend.
 //!
-//! A new durable backend plugs in with one line in `conformance!` below:
-//! `durable_cases!(<module>, <its DurableBackend>);`.
+//! A new durable backend plugs in with one line (here, or in its own crate's tests):
+//! `tidings_testkit::durable_conformance!(<module>, <its DurableBackend>);`.
 
 use tidings::Driver;
 use tidings_testkit::{Backend, ManualBackend, Outcome, ThreadedBackend};
-use tidings_testkit::{DurableBackend, DurableCaps, EmbeddedLog, durable_suite, suite};
-
-/// One `#[test]` per named durable case, run by the enclosing module's `run`.
-macro_rules! durable_tests {
-    ($($case:ident),* $(,)?) => {
-        $(
-            #[test]
-            fn $case() {
-                run(stringify!($case), durable_suite::$case);
-            }
-        )*
-    };
-}
-
-/// Every durable case against one durable backend, under the enclosing module's driver.
-macro_rules! durable_cases {
-    ($module:ident, $durable:expr) => {
-        mod $module {
-            use super::*;
-            fn durable() -> Box<dyn DurableBackend> {
-                Box::new($durable)
-            }
-            fn run(name: &str, case: durable_suite::DurableCaseFn) {
-                let (b, d) = (backend(), durable());
-                let outcome = durable_suite::run(name, case, b.as_ref(), d.as_ref());
-                // A backend with every capability runs every assertion.
-                if d.caps() == DurableCaps::all() {
-                    assert_eq!(outcome, Outcome::Ran, "{name}");
-                }
-            }
-            durable_tests!(
-                resume_after_restart,
-                replay_by_offset,
-                replay_by_time,
-                durable_dlq_reasons,
-                durable_dlq_redrive_and_drain,
-                lag_and_slow_consumer,
-                durable_filter,
-                durable_message_fields,
-                many_durables_progress,
-                seek_while_outstanding,
-                delayed_durable_message,
-                resubscribe_resumes,
-                seek_survives_restart,
-            );
-        }
-    };
-}
+use tidings_testkit::{
+    DurableBackend, DurableCaps, EmbeddedLog, EmbeddedSeam, durable_suite, suite,
+};
 
 macro_rules! conformance {
     ($module:ident, $backend:expr) => {
@@ -94,8 +49,6 @@ macro_rules! conformance {
             fn expired_forwarded_to_dead_letter_topic() {
                 suite::expired_forwarded_to_dead_letter_topic(backend().as_ref());
             }
-            // The durable backends, one line each (R-DIST-2).
-            durable_cases!(embedded_log, EmbeddedLog);
         }
     };
 }
@@ -108,6 +61,12 @@ conformance!(
 );
 #[cfg(feature = "tokio")]
 conformance!(tokio, tidings_testkit::TokioBackend::new());
+
+// The durable backends, one line each, under every driver (R-DIST-2): the embedded log
+// built by `data_dir`, and the same log plugged in through `durable_backend` (the seam
+// alone, as JetStream is).
+tidings_testkit::durable_conformance!(embedded_log, EmbeddedLog);
+tidings_testkit::durable_conformance!(embedded_seam, EmbeddedSeam);
 
 /// The embedded log with some capabilities taken away: the cases needing them must skip,
 /// naming the capability, instead of passing or failing silently.

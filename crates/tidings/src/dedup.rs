@@ -73,7 +73,7 @@ impl DedupStore for InMemoryDedupStore {
 }
 
 /// Wraps a handler so each message id is processed at most once per store (R-DEL-5).
-pub struct Deduplicating<H, S = InMemoryDedupStore> {
+pub struct Deduplicating<H, S: ?Sized = InMemoryDedupStore> {
     inner: H,
     store: Arc<S>,
     skipped: AtomicU64,
@@ -86,7 +86,7 @@ impl<H: Handler> Deduplicating<H, InMemoryDedupStore> {
     }
 }
 
-impl<H: Handler, S: DedupStore> Deduplicating<H, S> {
+impl<H: Handler, S: DedupStore + ?Sized> Deduplicating<H, S> {
     /// Wrap `inner` with a given store (shareable between handlers).
     pub fn with_store(inner: H, store: Arc<S>) -> Self {
         Self {
@@ -105,7 +105,7 @@ impl<H: Handler, S: DedupStore> Deduplicating<H, S> {
     }
 }
 
-impl<H: Handler, S: DedupStore> Handler for Deduplicating<H, S> {
+impl<H: Handler, S: DedupStore + ?Sized> Handler for Deduplicating<H, S> {
     fn handle(&self, message: &Message) -> Result<(), HandlerError> {
         if self.store.contains(message.id()) {
             self.skipped.fetch_add(1, Ordering::Relaxed);

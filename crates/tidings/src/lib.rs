@@ -39,13 +39,12 @@
 #[cfg(feature = "tokio")]
 mod async_handler;
 mod broker;
-#[cfg(feature = "tokio")]
-mod broker_async;
 mod clock;
 mod dedup;
 mod dlq;
 pub mod driver;
 pub mod durable;
+pub mod embedded;
 mod error;
 pub mod filter;
 mod handler;
@@ -60,8 +59,8 @@ mod retry;
 mod route_cache;
 mod scheduler;
 mod stats;
-mod stream;
 mod subscription;
+mod sync;
 mod telemetry;
 pub mod topic;
 
@@ -72,11 +71,16 @@ pub use clock::{Clock, ClockWaiter, ManualClock, SystemClock};
 pub use dedup::{DedupStore, Deduplicating, InMemoryDedupStore};
 pub use dlq::{DeadLetter, DeadLetterReason};
 pub use driver::Driver;
+pub use durable::{
+    CommitFailed, DEFAULT_COMMIT_EVERY, DEFAULT_RETENTION_INTERVAL, DurableDeadLetter,
+    DurableSubscription, StartAt, Stream, StreamConfig, StreamError,
+};
+pub use embedded::{DurableDedupStore, offline};
 pub use error::{ConfigError, PublishError, SubscribeError};
 pub use filter::{HeaderFilter, HeaderLookup};
 pub use handler::{FnHandler, Handler, HandlerError, IntoHandlerResult, handler_fn};
 pub use limits::Limits;
-pub use message::{Headers, Message, MessageBuilder, MessageId, Priority};
+pub use message::{Headers, Message, MessageBuilder, MessageId, MessageParts, Priority};
 pub use options::{
     Concurrency, DeadLetterOptions, DeliveryMode, MAX_NAME_LEN, MAX_WORKERS_PER_SUBSCRIPTION,
     Overflow, Predicate, SubscribeOptions,
@@ -85,11 +89,6 @@ pub use report::{CloseReport, PublishReport, Undelivered};
 pub use request::RequestError;
 pub use retry::{InconsistentRetry, Retry, RetryPolicy};
 pub use stats::{DeadLetterCounts, RefusedCounts, SubscriptionStats};
-pub use stream::offline;
-pub use stream::{
-    CommitFailed, DEFAULT_COMMIT_EVERY, DEFAULT_RETENTION_INTERVAL, DurableDeadLetter,
-    DurableDedupStore, DurableSubscription, StartAt, Stream, StreamConfig, StreamError,
-};
 pub use subscription::handle::RedriveReport;
 pub use subscription::shared::DLQ_REASON_HEADER;
 pub use subscription::{Refusal, Subscription, SubscriptionId};

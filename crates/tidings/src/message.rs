@@ -405,41 +405,13 @@ impl MessageBuilder {
         ids: &IdGenerator,
     ) -> Result<Message, PublishError> {
         let b = self;
-        if b.payload.len() > limits.max_payload_bytes {
-            return Err(PublishError::PayloadTooLarge {
-                size: b.payload.len(),
-                limit: limits.max_payload_bytes,
-            });
-        }
-        if b.headers.len() > limits.max_headers {
-            return Err(PublishError::TooManyHeaders {
-                count: b.headers.len(),
-                limit: limits.max_headers,
-            });
-        }
-        let header_bytes = b.headers.byte_len();
-        if header_bytes > limits.max_header_bytes {
-            return Err(PublishError::HeadersTooLarge {
-                size: header_bytes,
-                limit: limits.max_header_bytes,
-            });
-        }
-        if let Some(k) = &b.key
-            && k.len() > limits.max_key_bytes
-        {
-            return Err(PublishError::KeyTooLarge {
-                size: k.len(),
-                limit: limits.max_key_bytes,
-            });
-        }
-        if let Some(c) = &b.correlation_id
-            && c.len() > limits.max_correlation_id_bytes
-        {
-            return Err(PublishError::CorrelationIdTooLarge {
-                size: c.len(),
-                limit: limits.max_correlation_id_bytes,
-            });
-        }
+        check_limits(
+            limits,
+            &b.payload,
+            &b.headers,
+            b.key.as_deref(),
+            b.correlation_id.as_deref(),
+        )?;
         let topic = Topic::new(&b.topic).map_err(PublishError::InvalidTopic)?;
         let reply_to = b
             .reply_to
@@ -479,8 +451,220 @@ impl MessageBuilder {
     }
 }
 
+/// Refuse what exceeds `limits` (R-LIM-1): the checks publish and [`Message::from_parts`]
+/// share.
+fn check_limits(
+    limits: &Limits,
+    payload: &Bytes,
+    headers: &Headers,
+    key: Option<&[u8]>,
+    correlation_id: Option<&str>,
+) -> Result<(), PublishError> {
+    if payload.len() > limits.max_payload_bytes {
+        return Err(PublishError::PayloadTooLarge {
+            size: payload.len(),
+            limit: limits.max_payload_bytes,
+        });
+    }
+    if headers.len() > limits.max_headers {
+        return Err(PublishError::TooManyHeaders {
+            count: headers.len(),
+            limit: limits.max_headers,
+        });
+    }
+    let header_bytes = headers.byte_len();
+    if header_bytes > limits.max_header_bytes {
+        return Err(PublishError::HeadersTooLarge {
+            size: header_bytes,
+            limit: limits.max_header_bytes,
+        });
+    }
+    if let Some(k) = key
+        && k.len() > limits.max_key_bytes
+    {
+        return Err(PublishError::KeyTooLarge {
+            size: k.len(),
+            limit: limits.max_key_bytes,
+        });
+    }
+    if let Some(c) = correlation_id
+        && c.len() > limits.max_correlation_id_bytes
+    {
+        return Err(PublishError::CorrelationIdTooLarge {
+            size: c.len(),
+            limit: limits.max_correlation_id_bytes,
+        });
+    }
+    Ok(())
+}
+
+/// Every field of a [`Message`], taken apart so a durable backend can carry it elsewhere
+/// (a remote server's headers, say) and rebuild the same message on receipt with
+/// [`Message::from_parts`].
+///
+/// ```
+/// # use tidings::*;
+/// let m = Message::to("orders.created").payload("42").key("k").build_detached()?;
+/// let parts = m.to_parts();
+/// let back = Message::from_parts(parts, &Limits::default())?;
+/// assert_eq!((back.id(), back.topic(), back.key()), (m.id(), m.topic(), m.key()));
+/// # Ok::<(), PublishError>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct MessageParts {
+    /// The unique id assigned at publish.
+    pub id: MessageId,
+    /// The topic it was published to.
+    pub topic: Topic,
+    /// The payload.
+    pub payload: Bytes,
+    /// The headers, in order.
+    pub headers: Headers,
+    /// The ordering key.
+    pub key: Option<Bytes>,
+    /// Delivery priority.
+    pub priority: Priority,
+    /// Wall-clock time of publish.
+    pub timestamp: SystemTime,
+    /// Absolute expiry (R-TIME-1): the TTL, resolved at publish.
+    pub expires_at: Option<SystemTime>,
+    /// Not delivered before this time (R-TIME-2): the delay, resolved at publish.
+    pub deliver_at: Option<SystemTime>,
+    /// Where a reply should go.
+    pub reply_to: Option<Topic>,
+    /// Links a reply to its request.
+    pub correlation_id: Option<String>,
+    /// The stream offset it was read from, if it was.
+    pub offset: Option<u64>,
+}
+
+impl MessageParts {
+    /// Parts of a message `id` on `topic` stamped `timestamp`, with an empty payload and
+    /// every optional field unset.
+    #[must_use]
+    pub fn new(id: MessageId, topic: Topic, timestamp: SystemTime) -> Self {
+        Self {
+            id,
+            topic,
+            payload: Bytes::new(),
+            headers: Headers::new(),
+            key: None,
+            priority: Priority::Normal,
+            timestamp,
+            expires_at: None,
+            deliver_at: None,
+            reply_to: None,
+            correlation_id: None,
+            offset: None,
+        }
+    }
+}
+
+impl Message {
+    /// Every field of this message (the payload and key are shared, not copied).
+    #[must_use]
+    pub fn to_parts(&self) -> MessageParts {
+        MessageParts {
+            id: self.id,
+            topic: self.topic.clone(),
+            payload: self.payload.clone(),
+            headers: self.headers.clone(),
+            key: self.key.clone(),
+            priority: self.priority,
+            timestamp: self.timestamp,
+            expires_at: self.expires_at,
+            deliver_at: self.deliver_at,
+            reply_to: self.reply_to.clone(),
+            correlation_id: self.correlation_id.clone(),
+            offset: self.log_offset,
+        }
+    }
+
+    /// Rebuild a message from its parts, checking them against `limits` as publish would
+    /// (the topics are valid by construction). The id, timestamp, expiry and delivery time
+    /// are kept as given: the message is the one published, not a new one.
+    ///
+    /// # Errors
+    /// A part exceeds `limits` ([`PublishError::PayloadTooLarge`],
+    /// [`PublishError::TooManyHeaders`], [`PublishError::HeadersTooLarge`],
+    /// [`PublishError::KeyTooLarge`], [`PublishError::CorrelationIdTooLarge`]).
+    pub fn from_parts(parts: MessageParts, limits: &Limits) -> Result<Message, PublishError> {
+        check_limits(
+            limits,
+            &parts.payload,
+            &parts.headers,
+            parts.key.as_deref(),
+            parts.correlation_id.as_deref(),
+        )?;
+        Ok(Message {
+            id: parts.id,
+            topic: parts.topic,
+            payload: parts.payload,
+            headers: parts.headers,
+            key: parts.key,
+            priority: parts.priority,
+            timestamp: parts.timestamp,
+            expires_at: parts.expires_at,
+            deliver_at: parts.deliver_at,
+            reply_to: parts.reply_to,
+            correlation_id: parts.correlation_id,
+            log_offset: parts.offset,
+        })
+    }
+}
+
 impl From<&str> for MessageBuilder {
     fn from(topic: &str) -> Self {
         MessageBuilder::new(topic)
+    }
+}
+
+#[cfg(test)]
+mod parts_tests {
+    use super::*;
+
+    #[test]
+    fn parts_round_trip_every_field() {
+        let m = Message::to("a.b")
+            .payload("p")
+            .header("h", "v")
+            .key("k")
+            .priority(Priority::High)
+            .ttl(Duration::from_secs(60))
+            .delay(Duration::from_secs(5))
+            .reply_to("r.s")
+            .correlation_id("c")
+            .build_detached()
+            .expect("valid");
+        let mut parts = m.to_parts();
+        parts.offset = Some(7);
+        let back = Message::from_parts(parts.clone(), &Limits::default()).expect("within limits");
+        let mut again = back.to_parts();
+        assert_eq!(again.offset, Some(7));
+        again.offset = None;
+        parts.offset = None;
+        assert_eq!(again, parts);
+    }
+
+    #[test]
+    fn parts_over_the_limits_are_refused() {
+        // R-LIM-1: a rebuilt message is held to the same limits as a published one.
+        let mut parts = MessageParts::new(
+            MessageId::from_u128(1),
+            Topic::new("a").expect("valid"),
+            SystemTime::UNIX_EPOCH,
+        );
+        parts.key = Some(Bytes::from(vec![0u8; 2048]));
+        assert!(matches!(
+            Message::from_parts(parts.clone(), &Limits::default()),
+            Err(PublishError::KeyTooLarge { size: 2048, .. })
+        ));
+        parts.key = None;
+        parts.correlation_id = Some("x".repeat(2048));
+        assert!(matches!(
+            Message::from_parts(parts, &Limits::default()),
+            Err(PublishError::CorrelationIdTooLarge { .. })
+        ));
     }
 }

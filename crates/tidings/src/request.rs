@@ -12,15 +12,13 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
-use parking_lot::{Condvar, Mutex};
-
-use crate::clock::{Clock, wait_until};
+use crate::clock::Clock;
 use crate::error::PublishError;
 use crate::handler::HandlerError;
 use crate::message::Message;
+use crate::sync::{AtomicBool, AtomicU64, Condvar, Mutex, Ordering, wait_until};
 
 /// Why a request got no reply.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -151,5 +149,51 @@ impl Inbox {
 
     pub(crate) fn late_replies(&self) -> u64 {
         self.late.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(all(test, tidings_loom))]
+mod loom_models {
+    //! The inbox handshake, model-checked (see `subscription/loom_models.rs` to run it).
+
+    use super::*;
+    use crate::clock::SystemClock;
+    use crate::message::MessageBuilder;
+    use crate::subscription::loom_models::check;
+    use crate::sync::thread;
+
+    /// A reply racing its request's wait, and close racing both (R-PAT-1, R-CORE-6): the
+    /// request with a reply gets it or `Closed`; the one without gets `Closed`; neither
+    /// waits for ever, and no entry is left behind.
+    ///
+    /// Guards against: close setting its flag without the inbox's lock — a request between
+    /// its "closed?" check and its wait misses the wake-up.
+    #[test]
+    fn waiting_requests_get_their_reply_or_closed() {
+        check(|| {
+            let inbox = Arc::new(Inbox::new(1));
+            let answered = inbox.register();
+            let unanswered = inbox.register();
+            let wait = |id: &String| {
+                let (inbox, id) = (inbox.clone(), id.clone());
+                thread::spawn(move || inbox.wait(&id, None, &SystemClock))
+            };
+            let (first, second) = (wait(&answered), wait(&unanswered));
+            let reply = MessageBuilder::new("_inbox.r")
+                .correlation_id(answered.clone())
+                .build_detached()
+                .expect("a valid reply");
+            inbox.accept(&reply).expect("the inbox accepts replies");
+            inbox.close();
+            match first.join().expect("the first request returns") {
+                Ok(m) => assert_eq!(m.correlation_id(), Some(answered.as_str())),
+                Err(e) => assert_eq!(e, RequestError::Closed),
+            }
+            assert_eq!(
+                second.join().expect("the second request returns").err(),
+                Some(RequestError::Closed)
+            );
+            assert_eq!(inbox.outstanding(), 0);
+        });
     }
 }

@@ -22,13 +22,12 @@ use std::collections::BinaryHeap;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex};
-
-use crate::clock::{Clock, wait_until};
+use crate::clock::Clock;
 use crate::driver::{Executor, FeedStep, Feeder, FeederHandle};
 use crate::error::SubscribeError;
 use crate::message::Message;
 use crate::subscription::SubscriptionId;
+use crate::sync::{Condvar, Mutex, wait_until};
 
 /// Offers a due message to one subscription.
 pub(crate) type Deliver = Box<dyn FnOnce(&Arc<Message>) + Send>;
@@ -276,5 +275,51 @@ impl Scheduler {
                 (e.message, sub)
             })
             .collect()
+    }
+}
+
+#[cfg(all(test, tidings_loom))]
+mod loom_models {
+    //! The timer handshake, model-checked (see `subscription/loom_models.rs` to run it).
+
+    use super::*;
+    use crate::clock::SystemClock;
+    use crate::subscription::loom_models::{Tally, check, message, messages, number};
+    use crate::sync::thread;
+
+    /// The timer (the thread driver's `wait_due` loop) racing `schedule` and `close`
+    /// (R-TIME-2): a message scheduled while the timer waits is released, in order, and
+    /// close ends the timer.
+    ///
+    /// Guards against: `schedule` not waking the timer when its message becomes the
+    /// earliest (the timer keeps waiting: a lost wake-up).
+    #[test]
+    fn timer_releases_what_is_scheduled_while_it_waits() {
+        check(|| {
+            let n = messages();
+            let scheduler = Arc::new(Scheduler::default());
+            let released = Arc::new(Tally::default());
+            let timer = {
+                let (scheduler, released) = (scheduler.clone(), released.clone());
+                thread::spawn(move || {
+                    while let Some(due) = scheduler.wait_due(&SystemClock) {
+                        for (m, _) in due {
+                            released.add(number(&m));
+                        }
+                    }
+                })
+            };
+            for i in 0..n {
+                let held = scheduler.schedule(SystemClock.now(), message(i), Target::Route, false);
+                assert!(matches!(held, Scheduled::Held { start_timer: false }));
+            }
+            assert_eq!(released.wait_for(n), (0..n).collect::<Vec<_>>());
+            assert!(scheduler.close().is_empty(), "everything was released");
+            timer.join().expect("the timer ends at close");
+            assert!(matches!(
+                scheduler.schedule(SystemClock.now(), message(n), Target::Route, false),
+                Scheduled::Closed
+            ));
+        });
     }
 }

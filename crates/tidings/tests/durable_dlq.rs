@@ -80,7 +80,7 @@ fn durable_dlq_is_listed_redriven_and_drained_across_restarts() {
         let dl = d.durable_dead_letters().unwrap();
         assert!(
             dl.iter()
-                .all(|e| e.reason.contains("refused") && e.attempts == 1)
+                .all(|e| e.reason.to_string().contains("refused") && e.attempts == 1)
         );
         assert_eq!(d.committed(), 5);
 

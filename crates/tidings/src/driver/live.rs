@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use parking_lot::{Condvar, Mutex};
+use crate::sync::{Condvar, Mutex};
 
 #[derive(Default)]
 pub(crate) struct LiveCount {

@@ -12,6 +12,8 @@ use crate::subscription::shared::SubShared;
 
 mod handles;
 mod live;
+#[cfg(all(test, tidings_loom))]
+mod loom_models;
 pub(crate) mod manual;
 pub(crate) mod pool;
 pub(crate) mod thread;
@@ -75,8 +77,6 @@ pub(crate) trait Wake: Send + Sync {
     fn wake(&self, worker: usize);
     /// Every slot should re-check its state (close, clock jump).
     fn wake_all(&self);
-    /// Pool driver: the slot left the run queue and is idle (a no-op elsewhere).
-    fn unschedule(&self, _worker: usize) {}
 }
 
 /// What one step of a [`Feeder`] did.
@@ -105,6 +105,7 @@ pub(crate) trait Feeder: Send + Sync + 'static {
     fn run(&self);
     /// How long a real thread or task should sleep to reach `at` on the feeder's clock
     /// (`None`: until woken — a manual clock wakes the feeder when it moves).
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // only the tokio driver sleeps
     fn wait_hint(&self, at: Instant) -> Option<std::time::Duration> {
         Some(at.saturating_duration_since(Instant::now()))
     }

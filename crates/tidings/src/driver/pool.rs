@@ -18,17 +18,18 @@
 use std::cell::Cell;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use parking_lot::{Condvar, Mutex};
-
-use crate::clock::{Clock, wait_until};
+use crate::clock::Clock;
 use crate::error::SubscribeError;
 use crate::subscription::core::Poll;
 use crate::subscription::shared::SubShared;
+use crate::sync::{
+    AtomicBool, AtomicU8, Condvar, Mutex, Ordering, protocol_thread_local, wait_until,
+};
 
 use super::live::LiveCount;
 use super::{Executor, FeedStep, Feeder, FeederHandle, Wake};
@@ -38,22 +39,28 @@ pub const BATCH: usize = 64;
 
 static NEXT_POOL: AtomicU64 = AtomicU64::new(1);
 
-thread_local! {
-    static CURRENT_POOL: Cell<u64> = const { Cell::new(0) };
+protocol_thread_local! {
+    /// The pool whose worker runs on this thread (0 = none).
+    static CURRENT_POOL: Cell<u64> = Cell::new(0);
 }
 
 enum Task {
     /// A subscription's dispatcher slot.
-    Slot { sub: Arc<SubShared>, worker: usize },
+    Slot {
+        mailbox: Arc<Mailbox>,
+        sub: Arc<SubShared>,
+        worker: usize,
+    },
     /// A feeder's step.
     Feeder(Arc<FeederMailbox>),
 }
 
-/// The mailbox of one feeder: `scheduled` while queued or running (so no two workers are
-/// inside one feeder), `pending` when woken since its current step began.
+/// The mailbox of one feeder: one state word, [`SCHEDULED`] while queued or running (so no
+/// two workers are inside one feeder) and [`PENDING`] when woken since its current step
+/// began. One word, changed only by read-modify-writes, so every wake is ordered against
+/// the step's end without relying on sequential consistency across two flags.
 struct FeederMailbox {
-    scheduled: AtomicBool,
-    pending: AtomicBool,
+    state: AtomicU8,
     feeder: Weak<dyn Feeder>,
     pool: Arc<Shared>,
 }
@@ -68,19 +75,37 @@ impl FeederMailbox {
     }
 }
 
+/// [`FeederMailbox`] state: queued or running.
+const SCHEDULED: u8 = 1;
+/// [`FeederMailbox`] state: woken since the current step began.
+const PENDING: u8 = 2;
+
 impl FeederMailbox {
+    /// New work: mark it pending, and queue the feeder unless it is queued or running
+    /// already (a running step ends by seeing `PENDING` and runs again).
     fn wake(self: &Arc<Self>) {
-        // `pending` before `scheduled`: a step that ends after this sees `pending` and runs
-        // again; one that already ended cleared `scheduled`, so this queues it.
-        self.pending.store(true, Ordering::SeqCst);
-        if !self.scheduled.swap(true, Ordering::SeqCst) {
+        let before = self.state.fetch_or(SCHEDULED | PENDING, Ordering::AcqRel);
+        if before & SCHEDULED == 0 {
             self.enqueue();
         }
+    }
+
+    /// A step begins: what woke it is being handled.
+    fn begin_step(&self) {
+        self.state.fetch_and(!PENDING, Ordering::AcqRel);
+    }
+
+    /// A step ended with nothing more to do: go idle, unless a wake arrived during the
+    /// step — then stay scheduled and return true (queue it again).
+    fn end_step(&self) -> bool {
+        self.state
+            .compare_exchange(SCHEDULED, 0, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
     }
 }
 
 /// The pool's handle on a feeder.
-struct PoolFeeder(Arc<FeederMailbox>);
+pub(super) struct PoolFeeder(Arc<FeederMailbox>);
 
 impl FeederHandle for PoolFeeder {
     fn wake(&self) {
@@ -119,7 +144,7 @@ impl Ord for Timer {
     }
 }
 
-struct Shared {
+pub(super) struct Shared {
     id: u64,
     run_queue: Mutex<VecDeque<Task>>,
     work: Condvar,
@@ -127,7 +152,7 @@ struct Shared {
     timer_changed: Condvar,
     shutdown: AtomicBool,
     /// Slots that have not yet reported `Stopped`.
-    live_slots: LiveCount,
+    pub(super) live_slots: LiveCount,
     /// Worker and timer threads still running.
     live_threads: LiveCount,
     clock: Arc<dyn Clock>,
@@ -135,12 +160,29 @@ struct Shared {
 
 /// The mailbox flags of one subscription's slots.
 struct Mailbox {
+    /// Set while the slot is queued or running: only the waker that sets it queues it.
     scheduled: Box<[AtomicBool]>,
+    /// Set while a worker runs the slot: the invariant the `scheduled` flag upholds
+    /// (max active == 1 per slot), checked in debug and model-checking builds.
+    running: Box<[AtomicBool]>,
+    /// This mailbox, for the tasks it queues.
+    me: Weak<Mailbox>,
     sub: Weak<SubShared>,
     pool: Arc<Shared>,
 }
 
 impl Mailbox {
+    fn new(pool: &Arc<Shared>, sub: &Arc<SubShared>) -> Arc<Self> {
+        let flags = || (0..sub.workers()).map(|_| AtomicBool::new(false)).collect();
+        Arc::new_cyclic(|me| Mailbox {
+            scheduled: flags(),
+            running: flags(),
+            me: me.clone(),
+            sub: Arc::downgrade(sub),
+            pool: pool.clone(),
+        })
+    }
+
     fn schedule(&self, worker: usize) {
         let Some(flag) = self.scheduled.get(worker) else {
             return;
@@ -148,14 +190,41 @@ impl Mailbox {
         if flag.swap(true, Ordering::AcqRel) {
             return; // already queued or running: it will see the new work
         }
-        let Some(sub) = self.sub.upgrade() else {
+        let (Some(sub), Some(mailbox)) = (self.sub.upgrade(), self.me.upgrade()) else {
             return;
         };
-        self.pool
-            .run_queue
-            .lock()
-            .push_back(Task::Slot { sub, worker });
+        self.pool.run_queue.lock().push_back(Task::Slot {
+            mailbox,
+            sub,
+            worker,
+        });
         self.pool.work.notify_one();
+    }
+
+    /// A worker enters slot `worker` until the guard drops.
+    fn enter(&self, worker: usize) -> Occupied<'_> {
+        let was = self.running[worker].swap(true, Ordering::AcqRel);
+        if cfg!(any(debug_assertions, tidings_loom)) {
+            assert!(!was, "two pool workers inside one dispatcher slot");
+        }
+        Occupied(&self.running[worker])
+    }
+
+    /// The slot goes idle: leave it, then clear its flag — in that order, so the worker the
+    /// cleared flag lets in next finds it empty. Called with the subscription's lock held:
+    /// an offer after this sees the slot idle and schedules it again, so no wake-up is lost.
+    fn leave(&self, occupied: Occupied<'_>, worker: usize) {
+        drop(occupied);
+        self.scheduled[worker].store(false, Ordering::Release);
+    }
+}
+
+/// A worker is inside a slot (see [`Mailbox::enter`]).
+struct Occupied<'a>(&'a AtomicBool);
+
+impl Drop for Occupied<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
     }
 }
 
@@ -168,11 +237,6 @@ impl Wake for Mailbox {
             self.schedule(w);
         }
     }
-    fn unschedule(&self, worker: usize) {
-        if let Some(flag) = self.scheduled.get(worker) {
-            flag.store(false, Ordering::Release);
-        }
-    }
 }
 
 pub(crate) struct PoolExecutor {
@@ -182,19 +246,8 @@ pub(crate) struct PoolExecutor {
 
 impl PoolExecutor {
     pub(crate) fn new(workers: usize, clock: Arc<dyn Clock>) -> Result<Self, std::io::Error> {
-        let shared = Arc::new(Shared {
-            id: NEXT_POOL.fetch_add(1, Ordering::Relaxed),
-            run_queue: Mutex::new(VecDeque::new()),
-            work: Condvar::new(),
-            timers: Mutex::new((BinaryHeap::new(), 0)),
-            timer_changed: Condvar::new(),
-            shutdown: AtomicBool::new(false),
-            live_slots: LiveCount::default(),
-            live_threads: LiveCount::default(),
-            clock,
-        });
         let pool = Self {
-            shared,
+            shared: Shared::new(clock),
             threads: Mutex::new(Vec::with_capacity(workers + 1)),
         };
         for i in 0..workers.max(1) {
@@ -227,11 +280,7 @@ impl PoolExecutor {
 
     /// Tell the worker and timer threads to exit once idle.
     fn stop_threads(&self) {
-        self.shared.shutdown.store(true, Ordering::Release);
-        drop(self.shared.run_queue.lock());
-        self.shared.work.notify_all();
-        drop(self.shared.timers.lock());
-        self.shared.timer_changed.notify_all();
+        self.shared.stop();
     }
 
     fn on_pool_thread(&self) -> bool {
@@ -244,27 +293,11 @@ impl Executor for PoolExecutor {
         &self,
         feeder: Arc<dyn Feeder>,
     ) -> Result<Box<dyn FeederHandle>, SubscribeError> {
-        let handle = PoolFeeder(Arc::new(FeederMailbox {
-            scheduled: AtomicBool::new(false),
-            pending: AtomicBool::new(false),
-            feeder: Arc::downgrade(&feeder),
-            pool: self.shared.clone(),
-        }));
-        // A first step reads what the stream already holds.
-        handle.wake();
-        Ok(Box::new(handle))
+        Ok(Box::new(self.shared.attach_feeder(&feeder)))
     }
 
     fn start(&self, sub: &Arc<SubShared>) -> Result<(), SubscribeError> {
-        let mailbox = Arc::new(Mailbox {
-            scheduled: (0..sub.workers()).map(|_| AtomicBool::new(false)).collect(),
-            sub: Arc::downgrade(sub),
-            pool: self.shared.clone(),
-        });
-        self.shared.live_slots.enter(sub.workers());
-        sub.set_waker(mailbox.clone());
-        // Run each slot once so it reaches its idle state (and sees anything already queued).
-        mailbox.wake_all();
+        self.shared.attach(sub);
         Ok(())
     }
 
@@ -298,7 +331,53 @@ impl Executor for PoolExecutor {
     }
 }
 
-fn worker_loop(pool: &Arc<Shared>) {
+impl Shared {
+    pub(super) fn new(clock: Arc<dyn Clock>) -> Arc<Self> {
+        Arc::new(Shared {
+            id: NEXT_POOL.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            run_queue: Mutex::new(VecDeque::new()),
+            work: Condvar::new(),
+            timers: Mutex::new((BinaryHeap::new(), 0)),
+            timer_changed: Condvar::new(),
+            shutdown: AtomicBool::new(false),
+            live_slots: LiveCount::default(),
+            live_threads: LiveCount::default(),
+            clock,
+        })
+    }
+
+    /// Give a new subscription's slots a mailbox and run each once, so it reaches its
+    /// idle state (and sees anything already queued).
+    pub(super) fn attach(self: &Arc<Self>, sub: &Arc<SubShared>) {
+        let mailbox = Mailbox::new(self, sub);
+        self.live_slots.enter(sub.workers());
+        sub.set_waker(mailbox.clone());
+        mailbox.wake_all();
+    }
+
+    /// Give a feeder a mailbox and queue its first step (it reads what the stream already
+    /// holds).
+    pub(super) fn attach_feeder(self: &Arc<Self>, feeder: &Arc<dyn Feeder>) -> PoolFeeder {
+        let handle = PoolFeeder(Arc::new(FeederMailbox {
+            state: AtomicU8::new(0),
+            feeder: Arc::downgrade(feeder),
+            pool: self.clone(),
+        }));
+        handle.wake();
+        handle
+    }
+
+    /// Tell the worker and timer threads to exit once idle.
+    pub(super) fn stop(&self) {
+        self.shutdown.store(true, Ordering::Release);
+        drop(self.run_queue.lock());
+        self.work.notify_all();
+        drop(self.timers.lock());
+        self.timer_changed.notify_all();
+    }
+}
+
+pub(super) fn worker_loop(pool: &Arc<Shared>) {
     CURRENT_POOL.with(|c| c.set(pool.id));
     loop {
         let task = {
@@ -314,7 +393,11 @@ fn worker_loop(pool: &Arc<Shared>) {
             }
         };
         match task {
-            Task::Slot { sub, worker } => run_slot(pool, sub, worker),
+            Task::Slot {
+                mailbox,
+                sub,
+                worker,
+            } => run_slot(pool, mailbox, sub, worker),
             Task::Feeder(mailbox) => run_feeder(&mailbox),
         }
     }
@@ -323,9 +406,9 @@ fn worker_loop(pool: &Arc<Shared>) {
 /// Run one step of a feeder, then re-queue it, leave it idle, or drop it (stopped/gone).
 fn run_feeder(mailbox: &Arc<FeederMailbox>) {
     let Some(feeder) = mailbox.feeder.upgrade() else {
-        return; // its owner is gone: `scheduled` stays set, it is never queued again
+        return; // its owner is gone: it stays `SCHEDULED`, so it is never queued again
     };
-    mailbox.pending.store(false, Ordering::SeqCst);
+    mailbox.begin_step();
     let step = feeder.step();
     match step {
         FeedStep::Again => mailbox.enqueue(),
@@ -338,10 +421,7 @@ fn run_feeder(mailbox: &Arc<FeederMailbox>) {
                     TimerTarget::Feeder(Arc::downgrade(mailbox)),
                 );
             }
-            mailbox.scheduled.store(false, Ordering::SeqCst);
-            if mailbox.pending.load(Ordering::SeqCst)
-                && !mailbox.scheduled.swap(true, Ordering::SeqCst)
-            {
+            if mailbox.end_step() {
                 mailbox.enqueue();
             }
         }
@@ -349,8 +429,8 @@ fn run_feeder(mailbox: &Arc<FeederMailbox>) {
 }
 
 /// Run one slot for up to `BATCH` deliveries, then re-queue, park or retire it.
-fn run_slot(pool: &Arc<Shared>, sub: Arc<SubShared>, worker: usize) {
-    let mailbox_flag = |sub: &SubShared| sub.mailbox_clear(worker);
+fn run_slot(pool: &Arc<Shared>, mailbox: Arc<Mailbox>, sub: Arc<SubShared>, worker: usize) {
+    let occupied = mailbox.enter(worker);
     for _ in 0..BATCH {
         let mut core = sub.core.lock();
         match sub.poll_locked(&mut core, worker) {
@@ -362,9 +442,7 @@ fn run_slot(pool: &Arc<Shared>, sub: Arc<SubShared>, worker: usize) {
                 sub.complete(delivery, outcome);
             }
             Poll::Idle => {
-                // Clear the flag under the core lock: an offer after this sees the slot
-                // idle and schedules it again, so no wake-up is lost.
-                mailbox_flag(&sub);
+                mailbox.leave(occupied, worker);
                 // The poll may have dead-lettered (expired) messages: forward them too, or
                 // a durable source never hears they finished.
                 let forwards = core.take_forwards();
@@ -373,7 +451,7 @@ fn run_slot(pool: &Arc<Shared>, sub: Arc<SubShared>, worker: usize) {
                 return;
             }
             Poll::WakeAt(due) => {
-                mailbox_flag(&sub);
+                mailbox.leave(occupied, worker);
                 let forwards = core.take_forwards();
                 drop(core);
                 sub.forward(forwards);
@@ -390,7 +468,12 @@ fn run_slot(pool: &Arc<Shared>, sub: Arc<SubShared>, worker: usize) {
         }
     }
     // Batch used up: yield the slot to the back of the run queue (fairness).
-    pool.run_queue.lock().push_back(Task::Slot { sub, worker });
+    drop(occupied);
+    pool.run_queue.lock().push_back(Task::Slot {
+        mailbox,
+        sub,
+        worker,
+    });
     pool.work.notify_one();
 }
 

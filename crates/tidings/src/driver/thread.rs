@@ -7,17 +7,16 @@
 
 use std::cell::Cell;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::thread::JoinHandle;
 use std::time::Instant;
 
 use crossbeam_utils::Backoff;
-use parking_lot::{Condvar, Mutex, MutexGuard};
 
-use crate::clock::wait_until;
 use crate::error::SubscribeError;
 use crate::subscription::core::Poll;
 use crate::subscription::shared::SubShared;
+use crate::sync::{Condvar, Mutex, MutexGuard, Ordering, protocol_thread_local, wait_until};
 
 use super::handles::Handles;
 use super::live::LiveCount;
@@ -25,13 +24,26 @@ use super::{Executor, Feeder, FeederHandle, Wake};
 
 static NEXT_EXECUTOR: AtomicU64 = AtomicU64::new(1);
 
-thread_local! {
+/// Spin before parking. Not in the model-checking build: the models check the parking
+/// handshake, which spinning only postpones (and multiplies the interleavings to explore).
+const SPIN: bool = !cfg!(tidings_loom);
+
+protocol_thread_local! {
     /// The executor whose dispatcher runs on this thread (0 = none).
-    static CURRENT_EXECUTOR: Cell<u64> = const { Cell::new(0) };
+    static CURRENT_EXECUTOR: Cell<u64> = Cell::new(0);
 }
 
-struct Parking {
+/// One condition variable per dispatcher slot: an idle slot's thread waits on it.
+pub(super) struct Parking {
     slots: Box<[Condvar]>,
+}
+
+impl Parking {
+    pub(super) fn new(workers: usize) -> Self {
+        Self {
+            slots: (0..workers).map(|_| Condvar::new()).collect(),
+        }
+    }
 }
 
 impl Wake for Parking {
@@ -96,9 +108,7 @@ impl Executor for ThreadExecutor {
     }
 
     fn start(&self, sub: &Arc<SubShared>) -> Result<(), SubscribeError> {
-        let parking = Arc::new(Parking {
-            slots: (0..sub.workers()).map(|_| Condvar::new()).collect(),
-        });
+        let parking = Arc::new(Parking::new(sub.workers()));
         sub.set_waker(parking.clone());
         let mut handles = self.handles.lock();
         for worker in 0..sub.workers() {
@@ -151,7 +161,7 @@ impl Executor for ThreadExecutor {
     }
 }
 
-fn dispatch_loop(sub: &SubShared, parking: &Parking, worker: usize) {
+pub(super) fn dispatch_loop(sub: &SubShared, parking: &Parking, worker: usize) {
     let slot = &parking.slots[worker];
     // Spin, then yield, before parking: a dispatcher that keeps up with its publisher
     // finds the next message without a futex round trip (the way crossbeam channels wait).
@@ -170,7 +180,7 @@ fn dispatch_loop(sub: &SubShared, parking: &Parking, worker: usize) {
                 core.handle_completion(delivery, outcome, &sub.now());
             }
             Poll::Stopped => break,
-            Poll::Idle if !backoff.is_completed() => {
+            Poll::Idle if SPIN && !backoff.is_completed() => {
                 MutexGuard::unlocked(&mut core, || backoff.snooze());
             }
             Poll::Idle => {

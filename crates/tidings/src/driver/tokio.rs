@@ -32,17 +32,16 @@
 //! [`Broker::close_async`](crate::Broker::close_async) performs the waiting off the runtime's
 //! worker threads and so does wait.
 
+use crate::sync::{AtomicBool, Mutex, Ordering};
 use std::cell::Cell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::Poll as TaskPoll;
 use std::time::Instant;
 
 use ::tokio::runtime::Handle;
 use ::tokio::sync::Notify;
 use ::tokio::task::JoinHandle;
-use parking_lot::Mutex;
 
 use crate::async_handler::{AsyncHandler, HandlerFuture};
 use crate::error::SubscribeError;

@@ -32,10 +32,10 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::SystemTime;
 
+use super::{CommitFailed, StartAt, StreamConfig, StreamError};
 use crate::dedup::DedupStore;
 use crate::dlq::DeadLetterReason;
 use crate::message::Message;
-use crate::stream::{CommitFailed, StartAt, StreamConfig, StreamError};
 use crate::topic::Pattern;
 use tidings_log::{RecoveryReport, RetentionReport};
 

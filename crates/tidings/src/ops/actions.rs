@@ -7,11 +7,10 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::broker::Broker;
-use crate::dlq::DeadLetter;
+use crate::dlq::{DeadLetter, DeadLetterReason};
+use crate::durable::feeder::CursorFeeder;
+use crate::durable::{DurableDeadLetter, StartAt, StreamError};
 use crate::message::{Message, MessageId, millis_since_epoch};
-use crate::stream::StreamError;
-use crate::stream::config::StartAt;
-use crate::stream::durable::{Durable, DurableDeadLetter};
 use crate::subscription::shared::SubShared;
 
 /// The largest page [`Broker::dead_letter_page`] returns; larger requests are refused.
@@ -77,10 +76,10 @@ impl DeadLetterEntry {
     fn of_durable(e: &DurableDeadLetter) -> Self {
         let base = Self::of_message(&e.message);
         Self {
-            reason: durable_reason_name(&e.reason).to_owned(),
-            reason_text: e.reason.clone(),
+            reason: e.reason.name().to_owned(),
+            reason_text: e.reason.to_string(),
             attempts: e.attempts,
-            last_error: durable_last_error(&e.reason).map(str::to_owned),
+            last_error: last_error_of(&e.reason).map(str::to_owned),
             // The durable log does not keep when the entry was written.
             at_ms: base.published_ms,
             durable: true,
@@ -118,26 +117,12 @@ impl DeadLetterEntry {
     }
 }
 
-/// The stable reason name of a durable entry's stored reason (the
-/// [`DeadLetterReason`](crate::DeadLetterReason) display text).
-fn durable_reason_name(text: &str) -> &str {
-    if text.starts_with("retries exhausted") {
-        "retries_exhausted"
-    } else if text.starts_with("rejected") {
-        "rejected"
-    } else if text.is_empty() {
-        "unknown"
-    } else {
-        text.split(':').next().unwrap_or(text)
-    }
-}
-
-/// The handler error inside a stored reason text, when it has one.
-fn durable_last_error(text: &str) -> Option<&str> {
-    if text.starts_with("retries exhausted") || text.starts_with("rejected") {
-        text.split_once(": ").map(|(_, e)| e)
-    } else {
-        None
+/// The handler error a reason carries, when it has one.
+fn last_error_of(reason: &DeadLetterReason) -> Option<&str> {
+    match reason {
+        DeadLetterReason::RetriesExhausted { last_error, .. } => Some(last_error),
+        DeadLetterReason::Rejected { error } => Some(error),
+        _ => None,
     }
 }
 
@@ -268,14 +253,12 @@ impl Broker {
     }
 
     /// The durable cursor feeding `sub`, when it is a durable subscription's.
-    fn durable_of(&self, sub: &SubShared) -> Option<Arc<Durable>> {
+    fn durable_of(&self, sub: &SubShared) -> Option<Arc<CursorFeeder>> {
         self.inner
-            .streams
             .durables
-            .lock()
-            .values()
-            .filter_map(|w| w.upgrade())
-            .find(|d| d.sub.upgrade().is_some_and(|s| s.id == sub.id))
+            .live_feeders()
+            .into_iter()
+            .find(|f| f.sub_id == sub.id)
     }
 
     /// Up to `limit` entries of subscription `id`'s dead-letter queue from index `offset`,
@@ -305,15 +288,16 @@ impl Broker {
             .live_subscription(id)
             .ok_or(PageError::UnknownSubscription(id))?;
         if let Some(durable) = self.durable_of(&sub) {
-            let entries = durable.dead_letters().map_err(|e| PageError::DurableLog {
-                id,
-                reason: e.to_string(),
-            })?;
+            let entries = durable
+                .cursor
+                .dead_letters()
+                .map_err(|e| PageError::DurableLog {
+                    id,
+                    reason: e.to_string(),
+                })?;
             let mut by_reason = BTreeMap::new();
             for e in &entries {
-                *by_reason
-                    .entry(durable_reason_name(&e.reason).to_owned())
-                    .or_insert(0) += 1;
+                *by_reason.entry(e.reason.name().to_owned()).or_insert(0) += 1;
             }
             return Ok(DeadLetterPage {
                 subscription: id,
@@ -380,7 +364,8 @@ impl Broker {
         if let Some(durable) = self.durable_of(&sub) {
             let mut taken = HashSet::new();
             let accepted = durable
-                .redrive_dead_letters(|e| {
+                .cursor
+                .redrive_dead_letters(&mut |e| {
                     let pick = wanted.as_ref().is_none_or(|w| w.contains(&e.message.id()));
                     if pick {
                         taken.insert(e.message.id());
@@ -443,6 +428,7 @@ impl Broker {
             .ok_or(DeadLetterError::UnknownSubscription(id))?;
         if let Some(durable) = self.durable_of(&sub) {
             let drained = durable
+                .cursor
                 .drain_dead_letters()
                 .map_err(|e| DeadLetterError::durable(id, &e))?;
             sub.core.lock().ledger_mut().dlq.drain();

@@ -7,11 +7,11 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::broker::Broker;
+use crate::durable::Stream;
+use crate::durable::feeder::CursorFeeder;
 use crate::message::{Priority, millis_since_epoch};
 pub use crate::options::OptionsSummary;
 use crate::stats::SubscriptionStats;
-use crate::stream::StreamInner;
-use crate::stream::durable::Durable;
 use crate::subscription::handle::SubscriptionId;
 use crate::subscription::shared::SubShared;
 
@@ -194,7 +194,7 @@ pub struct DurableSnapshot {
     pub skipped: u64,
     /// Why its reader halted, if it did.
     pub error: Option<String>,
-    /// Records in its durable dead-letter log.
+    /// Entries in its durable dead-letter store (drained and redriven ones left out).
     pub dead_letter_log_len: u64,
 }
 
@@ -238,13 +238,11 @@ impl Broker {
     #[must_use]
     pub fn snapshot(&self) -> BrokerSnapshot {
         let inner = &self.inner;
-        let durables: HashMap<SubscriptionId, Arc<Durable>> = inner
-            .streams
+        let durables: HashMap<SubscriptionId, Arc<CursorFeeder>> = inner
             .durables
-            .lock()
-            .values()
-            .filter_map(|w| w.upgrade())
-            .filter_map(|d| d.sub.upgrade().map(|s| (s.id, d)))
+            .live_feeders()
+            .into_iter()
+            .map(|f| (f.sub_id, f))
             .collect();
         let mut subs = inner.user_subscriptions();
         subs.sort_by_key(|s| s.id);
@@ -253,11 +251,11 @@ impl Broker {
             .map(|s| subscription_snapshot(s, durables.get(&s.id)))
             .collect();
         let streams = inner
+            .durables
             .streams
-            .map
             .read()
             .values()
-            .map(|s| stream_snapshot(s))
+            .map(|s| stream_snapshot(&Stream { inner: s.clone() }))
             .collect();
         BrokerSnapshot {
             taken_at_ms: millis_since_epoch(inner.clock.wall()),
@@ -270,7 +268,10 @@ impl Broker {
     }
 }
 
-fn subscription_snapshot(s: &SubShared, durable: Option<&Arc<Durable>>) -> SubscriptionSnapshot {
+fn subscription_snapshot(
+    s: &SubShared,
+    durable: Option<&Arc<CursorFeeder>>,
+) -> SubscriptionSnapshot {
     let now = s.clock.now();
     let (stats, depth, by_reason) = {
         let mut core = s.core.lock();
@@ -305,37 +306,31 @@ fn subscription_snapshot(s: &SubShared, durable: Option<&Arc<Durable>>) -> Subsc
     }
 }
 
-fn durable_snapshot(d: &Durable) -> DurableSnapshot {
-    let (position, committed, outstanding, skipped, error) = {
-        let st = d.state.lock();
-        (
-            st.cursor,
-            st.committed,
-            st.pending.len() as u64,
-            st.skipped,
-            st.error.clone(),
-        )
-    };
+fn durable_snapshot(d: &CursorFeeder) -> DurableSnapshot {
+    let st = d.cursor.state();
+    // The backend keeps the DLQ: one replay of it (a failure shows as 0, the cursor's
+    // error says why when it matters).
+    let dead_letters = d.cursor.dead_letters().map_or(0, |e| e.len() as u64);
     DurableSnapshot {
         name: d.name.clone(),
-        stream: d.stream.name.clone(),
-        position,
-        committed,
-        lag: d.stream.log.end_offset().saturating_sub(committed),
-        outstanding,
-        skipped,
-        error,
-        dead_letter_log_len: d.dlq.end_offset().saturating_sub(d.dlq.start_offset()),
+        stream: d.stream.clone(),
+        position: st.position,
+        committed: st.committed,
+        lag: st.lag,
+        outstanding: st.outstanding as u64,
+        skipped: st.skipped,
+        error: st.error,
+        dead_letter_log_len: dead_letters,
     }
 }
 
-fn stream_snapshot(s: &StreamInner) -> StreamSnapshot {
-    let (start, end) = (s.log.start_offset(), s.log.end_offset());
-    let config = s.log.config();
-    let (segments, bytes) = segment_files(&s.dir);
+fn stream_snapshot(s: &Stream) -> StreamSnapshot {
+    let (start, end) = (s.start_offset(), s.end_offset());
+    let config = &s.config().log;
+    let (segments, bytes) = s.dir().map_or((0, 0), segment_files);
     StreamSnapshot {
-        name: s.name.clone(),
-        patterns: s.patterns.iter().map(|p| p.as_str().to_owned()).collect(),
+        name: s.name().to_owned(),
+        patterns: s.patterns().iter().map(|p| p.as_str().to_owned()).collect(),
         start_offset: start,
         end_offset: end,
         records: end.saturating_sub(start),
@@ -348,7 +343,7 @@ fn stream_snapshot(s: &StreamInner) -> StreamSnapshot {
             tidings_log::Fsync::Interval(i) => format!("interval({i:?})"),
             tidings_log::Fsync::Never => "never".to_owned(),
         },
-        dir: s.dir.display().to_string(),
+        dir: s.dir().map(|d| d.display().to_string()).unwrap_or_default(),
     }
 }
 

@@ -4,6 +4,8 @@ pub(crate) mod core;
 pub(crate) mod handle;
 mod lanes;
 mod ledger;
+#[cfg(all(test, tidings_loom))]
+pub(crate) mod loom_models;
 mod per_key;
 pub(crate) mod shared;
 

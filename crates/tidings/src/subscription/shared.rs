@@ -7,15 +7,14 @@ use std::cell::Cell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, OnceLock, Weak};
 
-use parking_lot::{Condvar, Mutex, MutexGuard};
-
 use crate::broker::BrokerInner;
-use crate::clock::{Clock, Now, deadline_after, wait_until};
+use crate::clock::{Clock, Now, deadline_after};
 use crate::driver::Wake;
 use crate::filter::HeaderFilter;
 use crate::handler::{Handler, HandlerError, invoke, panic_text};
 use crate::message::Message;
 use crate::options::{Overflow, Predicate, SubscribeOptions};
+use crate::sync::{Condvar, Mutex, MutexGuard, protocol_thread_local, wait_until};
 use crate::topic::Pattern;
 
 use super::core::{Core, Delivery, Offered, Poll, Refusal};
@@ -42,10 +41,10 @@ pub const DLQ_REASON_HEADER: &str = "tidings-dlq-reason";
 /// refused ([`PublishError::ReservedHeader`](crate::PublishError::ReservedHeader)).
 pub const RESERVED_HEADER_PREFIX: &str = "tidings-";
 
-thread_local! {
+protocol_thread_local! {
     /// Set while this thread must never wait in an offer: the scheduler releasing due
     /// messages, and the manual driver delivering (nobody else would make room).
-    static NO_WAIT: Cell<bool> = const { Cell::new(false) };
+    static NO_WAIT: Cell<bool> = Cell::new(false);
 }
 
 /// Run `f` with `Overflow::Block` waits disabled on this thread: a full `Block` queue
@@ -381,14 +380,6 @@ impl SubShared {
                 true
             }
             Poll::WakeAt(_) | Poll::Idle | Poll::Stopped => false,
-        }
-    }
-
-    /// Pool driver: the slot is no longer queued or running (called with the core lock
-    /// held, so an offer that follows sees the slot idle and schedules it again).
-    pub(crate) fn mailbox_clear(&self, worker: usize) {
-        if let Some(w) = self.waker.get() {
-            w.unschedule(worker);
         }
     }
 

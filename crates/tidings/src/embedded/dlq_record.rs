@@ -1,20 +1,28 @@
 //! Durable dead-letter record ↔ `tidings_log::Record` (R-DEL-4).
 //!
-//! # Encoding (version 1)
+//! # Encoding (version 2)
 //!
 //! A durable DLQ record is the message's stream record (see [`codec`](super::codec)) with
 //! one more header put **in front** of it: `tidings-dlq`, a little-endian binary block
 //!
 //! | bytes | field |
 //! |---|---|
-//! | 1 | version = 1 |
+//! | 1 | version = 2 |
 //! | 4 | attempts `u32` |
 //! | 8 | the message's offset in its stream `u64` |
-//! | 4 + n | reason: `u32` length, UTF-8 (the [`DeadLetterReason`] display text) |
+//! | 1 | reason kind: 0 retries exhausted, 1 rejected, 2 expired, 3 overflow, 4 dropped oldest, 5 shutdown |
+//! | 4 | the reason's own attempt count `u32` (retries exhausted; 0 otherwise) |
+//! | 4 + n | the reason's error text: `u32` length, UTF-8 (retries exhausted, rejected; empty otherwise) |
 //!
 //! followed by the `tidings-msg` block and the user headers, in order. The metadata is read
 //! from the first header only, by position, so no user header — whatever its name — can
-//! change the reason, attempts or offset of an entry.
+//! change the reason, attempts or offset of an entry. The reason is stored typed, so it
+//! reads back as the same [`DeadLetterReason`].
+//!
+//! **Version 1** blocks (written before the reason was typed) have the same first three
+//! fields, then `u32` length + UTF-8 of the reason's display text. They are still read: the
+//! text is parsed back into the [`DeadLetterReason`] that displays as it; a text no
+//! version of tidings wrote is a typed decode error.
 //!
 //! # Removals
 //!
@@ -27,11 +35,11 @@
 //!
 //! # Legacy records
 //!
-//! Logs written before this encoding hold `tidings-msg` first, the user headers, then three
-//! text headers `tidings-dlq-reason`, `tidings-dlq-attempts`, `tidings-dlq-offset` appended
-//! **last**. They are still read, positionally from the end (exactly what the old writer
-//! produced), so a user header of the same name is kept as user data. A record that is
-//! neither shape is a typed decode error.
+//! Logs written before the binary block hold `tidings-msg` first, the user headers, then
+//! three text headers `tidings-dlq-reason`, `tidings-dlq-attempts`, `tidings-dlq-offset`
+//! appended **last**. They are still read, positionally from the end (exactly what the old
+//! writer produced), so a user header of the same name is kept as user data. A record that
+//! is neither shape is a typed decode error.
 
 use bytes::Bytes;
 use tidings_log::{Record, StoredRecord};
@@ -87,7 +95,10 @@ pub(crate) fn decode_any(r: StoredRecord) -> Result<DlqRecord, &'static str> {
         _ => decode(r).map(|(m, meta)| DlqRecord::Entry(Box::new(m), meta)),
     }
 }
-const VERSION: u8 = 1;
+/// The version this module writes.
+const VERSION: u8 = 2;
+/// The version whose reason is display text.
+const VERSION_TEXT_REASON: u8 = 1;
 
 /// Legacy trailing headers, in the order the old writer appended them.
 const LEGACY: [&str; 3] = [
@@ -99,8 +110,8 @@ const LEGACY: [&str; 3] = [
 /// What a durable DLQ record says about its message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct DlqMeta {
-    /// The reason's display text.
-    pub(crate) reason: String,
+    /// Why the message was dead-lettered.
+    pub(crate) reason: DeadLetterReason,
     /// Handler attempts made.
     pub(crate) attempts: u32,
     /// The message's offset in its stream.
@@ -114,19 +125,31 @@ pub(crate) fn encode(
     attempts: u32,
     offset: u64,
 ) -> Record {
-    let reason = reason.to_string();
-    let mut b = Vec::with_capacity(17 + reason.len());
+    let (kind, reason_attempts, text) = match reason {
+        DeadLetterReason::RetriesExhausted {
+            attempts,
+            last_error,
+        } => (0u8, *attempts, last_error.as_str()),
+        DeadLetterReason::Rejected { error } => (1, 0, error.as_str()),
+        DeadLetterReason::Expired => (2, 0, ""),
+        DeadLetterReason::Overflow => (3, 0, ""),
+        DeadLetterReason::DroppedOldest => (4, 0, ""),
+        DeadLetterReason::Shutdown => (5, 0, ""),
+    };
+    let mut b = Vec::with_capacity(22 + text.len());
     b.push(VERSION);
     b.extend_from_slice(&attempts.to_le_bytes());
     b.extend_from_slice(&offset.to_le_bytes());
-    // A reason is a handler's error text: bounded far below u32::MAX in practice; cut at a
-    // char boundary if it is not.
-    let mut cut = reason.len().min(u32::MAX as usize);
-    while !reason.is_char_boundary(cut) {
+    b.push(kind);
+    b.extend_from_slice(&reason_attempts.to_le_bytes());
+    // An error text is a handler's: bounded far below u32::MAX in practice; cut at a char
+    // boundary if it is not.
+    let mut cut = text.len().min(u32::MAX as usize);
+    while !text.is_char_boundary(cut) {
         cut -= 1;
     }
     b.extend_from_slice(&(cut as u32).to_le_bytes());
-    b.extend_from_slice(&reason.as_bytes()[..cut]);
+    b.extend_from_slice(&text.as_bytes()[..cut]);
     let mut rec = codec::encode(message);
     rec.headers
         .insert(0, (DLQ_HEADER.to_owned(), Bytes::from(b)));
@@ -139,25 +162,76 @@ fn meta_block(block: &[u8]) -> Result<DlqMeta, &'static str> {
             .and_then(|end| block.get(at..end))
             .ok_or("DLQ metadata block is truncated")
     };
-    if take(0, 1)?[0] != VERSION {
+    let u32_at = |at: usize| -> Result<u32, &'static str> {
+        let mut a4 = [0; 4];
+        a4.copy_from_slice(take(at, 4)?);
+        Ok(u32::from_le_bytes(a4))
+    };
+    let version = take(0, 1)?[0];
+    if version != VERSION && version != VERSION_TEXT_REASON {
         return Err("unsupported DLQ record version");
     }
-    let mut a4 = [0; 4];
+    let attempts = u32_at(1)?;
     let mut a8 = [0; 8];
-    a4.copy_from_slice(take(1, 4)?);
-    let attempts = u32::from_le_bytes(a4);
     a8.copy_from_slice(take(5, 8)?);
     let offset = u64::from_le_bytes(a8);
-    a4.copy_from_slice(take(13, 4)?);
-    let n = u32::from_le_bytes(a4) as usize;
-    let reason = std::str::from_utf8(take(17, n)?).map_err(|_| "DLQ reason is not UTF-8")?;
-    if block.len() != 17 + n {
+    let (reason, end) = if version == VERSION_TEXT_REASON {
+        let n = u32_at(13)? as usize;
+        let text = std::str::from_utf8(take(17, n)?).map_err(|_| "DLQ reason is not UTF-8")?;
+        (parse_reason(text)?, 17 + n)
+    } else {
+        let kind = take(13, 1)?[0];
+        let reason_attempts = u32_at(14)?;
+        let n = u32_at(18)? as usize;
+        let text = std::str::from_utf8(take(22, n)?).map_err(|_| "DLQ reason is not UTF-8")?;
+        let reason = match kind {
+            0 => DeadLetterReason::RetriesExhausted {
+                attempts: reason_attempts,
+                last_error: text.to_owned(),
+            },
+            1 => DeadLetterReason::Rejected {
+                error: text.to_owned(),
+            },
+            2 => DeadLetterReason::Expired,
+            3 => DeadLetterReason::Overflow,
+            4 => DeadLetterReason::DroppedOldest,
+            5 => DeadLetterReason::Shutdown,
+            _ => return Err("unknown DLQ reason kind"),
+        };
+        (reason, 22 + n)
+    };
+    if block.len() != end {
         return Err("trailing bytes in DLQ metadata block");
     }
     Ok(DlqMeta {
-        reason: reason.to_owned(),
+        reason,
         attempts,
         offset,
+    })
+}
+
+/// The [`DeadLetterReason`] whose display text is `text` (version 1 and legacy records).
+fn parse_reason(text: &str) -> Result<DeadLetterReason, &'static str> {
+    const UNKNOWN: &str = "DLQ reason text is not one tidings writes";
+    if let Some(rest) = text.strip_prefix("retries exhausted after ") {
+        let (n, last_error) = rest.split_once(" attempts: ").ok_or(UNKNOWN)?;
+        let attempts = n.parse().map_err(|_| UNKNOWN)?;
+        return Ok(DeadLetterReason::RetriesExhausted {
+            attempts,
+            last_error: last_error.to_owned(),
+        });
+    }
+    if let Some(error) = text.strip_prefix("rejected: ") {
+        return Ok(DeadLetterReason::Rejected {
+            error: error.to_owned(),
+        });
+    }
+    Ok(match text {
+        "expired" => DeadLetterReason::Expired,
+        "overflow" => DeadLetterReason::Overflow,
+        "dropped_oldest" => DeadLetterReason::DroppedOldest,
+        "shutdown" => DeadLetterReason::Shutdown,
+        _ => return Err(UNKNOWN),
     })
 }
 
@@ -194,7 +268,7 @@ fn legacy(headers: &mut Vec<(String, Bytes)>) -> Result<DlqMeta, &'static str> {
     }
     let text = |i: usize| std::str::from_utf8(&tail[i].1).map_err(|_| "DLQ header is not UTF-8");
     Ok(DlqMeta {
-        reason: text(0)?.to_owned(),
+        reason: parse_reason(text(0)?)?,
         attempts: text(1)?
             .parse()
             .map_err(|_| "DLQ attempts is not a number")?,
@@ -253,13 +327,74 @@ mod tests {
         assert_eq!(
             meta,
             DlqMeta {
-                reason: "rejected: no".into(),
+                reason,
                 attempts: 3,
                 offset: 9
             }
         );
         assert_eq!(d.headers, h);
         assert_eq!(d.log_offset, Some(9));
+    }
+
+    #[test]
+    fn every_reason_round_trips_typed() {
+        let m = message(Headers::new());
+        for reason in [
+            DeadLetterReason::RetriesExhausted {
+                attempts: 5,
+                last_error: "down: again".into(),
+            },
+            DeadLetterReason::Rejected {
+                error: "bad: input".into(),
+            },
+            DeadLetterReason::Expired,
+            DeadLetterReason::Overflow,
+            DeadLetterReason::DroppedOldest,
+            DeadLetterReason::Shutdown,
+        ] {
+            let (_, meta) = decode(stored(encode(&m, &reason, 5, 9))).unwrap();
+            // R-DEL-4: the durable DLQ keeps the typed reason, not only its text.
+            assert_eq!(meta.reason, reason);
+        }
+    }
+
+    /// A version-1 block as the previous writer produced it: the reason as display text.
+    fn version_1(message: &Message, reason: &str, attempts: u32, offset: u64) -> Record {
+        let mut b = vec![VERSION_TEXT_REASON];
+        b.extend_from_slice(&attempts.to_le_bytes());
+        b.extend_from_slice(&offset.to_le_bytes());
+        b.extend_from_slice(&(reason.len() as u32).to_le_bytes());
+        b.extend_from_slice(reason.as_bytes());
+        let mut rec = codec::encode(message);
+        rec.headers
+            .insert(0, (DLQ_HEADER.to_owned(), Bytes::from(b)));
+        rec
+    }
+
+    #[test]
+    fn version_1_text_reasons_still_decode() {
+        let m = message(Headers::new());
+        for reason in [
+            DeadLetterReason::RetriesExhausted {
+                attempts: 3,
+                last_error: "down 3".into(),
+            },
+            DeadLetterReason::Rejected {
+                error: "rejected: twice".into(),
+            },
+            DeadLetterReason::Expired,
+            DeadLetterReason::Overflow,
+            DeadLetterReason::DroppedOldest,
+            DeadLetterReason::Shutdown,
+        ] {
+            let rec = version_1(&m, &reason.to_string(), 3, 9);
+            let (d, meta) = decode(stored(rec)).unwrap();
+            // R-DEL-4: files written before the reason was typed read back typed.
+            assert_eq!((meta.reason, meta.attempts, meta.offset), (reason, 3, 9));
+            assert_eq!(d.log_offset, Some(9));
+        }
+        // R-LIM-2: a text no tidings version wrote is a typed error, not a guess.
+        assert!(decode(stored(version_1(&m, "gremlins", 1, 9))).is_err());
     }
 
     #[test]
@@ -281,8 +416,8 @@ mod tests {
         let (d, meta) = decode(stored(rec.clone())).unwrap();
         // R-DEL-4: old files stay readable, and their metadata is the writer's.
         assert_eq!(
-            (meta.reason.as_str(), meta.attempts, meta.offset),
-            ("expired", 2, 41)
+            (meta.reason, meta.attempts, meta.offset),
+            (DeadLetterReason::Expired, 2, 41)
         );
         assert_eq!(d.headers, h);
         // R-LIM-2: a legacy record missing its trailing headers is a typed error.

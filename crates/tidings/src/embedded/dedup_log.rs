@@ -16,7 +16,7 @@ use tidings_log::{Fsync, Log, LogConfig, Record, Retention, Storage};
 use crate::dedup::{DedupStore, InMemoryDedupStore};
 use crate::message::MessageId;
 
-use super::error::StreamError;
+use crate::durable::StreamError;
 
 /// Segment size of a dedup log.
 const SEGMENT_BYTES: u64 = 1 << 20;

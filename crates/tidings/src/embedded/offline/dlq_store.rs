@@ -1,24 +1,24 @@
 //! Everything the offline tools know about a durable dead-letter log's representation, in
 //! one place: which entries are present, how one decodes, what record redrives it, and how
-//! entries are durably removed. All of it is `stream::dlq_record` and `stream::codec`: a
+//! entries are durably removed. All of it is `embedded::dlq_record` and `embedded::codec`: a
 //! removal is a removal record appended to the dead-letter log itself.
 
 use std::collections::BTreeMap;
 
 use tidings_log::{Log, Record, StoredRecord, tools};
 
+use crate::durable::StreamError;
+use crate::embedded::codec;
+use crate::embedded::dlq_record::{self, DlqRecord};
 use crate::message::Message;
-use crate::stream::codec;
-use crate::stream::dlq_record::{self, DlqRecord};
-use crate::stream::error::StreamError;
 
 /// A dead-letter entry decoded for display.
 #[derive(Debug)]
 pub(crate) struct Decoded {
     /// The original message, without dead-letter metadata.
     pub(crate) message: Message,
-    /// The reason's display text.
-    pub(crate) reason: String,
+    /// Why it was dead-lettered.
+    pub(crate) reason: crate::dlq::DeadLetterReason,
     /// Handler attempts made.
     pub(crate) attempts: u32,
     /// The message's offset in its stream.

@@ -15,16 +15,15 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex, MutexGuard};
 
+use super::StreamError;
+use super::stream::OpenStream;
 use crate::clock::{Clock, ClockWaiter, deadline_after, wait_until};
 use crate::driver::{Executor, FeedStep, Feeder, FeederHandle};
 use crate::error::SubscribeError;
-use crate::message::millis_since_epoch;
-
-use super::StreamInner;
 
 struct State {
     /// Each stream with a retention policy, and when it is next due (`None` = never).
-    streams: Vec<(Arc<StreamInner>, Option<Instant>)>,
+    streams: Vec<(Arc<OpenStream>, Option<Instant>)>,
     stop: bool,
 }
 
@@ -67,42 +66,40 @@ impl RetentionService {
         }
     }
 
-    /// Apply `stream`'s retention every `stream.retention_interval` from now on.
-    pub(crate) fn add(&self, stream: Arc<StreamInner>) {
-        let Some(every) = stream.retention_interval else {
-            return;
-        };
+    /// Apply `stream`'s retention every `retention_interval` from now on.
+    pub(crate) fn add(&self, stream: Arc<OpenStream>) {
+        let every = stream.config.retention_interval;
         let next = deadline_after(self.clock.now(), every);
         self.state.lock().streams.push((stream, next));
         self.wake();
     }
 
     /// Take the streams due now and move their next due time on.
-    fn take_due(&self, st: &mut State) -> Vec<Arc<StreamInner>> {
+    fn take_due(&self, st: &mut State) -> Vec<Arc<OpenStream>> {
         let now = self.clock.now();
         let mut due = Vec::new();
         for (s, next) in &mut st.streams {
             if next.is_some_and(|n| n <= now) {
-                *next = s
-                    .retention_interval
-                    .and_then(|every| deadline_after(now, every));
+                *next = deadline_after(now, s.config.retention_interval);
                 due.push(s.clone());
             }
         }
         due
     }
 
-    fn apply(&self, due: &[Arc<StreamInner>]) {
-        let now_ms = millis_since_epoch(self.clock.wall());
+    fn apply(&self, due: &[Arc<OpenStream>]) {
+        let now = self.clock.wall();
         for s in due {
-            match s.log.apply_retention(now_ms) {
+            match s.backend.apply_retention(now) {
                 Ok(r) if !r.removed.is_empty() => tracing::debug!(
                     "tidings: retention removed {} segment(s) of stream {}",
                     r.removed.len(),
-                    s.name
+                    s.name()
                 ),
                 Ok(_) => {}
-                Err(e) => tracing::warn!("tidings: retention of stream {}: {e}", s.name),
+                // The backend applies retention itself.
+                Err(StreamError::Unsupported { .. }) => {}
+                Err(e) => tracing::warn!("tidings: retention of stream {}: {e}", s.name()),
             }
         }
     }

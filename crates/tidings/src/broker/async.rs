@@ -14,7 +14,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::async_handler::AsyncHandler;
-use crate::broker::Broker;
 use crate::driver::tokio::allow_blocking;
 use crate::error::{PublishError, SubscribeError};
 use crate::message::{Message, MessageBuilder};
@@ -23,6 +22,8 @@ use crate::report::{CloseReport, PublishReport};
 use crate::request::RequestError;
 use crate::subscription::Subscription;
 use crate::subscription::shared::HandlerKind;
+
+use super::Broker;
 
 impl Broker {
     /// Subscribe an async `handler` to every topic matching `pattern` (R-CORE-1, R-EXE-3).

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use tidings_log::Storage;
 use tidings_log::storage::OpenMode;
 
-use super::error::StreamError;
+use crate::durable::StreamError;
 
 const MAGIC: &str = "tidings-offset 1 ";
 

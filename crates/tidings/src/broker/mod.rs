@@ -18,9 +18,23 @@
 //! [`Broker::close`] stops accepting, lets dispatchers drain until a deadline, interrupts
 //! retry waits at once, joins every thread and reports what was left (R-CORE-6). Dropping
 //! the last `Broker` handle closes it with a zero drain deadline.
+//!
+//! # Layout
+//! The whole public surface of [`Broker`] and [`BrokerBuilder`] is in this folder, one file
+//! per concept:
+//!
+//! | file | what |
+//! |---|---|
+//! | `mod.rs` | `Broker`, `BrokerBuilder`, `WeakBroker`; subscribe, request, the subscription registry |
+//! | `publish.rs` | the publish path: validate, append to streams, route or schedule; dead-letter forwarding |
+//! | `durable.rs` | choosing the durable backend; streams, durable subscriptions, durable dedup stores |
+//! | `idle.rs` | the manual driver's drive-to-idle (`run_until_idle`, `settle`'s next wake-up) |
+//! | `close.rs` | `close` and its report |
+//! | `async.rs` | the async methods (feature `tokio`) |
+//!
+//! The admin actions and the snapshot (`crate::ops`) add `impl Broker` blocks of their own.
 
 use std::any::Any;
-use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
@@ -29,43 +43,31 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex, RwLock};
 
-use crate::clock::{Clock, ClockWaiter, ManualClock, Now, SystemClock, deadline_after};
-use crate::dlq::DeadLetter;
+use crate::clock::{Clock, ClockWaiter, ManualClock, SystemClock, deadline_after};
 use crate::driver::{Driver, Executor, executor_for};
 use crate::error::{ConfigError, PublishError, SubscribeError};
 use crate::handler::Handler;
 use crate::limits::Limits;
 use crate::message::{IdGenerator, Message, MessageBuilder};
 use crate::options::SubscribeOptions;
-use crate::report::{CloseReport, PublishReport, Undelivered};
+use crate::report::{CloseReport, PublishReport};
 use crate::request::{Inbox, RequestError};
 use crate::route_cache::RouteCache;
-use crate::scheduler::{Due, Scheduled, Scheduler, Target};
+use crate::scheduler::Scheduler;
 use crate::subscription::Subscription;
 use crate::subscription::handle::SubscriptionId;
-use crate::subscription::shared::{
-    DLQ_REASON_HEADER, HandlerKind, RESERVED_HEADER_PREFIX, SubShared, without_waiting,
-};
+use crate::subscription::shared::{HandlerKind, SubShared};
 use crate::topic::Pattern;
 use crate::topic::trie::TopicTrie;
 
-/// How long close waits for a handler that is still running after queues were closed.
-const JOIN_GRACE: Duration = Duration::from_secs(5);
+#[cfg(feature = "tokio")]
+mod r#async;
+mod close;
+mod durable;
+mod idle;
+mod publish;
 
-/// How deeply `run_until_idle` may nest (a handler that calls it, or `request`, or `close`,
-/// from inside a handler it is running). Deeper calls return 0 at once.
-const MAX_NESTING: u32 = 16;
-
-/// "Never" for a delivery time past what `Instant` can hold (about a century).
-const FAR_FUTURE: Duration = Duration::from_secs(100 * 365 * 86_400);
-
-/// Longest dead-letter reason copied into the forwarded message's reason header.
-const MAX_REASON_HEADER_BYTES: usize = 1024;
-
-thread_local! {
-    /// How many `run_until_idle` calls are delivering on this thread (nested ones included).
-    static DRIVING: Cell<u32> = const { Cell::new(0) };
-}
+use publish::refuse_reserved_headers;
 
 #[derive(Default)]
 struct Registry {
@@ -95,8 +97,9 @@ pub struct BrokerBuilder {
     limits: Limits,
     /// The clock when it is a [`ManualClock`], so [`Broker::settle`] can move it.
     manual_clock: Option<ManualClock>,
-    /// Streams' data directory and storage (`BrokerBuilder::data_dir`, src/stream/api.rs).
-    pub(crate) data_dir: crate::stream::DataDir,
+    /// Where durable streams live (`BrokerBuilder::data_dir`, `durable_backend`:
+    /// src/broker/durable.rs).
+    durable: durable::DurableChoice,
 }
 
 impl BrokerBuilder {
@@ -119,6 +122,7 @@ impl BrokerBuilder {
     /// Build the broker. Fails on inconsistent limits.
     pub fn build(self) -> Result<Broker, ConfigError> {
         self.limits.validate()?;
+        let (backend, data_dir) = self.durable.build()?;
         let executor = executor_for(&self.driver, &self.clock)?;
         let inner = Arc::new_cyclic(|weak| BrokerInner {
             registry: RwLock::new(Registry::default()),
@@ -135,7 +139,7 @@ impl BrokerBuilder {
             close_state: Mutex::new(CloseState::Open),
             close_done: Condvar::new(),
             manual_clock: self.manual_clock,
-            streams: crate::stream::Streams::new(self.data_dir),
+            durables: Arc::new(crate::durable::Durables::new(backend, data_dir)),
             driver_name: crate::driver::driver_name(&self.driver),
         });
         let waiter: Weak<dyn ClockWaiter> = Arc::downgrade(&inner) as Weak<dyn ClockWaiter>;
@@ -200,8 +204,8 @@ pub(crate) struct BrokerInner {
     /// Signalled when the first `close` stored its report.
     close_done: Condvar,
     manual_clock: Option<ManualClock>,
-    /// Durable streams and durable subscriptions (src/stream).
-    pub(crate) streams: crate::stream::Streams,
+    /// Durable streams and durable subscriptions (src/durable).
+    pub(crate) durables: Arc<crate::durable::Durables>,
     /// The driver's name, for the snapshot (src/ops/snapshot.rs).
     pub(crate) driver_name: &'static str,
 }
@@ -214,7 +218,7 @@ impl Broker {
             driver: Driver::Thread,
             limits: Limits::default(),
             manual_clock: None,
-            data_dir: Default::default(),
+            durable: Default::default(),
         }
     }
 
@@ -259,7 +263,7 @@ impl Broker {
     /// Publish a message (see the module docs for the contract).
     ///
     /// Header names starting with `tidings-` are reserved for tidings' own metadata (the
-    /// dead-letter headers such as [`DLQ_REASON_HEADER`]), so that nobody can forge it.
+    /// dead-letter headers such as [`DLQ_REASON_HEADER`](crate::DLQ_REASON_HEADER)), so that nobody can forge it.
     ///
     /// # Errors
     /// Invalid topic, limits exceeded, a reserved header name
@@ -508,7 +512,7 @@ impl BrokerInner {
     }
 
     /// `routed: false` creates a subscription outside the topic router, fed only by its
-    /// owner (a durable subscription's pump, src/stream/pump.rs).
+    /// owner (a durable subscription's feeder, src/durable/feeder.rs).
     pub(crate) fn subscribe_with(
         &self,
         pattern: &str,
@@ -593,103 +597,6 @@ impl BrokerInner {
         Some(shared.close())
     }
 
-    pub(crate) fn publish_builder(&self, b: MessageBuilder) -> Result<PublishReport, PublishError> {
-        // R-OPS-3: the publish span, and (feature `otel`) the traceparent header (src/ops).
-        let span = crate::telemetry::trace::publish_span(&b.topic);
-        let _entered = span.enter();
-        if self.closed.load(Ordering::Acquire) {
-            return Err(PublishError::Closed);
-        }
-        let message = Arc::new(crate::telemetry::trace::stamped(
-            self.build_message(b)?,
-            &self.limits,
-        ));
-        crate::telemetry::trace::record_published(&span, &message);
-        // Durable streams first: a failed append fails the publish (src/stream).
-        let streams = self.streams.append(&message)?;
-        let mut report = match self.due_time(&message) {
-            Some(due) => self.schedule(due, message)?,
-            None => self.route(&message),
-        };
-        report.streams = streams;
-        Ok(report)
-    }
-
-    /// The monotonic due time of a message delivered in the future (R-TIME-2).
-    pub(crate) fn due_time(&self, message: &Message) -> Option<Instant> {
-        let at = message.deliver_at()?;
-        let now = Now::new(self.clock.as_ref());
-        let wait = at
-            .duration_since(now.wall())
-            .ok()
-            .filter(|d| !d.is_zero())?;
-        // A delivery time too far away for an `Instant` is held until close, in practice
-        // (R-LIM-1): the furthest representable of these.
-        let mono = now.mono();
-        [wait, FAR_FUTURE, Duration::from_secs(86_400)]
-            .into_iter()
-            .find_map(|d| deadline_after(mono, d))
-            .or(Some(mono))
-    }
-
-    fn schedule(&self, due: Instant, message: Arc<Message>) -> Result<PublishReport, PublishError> {
-        let id = message.id();
-        if !self.schedule_for(due, message, Target::Route) {
-            return Err(PublishError::Closed);
-        }
-        Ok(PublishReport {
-            id,
-            accepted: 0,
-            refused: Vec::new(),
-            scheduled: true,
-            streams: Vec::new(),
-        })
-    }
-
-    /// Hold `message` until `due`, then hand it to `target`. False when the broker is closed.
-    pub(crate) fn schedule_for(&self, due: Instant, message: Arc<Message>, target: Target) -> bool {
-        let wants_timer = !self.executor.is_manual();
-        match self.scheduler.schedule(due, message, target, wants_timer) {
-            Scheduled::Closed => false,
-            Scheduled::Held { start_timer } => {
-                if start_timer {
-                    self.start_timer();
-                }
-                true
-            }
-        }
-    }
-
-    /// Offer a message that became due. The scheduler never waits on a queue (R-TIME-2,
-    /// R-CORE-1): a full `Overflow::Block` queue refuses a due message as `Overflow` (it is
-    /// dead-lettered, as under `Reject`) instead of stalling every other due message.
-    fn release(&self, (message, target): Due) {
-        without_waiting(|| match target {
-            Target::Route => {
-                self.route(&message);
-            }
-            Target::Only(_, offer) => offer(&message),
-        });
-    }
-
-    /// One timer per broker, run by the driver (src/scheduler.rs), offers due messages
-    /// (R-TIME-2); it never blocks on a subscription's queue (see [`BrokerInner::release`]).
-    fn start_timer(&self) {
-        let weak = self.weak.clone();
-        let release = Box::new(move |due: Due| {
-            if let Some(broker) = weak.upgrade() {
-                broker.release(due);
-            }
-        });
-        let started = self
-            .scheduler
-            .start_timer(self.clock.clone(), release, &*self.executor);
-        // Without a timer the messages stay scheduled and are reported at close.
-        if let Err(e) = started {
-            tracing::error!("tidings: could not start the scheduler's timer: {e}");
-        }
-    }
-
     /// The shared reply inbox, created on first use (R-PAT-1). Its subscription is
     /// internal: not listed, not counted against `max_subscriptions`, not removable.
     fn inbox(&self) -> Result<Arc<Inbox>, RequestError> {
@@ -728,97 +635,6 @@ impl BrokerInner {
         Ok(inbox)
     }
 
-    /// Publish a dead letter to its subscription's dead-letter topic (R-DEL-4).
-    ///
-    /// The forward carries the original's payload, key, priority and user headers, plus
-    /// tidings' metadata in the reserved headers [`DLQ_REASON_HEADER`] (the reason, at
-    /// most 1 KiB), `tidings-dlq-subscription`, `tidings-dlq-original-topic` and
-    /// `tidings-dlq-original-id`. The user's headers passed the broker's limits at
-    /// publish; the metadata is added after those limits are checked, so a message that
-    /// carries the maximum number or size of headers is still forwarded. Users cannot set
-    /// `tidings-` headers ([`PublishError::ReservedHeader`]), so the metadata cannot be
-    /// forged, and the loop guard (a forwarded dead letter is never forwarded again) is
-    /// exact.
-    pub(crate) fn forward_dead_letter(
-        &self,
-        topic: &str,
-        entry: &DeadLetter,
-        subscription: &str,
-    ) -> Result<PublishReport, PublishError> {
-        if self.closed.load(Ordering::Acquire) {
-            return Err(PublishError::Closed);
-        }
-        let original = &entry.message;
-        let mut b = MessageBuilder::new(topic)
-            .payload(original.payload().clone())
-            .priority(original.priority());
-        for (k, v) in original.headers().iter() {
-            b = b.header(k, v);
-        }
-        if let Some(k) = original.key() {
-            b = b.key(k);
-        }
-        let mut message = self.build_message(b)?;
-        let mut reason = entry.reason.to_string();
-        if reason.len() > MAX_REASON_HEADER_BYTES {
-            let mut cut = MAX_REASON_HEADER_BYTES;
-            while !reason.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            reason.truncate(cut);
-        }
-        message.headers.insert(DLQ_REASON_HEADER, reason);
-        message
-            .headers
-            .insert("tidings-dlq-subscription", subscription);
-        message
-            .headers
-            .insert("tidings-dlq-original-topic", original.topic().to_string());
-        message
-            .headers
-            .insert("tidings-dlq-original-id", original.id().to_string());
-        let message = Arc::new(message);
-        let streams = self.streams.append(&message)?;
-        let mut report = self.route(&message);
-        report.streams = streams;
-        Ok(report)
-    }
-
-    /// Validate limits and stamp id and time (R-CORE-4, R-LIM-1).
-    fn build_message(&self, b: MessageBuilder) -> Result<Message, PublishError> {
-        b.build(&self.limits, &Now::new(self.clock.as_ref()), &self.ids)
-    }
-
-    /// Snapshot the matching subscriptions, release the lock, offer to each (R-CORE-2).
-    /// A topic published before, with no subscribe or unsubscribe since, takes its
-    /// snapshot from the route cache: one hash lookup (src/route_cache.rs).
-    fn route(&self, message: &Arc<Message>) -> PublishReport {
-        let targets = {
-            let reg = self.registry.read();
-            let topic = message.topic();
-            reg.routes.get_or_compute(topic.as_str(), || {
-                let mut targets = Vec::new();
-                reg.router
-                    .for_each_match(topic, |_, sub| targets.push(sub.clone()));
-                targets
-            })
-        };
-        let mut report = PublishReport {
-            id: message.id(),
-            accepted: 0,
-            refused: Vec::new(),
-            scheduled: false,
-            streams: Vec::new(),
-        };
-        for sub in targets.iter() {
-            match sub.offer(message) {
-                Ok(()) => report.accepted += 1,
-                Err(reason) => report.refused.push((sub.id, reason)),
-            }
-        }
-        report
-    }
-
     /// Every live subscription, the internal ones included, in id order.
     pub(crate) fn live(&self) -> Vec<Arc<SubShared>> {
         let reg = self.registry.read();
@@ -832,150 +648,10 @@ impl BrokerInner {
         subs
     }
 
-    /// True when no queue holds a message, no handler call or retry is pending and no
-    /// delayed message is scheduled.
-    fn is_idle(&self) -> bool {
-        self.scheduler.len() == 0 && self.live().iter().all(|s| s.is_idle())
-    }
-
     /// The user's subscriptions (not the internal reply inbox), in id order: what the
     /// snapshot shows and the admin actions may touch.
     pub(crate) fn user_subscriptions(&self) -> Vec<Arc<SubShared>> {
         self.registry.read().all.values().cloned().collect()
-    }
-
-    fn run_until_idle(&self) -> usize {
-        if !self.executor.is_manual() {
-            return 0;
-        }
-        struct Depth;
-        impl Drop for Depth {
-            fn drop(&mut self) {
-                DRIVING.with(|d| d.set(d.get().saturating_sub(1)));
-            }
-        }
-        if DRIVING.with(|d| d.get()) >= MAX_NESTING {
-            return 0;
-        }
-        DRIVING.with(|d| d.set(d.get() + 1));
-        let _depth = Depth;
-        // Nothing else can make room while this thread delivers: Block offers do not wait.
-        without_waiting(|| self.drive())
-    }
-
-    fn drive(&self) -> usize {
-        let mut delivered = 0;
-        loop {
-            let mut progress = 0;
-            for entry in self.scheduler.take_due(self.clock.now()) {
-                self.release(entry);
-                progress += 1;
-            }
-            progress += self.streams.pump_all(&self.weak);
-            for sub in self.live() {
-                for worker in 0..sub.workers() {
-                    while sub.step(worker) {
-                        progress += 1;
-                    }
-                }
-            }
-            if progress == 0 {
-                break;
-            }
-            delivered += progress;
-        }
-        delivered
-    }
-
-    fn next_wake(&self) -> Option<Instant> {
-        self.live()
-            .iter()
-            .filter_map(|s| s.core.lock().next_wake())
-            .chain(self.scheduler.next_due())
-            .min()
-    }
-
-    /// The first call closes and stores the report; every other call returns a copy of it
-    /// (waiting for the first to finish, unless it is the closing thread itself).
-    fn close(&self, drain: Duration) -> CloseReport {
-        {
-            let me = std::thread::current().id();
-            let mut state = self.close_state.lock();
-            loop {
-                match &*state {
-                    CloseState::Done(report) => return report.clone(),
-                    CloseState::Running(closer) if *closer == me => {
-                        return CloseReport::default();
-                    }
-                    CloseState::Running(_) => self.close_done.wait(&mut state),
-                    CloseState::Open => {
-                        *state = CloseState::Running(me);
-                        break;
-                    }
-                }
-            }
-        }
-        let report = self.close_once(drain);
-        *self.close_state.lock() = CloseState::Done(report.clone());
-        self.close_done.notify_all();
-        report
-    }
-
-    fn close_once(&self, drain: Duration) -> CloseReport {
-        self.closed.store(true, Ordering::Release);
-        if let Some(inbox) = self.inbox.get() {
-            inbox.close();
-        }
-        let mut report = CloseReport::default();
-        for (message, subscription) in self.scheduler.close() {
-            report.undelivered.push(Undelivered {
-                subscription,
-                message,
-            });
-        }
-        let subs = self.live();
-        // `Duration::MAX` (a deadline past what `Instant` holds) drains until empty.
-        let drain_until = deadline_after(self.clock.now(), drain);
-        for sub in &subs {
-            sub.begin_drain(drain_until);
-        }
-        if self.executor.is_manual() {
-            self.run_until_idle();
-        } else {
-            self.executor
-                .wait_stopped(deadline_after(Instant::now(), drain));
-        }
-        for sub in &subs {
-            for message in sub.close() {
-                report.undelivered.push(Undelivered {
-                    subscription: Some(sub.id),
-                    message,
-                });
-            }
-        }
-        report.unjoined = self.executor.join(Instant::now() + JOIN_GRACE);
-        // Stop stream pumps, write durable positions, close stream logs (src/stream).
-        self.streams.close();
-        self.scheduler.join_timer();
-        // Handlers that were running when their queue closed and then failed retryably
-        // were dead-lettered as `Shutdown` after `sub.close()` returned: report them too,
-        // so the report and the `Shutdown` dead letters agree exactly (R-CORE-6).
-        for sub in &subs {
-            for message in sub.take_shutdown() {
-                report.undelivered.push(Undelivered {
-                    subscription: Some(sub.id),
-                    message,
-                });
-            }
-        }
-        let mut reg = self.registry.write();
-        reg.all.clear();
-        reg.internal.clear();
-        reg.router = TopicTrie::default();
-        let evicted = reg.routes.invalidate();
-        drop(reg);
-        drop(evicted);
-        report
     }
 }
 
@@ -994,19 +670,5 @@ impl ClockWaiter for BrokerInner {
 impl Drop for BrokerInner {
     fn drop(&mut self) {
         let _ = self.close(Duration::ZERO);
-    }
-}
-
-/// Refuse user headers in tidings' reserved namespace (R-DEL-4: metadata is unforgeable).
-fn refuse_reserved_headers(message: &MessageBuilder) -> Result<(), PublishError> {
-    match message
-        .headers
-        .iter()
-        .find(|(k, _)| k.starts_with(RESERVED_HEADER_PREFIX))
-    {
-        Some((name, _)) => Err(PublishError::ReservedHeader {
-            name: name.to_owned(),
-        }),
-        None => Ok(()),
     }
 }

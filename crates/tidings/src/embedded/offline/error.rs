@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use crate::stream::error::StreamError;
+use crate::durable::StreamError;
 
 /// Why a read operation failed.
 #[derive(Debug, thiserror::Error)]

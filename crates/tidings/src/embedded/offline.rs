@@ -13,7 +13,7 @@
 //! | `consumers/<stream>/<name>.dlq/` | its durable dead-letter log (a `tidings-log`) |
 //!
 //! The dead-letter log is append-only, so an entry *leaves* it through a removal record
-//! appended to the same log (see `stream::dlq_record`); listing replays the log.
+//! appended to the same log (see `embedded::dlq_record`); listing replays the log.
 //! [`DurableSubscription::durable_dead_letters`](crate::DurableSubscription::durable_dead_letters)
 //! reads the same records, so both views agree.
 //!
@@ -59,9 +59,8 @@ use std::time::UNIX_EPOCH;
 use serde::Serialize;
 use tidings_log::{StoredRecord, tools};
 
-use super::check_name;
-use super::commit::OffsetStore;
-use super::error::StreamError;
+use super::offset_store::OffsetStore;
+use crate::durable::{StreamError, check_name};
 
 mod dlq_store;
 mod error;
@@ -284,20 +283,6 @@ fn names_in(
     Ok(out)
 }
 
-/// The reason kind of a stored reason text (the [`DeadLetterReason`](crate::DeadLetterReason)
-/// display text).
-fn reason_kind(text: &str) -> String {
-    if text.starts_with("retries exhausted") {
-        "retries_exhausted".to_owned()
-    } else if text.starts_with("rejected") {
-        "rejected".to_owned()
-    } else if text.is_empty() {
-        "unknown".to_owned()
-    } else {
-        text.split(':').next().unwrap_or(text).to_owned()
-    }
-}
-
 fn preview(payload: &[u8]) -> String {
     let cut = payload.len() > PREVIEW_BYTES;
     let mut s = String::from_utf8_lossy(&payload[..payload.len().min(PREVIEW_BYTES)]).into_owned();
@@ -328,8 +313,8 @@ fn entry_from(r: StoredRecord, dlq_dir: &Path) -> Result<DeadLetterEntry, Inspec
             .timestamp()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
-        reason_kind: reason_kind(&d.reason),
-        reason: d.reason.clone(),
+        reason_kind: d.reason.name().to_owned(),
+        reason: d.reason.to_string(),
         attempts: d.attempts,
         headers: m
             .headers()
@@ -542,21 +527,5 @@ impl DataDir {
             .into_iter()
             .map(|r| entry_from(r, &dlq))
             .collect()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn reason_kinds() {
-        assert_eq!(
-            reason_kind("retries exhausted after 3 attempts: boom"),
-            "retries_exhausted"
-        );
-        assert_eq!(reason_kind("rejected: bad: order"), "rejected");
-        assert_eq!(reason_kind("expired"), "expired");
-        assert_eq!(reason_kind(""), "unknown");
     }
 }

@@ -9,10 +9,9 @@ use tidings_log::{Fsync, Log, LogConfig, OpenError, StoredRecord};
 use super::dlq_store::{log_present, mark_removed, redrive_record};
 use super::{DataDir, DlqActionOutcome, SeekOutcome, Selection};
 use super::{PurgeError, RedriveError, SeekError};
-use crate::stream::StreamInner;
-use crate::stream::commit::OffsetStore;
-use crate::stream::config::StartAt;
-use crate::stream::error::StreamError;
+use crate::durable::{StartAt, StreamError};
+use crate::embedded::offset_store::OffsetStore;
+use crate::embedded::stream::resolve;
 
 /// Records per appended-and-synced redrive batch.
 const REDRIVE_BATCH: usize = 256;
@@ -62,16 +61,6 @@ impl DataDir {
             Opened::Log(log) => log,
             Opened::Locked(path) => return Err(SeekError::Locked { path }),
         };
-        let inner = StreamInner {
-            name: stream.to_owned(),
-            patterns: Vec::new(),
-            log,
-            dir: sdir,
-            recovery: Default::default(),
-            commit_every: 1,
-            retention_interval: None,
-            feeders: Default::default(),
-        };
         let result = (|| {
             let store = OffsetStore::new(
                 std::sync::Arc::new(tidings_log::FsStorage),
@@ -79,7 +68,7 @@ impl DataDir {
                 name,
             );
             let previous = store.load()?.unwrap_or(0);
-            let target = inner.resolve(at)?;
+            let target = resolve(&log, &sdir, at)?;
             store.store(target)?;
             Ok(SeekOutcome {
                 stream: stream.to_owned(),
@@ -88,7 +77,7 @@ impl DataDir {
                 committed: target,
             })
         })();
-        let closed = close_log(&inner.log);
+        let closed = close_log(&log);
         let out = result.map_err(SeekError::Stream)?;
         closed.map_err(SeekError::Stream)?;
         Ok(out)

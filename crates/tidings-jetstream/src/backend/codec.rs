@@ -1,0 +1,309 @@
+//! A tidings message as a JetStream record: the subject is the topic, the body is the
+//! payload, and every other field travels in `tidings-*` headers.
+//!
+//! | header | field | value |
+//! |---|---|---|
+//! | `Nats-Msg-Id` | dedup key | the message id (a redrive copy: id, durable and DLQ sequence) |
+//! | `tidings-id` | id | 32 hex digits |
+//! | `tidings-ts` | timestamp | nanoseconds since the UNIX epoch |
+//! | `tidings-exp` | expiry (TTL, R-TIME-1) | ns since the epoch; checked by tidings on receipt |
+//! | `tidings-at` | delivery time (delay, R-TIME-2) | ns since the epoch |
+//! | `tidings-key` | ordering key | hex |
+//! | `tidings-prio` | priority | `0`..=`3`, absent for normal |
+//! | `tidings-reply` | reply-to topic | the topic |
+//! | `tidings-corr` | correlation id | escaped |
+//! | `tidings-h` | user headers, in order | `name=value&...`, names and values escaped |
+//! | `tidings-to` | redrive target | the durable subscription a redrive copy is for |
+//!
+//! User headers travel in one header because NATS headers are a map: it would lose their
+//! order and refuse names tidings allows. Escaping is `%XX` for every byte outside
+//! `!`..=`~` and for `%`, `&` and `=`.
+//!
+//! A record without `tidings-id` (published by another NATS client) still becomes a message:
+//! its id is derived from its stream sequence and its timestamp is the server's store time.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_nats::HeaderMap;
+use bytes::Bytes;
+use tidings::{Headers, Limits, Message, MessageId, MessageParts, Priority, Topic};
+
+/// The leading header of a redrive copy (the embedded log uses the same name).
+pub(crate) const TARGET: &str = "tidings-to";
+const ID: &str = "tidings-id";
+const TS: &str = "tidings-ts";
+const EXPIRES: &str = "tidings-exp";
+const AT: &str = "tidings-at";
+const KEY: &str = "tidings-key";
+const PRIORITY: &str = "tidings-prio";
+const REPLY: &str = "tidings-reply";
+const CORRELATION: &str = "tidings-corr";
+const USER: &str = "tidings-h";
+/// Dead-letter headers.
+pub(crate) const DLQ_REASON: &str = "tidings-dlq-reason";
+pub(crate) const DLQ_ATTEMPTS: &str = "tidings-dlq-attempts";
+pub(crate) const DLQ_ERROR: &str = "tidings-dlq-error";
+pub(crate) const DLQ_OFFSET: &str = "tidings-dlq-offset";
+
+fn nanos(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+fn from_nanos(n: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_nanos(n)
+}
+
+/// `%XX` for every byte outside `!`..=`~` and for `%`, `&`, `=`.
+pub(crate) fn escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if (b'!'..=b'~').contains(&b) && !matches!(b, b'%' | b'&' | b'=') {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// The inverse of [`escape`].
+pub(crate) fn unescape(s: &str) -> Result<String, &'static str> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = s.get(i + 1..i + 3).ok_or("truncated escape")?;
+            out.push(u8::from_str_radix(hex, 16).map_err(|_| "bad escape")?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| "escaped text is not UTF-8")
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Result<Vec<u8>, &'static str> {
+    if !s.len().is_multiple_of(2) {
+        return Err("odd hex length");
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).map_err(|_| "bad hex"))
+        .collect()
+}
+
+fn put(map: &mut HeaderMap, name: &'static str, value: &str) {
+    // Every value written here is escaped, hex or decimal: never CR or LF.
+    if let Ok(v) = value.parse::<async_nats::header::HeaderValue>() {
+        map.insert(name, v);
+    }
+}
+
+/// The headers carrying `m` (without `Nats-Msg-Id`).
+pub(crate) fn encode(m: &Message) -> HeaderMap {
+    let mut map = HeaderMap::new();
+    put(&mut map, ID, &m.id().to_string());
+    put(&mut map, TS, &nanos(m.timestamp()).to_string());
+    if let Some(t) = m.expires_at() {
+        put(&mut map, EXPIRES, &nanos(t).to_string());
+    }
+    if let Some(t) = m.deliver_at() {
+        put(&mut map, AT, &nanos(t).to_string());
+    }
+    if let Some(k) = m.key() {
+        put(&mut map, KEY, &hex(k));
+    }
+    if m.priority() != Priority::Normal {
+        put(&mut map, PRIORITY, &m.priority().index().to_string());
+    }
+    if let Some(r) = m.reply_to() {
+        put(&mut map, REPLY, r.as_str());
+    }
+    if let Some(c) = m.correlation_id() {
+        put(&mut map, CORRELATION, &escape(c));
+    }
+    if !m.headers().is_empty() {
+        let list: Vec<String> = m
+            .headers()
+            .iter()
+            .map(|(n, v)| format!("{}={}", escape(n), escape(v)))
+            .collect();
+        put(&mut map, USER, &list.join("&"));
+    }
+    map
+}
+
+/// What a stored record looks like to the decoder.
+pub(crate) struct Stored<'a> {
+    pub(crate) subject: &'a str,
+    pub(crate) payload: Bytes,
+    pub(crate) sequence: u64,
+    pub(crate) published: SystemTime,
+    pub(crate) header: &'a dyn Fn(&str) -> Option<String>,
+}
+
+/// Why a record is not a tidings message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct DecodeError {
+    pub(crate) sequence: u64,
+    pub(crate) reason: String,
+}
+
+impl std::fmt::Display for DecodeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "record {} is not a tidings message: {}",
+            self.sequence, self.reason
+        )
+    }
+}
+
+/// Rebuilds the message a record carries, with its offset set to the record's sequence.
+pub(crate) fn decode(r: &Stored<'_>, limits: &Limits) -> Result<Message, DecodeError> {
+    let fail = |reason: String| DecodeError {
+        sequence: r.sequence,
+        reason,
+    };
+    let bad = |name: &str, why: &str| fail(format!("header {name}: {why}"));
+    let number = |name: &'static str| -> Result<Option<u64>, DecodeError> {
+        (r.header)(name)
+            .map(|v| v.parse::<u64>().map_err(|_| bad(name, "not a number")))
+            .transpose()
+    };
+    let topic = Topic::new(r.subject).map_err(|e| fail(format!("subject: {e}")))?;
+    let id = match (r.header)(ID) {
+        Some(v) => MessageId::from_u128(
+            u128::from_str_radix(&v, 16).map_err(|_| bad(ID, "not 32 hex digits"))?,
+        ),
+        // A record from another client: an id unique within the stream, ordered by time.
+        None => MessageId::from_u128(
+            (u128::from(nanos(r.published) / 1_000_000) << 80) | u128::from(r.sequence),
+        ),
+    };
+    let timestamp = number(TS)?.map_or(r.published, from_nanos);
+    let mut parts = MessageParts::new(id, topic, timestamp);
+    parts.payload = r.payload.clone();
+    parts.expires_at = number(EXPIRES)?.map(from_nanos);
+    parts.deliver_at = number(AT)?.map(from_nanos);
+    parts.key = (r.header)(KEY)
+        .map(|k| unhex(&k).map(Bytes::from).map_err(|e| bad(KEY, e)))
+        .transpose()?;
+    parts.priority = match number(PRIORITY)? {
+        None | Some(1) => Priority::Normal,
+        Some(0) => Priority::Low,
+        Some(2) => Priority::High,
+        Some(3) => Priority::Urgent,
+        Some(_) => return Err(bad(PRIORITY, "not 0..=3")),
+    };
+    parts.reply_to = (r.header)(REPLY)
+        .map(|t| Topic::new(&t).map_err(|e| bad(REPLY, &e.to_string())))
+        .transpose()?;
+    parts.correlation_id = (r.header)(CORRELATION)
+        .map(|c| unescape(&c).map_err(|e| bad(CORRELATION, e)))
+        .transpose()?;
+    if let Some(list) = (r.header)(USER) {
+        let mut headers = Headers::new();
+        for pair in list.split('&').filter(|p| !p.is_empty()) {
+            let (n, v) = pair.split_once('=').ok_or_else(|| bad(USER, "no '='"))?;
+            headers.insert(
+                unescape(n).map_err(|e| bad(USER, e))?,
+                unescape(v).map_err(|e| bad(USER, e))?,
+            );
+        }
+        parts.headers = headers;
+    }
+    parts.offset = Some(r.sequence);
+    Message::from_parts(parts, limits).map_err(|e| fail(e.to_string()))
+}
+
+/// The first value of `name` in `map`.
+pub(crate) fn lookup(map: &HeaderMap, name: &str) -> Option<String> {
+    map.get(name).map(|v| v.as_str().to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escaping_round_trips() {
+        for s in [
+            "",
+            "plain",
+            "a b",
+            "x=y&z",
+            "100%",
+            "line\nbreak\r",
+            "naïve ✓",
+        ] {
+            let e = escape(s);
+            assert!(e.bytes().all(|b| (b'!'..=b'~').contains(&b)), "{e}");
+            assert_eq!(unescape(&e).as_deref(), Ok(s));
+        }
+        assert!(unescape("%4").is_err());
+        assert!(unescape("%zz").is_err());
+        assert!(unescape("%FF").is_err());
+    }
+
+    #[test]
+    fn every_field_travels() {
+        // R-CORE-4: the message read back is the one published, field for field.
+        let m = Message::to("a.b")
+            .payload("p")
+            .header("h", "v")
+            .header("odd name=", "a&b%\n")
+            .header("h", "second")
+            .key([0u8, 255, 7])
+            .priority(Priority::Urgent)
+            .ttl(Duration::from_secs(60))
+            .delay(Duration::from_secs(5))
+            .reply_to("r.s")
+            .correlation_id("c 1\n")
+            .build_detached()
+            .expect("valid");
+        let map = encode(&m);
+        let header = |n: &str| lookup(&map, n);
+        let stored = Stored {
+            subject: "a.b",
+            payload: m.payload().clone(),
+            sequence: 9,
+            published: SystemTime::now(),
+            header: &header,
+        };
+        let back = decode(&stored, &Limits::default()).expect("decodes");
+        let mut want = m.to_parts();
+        want.offset = Some(9);
+        assert_eq!(back.to_parts(), want);
+    }
+
+    #[test]
+    fn foreign_and_malformed_records() {
+        let none = |_: &str| None;
+        let stored = Stored {
+            subject: "a",
+            payload: Bytes::from_static(b"x"),
+            sequence: 3,
+            published: SystemTime::now(),
+            header: &none,
+        };
+        let m = decode(&stored, &Limits::default()).expect("a foreign record is a message");
+        assert_eq!(m.offset(), Some(3));
+        let bad = |n: &str| (n == TS).then(|| "soon".to_owned());
+        let stored = Stored {
+            header: &bad,
+            ..stored
+        };
+        // R-LIM-2: a malformed record is a typed error naming the header, never a panic.
+        let err = decode(&stored, &Limits::default()).expect_err("malformed");
+        assert!(err.to_string().contains("tidings-ts"), "{err}");
+    }
+}

@@ -1,0 +1,223 @@
+//! The durable DLQ of one durable subscription: a JetStream stream of its own (R-DEL-4).
+//!
+//! An entry is the dead message (the same `tidings-*` headers as in its stream) plus
+//! `tidings-dlq-reason`, `-attempts`, `-error` (the last handler error) and `-offset` (its
+//! offset in the stream), published to `$TIDINGS.dlq.<stream>.<durable>`. Its
+//! `Nats-Msg-Id` is derived from the message offset, so storing the same dead letter twice
+//! (a retry after a lost ack) keeps one entry.
+//!
+//! # Loss safety
+//! A dead letter is acknowledged by the DLQ stream *before* the original is terminated; a
+//! redrive copy is acknowledged by the original stream *before* its entry is deleted.
+
+use std::time::SystemTime;
+
+use async_nats::HeaderMap;
+use futures_util::StreamExt;
+use tidings::durable::DurableDeadLetter;
+use tidings::{DeadLetterReason, Limits, Message, StreamError};
+
+use super::codec::{self, DLQ_ATTEMPTS, DLQ_ERROR, DLQ_OFFSET, DLQ_REASON, Stored, TARGET};
+use super::stream::{headers_with_id, publish};
+use super::{backend_error, nats_name};
+use crate::connect::JetStream;
+
+/// The header carrying a dead letter's topic (the DLQ subject is the DLQ's own).
+const DLQ_TOPIC: &str = "tidings-dlq-topic";
+
+/// Whether a raw-message error means "no message at that sequence" (deleted or purged).
+pub(crate) fn is_no_message(e: &async_nats::jetstream::stream::RawMessageError) -> bool {
+    use async_nats::jetstream::stream::RawMessageErrorKind as K;
+    match e.kind() {
+        K::NoMessageFound => true,
+        K::JetStream(err) => err.error_code() == async_nats::jetstream::ErrorCode::NO_MESSAGE_FOUND,
+        _ => false,
+    }
+}
+
+/// The DLQ streams of the durable subscriptions of the JetStream stream `nats`.
+pub(crate) async fn dlq_streams_of(js: &JetStream, nats: &str) -> Result<Vec<String>, String> {
+    let prefix = format!("{nats}_x");
+    let mut names = js.context.stream_names();
+    let mut out = Vec::new();
+    while let Some(name) = names.next().await {
+        let name = name.map_err(|e| e.to_string())?;
+        if name.starts_with(&prefix) {
+            out.push(name);
+        }
+    }
+    Ok(out)
+}
+
+/// One durable subscription's DLQ.
+#[derive(Clone)]
+pub(crate) struct DeadLetters {
+    js: JetStream,
+    /// The JetStream name of the DLQ stream.
+    stream: String,
+    subject: String,
+    durable: String,
+    limits: Limits,
+}
+
+impl DeadLetters {
+    /// The DLQ of durable `durable` on the JetStream stream `nats`.
+    pub(crate) fn new(js: JetStream, nats: &str, durable: &str, limits: Limits) -> Self {
+        let d = nats_name(durable);
+        Self {
+            js,
+            stream: format!("{nats}_x{d}"),
+            subject: format!("$TIDINGS.dlq.{nats}.{d}"),
+            durable: durable.to_owned(),
+            limits,
+        }
+    }
+
+    /// Creates the DLQ stream (or finds it).
+    pub(crate) async fn ensure(&self) -> Result<(), StreamError> {
+        let config = async_nats::jetstream::stream::Config {
+            name: self.stream.clone(),
+            subjects: vec![self.subject.clone()],
+            storage: async_nats::jetstream::stream::StorageType::File,
+            ..Default::default()
+        };
+        self.js
+            .context
+            .get_or_create_stream(config)
+            .await
+            .map_err(|e| backend_error(format!("DLQ stream {}: {e}", self.stream)))?;
+        Ok(())
+    }
+
+    /// Stores `m` as a dead letter and waits for the server's ack.
+    pub(crate) async fn put(
+        &self,
+        m: &Message,
+        reason: &DeadLetterReason,
+        attempts: u32,
+    ) -> Result<(), StreamError> {
+        let offset = m.offset().unwrap_or(0);
+        let mut headers: HeaderMap = headers_with_id(m, &format!("dlq:{offset}:{}", m.id()));
+        let error = match reason {
+            DeadLetterReason::RetriesExhausted { last_error, .. } => Some(last_error.as_str()),
+            DeadLetterReason::Rejected { error } => Some(error.as_str()),
+            _ => None,
+        };
+        headers.insert(DLQ_REASON, reason.name());
+        headers.insert(DLQ_ATTEMPTS, attempts.to_string().as_str());
+        headers.insert(DLQ_OFFSET, offset.to_string().as_str());
+        headers.insert(DLQ_TOPIC, m.topic().as_str());
+        if let Some(e) = error {
+            headers.insert(DLQ_ERROR, codec::escape(e).as_str());
+        }
+        publish(&self.js, self.subject.clone(), headers, m.payload().clone()).await?;
+        Ok(())
+    }
+
+    /// Every entry with its DLQ sequence, oldest first.
+    pub(crate) async fn list(&self) -> Result<Vec<(u64, DurableDeadLetter)>, StreamError> {
+        let (first, end) = super::stream::bounds(&self.js, &self.stream).await?;
+        let stream = self
+            .js
+            .context
+            .get_stream_no_info(&self.stream)
+            .await
+            .map_err(|e| backend_error(format!("DLQ stream {}: {e}", self.stream)))?;
+        let mut out = Vec::new();
+        for seq in first..end {
+            let raw = match stream.get_raw_message(seq).await {
+                Ok(raw) => raw,
+                Err(e) if is_no_message(&e) => continue,
+                Err(e) => return Err(backend_error(format!("DLQ {} at {seq}: {e}", self.stream))),
+            };
+            out.push((seq, self.decode(&raw)?));
+        }
+        Ok(out)
+    }
+
+    fn decode(
+        &self,
+        raw: &async_nats::jetstream::message::StreamMessage,
+    ) -> Result<DurableDeadLetter, StreamError> {
+        let header = |n: &str| codec::lookup(&raw.headers, n);
+        let bad = |why: &str| backend_error(format!("DLQ entry {}: {why}", raw.sequence));
+        let topic = header(DLQ_TOPIC).ok_or_else(|| bad("no topic"))?;
+        let offset: u64 = header(DLQ_OFFSET)
+            .and_then(|o| o.parse().ok())
+            .ok_or_else(|| bad("no offset"))?;
+        let stored = Stored {
+            subject: &topic,
+            payload: raw.payload.clone(),
+            sequence: offset,
+            published: SystemTime::from(raw.time),
+            header: &header,
+        };
+        let message = codec::decode(&stored, &self.limits).map_err(backend_error)?;
+        let attempts: u32 = header(DLQ_ATTEMPTS)
+            .and_then(|a| a.parse().ok())
+            .ok_or_else(|| bad("no attempts"))?;
+        let error = header(DLQ_ERROR)
+            .map(|e| codec::unescape(&e).map_err(bad))
+            .transpose()?
+            .unwrap_or_default();
+        let reason = match header(DLQ_REASON).as_deref() {
+            Some("retries_exhausted") => DeadLetterReason::RetriesExhausted {
+                attempts,
+                last_error: error,
+            },
+            Some("rejected") => DeadLetterReason::Rejected { error },
+            Some("expired") => DeadLetterReason::Expired,
+            Some("overflow") => DeadLetterReason::Overflow,
+            Some("dropped_oldest") => DeadLetterReason::DroppedOldest,
+            Some("shutdown") => DeadLetterReason::Shutdown,
+            other => return Err(bad(&format!("unknown reason {other:?}"))),
+        };
+        Ok(DurableDeadLetter::new(message, reason, attempts))
+    }
+
+    /// Removes every entry up to `last` (inclusive) at once.
+    pub(crate) async fn purge_through(&self, last: u64) -> Result<(), StreamError> {
+        let stream = self
+            .js
+            .context
+            .get_stream_no_info(&self.stream)
+            .await
+            .map_err(|e| backend_error(format!("DLQ stream {}: {e}", self.stream)))?;
+        stream
+            .purge()
+            .sequence(last + 1)
+            .await
+            .map_err(|e| backend_error(format!("purging DLQ {}: {e}", self.stream)))?;
+        Ok(())
+    }
+
+    /// Appends `entry`'s message to its stream again, for this durable subscription only,
+    /// and once that is acknowledged deletes DLQ entry `seq`.
+    pub(crate) async fn redrive(
+        &self,
+        seq: u64,
+        entry: &DurableDeadLetter,
+    ) -> Result<(), StreamError> {
+        let m = &entry.message;
+        let mut headers = headers_with_id(m, &format!("redrive:{}:{seq}", self.durable));
+        headers.insert(TARGET, self.durable.as_str());
+        publish(
+            &self.js,
+            m.topic().as_str().to_owned(),
+            headers,
+            m.payload().clone(),
+        )
+        .await?;
+        let stream = self
+            .js
+            .context
+            .get_stream_no_info(&self.stream)
+            .await
+            .map_err(|e| backend_error(format!("DLQ stream {}: {e}", self.stream)))?;
+        stream
+            .delete_message(seq)
+            .await
+            .map_err(|e| backend_error(format!("deleting DLQ entry {seq}: {e}")))?;
+        Ok(())
+    }
+}

@@ -1,0 +1,363 @@
+//! [`JetStreamBackend`]: NATS JetStream behind tidings' durable-source seam
+//! ([`tidings::durable::DurableBackend`]), so the same broker, handlers and durable
+//! subscriptions run with their streams on a NATS server (R-DIST-1).
+//!
+//! | seam | JetStream |
+//! |---|---|
+//! | [`BackendStream`](tidings::durable::BackendStream) | a stream, file storage; append = publish with ack, `Nats-Msg-Id` = message id |
+//! | [`BackendCursor`](tidings::durable::BackendCursor) | a durable pull consumer, explicit ack, filter superset + client re-check |
+//! | finished: delivered / filtered | ack |
+//! | finished: dead-lettered | publish to the subscription's DLQ stream, await its ack, *then* term |
+//! | message outstanding | in-progress acks every third of the ack wait (retry in place never hits it) |
+//! | seek | the consumer is deleted and created again at the new start |
+//! | close | what was fetched and not finished is nak'ed: redelivered at once, to this name |
+//!
+//! # Threads
+//! The seam is synchronous; async-nats runs on a current-thread runtime on a thread this
+//! backend owns. A call spawns its work there and waits on a channel, so calling from
+//! inside another tokio runtime never nests `block_on` (it blocks the calling thread, as
+//! every seam call may). Dropping the backend stops that thread.
+//!
+//! # Failure
+//! Every network step is bounded by the connection's request timeout
+//! ([`ConnectOptions::request_timeout`]); a server that is away yields
+//! [`StreamError::Backend`] naming `jetstream` within it. The client reconnects by itself;
+//! a cursor's background fetch retries until then.
+//!
+//! # Names
+//! tidings names allow `.`, NATS names do not: `_` is written `__` and `.` is written `_d`
+//! in stream and consumer names. The DLQ of durable `d` on stream `s` is the stream
+//! `<s>_x<d>` capturing the subject `$TIDINGS.dlq.<s>.<d>` (a stream capturing `*.>` would
+//! overlap it and is refused by the server when the DLQ is created). Names are at most
+//! [`MAX_NAME_BYTES`] long.
+//!
+//! # What differs from the embedded log
+//! - Offsets are stream sequences: the first is 1 ([`Capabilities::first_offset`]).
+//! - No priority ([`Capabilities`]): the broker refuses a durable message with a priority.
+//! - `StartAt::Time` uses the server's store time, not the message timestamp.
+//! - Retention is the server's ([`BackendStream::apply_retention`] is unsupported).
+//! - A message delivered more than [`JetStreamBackendBuilder::max_deliveries`] times
+//!   without being finished (its processes kept dying) is dead-lettered by the next
+//!   process that receives it, with that reason; the server itself never stops
+//!   redelivering, so no message can sit unacknowledged forever.
+//!
+//! [`BackendStream::apply_retention`]: tidings::durable::BackendStream::apply_retention
+//! [`Capabilities`]: tidings::durable::Capabilities
+//! [`Capabilities::first_offset`]: tidings::durable::Capabilities
+
+mod codec;
+mod cursor;
+mod dead_letters;
+mod keep_alive;
+mod runtime;
+mod stream;
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tidings::durable::{BackendStream, Capabilities, DurableBackend};
+use tidings::{Limits, Pattern, StreamConfig, StreamError};
+
+use crate::connect::{ConnectOptions, JetStream};
+use crate::consumer::{DEFAULT_ACK_WAIT, DEFAULT_INACTIVE_THRESHOLD};
+use crate::error::ConnectError;
+use runtime::Runtime;
+
+/// The name this backend reports in errors and snapshots.
+pub const BACKEND_NAME: &str = "jetstream";
+
+/// Default number of deliveries of one message (each after a process holding it stopped)
+/// before the next process dead-letters it instead of handling it.
+pub const DEFAULT_MAX_DELIVERIES: u32 = 5;
+
+/// How long a cursor's background fetch waits on the server for new messages per pull.
+const FETCH_WAIT: Duration = Duration::from_secs(1);
+
+#[derive(Debug, Clone)]
+pub(crate) struct Settings {
+    pub(crate) ack_wait: Duration,
+    pub(crate) keep_alive: Duration,
+    pub(crate) max_deliveries: u32,
+    pub(crate) inactive_threshold: Duration,
+    pub(crate) limits: Limits,
+    pub(crate) fetch_wait: Duration,
+}
+
+/// What every stream and cursor of one backend share.
+pub(crate) struct Shared {
+    pub(crate) rt: Runtime,
+    pub(crate) js: JetStream,
+    pub(crate) settings: Settings,
+}
+
+impl Shared {
+    /// Runs `fut` on the backend's runtime, bounded by `bound`.
+    pub(crate) fn call<F, T>(&self, bound: Duration, fut: F) -> Result<T, StreamError>
+    where
+        F: Future<Output = Result<T, StreamError>> + Send + 'static,
+        T: Send + 'static,
+    {
+        let timed = async move {
+            match tokio::time::timeout(bound, fut).await {
+                Ok(r) => r,
+                Err(_) => Err(backend_error(format!("no answer within {bound:?}"))),
+            }
+        };
+        self.rt.call(timed).map_err(|_| {
+            backend_error("the backend is closed (or was called on its own runtime thread)")
+        })?
+    }
+
+    /// A bound for one step of `requests` round trips.
+    pub(crate) fn bound(&self, requests: u32) -> Duration {
+        self.js.request_timeout() * requests.max(1) + Duration::from_millis(500)
+    }
+}
+
+/// A [`StreamError::Backend`] naming this backend.
+pub(crate) fn backend_error(reason: impl fmt::Display) -> StreamError {
+    StreamError::Backend {
+        backend: BACKEND_NAME,
+        reason: reason.to_string(),
+    }
+}
+
+/// A tidings name (`A-Z a-z 0-9 - _ .`) as a NATS name (`A-Z a-z 0-9 - _`), one to one:
+/// `_` becomes `__` and `.` becomes `_d`.
+pub(crate) fn nats_name(name: &str) -> String {
+    let mut out = String::with_capacity(name.len() + 4);
+    for c in name.chars() {
+        match c {
+            '_' => out.push_str("__"),
+            '.' => out.push_str("_d"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// The longest stream or durable name: both, escaped, must fit in one NATS stream name
+/// (255 bytes) for the DLQ stream `<stream>_x<durable>`.
+pub const MAX_NAME_BYTES: usize = 60;
+
+/// Checks a tidings stream or durable name: what the embedded log accepts, at most
+/// [`MAX_NAME_BYTES`] long.
+pub(crate) fn check_name(what: &'static str, name: &str) -> Result<(), StreamError> {
+    let bad = |reason| StreamError::InvalidName {
+        what,
+        name: name.to_owned(),
+        reason,
+    };
+    if name.is_empty() || name.len() > MAX_NAME_BYTES {
+        return Err(bad("must be 1 to 60 bytes on the JetStream backend"));
+    }
+    if !name
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+    {
+        return Err(bad(
+            "only ASCII letters, digits, '-', '_' and '.' are allowed",
+        ));
+    }
+    Ok(())
+}
+
+/// Builds a [`JetStreamBackend`]: connection options and consumer settings.
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct JetStreamBackendBuilder {
+    connect: ConnectOptions,
+    settings: Settings,
+}
+
+impl JetStreamBackendBuilder {
+    /// How long a fetched message may go without an acknowledgement or keep-alive before
+    /// the server hands it out again (default [`DEFAULT_ACK_WAIT`]). Keep-alives are sent
+    /// every third of it while the message is outstanding, so handlers and in-place
+    /// retries may take longer.
+    pub fn ack_wait(mut self, wait: Duration) -> Self {
+        self.settings.ack_wait = wait.max(Duration::from_millis(100));
+        self.settings.keep_alive = self.settings.ack_wait / 3;
+        self
+    }
+
+    /// Deliveries of one message (the first, then one after each process that held it
+    /// stopped) before the process receiving it dead-letters it with
+    /// [`DeadLetterReason::RetriesExhausted`](tidings::DeadLetterReason) instead of
+    /// handling it (default [`DEFAULT_MAX_DELIVERIES`], at least 1).
+    pub fn max_deliveries(mut self, deliveries: u32) -> Self {
+        self.settings.max_deliveries = deliveries.max(1);
+        self
+    }
+
+    /// The server deletes a durable consumer no process fetched from for this long
+    /// (default [`DEFAULT_INACTIVE_THRESHOLD`]): renamed and abandoned durable
+    /// subscriptions do not leak.
+    pub fn inactive_threshold(mut self, threshold: Duration) -> Self {
+        self.settings.inactive_threshold = threshold;
+        self
+    }
+
+    /// The limits a message read back must meet (default [`Limits::default`]): use the
+    /// broker's own limits when they are larger.
+    pub fn limits(mut self, limits: Limits) -> Self {
+        self.settings.limits = limits;
+        self
+    }
+
+    /// Connects on the backend's own runtime thread.
+    ///
+    /// Returns within the connect timeout plus one request timeout.
+    ///
+    /// # Errors
+    /// What [`ConnectOptions::connect`] reports, or [`ConnectError::Runtime`] when the
+    /// runtime thread could not be started.
+    pub fn connect(self) -> Result<JetStreamBackend, ConnectError> {
+        let rt = Runtime::start("tidings-jetstream").map_err(|e| ConnectError::Runtime {
+            detail: e.to_string(),
+        })?;
+        let options = self.connect;
+        let js = rt
+            .call(async move { options.connect().await })
+            .map_err(|_| ConnectError::Runtime {
+                detail: "the runtime thread stopped".into(),
+            })??;
+        Ok(JetStreamBackend {
+            shared: Arc::new(Shared {
+                rt,
+                js,
+                settings: self.settings,
+            }),
+        })
+    }
+}
+
+/// NATS JetStream as the place a broker's durable streams live (see the [module
+/// docs](self)).
+///
+/// ```no_run
+/// # fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// use tidings_jetstream::{ConnectOptions, JetStreamBackend};
+/// let backend = JetStreamBackend::builder(ConnectOptions::new("nats://127.0.0.1:4222"))
+///     .ack_wait(std::time::Duration::from_secs(30))
+///     .connect()?;
+/// # let _ = backend; Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct JetStreamBackend {
+    shared: Arc<Shared>,
+}
+
+impl fmt::Debug for JetStreamBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("JetStreamBackend")
+            .field("server_version", &self.shared.js.server_version())
+            .field("ack_wait", &self.shared.settings.ack_wait)
+            .field("max_deliveries", &self.shared.settings.max_deliveries)
+            .finish_non_exhaustive()
+    }
+}
+
+impl JetStreamBackend {
+    /// A builder connecting with `options`, with the default consumer settings.
+    pub fn builder(options: ConnectOptions) -> JetStreamBackendBuilder {
+        JetStreamBackendBuilder {
+            connect: options,
+            settings: Settings {
+                ack_wait: DEFAULT_ACK_WAIT,
+                keep_alive: DEFAULT_ACK_WAIT / 3,
+                max_deliveries: DEFAULT_MAX_DELIVERIES,
+                inactive_threshold: DEFAULT_INACTIVE_THRESHOLD,
+                limits: Limits::default(),
+                fetch_wait: FETCH_WAIT,
+            },
+        }
+    }
+
+    /// Connects with `options` and the default settings.
+    ///
+    /// # Errors
+    /// As [`JetStreamBackendBuilder::connect`].
+    pub fn connect(options: ConnectOptions) -> Result<Self, ConnectError> {
+        Self::builder(options).connect()
+    }
+
+    /// Deletes the JetStream stream behind the tidings stream `name`, and the DLQ streams
+    /// of its durable subscriptions (administration, tests). Returns whether it existed.
+    ///
+    /// # Errors
+    /// [`StreamError::Backend`] when the server refused or did not answer.
+    pub fn delete_stream(&self, name: &str) -> Result<bool, StreamError> {
+        check_name("stream", name)?;
+        let js = self.shared.js.clone();
+        let nats = nats_name(name);
+        self.shared.call(self.shared.bound(8), async move {
+            let existed = js.delete_stream(&nats).await.map_err(backend_error)?;
+            for dlq in dead_letters::dlq_streams_of(&js, &nats)
+                .await
+                .map_err(backend_error)?
+            {
+                js.delete_stream(&dlq).await.map_err(backend_error)?;
+            }
+            Ok(existed)
+        })
+    }
+}
+
+impl DurableBackend for JetStreamBackend {
+    fn name(&self) -> &'static str {
+        BACKEND_NAME
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::all()
+            .without_priority()
+            .without_dedup_store()
+            .first_offset(1)
+    }
+
+    fn open_stream(
+        &self,
+        config: &StreamConfig,
+        patterns: &[Pattern],
+    ) -> Result<Arc<dyn BackendStream>, StreamError> {
+        Ok(Arc::new(stream::JsStream::open(
+            Arc::clone(&self.shared),
+            config.name(),
+            patterns,
+        )?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_map_one_to_one_onto_nats_names() {
+        let names = [
+            "a", "a.b", "a_b", "a_db", "a__b", "a._", "x-y.z_", "_d", ".",
+        ];
+        let mapped: std::collections::BTreeSet<String> =
+            names.iter().map(|n| nats_name(n)).collect();
+        assert_eq!(mapped.len(), names.len(), "{mapped:?}");
+        for m in &mapped {
+            assert!(crate::stream::check_name(m).is_ok(), "{m}");
+        }
+        assert_eq!(nats_name("orders.v2_eu"), "orders_dv2__eu");
+    }
+
+    #[test]
+    fn bad_names_are_typed_errors() {
+        for bad in ["", "a b", "a/b", "a*", "a>", &"x".repeat(61)] {
+            assert!(
+                matches!(
+                    check_name("stream", bad),
+                    Err(StreamError::InvalidName { what: "stream", .. })
+                ),
+                "{bad:?}"
+            );
+        }
+    }
+}

@@ -1,0 +1,567 @@
+//! `JetStreamBackend` through the durable-source seam, against a real `nats-server`
+//! (started by the testkit launcher; skipped with a notice when the binary is missing,
+//! failing when `TIDINGS_REQUIRE_NATS=1`).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use tidings::durable::{
+    BackendCursor, BackendStream, CursorSpec, CursorWaker, DurableBackend, Finished, Outcome,
+};
+use tidings::{DeadLetterReason, Message, Pattern, Priority, StartAt, StreamConfig, StreamError};
+use tidings_jetstream::{ConnectOptions, ConsumerSpec, JetStreamBackend};
+use tidings_testkit::nats::{NatsServer, NatsServerOptions};
+
+/// Generous bound for waits on the server (never asserted as a speed).
+const PATIENCE: Duration = Duration::from_secs(30);
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+
+fn options(server: &NatsServer) -> ConnectOptions {
+    ConnectOptions::new(server.url())
+        .connect_timeout(Duration::from_secs(2))
+        .request_timeout(REQUEST_TIMEOUT)
+}
+
+fn backend(server: &NatsServer) -> JetStreamBackend {
+    JetStreamBackend::connect(options(server)).expect("connects")
+}
+
+fn p(s: &str) -> Pattern {
+    Pattern::new(s).expect("valid pattern")
+}
+
+fn stream(b: &JetStreamBackend, name: &str, patterns: &[&str]) -> Arc<dyn BackendStream> {
+    let ps: Vec<Pattern> = patterns.iter().map(|s| p(s)).collect();
+    b.open_stream(&StreamConfig::new(name, patterns.iter().copied()), &ps)
+        .expect("stream opens")
+}
+
+fn msg(topic: &str, payload: &str) -> Message {
+    Message::to(topic)
+        .payload(payload.to_owned())
+        .build_detached()
+        .expect("valid message")
+}
+
+struct Opened {
+    cursor: Box<dyn BackendCursor>,
+    wakes: Arc<AtomicUsize>,
+}
+
+fn cursor(
+    s: &dyn BackendStream,
+    name: &str,
+    filter: &str,
+    start: StartAt,
+    window: usize,
+) -> Opened {
+    let wakes = Arc::new(AtomicUsize::new(0));
+    let w = Arc::clone(&wakes);
+    let filter = p(filter);
+    let waker = CursorWaker::new(move || {
+        w.fetch_add(1, Ordering::Relaxed);
+    });
+    let cursor = s
+        .open_cursor(CursorSpec::new(name, &filter, start, window, waker))
+        .expect("cursor opens");
+    Opened { cursor, wakes }
+}
+
+/// Fetches until `n` messages came (bounded by [`PATIENCE`]).
+fn fetch_n(c: &dyn BackendCursor, n: usize) -> Vec<Message> {
+    let deadline = Instant::now() + PATIENCE;
+    let mut out = Vec::new();
+    while out.len() < n {
+        assert!(Instant::now() < deadline, "only {} of {n} came", out.len());
+        let got = c.fetch(n - out.len()).expect("fetch");
+        if got.is_empty() {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        out.extend(got);
+    }
+    out
+}
+
+/// Nothing more comes within `quiet`.
+fn assert_quiet(c: &dyn BackendCursor, quiet: Duration) {
+    let end = Instant::now() + quiet;
+    while Instant::now() < end {
+        let got = c.fetch(10).expect("fetch");
+        assert!(got.is_empty(), "unexpected: {:?}", payloads(&got));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn payloads(ms: &[Message]) -> Vec<String> {
+    ms.iter()
+        .map(|m| String::from_utf8_lossy(m.payload()).into_owned())
+        .collect()
+}
+
+fn until(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + PATIENCE;
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn finished(m: &Message, outcome: Outcome) -> Finished {
+    Finished::new(Arc::new(m.clone()), outcome)
+}
+
+#[test]
+fn outcomes_dead_letters_with_reasons_and_every_field() {
+    let Some(server) = NatsServer::for_test(NatsServerOptions::new()) else {
+        return;
+    };
+    let b = backend(&server);
+    // R-DIST-2: the backend says what it cannot do; offsets start at 1.
+    let caps = b.capabilities();
+    assert!(!caps.priority);
+    assert_eq!(caps.first_offset, 1);
+    let s = stream(&b, "orders", &["orders.#"]);
+    let full = Message::to("orders.created")
+        .payload("p")
+        .header("h", "v")
+        .header("h", "second")
+        .key("k-1")
+        .ttl(Duration::from_secs(600))
+        .delay(Duration::from_millis(1))
+        .reply_to("replies.x")
+        .correlation_id("c-1")
+        .priority(Priority::Normal)
+        .build_detached()
+        .expect("valid");
+    assert_eq!(s.append(&full).expect("append"), 1);
+    // Dedup: the same message id is stored once (Nats-Msg-Id).
+    assert_eq!(s.append(&full).expect("append again"), 1);
+    for i in 1..5 {
+        assert_eq!(
+            s.append(&msg("orders.created", &format!("m{i}"))).unwrap(),
+            i + 1
+        );
+    }
+    assert_eq!((s.start_offset(), s.end_offset()), (1, 6));
+    assert_eq!(payloads(&s.read(2, 2).expect("read")), ["m1", "m2"]);
+    assert!(matches!(s.read(9, 1), Err(StreamError::BeyondEnd { .. })));
+
+    let c = cursor(&*s, "billing", "orders.#", StartAt::Earliest, 16);
+    let got = fetch_n(&*c.cursor, 5);
+    assert!(c.wakes.load(Ordering::Relaxed) > 0, "the waker fired");
+    assert_eq!(payloads(&got), ["p", "m1", "m2", "m3", "m4"]);
+    let offsets: Vec<Option<u64>> = got.iter().map(Message::offset).collect();
+    assert_eq!(offsets, [Some(1), Some(2), Some(3), Some(4), Some(5)]);
+    // R-CORE-4: every field travels.
+    let m = &got[0];
+    let mut want = full.to_parts();
+    want.offset = Some(1);
+    assert_eq!(m.to_parts(), want);
+    assert_eq!(c.cursor.state().outstanding, 5);
+
+    let rejected = DeadLetterReason::Rejected {
+        error: "bad\ninput".into(),
+    };
+    let exhausted = DeadLetterReason::RetriesExhausted {
+        attempts: 3,
+        last_error: "boom".into(),
+    };
+    c.cursor
+        .finish(&[
+            finished(&got[0], Outcome::Delivered),
+            finished(&got[1], Outcome::Filtered),
+            finished(
+                &got[2],
+                Outcome::DeadLettered {
+                    reason: rejected.clone(),
+                    attempts: 1,
+                },
+            ),
+            finished(
+                &got[3],
+                Outcome::DeadLettered {
+                    reason: exhausted.clone(),
+                    attempts: 3,
+                },
+            ),
+            finished(
+                &got[4],
+                Outcome::DeadLettered {
+                    reason: DeadLetterReason::Expired,
+                    attempts: 0,
+                },
+            ),
+        ])
+        .expect("finish");
+    // R-LOG-3: finished (dead-lettered included) is committed.
+    until("the commit", || c.cursor.commit().ok() == Some(6));
+    let st = c.cursor.state();
+    assert_eq!((st.committed, st.lag, st.outstanding), (6, 0, 0));
+    // R-DEL-4: the durable DLQ holds them with reasons, attempts and the message.
+    let dead = c.cursor.dead_letters().expect("dead letters");
+    let got: Vec<(String, DeadLetterReason, u32, Option<u64>)> = dead
+        .iter()
+        .map(|d| {
+            (
+                String::from_utf8_lossy(d.message.payload()).into_owned(),
+                d.reason.clone(),
+                d.attempts,
+                d.message.offset(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("m2".to_owned(), rejected, 1, Some(3)),
+            ("m3".to_owned(), exhausted, 3, Some(4)),
+            ("m4".to_owned(), DeadLetterReason::Expired, 0, Some(5)),
+        ]
+    );
+    // Nothing is redelivered: terminated and acknowledged.
+    assert_quiet(&*c.cursor, Duration::from_millis(500));
+    // A priority is carried (the broker refuses it on this backend; the codec keeps it).
+    let urgent = Message::to("orders.x")
+        .priority(Priority::Urgent)
+        .build_detached()
+        .expect("valid");
+    s.append(&urgent).expect("append");
+    assert_eq!(fetch_n(&*c.cursor, 1)[0].priority(), Priority::Urgent);
+}
+
+#[test]
+fn redrive_targets_one_subscription_and_drain_empties() {
+    let Some(server) = NatsServer::for_test(NatsServerOptions::new()) else {
+        return;
+    };
+    let b = backend(&server);
+    let s = stream(&b, "jobs", &["jobs.#"]);
+    for i in 0..4 {
+        s.append(&msg("jobs.run", &format!("j{i}")))
+            .expect("append");
+    }
+    let c = cursor(&*s, "worker.a", "jobs.#", StartAt::Earliest, 8);
+    let other = cursor(&*s, "worker_b", "jobs.#", StartAt::Earliest, 8);
+    let got = fetch_n(&*c.cursor, 4);
+    let dead = |m: &Message| {
+        finished(
+            m,
+            Outcome::DeadLettered {
+                reason: DeadLetterReason::Rejected { error: "no".into() },
+                attempts: 1,
+            },
+        )
+    };
+    c.cursor
+        .finish(&[
+            dead(&got[0]),
+            finished(&got[1], Outcome::Delivered),
+            dead(&got[2]),
+            dead(&got[3]),
+        ])
+        .expect("finish");
+    let theirs = fetch_n(&*other.cursor, 4);
+    other
+        .cursor
+        .finish(
+            &theirs
+                .iter()
+                .map(|m| finished(m, Outcome::Delivered))
+                .collect::<Vec<_>>(),
+        )
+        .expect("finish");
+    // R-DEL-4: redrive the chosen entries; they leave the DLQ only once appended.
+    let n = c
+        .cursor
+        .redrive_dead_letters(&mut |d| d.message.payload() != "j3")
+        .expect("redrive");
+    assert_eq!(n, 2);
+    let left = c.cursor.dead_letters().expect("dlq");
+    assert_eq!(left.len(), 1);
+    assert_eq!(left[0].message.payload(), "j3");
+    let again = fetch_n(&*c.cursor, 2);
+    assert_eq!(payloads(&again), ["j0", "j2"]);
+    assert_eq!(again[0].id(), got[0].id(), "the same message, again");
+    assert_eq!(again[0].offset(), Some(5), "appended anew");
+    c.cursor
+        .finish(
+            &again
+                .iter()
+                .map(|m| finished(m, Outcome::Delivered))
+                .collect::<Vec<_>>(),
+        )
+        .expect("finish");
+    // The copies are for worker.a only: worker_b skips them (counted as filtered).
+    until("worker_b skips both copies", || {
+        let _ = other.cursor.fetch(10).expect("fetch");
+        other.cursor.state().skipped_by_filter == 2
+    });
+    until("both caught up", || {
+        c.cursor.state().lag == 0 && other.cursor.state().lag == 0
+    });
+    // R-DEL-4: drain returns what is left and empties the DLQ durably.
+    let drained = c.cursor.drain_dead_letters().expect("drain");
+    assert_eq!(
+        payloads(&drained.into_iter().map(|d| d.message).collect::<Vec<_>>()),
+        ["j3"]
+    );
+    assert!(c.cursor.dead_letters().expect("dlq").is_empty());
+    c.cursor.close();
+    let reopened = cursor(&*s, "worker.a", "jobs.#", StartAt::Earliest, 8);
+    assert!(reopened.cursor.dead_letters().expect("dlq").is_empty());
+    assert_quiet(&*reopened.cursor, Duration::from_millis(300));
+}
+
+#[test]
+fn seek_lag_and_close_hands_over() {
+    let Some(server) = NatsServer::for_test(NatsServerOptions::new()) else {
+        return;
+    };
+    let b = backend(&server);
+    let s = stream(&b, "log", &["log.*"]);
+    for i in 0..10 {
+        s.append(&msg("log.x", &format!("m{i}"))).expect("append");
+    }
+    let c = cursor(&*s, "reader", "log.*", StartAt::Offset(3), 4);
+    // R-LOG-4: a new name starts where asked, committed at once.
+    assert_eq!(c.cursor.commit().expect("commit"), 3);
+    let got = fetch_n(&*c.cursor, 4);
+    assert_eq!(payloads(&got), ["m2", "m3", "m4", "m5"]);
+    // R-BP-2: never more than the window fetched.
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(c.cursor.fetch(10).expect("fetch").is_empty());
+    // R-BP-3: lag counts the unfinished and the not yet fetched.
+    assert_eq!(c.cursor.state().lag, 8);
+    c.cursor
+        .finish(&[finished(&got[0], Outcome::Delivered)])
+        .expect("finish");
+    until("lag 7", || c.cursor.state().lag == 7);
+    // R-LOG-4: seek moves and commits; out of range is a typed error.
+    assert_eq!(c.cursor.seek(StartAt::Offset(9)).expect("seek"), 9);
+    assert_eq!(payloads(&fetch_n(&*c.cursor, 2)), ["m8", "m9"]);
+    assert_eq!(c.cursor.seek(StartAt::Latest).expect("seek"), 11);
+    assert!(matches!(
+        c.cursor.seek(StartAt::Offset(99)),
+        Err(StreamError::BeyondEnd {
+            requested: 99,
+            end: 11
+        })
+    ));
+    assert_eq!(c.cursor.seek(StartAt::Earliest).expect("seek"), 1);
+    let all = fetch_n(&*c.cursor, 4);
+    assert_eq!(payloads(&all), ["m0", "m1", "m2", "m3"]);
+    // Close hands what was fetched and not finished to the next holder at once.
+    c.cursor.close();
+    assert!(matches!(c.cursor.fetch(1), Err(StreamError::Closed)));
+    let next = cursor(&*s, "reader", "log.*", StartAt::Earliest, 16);
+    assert_eq!(
+        payloads(&fetch_n(&*next.cursor, 10))[..4],
+        ["m0", "m1", "m2", "m3"]
+    );
+}
+
+#[test]
+fn keep_alive_holds_a_message_beyond_the_ack_wait() {
+    let Some(server) = NatsServer::for_test(NatsServerOptions::new()) else {
+        return;
+    };
+    let ack_wait = Duration::from_secs(1);
+    let connect = || {
+        JetStreamBackend::builder(options(&server))
+            .ack_wait(ack_wait)
+            .connect()
+            .expect("connects")
+    };
+    // Two connections sharing one durable: two processes, as far as the server knows.
+    let (one, two) = (connect(), connect());
+    let s1 = stream(&one, "slow", &["slow"]);
+    let s2 = stream(&two, "slow", &["slow"]);
+    s1.append(&msg("slow", "long job")).expect("append");
+    let a = cursor(&*s1, "shared", "slow", StartAt::Earliest, 1);
+    let held = fetch_n(&*a.cursor, 1);
+    let b = cursor(&*s2, "shared", "slow", StartAt::Earliest, 1);
+    // R-ORD-1: retry in place takes longer than the ack wait; nobody else gets it.
+    assert_quiet(&*b.cursor, ack_wait * 4);
+    a.cursor
+        .finish(&[finished(&held[0], Outcome::Delivered)])
+        .expect("finish");
+    until("acknowledged", || b.cursor.state().lag == 0);
+    assert_quiet(&*b.cursor, Duration::from_millis(300));
+}
+
+#[test]
+fn rabbitmq_wildcards_through_jetstream() {
+    let Some(server) = NatsServer::for_test(NatsServerOptions::new()) else {
+        return;
+    };
+    let b = backend(&server);
+    let s = stream(&b, "wild", &["a.#"]);
+    for t in ["a", "a.x", "a.x.b", "a.b", "a.b.c", "a.y.z.b"] {
+        s.append(&msg(t, t)).expect("append");
+    }
+    // R-RT-1: `a.#` matches `a` itself (zero words).
+    let all = cursor(&*s, "all", "a.#", StartAt::Earliest, 16);
+    assert_eq!(
+        payloads(&fetch_n(&*all.cursor, 6)),
+        ["a", "a.x", "a.x.b", "a.b", "a.b.c", "a.y.z.b"]
+    );
+    // R-RT-1: `#` in the middle; the server's superset is re-checked client-side.
+    let mid = cursor(&*s, "mid", "a.#.b", StartAt::Earliest, 16);
+    assert_eq!(
+        payloads(&fetch_n(&*mid.cursor, 3)),
+        ["a.x.b", "a.b", "a.y.z.b"]
+    );
+    until("the rest skipped", || {
+        mid.cursor.state().skipped_by_filter == 2 && mid.cursor.state().lag == 3
+    });
+    assert_quiet(&*mid.cursor, Duration::from_millis(300));
+}
+
+#[test]
+fn a_message_whose_holders_keep_dying_is_dead_lettered() {
+    let Some(server) = NatsServer::for_test(NatsServerOptions::new()) else {
+        return;
+    };
+    let ack_wait = Duration::from_secs(1);
+    let b = JetStreamBackend::builder(options(&server))
+        .ack_wait(ack_wait)
+        .max_deliveries(2)
+        .connect()
+        .expect("connects");
+    let s = stream(&b, "fragile", &["fragile"]);
+    s.append(&msg("fragile", "poison")).expect("append");
+    // A process that takes the first message and dies without finishing it, twice: a raw
+    // consumer on the same durable that never acknowledges.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let js = options(&server).connect().await.expect("connects");
+        let spec = ConsumerSpec::new("fragile", "worker", p("fragile")).ack_wait(ack_wait);
+        let raw = js.durable(spec).await.expect("consumer");
+        for round in 1..=2u64 {
+            let deadline = Instant::now() + PATIENCE;
+            loop {
+                assert!(Instant::now() < deadline, "delivery {round} never came");
+                let got = raw.fetch(1, ack_wait * 3).await.expect("fetch");
+                if let Some(d) = got.deliveries.first() {
+                    assert_eq!(d.delivered(), round);
+                    break;
+                }
+            }
+        }
+    });
+    s.append(&msg("fragile", "fine")).expect("append");
+    // The third delivery goes past max_deliveries: dead-lettered, never handed out, and
+    // terminated (it cannot sit unacknowledged).
+    let c = cursor(&*s, "worker", "fragile", StartAt::Earliest, 4);
+    let deadline = Instant::now() + PATIENCE;
+    let mut seen = Vec::new();
+    while seen.is_empty() || c.cursor.dead_letters().expect("dlq").is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "never dead-lettered: {:?}",
+            payloads(&seen)
+        );
+        seen.extend(c.cursor.fetch(4).expect("fetch"));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let dead = c.cursor.dead_letters().expect("dlq");
+    assert_eq!(dead[0].message.payload(), "poison");
+    assert!(
+        matches!(&dead[0].reason, DeadLetterReason::RetriesExhausted { attempts: 2, last_error } if last_error.contains("without being finished")),
+        "{:?}",
+        dead[0].reason
+    );
+    assert_eq!(payloads(&seen), ["fine"]);
+    c.cursor
+        .finish(&[finished(&seen[0], Outcome::Delivered)])
+        .expect("finish");
+    until("nothing left unacknowledged", || c.cursor.state().lag == 0);
+}
+
+#[test]
+fn calls_from_inside_a_tokio_runtime_do_not_nest() {
+    let Some(server) = NatsServer::for_test(NatsServerOptions::new()) else {
+        return;
+    };
+    // Made, used and dropped on a current-thread runtime's only thread, and on a worker of a
+    // multi-thread one: the backend's own thread does the async work.
+    let current = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let url = server.url();
+    current.block_on(async {
+        let b = JetStreamBackend::connect(
+            ConnectOptions::new(url.clone()).request_timeout(REQUEST_TIMEOUT),
+        )
+        .expect("connects");
+        let s = stream(&b, "inside", &["inside"]);
+        assert_eq!(s.append(&msg("inside", "x")).expect("append"), 1);
+        let c = cursor(&*s, "in", "inside", StartAt::Earliest, 1);
+        assert_eq!(payloads(&fetch_n(&*c.cursor, 1)), ["x"]);
+        drop(c);
+        drop(b);
+    });
+    let multi = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    multi.block_on(async {
+        tokio::spawn(async move {
+            let b = JetStreamBackend::connect(ConnectOptions::new(url)).expect("connects");
+            let s = stream(&b, "inside", &["inside"]);
+            assert_eq!(s.append(&msg("inside", "y")).expect("append"), 2);
+        })
+        .await
+        .expect("the task did not panic");
+    });
+}
+
+#[test]
+fn server_down_is_a_typed_error_within_the_timeout() {
+    let Some(mut server) = NatsServer::for_test(NatsServerOptions::new()) else {
+        return;
+    };
+    let timeout = Duration::from_secs(1);
+    let b = JetStreamBackend::connect(options(&server).request_timeout(timeout)).expect("connects");
+    let s = stream(&b, "gone", &["gone"]);
+    s.append(&msg("gone", "before")).expect("append");
+    let c = cursor(&*s, "r", "gone", StartAt::Earliest, 4);
+    server.kill().expect("killed");
+    let started = Instant::now();
+    let err = s.append(&msg("gone", "after")).expect_err("server is down");
+    // R-DIST-5: a typed error naming the backend, bounded by the stated timeout (one request
+    // plus the backend's margin; generous here, never a speed).
+    assert!(
+        matches!(
+            &err,
+            StreamError::Backend {
+                backend: "jetstream",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(started.elapsed() < timeout * 10, "{:?}", started.elapsed());
+    let started = Instant::now();
+    assert!(c.cursor.commit().is_err());
+    assert!(started.elapsed() < timeout * 10);
+    // Connecting to nothing is a typed error too, within the connect timeout.
+    let dead = format!("nats://127.0.0.1:{}", server.port());
+    let err = JetStreamBackend::connect(
+        ConnectOptions::new(dead).connect_timeout(Duration::from_millis(500)),
+    )
+    .expect_err("nothing listens");
+    assert!(!err.to_string().is_empty());
+    // After the server returns, the same backend works again (the client reconnects).
+    server.restart().expect("restarted");
+    until("appends work again", || {
+        s.append(&msg("gone", "back")).is_ok()
+    });
+    assert!(fetch_n(&*c.cursor, 1).len() == 1);
+}

@@ -1,0 +1,237 @@
+//! The publish path (R-CORE-2, R-CORE-4, R-CORE-5): validate and stamp, append to the
+//! matching durable streams, then offer to the matching subscriptions — or hold a delayed
+//! message in the scheduler until it is due (R-TIME-2). Dead letters forwarded to a
+//! dead-letter topic take the same path (R-DEL-4).
+//!
+//! # Ordering
+//! Durable streams first: a failed append fails the publish and nothing is offered. The
+//! snapshot of matching subscriptions is taken under the registry's read lock (or from the
+//! route cache) and offered to after the lock is released.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use crate::clock::{Now, deadline_after};
+use crate::dlq::DeadLetter;
+use crate::error::PublishError;
+use crate::message::{Message, MessageBuilder};
+use crate::report::PublishReport;
+use crate::scheduler::{Due, Scheduled, Target};
+use crate::subscription::shared::{DLQ_REASON_HEADER, RESERVED_HEADER_PREFIX, without_waiting};
+
+use super::BrokerInner;
+
+/// "Never" for a delivery time past what `Instant` can hold (about a century).
+const FAR_FUTURE: Duration = Duration::from_secs(100 * 365 * 86_400);
+
+/// Longest dead-letter reason copied into the forwarded message's reason header.
+const MAX_REASON_HEADER_BYTES: usize = 1024;
+
+impl BrokerInner {
+    pub(crate) fn publish_builder(&self, b: MessageBuilder) -> Result<PublishReport, PublishError> {
+        // R-OPS-3: the publish span, and (feature `otel`) the traceparent header (src/ops).
+        let span = crate::telemetry::trace::publish_span(&b.topic);
+        let _entered = span.enter();
+        if self.closed.load(Ordering::Acquire) {
+            return Err(PublishError::Closed);
+        }
+        let message = Arc::new(crate::telemetry::trace::stamped(
+            self.build_message(b)?,
+            &self.limits,
+        ));
+        crate::telemetry::trace::record_published(&span, &message);
+        // Durable streams first: a failed append fails the publish (src/durable).
+        let streams = self.durables.append(&message)?;
+        let mut report = match self.due_time(&message) {
+            Some(due) => self.schedule(due, message)?,
+            None => self.route(&message),
+        };
+        report.streams = streams;
+        Ok(report)
+    }
+
+    /// The monotonic due time of a message delivered in the future (R-TIME-2).
+    pub(crate) fn due_time(&self, message: &Message) -> Option<Instant> {
+        let at = message.deliver_at()?;
+        let now = Now::new(self.clock.as_ref());
+        let wait = at
+            .duration_since(now.wall())
+            .ok()
+            .filter(|d| !d.is_zero())?;
+        // A delivery time too far away for an `Instant` is held until close, in practice
+        // (R-LIM-1): the furthest representable of these.
+        let mono = now.mono();
+        [wait, FAR_FUTURE, Duration::from_secs(86_400)]
+            .into_iter()
+            .find_map(|d| deadline_after(mono, d))
+            .or(Some(mono))
+    }
+
+    pub(super) fn schedule(
+        &self,
+        due: Instant,
+        message: Arc<Message>,
+    ) -> Result<PublishReport, PublishError> {
+        let id = message.id();
+        if !self.schedule_for(due, message, Target::Route) {
+            return Err(PublishError::Closed);
+        }
+        Ok(PublishReport {
+            id,
+            accepted: 0,
+            refused: Vec::new(),
+            scheduled: true,
+            streams: Vec::new(),
+        })
+    }
+
+    /// Hold `message` until `due`, then hand it to `target`. False when the broker is closed.
+    pub(crate) fn schedule_for(&self, due: Instant, message: Arc<Message>, target: Target) -> bool {
+        let wants_timer = !self.executor.is_manual();
+        match self.scheduler.schedule(due, message, target, wants_timer) {
+            Scheduled::Closed => false,
+            Scheduled::Held { start_timer } => {
+                if start_timer {
+                    self.start_timer();
+                }
+                true
+            }
+        }
+    }
+
+    /// Offer a message that became due. The scheduler never waits on a queue (R-TIME-2,
+    /// R-CORE-1): a full `Overflow::Block` queue refuses a due message as `Overflow` (it is
+    /// dead-lettered, as under `Reject`) instead of stalling every other due message.
+    pub(super) fn release(&self, (message, target): Due) {
+        without_waiting(|| match target {
+            Target::Route => {
+                self.route(&message);
+            }
+            Target::Only(_, offer) => offer(&message),
+        });
+    }
+
+    /// One timer per broker, run by the driver (src/scheduler.rs), offers due messages
+    /// (R-TIME-2); it never blocks on a subscription's queue (see [`BrokerInner::release`]).
+    pub(super) fn start_timer(&self) {
+        let weak = self.weak.clone();
+        let release = Box::new(move |due: Due| {
+            if let Some(broker) = weak.upgrade() {
+                broker.release(due);
+            }
+        });
+        let started = self
+            .scheduler
+            .start_timer(self.clock.clone(), release, &*self.executor);
+        // Without a timer the messages stay scheduled and are reported at close.
+        if let Err(e) = started {
+            tracing::error!("tidings: could not start the scheduler's timer: {e}");
+        }
+    }
+
+    /// Publish a dead letter to its subscription's dead-letter topic (R-DEL-4).
+    ///
+    /// The forward carries the original's payload, key, priority and user headers, plus
+    /// tidings' metadata in the reserved headers [`DLQ_REASON_HEADER`] (the reason, at
+    /// most 1 KiB), `tidings-dlq-subscription`, `tidings-dlq-original-topic` and
+    /// `tidings-dlq-original-id`. The user's headers passed the broker's limits at
+    /// publish; the metadata is added after those limits are checked, so a message that
+    /// carries the maximum number or size of headers is still forwarded. Users cannot set
+    /// `tidings-` headers ([`PublishError::ReservedHeader`]), so the metadata cannot be
+    /// forged, and the loop guard (a forwarded dead letter is never forwarded again) is
+    /// exact.
+    pub(crate) fn forward_dead_letter(
+        &self,
+        topic: &str,
+        entry: &DeadLetter,
+        subscription: &str,
+    ) -> Result<PublishReport, PublishError> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(PublishError::Closed);
+        }
+        let original = &entry.message;
+        let mut b = MessageBuilder::new(topic)
+            .payload(original.payload().clone())
+            .priority(original.priority());
+        for (k, v) in original.headers().iter() {
+            b = b.header(k, v);
+        }
+        if let Some(k) = original.key() {
+            b = b.key(k);
+        }
+        let mut message = self.build_message(b)?;
+        let mut reason = entry.reason.to_string();
+        if reason.len() > MAX_REASON_HEADER_BYTES {
+            let mut cut = MAX_REASON_HEADER_BYTES;
+            while !reason.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            reason.truncate(cut);
+        }
+        message.headers.insert(DLQ_REASON_HEADER, reason);
+        message
+            .headers
+            .insert("tidings-dlq-subscription", subscription);
+        message
+            .headers
+            .insert("tidings-dlq-original-topic", original.topic().to_string());
+        message
+            .headers
+            .insert("tidings-dlq-original-id", original.id().to_string());
+        let message = Arc::new(message);
+        let streams = self.durables.append(&message)?;
+        let mut report = self.route(&message);
+        report.streams = streams;
+        Ok(report)
+    }
+
+    /// Validate limits and stamp id and time (R-CORE-4, R-LIM-1).
+    pub(super) fn build_message(&self, b: MessageBuilder) -> Result<Message, PublishError> {
+        b.build(&self.limits, &Now::new(self.clock.as_ref()), &self.ids)
+    }
+
+    /// Snapshot the matching subscriptions, release the lock, offer to each (R-CORE-2).
+    /// A topic published before, with no subscribe or unsubscribe since, takes its
+    /// snapshot from the route cache: one hash lookup (src/route_cache.rs).
+    pub(super) fn route(&self, message: &Arc<Message>) -> PublishReport {
+        let targets = {
+            let reg = self.registry.read();
+            let topic = message.topic();
+            reg.routes.get_or_compute(topic.as_str(), || {
+                let mut targets = Vec::new();
+                reg.router
+                    .for_each_match(topic, |_, sub| targets.push(sub.clone()));
+                targets
+            })
+        };
+        let mut report = PublishReport {
+            id: message.id(),
+            accepted: 0,
+            refused: Vec::new(),
+            scheduled: false,
+            streams: Vec::new(),
+        };
+        for sub in targets.iter() {
+            match sub.offer(message) {
+                Ok(()) => report.accepted += 1,
+                Err(reason) => report.refused.push((sub.id, reason)),
+            }
+        }
+        report
+    }
+}
+
+/// Refuse user headers in tidings' reserved namespace (R-DEL-4: metadata is unforgeable).
+pub(super) fn refuse_reserved_headers(message: &MessageBuilder) -> Result<(), PublishError> {
+    match message
+        .headers
+        .iter()
+        .find(|(k, _)| k.starts_with(RESERVED_HEADER_PREFIX))
+    {
+        Some((name, _)) => Err(PublishError::ReservedHeader {
+            name: name.to_owned(),
+        }),
+        None => Ok(()),
+    }
+}

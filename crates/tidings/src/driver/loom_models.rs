@@ -1,0 +1,277 @@
+//! Model-checked protocols of the drivers (loom; see `crate::sync` and
+//! `subscription/loom_models.rs` for how to run them).
+//!
+//! The models run the drivers' own loops — the pool's `worker_loop` over its run queue and
+//! mailbox flags, the thread driver's `dispatch_loop` — on loom threads, against a real
+//! subscription shell.
+
+use std::sync::Arc;
+
+use crate::clock::SystemClock;
+use crate::handler::HandlerError;
+use crate::options::SubscribeOptions;
+use crate::subscription::core::Refusal;
+use crate::subscription::loom_models::{Tally, check, message, messages, number, shell};
+use crate::subscription::shared::SubShared;
+use crate::sync::{AtomicBool, Mutex, Ordering, thread};
+
+use super::pool::{Shared, worker_loop};
+use super::thread::{Parking, dispatch_loop};
+use super::{FeedStep, Feeder, FeederHandle};
+
+/// Two pool workers, started on loom threads.
+fn pool_workers(pool: &Arc<Shared>) -> Vec<thread::JoinHandle<()>> {
+    (0..2)
+        .map(|_| {
+            let pool = pool.clone();
+            thread::spawn(move || worker_loop(&pool))
+        })
+        .collect()
+}
+
+/// Close the subscription, wait for its slots to stop, stop and join the workers (the
+/// pool's close protocol).
+fn close_pool(pool: &Arc<Shared>, sub: &SubShared, workers: Vec<thread::JoinHandle<()>>) {
+    sub.close();
+    assert!(pool.live_slots.wait_at_most(0, None), "every slot stopped");
+    pool.stop();
+    for w in workers {
+        w.join().expect("a pool worker returns");
+    }
+}
+
+/// A subscription that counts what its handler saw.
+fn counting() -> (Arc<SubShared>, Arc<Tally>) {
+    let delivered = Arc::new(Tally::default());
+    let sub = {
+        let delivered = delivered.clone();
+        shell(&SubscribeOptions::default(), move |m| {
+            delivered.add(number(m));
+            Ok(())
+        })
+    };
+    (sub, delivered)
+}
+
+/// The pool's mailbox flag loses no wake-up (R-EXE-1): a publisher offering while a worker
+/// takes the slot idle always gets every message delivered.
+///
+/// Guards against: clearing the slot's `scheduled` flag after releasing the subscription's
+/// lock — an offer in between sees the flag still set, queues nothing, and the message
+/// waits for ever.
+#[test]
+fn pool_mailbox_loses_no_wakeup() {
+    check(|| {
+        let n = messages();
+        let (sub, delivered) = counting();
+        let pool = Shared::new(Arc::new(SystemClock));
+        pool.attach(&sub);
+        let workers = pool_workers(&pool);
+        for i in 0..n {
+            sub.offer(&message(i)).expect("accepted");
+        }
+        assert_eq!(delivered.wait_for(n), (0..n).collect::<Vec<_>>());
+        close_pool(&pool, &sub, workers);
+    });
+}
+
+/// Never two pool workers inside one dispatcher slot (max active == 1 per slot, R-CORE-3):
+/// a wake of every slot (what a clock jump does) racing a publisher's offers queues a
+/// running slot no second time — checked by the mailbox's occupancy assertion in every
+/// worker — and everything is delivered in order.
+///
+/// Guards against: queueing a slot on every wake instead of only on the wake that set its
+/// `scheduled` flag.
+#[test]
+fn pool_runs_a_slot_on_one_worker_at_a_time() {
+    check(|| {
+        let n = messages();
+        let (sub, delivered) = counting();
+        let pool = Shared::new(Arc::new(SystemClock));
+        pool.attach(&sub);
+        let workers = pool_workers(&pool);
+        let clock_jump = {
+            let sub = sub.clone();
+            thread::spawn(move || sub.wake_all())
+        };
+        for i in 0..n {
+            sub.offer(&message(i)).expect("accepted");
+        }
+        clock_jump.join().expect("the wake returns");
+        assert_eq!(delivered.wait_for(n), (0..n).collect::<Vec<_>>());
+        close_pool(&pool, &sub, workers);
+    });
+}
+
+/// A feeder whose steps take the work items handed to it.
+struct CountingFeeder {
+    work: Mutex<usize>,
+    taken: Tally,
+    inside: AtomicBool,
+}
+
+impl Feeder for CountingFeeder {
+    fn name(&self) -> String {
+        "model-feeder".into()
+    }
+    fn step(&self) -> FeedStep {
+        assert!(
+            !self.inside.swap(true, Ordering::AcqRel),
+            "two pool workers inside one feeder"
+        );
+        let items = std::mem::take(&mut *self.work.lock());
+        for _ in 0..items {
+            self.taken.add(0);
+        }
+        self.inside.store(false, Ordering::Release);
+        FeedStep::Idle
+    }
+    fn run(&self) {
+        // The thread driver's body; the pool (modelled here) runs `step` instead.
+        self.step();
+    }
+}
+
+/// The pool's feeder mailbox (`pending` + `scheduled`) loses no wake-up and never runs one
+/// feeder on two workers (R-EXE-4): work handed over while a step runs is taken by a
+/// later step.
+///
+/// Guards against: clearing `pending` after the step instead of before it — a wake during
+/// the step is then forgotten and its work never taken.
+#[test]
+fn pool_feeder_mailbox_loses_no_wakeup() {
+    check(|| {
+        let n = messages();
+        let feeder = Arc::new(CountingFeeder {
+            work: Mutex::new(0),
+            taken: Tally::default(),
+            inside: AtomicBool::new(false),
+        });
+        let pool = Shared::new(Arc::new(SystemClock));
+        let as_feeder: Arc<dyn Feeder> = feeder.clone();
+        let handle = pool.attach_feeder(&as_feeder);
+        let workers = pool_workers(&pool);
+        for _ in 0..n {
+            *feeder.work.lock() += 1;
+            handle.wake();
+        }
+        feeder.taken.wait_for(n);
+        pool.stop();
+        for w in workers {
+            w.join().expect("a pool worker returns");
+        }
+    });
+}
+
+/// The thread driver's park/wake handshake (R-EXE-1): the dispatcher marks its slot idle
+/// and parks under one lock; a publisher that finds the slot idle wakes it. Every message
+/// is delivered, and close stops the dispatcher.
+///
+/// Guards against: a dispatcher that releases the lock between deciding it is idle and
+/// parking — a wake-up in that gap is lost.
+#[test]
+fn thread_dispatcher_is_woken_by_every_offer() {
+    check(|| {
+        let n = messages();
+        let (sub, delivered) = counting();
+        let parking = Arc::new(Parking::new(1));
+        sub.set_waker(parking.clone());
+        let dispatcher = {
+            let sub = sub.clone();
+            thread::spawn(move || dispatch_loop(&sub, &parking, 0))
+        };
+        for i in 0..n {
+            sub.offer(&message(i)).expect("accepted");
+        }
+        assert_eq!(delivered.wait_for(n), (0..n).collect::<Vec<_>>());
+        sub.close();
+        dispatcher.join().expect("the dispatcher stops at close");
+    });
+}
+
+/// `close()` racing a publisher and a running dispatcher (R-CORE-6, R-DEL-6): every
+/// message ends exactly once — delivered, refused `Closed`, or abandoned and reported by
+/// close — and the dispatcher stops.
+///
+/// Guards against: close not waking an idle dispatcher (it never sees `Stopped`).
+#[test]
+fn close_racing_publish_accounts_for_every_message() {
+    check(|| {
+        let n = messages();
+        let (sub, delivered) = counting();
+        let parking = Arc::new(Parking::new(1));
+        sub.set_waker(parking.clone());
+        let dispatcher = {
+            let sub = sub.clone();
+            thread::spawn(move || dispatch_loop(&sub, &parking, 0))
+        };
+        let publisher = {
+            let sub = sub.clone();
+            thread::spawn(move || {
+                (0..n)
+                    .filter(|&i| sub.offer(&message(i)) == Err(Refusal::Closed))
+                    .collect::<Vec<_>>()
+            })
+        };
+        let abandoned: Vec<usize> = sub.close().iter().map(|m| number(m)).collect();
+        let refused = publisher.join().expect("the publisher returns");
+        dispatcher.join().expect("the dispatcher stops at close");
+        let delivered = delivered.wait_for(0);
+        let mut all: Vec<usize> = [delivered, abandoned, refused].concat();
+        all.sort_unstable();
+        assert_eq!(
+            all,
+            (0..n).collect::<Vec<_>>(),
+            "each message ends exactly once"
+        );
+        let stats = sub.core.lock().stats(std::time::Instant::now());
+        assert_eq!((stats.queued, stats.in_flight), (0, 0));
+        assert_eq!(
+            stats.accepted,
+            stats.delivered + stats.dead_lettered.shutdown,
+            "R-DEL-6"
+        );
+    });
+}
+
+/// The finished hook of a durable subscription (the feeder's finished → commit path):
+/// every message that finishes — delivered or dead-lettered — is reported exactly once,
+/// and promptly (the model waits for the reports before closing).
+///
+/// Guards against: a dispatcher that parks with finished messages still in the ledger
+/// (they are reported only by some later operation, if ever: the commit stalls).
+#[test]
+fn finished_hook_reports_each_message_once() {
+    check(|| {
+        let n = messages();
+        let finished = Arc::new(Tally::default());
+        let sub = shell(&SubscribeOptions::default(), |m| {
+            if number(m) % 2 == 0 {
+                Ok(())
+            } else {
+                Err(HandlerError::reject("odd"))
+            }
+        });
+        {
+            let finished = finished.clone();
+            sub.set_on_finished(Arc::new(move |items| {
+                for f in items {
+                    finished.add(number(&f.message));
+                }
+            }));
+        }
+        let parking = Arc::new(Parking::new(1));
+        sub.set_waker(parking.clone());
+        let dispatcher = {
+            let sub = sub.clone();
+            thread::spawn(move || dispatch_loop(&sub, &parking, 0))
+        };
+        for i in 0..n {
+            sub.offer(&message(i)).expect("accepted");
+        }
+        assert_eq!(finished.wait_for(n), (0..n).collect::<Vec<_>>());
+        sub.close();
+        dispatcher.join().expect("the dispatcher stops at close");
+        assert_eq!(finished.len(), n, "nothing reported twice");
+    });
+}

@@ -1,0 +1,364 @@
+//! The feeder: moves messages from a durable subscription's cursor into its queue, and
+//! the messages that finished back to the cursor (R-BP-2, R-LOG-3, R-TIME-2).
+//!
+//! # Backpressure
+//! At most `window` messages are outstanding (fetched from the cursor and not finished).
+//! When the window is full — or the queue is, because an in-memory redrive shares it — the
+//! feeder waits, it never refuses: the consumer only lags (R-BP-2). A message the queue had
+//! no room for is kept and offered first on the next step.
+//!
+//! # Delayed messages
+//! A message with a future delivery time waits in the broker's scheduler (R-TIME-2) and is
+//! offered to this subscription alone when due; it stays outstanding meanwhile, so the
+//! commit never passes it.
+//!
+//! # Who runs it
+//! The driver (R-EXE-4): [`Feeder::run`] on a thread of its own under the thread driver,
+//! [`Feeder::step`] as a pool unit, a tokio task (steps on the blocking pool), or
+//! `run_until_idle` in the caller's thread under the manual driver. Completions reached
+//! on a thread that must not block (a tokio worker) are handed to the next step
+//! ([`FeederHandle::defers_io`]).
+//!
+//! # Closing
+//! [`CursorFeeder::shutdown`] stops the feeder, waits for a step under way, reports what a
+//! tokio worker handed over, and closes the cursor (which writes the final position).
+//! Messages still outstanding were not finished: they are redelivered after a restart.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
+use std::time::Duration;
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::driver::{FeedStep, Feeder, FeederHandle};
+use crate::message::Message;
+use crate::subscription::SubscriptionId;
+
+use super::source::{BackendCursor, Finished, Outcome};
+use super::{StartAt, StreamError};
+
+/// Longest wait of the thread driver's loop before it lets an idle cursor store its
+/// position and re-checks the stop flag.
+const IDLE_WAIT: Duration = Duration::from_millis(50);
+/// Most messages fetched per step.
+const BATCH: usize = 256;
+
+/// What offering one message to the subscription did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Offered {
+    /// Queued (or dead-lettered at once; the completion reports it).
+    Taken,
+    /// The subscription's filters excluded it: finished without delivery.
+    Filtered,
+    /// The queue has no room: nothing was counted; offer it again later.
+    Full,
+    /// The subscription is closed.
+    Closed,
+}
+
+/// What holding a message until its delivery time did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Held {
+    /// It is not delayed: offer it now.
+    NotDelayed,
+    /// The scheduler holds it and calls back when it is due.
+    Waiting,
+    /// The broker is closing.
+    Closed,
+}
+
+/// Called with a held message when it falls due.
+pub(crate) type OnDue = Box<dyn FnOnce(&Arc<Message>) + Send>;
+
+/// The narrow handle a feeder gets on the subscription it feeds and the broker around it
+/// (the broker implements it; the feeder never sees either).
+pub(crate) trait FeedSink: Send + Sync + 'static {
+    /// Offer a message from the stream, never waiting: the room check and the offer happen
+    /// under one subscription lock.
+    fn offer(&self, message: &Arc<Message>) -> Offered;
+    /// Offer a message that fell due while the queue is full: the ordinary overflow policy
+    /// decides (an overflow is dead-lettered durably and finished, never lost); the
+    /// scheduler cannot wait.
+    fn offer_due_anyway(&self, message: &Arc<Message>);
+    /// Hold `message` until its delivery time, when it has one in the future (R-TIME-2).
+    fn hold(&self, message: &Arc<Message>, on_due: OnDue) -> Held;
+}
+
+/// One durable subscription's feeder, owning its cursor.
+pub(crate) struct CursorFeeder {
+    /// The durable name.
+    pub(crate) name: String,
+    /// The stream it reads.
+    pub(crate) stream: String,
+    /// The subscription it feeds.
+    pub(crate) sub_id: SubscriptionId,
+    pub(crate) cursor: Box<dyn BackendCursor>,
+    sink: Arc<dyn FeedSink>,
+    window: usize,
+    stop: AtomicBool,
+    /// The driver's handle on this feeder; unset until started.
+    handle: OnceLock<Box<dyn FeederHandle>>,
+    /// Held for one step (or the final close), so shutdown and seek wait for a step under
+    /// way on a pool worker or the blocking pool.
+    step: Mutex<()>,
+    /// Fetched, not yet taken by the queue (it was full): offered first next step.
+    backlog: Mutex<VecDeque<Arc<Message>>>,
+    /// Finished messages handed over by a thread that must not block (a tokio worker).
+    deferred: Mutex<Vec<Finished>>,
+    /// The cursor failed to fetch: no fetch until a seek.
+    halted: AtomicBool,
+    /// The thread driver's loop waits here for a wake.
+    woken: Mutex<bool>,
+    wakeup: Condvar,
+    /// This feeder itself (callbacks hold it weakly).
+    me: Weak<CursorFeeder>,
+}
+
+impl CursorFeeder {
+    /// A feeder of `sink` from `cursor`, at most `window` outstanding.
+    pub(crate) fn new(
+        name: &str,
+        stream: &str,
+        sub_id: SubscriptionId,
+        cursor: Box<dyn BackendCursor>,
+        sink: Arc<dyn FeedSink>,
+        window: usize,
+    ) -> Arc<Self> {
+        Arc::new_cyclic(|me| Self {
+            name: name.to_owned(),
+            stream: stream.to_owned(),
+            sub_id,
+            cursor,
+            sink,
+            window: window.max(1),
+            stop: AtomicBool::new(false),
+            handle: OnceLock::new(),
+            step: Mutex::new(()),
+            backlog: Mutex::new(VecDeque::new()),
+            deferred: Mutex::new(Vec::new()),
+            halted: AtomicBool::new(false),
+            woken: Mutex::new(false),
+            wakeup: Condvar::new(),
+            me: me.clone(),
+        })
+    }
+
+    /// Hand over the driver's handle; its steps were idle until now.
+    pub(crate) fn started(&self, handle: Box<dyn FeederHandle>) {
+        let _ = self.handle.set(handle); // a new feeder: not set before
+        self.wake();
+    }
+
+    fn stopping(&self) -> bool {
+        self.stop.load(Ordering::Acquire)
+    }
+
+    /// There may be work: an append, room freed, a seek, a stop request. Never blocks.
+    pub(crate) fn wake(&self) {
+        *self.woken.lock() = true;
+        self.wakeup.notify_all();
+        if let Some(h) = self.handle.get() {
+            h.wake();
+        }
+    }
+
+    /// Stop the feeder and wait for it (its thread, or a step under way), report what a
+    /// tokio worker handed over, then close the cursor: it writes the final position
+    /// (outstanding messages stay above it and are redelivered after a restart) and
+    /// releases the name. Idempotent.
+    pub(crate) fn shutdown(&self) {
+        self.stop.store(true, Ordering::Release);
+        self.wake();
+        if let Some(h) = self.handle.get() {
+            h.join();
+        }
+        let _step = self.step.lock();
+        self.finish_deferred();
+        self.cursor.close();
+    }
+
+    /// Move the cursor (R-LOG-4) and commit it; what was fetched and not yet offered is
+    /// dropped (it lies behind or beyond the new position).
+    pub(crate) fn seek(&self, at: StartAt) -> Result<u64, StreamError> {
+        let _step = self.step.lock();
+        let target = self.cursor.seek(at)?;
+        self.backlog.lock().clear();
+        self.halted.store(false, Ordering::Release);
+        drop(_step);
+        self.wake();
+        Ok(target)
+    }
+
+    /// The completion hook (a dispatcher's thread, outside the subscription lock). Where
+    /// that thread must not block (tokio), the items go to the next step; either way the
+    /// feeder is woken: room may have been freed in its window or queue.
+    pub(crate) fn on_finished(&self, items: Vec<Finished>) {
+        if self.handle.get().is_some_and(|h| h.defers_io()) {
+            self.deferred.lock().extend(items);
+        } else {
+            self.report(&items);
+        }
+        self.wake();
+    }
+
+    fn report(&self, items: &[Finished]) {
+        if let Err(e) = self.cursor.finish(items) {
+            tracing::error!("tidings: durable {}: {e}", self.name);
+        }
+    }
+
+    fn finish_deferred(&self) {
+        let items = std::mem::take(&mut *self.deferred.lock());
+        if !items.is_empty() {
+            self.report(&items);
+        }
+    }
+
+    /// Offer one fetched message: held until due when delayed, finished at once when
+    /// filtered out.
+    fn offer(&self, message: &Arc<Message>) -> Offered {
+        if message.deliver_at().is_some() {
+            let me = self.me.clone();
+            let on_due: OnDue = Box::new(move |m| {
+                if let Some(f) = me.upgrade() {
+                    f.offer_due(m);
+                }
+            });
+            match self.sink.hold(message, on_due) {
+                Held::Waiting => return Offered::Taken,
+                Held::Closed => return Offered::Closed,
+                Held::NotDelayed => {}
+            }
+        }
+        let offered = self.sink.offer(message);
+        if offered == Offered::Filtered {
+            self.report(&[Finished::new(message.clone(), Outcome::Filtered)]);
+        }
+        offered
+    }
+
+    /// A held message fell due (on the scheduler's thread).
+    fn offer_due(&self, message: &Arc<Message>) {
+        match self.sink.offer(message) {
+            Offered::Filtered => {
+                self.report(&[Finished::new(message.clone(), Outcome::Filtered)]);
+            }
+            Offered::Full => self.sink.offer_due_anyway(message),
+            Offered::Taken | Offered::Closed => {}
+        }
+    }
+
+    /// Offer `messages` in order; the first the queue refuses and those after it are kept
+    /// for the next step. `None` when all were taken.
+    fn offer_all(&self, messages: impl IntoIterator<Item = Arc<Message>>) -> Option<FeedStep> {
+        let mut messages = messages.into_iter();
+        while let Some(m) = messages.next() {
+            match self.offer(&m) {
+                Offered::Taken | Offered::Filtered => {}
+                // Woken by the next completion.
+                Offered::Full => {
+                    // The backlog is empty here (taken at the start of the step, under
+                    // the step lock): fetch order is kept.
+                    let mut backlog = self.backlog.lock();
+                    backlog.push_back(m);
+                    backlog.extend(messages);
+                    return Some(FeedStep::Idle);
+                }
+                // Never finished: redelivered after a restart.
+                Offered::Closed => return Some(FeedStep::Stopped),
+            }
+        }
+        None
+    }
+
+    /// One bounded pass that never waits: report what was handed over, offer the backlog,
+    /// then fetch what the window has room for and offer it. An idle feeder lets the
+    /// cursor store its position.
+    fn step_once(&self) -> FeedStep {
+        if self.handle.get().is_none() {
+            return FeedStep::Idle; // started, but not yet handed its handle: woken then
+        }
+        let _step = self.step.lock();
+        self.finish_deferred();
+        if self.stopping() {
+            return FeedStep::Stopped;
+        }
+        let backlog: Vec<Arc<Message>> = self.backlog.lock().drain(..).collect();
+        if !backlog.is_empty()
+            && let Some(step) = self.offer_all(backlog)
+        {
+            return step;
+        }
+        if self.halted.load(Ordering::Acquire) {
+            return FeedStep::Idle; // until a seek
+        }
+        let outstanding = self.cursor.state().outstanding;
+        if outstanding >= self.window {
+            return FeedStep::Idle; // woken when a completion frees room
+        }
+        let fetched = match self.cursor.fetch((self.window - outstanding).min(BATCH)) {
+            Ok(m) => m,
+            Err(StreamError::Closed) => return FeedStep::Stopped,
+            Err(e) => {
+                tracing::error!("tidings: durable {} stopped fetching: {e}", self.name);
+                self.halted.store(true, Ordering::Release);
+                return FeedStep::Idle;
+            }
+        };
+        if fetched.is_empty() {
+            // Idle at the end of the stream: store the position if it moved; woken by
+            // the next append.
+            self.cursor.idle();
+            return FeedStep::Idle;
+        }
+        match self.offer_all(fetched.into_iter().map(Arc::new)) {
+            Some(step) => step,
+            None => FeedStep::Again,
+        }
+    }
+
+    /// The thread driver's loop: steps, and between them a bounded wait for a wake.
+    fn run_loop(&self) {
+        loop {
+            match self.step_once() {
+                FeedStep::Again => {}
+                FeedStep::Stopped => return,
+                FeedStep::Idle | FeedStep::WakeAt(_) => {
+                    let mut woken = self.woken.lock();
+                    let timed_out = !*woken
+                        && !self.stopping()
+                        && self.wakeup.wait_for(&mut woken, IDLE_WAIT).timed_out();
+                    *woken = false;
+                    drop(woken);
+                    if timed_out {
+                        self.cursor.idle();
+                    }
+                }
+            }
+        }
+    }
+
+    /// Manual driver: step until nothing more can be done now, then let the cursor store
+    /// its position. Returns the steps that made progress.
+    pub(crate) fn run_now(&self) -> usize {
+        let mut progress = 0;
+        while self.step_once() == FeedStep::Again {
+            progress += 1;
+        }
+        self.cursor.idle();
+        progress
+    }
+}
+
+impl Feeder for CursorFeeder {
+    fn name(&self) -> String {
+        format!("tidings-feeder-{}", self.name)
+    }
+    fn step(&self) -> FeedStep {
+        self.step_once()
+    }
+    fn run(&self) {
+        self.run_loop();
+    }
+}

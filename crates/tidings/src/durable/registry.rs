@@ -1,0 +1,240 @@
+//! The broker's streams and durable subscriptions, around one backend.
+//!
+//! # Publishing
+//! `publish` appends the message once to each stream whose patterns match its topic,
+//! *before* offering it to buffered subscriptions; the
+//! [`PublishReport::streams`](crate::PublishReport::streams) lists them. An append failure
+//! makes publish fail (`PublishError::Stream`) and nothing is offered. A message asking for
+//! what a stream's backend cannot keep (a priority other than `Normal` on a backend without
+//! priority) is refused the same way, before anything is appended.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
+
+use parking_lot::{Mutex, RwLock};
+
+use crate::clock::Clock;
+use crate::driver::Executor;
+use crate::error::PublishError;
+use crate::message::{Message, Priority};
+use crate::topic::Pattern;
+
+use super::feeder::CursorFeeder;
+use super::retention::RetentionService;
+use super::source::DurableBackend;
+use super::stream::{OpenStream, Stream};
+use super::{StreamConfig, StreamError};
+
+/// Check a stream, subscription or dedup store name: a backend may make a file name of it.
+pub(crate) fn check_name(what: &'static str, name: &str) -> Result<(), StreamError> {
+    let bad = |reason| StreamError::InvalidName {
+        what,
+        name: name.to_owned(),
+        reason,
+    };
+    if name.is_empty() || name.len() > 200 {
+        return Err(bad("must be 1 to 200 bytes"));
+    }
+    if name.starts_with('.') {
+        return Err(bad("must not start with '.'"));
+    }
+    if !name
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+    {
+        return Err(bad(
+            "only ASCII letters, digits, '-', '_' and '.' are allowed",
+        ));
+    }
+    Ok(())
+}
+
+/// The broker's durable side (a field of the broker).
+pub(crate) struct Durables {
+    /// `None`: built without a data directory or backend.
+    backend: Option<Arc<dyn DurableBackend>>,
+    /// The data directory, when the embedded backend was built from one.
+    pub(crate) data_dir: Option<PathBuf>,
+    /// Fast path: false until the first stream is created.
+    any: AtomicBool,
+    pub(crate) streams: RwLock<BTreeMap<String, Arc<OpenStream>>>,
+    pub(crate) feeders: Mutex<BTreeMap<(String, String), Weak<CursorFeeder>>>,
+    closed: AtomicBool,
+    /// Started with the first stream that has a retention policy.
+    retention: OnceLock<Arc<RetentionService>>,
+}
+
+impl Durables {
+    pub(crate) fn new(backend: Option<Arc<dyn DurableBackend>>, data_dir: Option<PathBuf>) -> Self {
+        Self {
+            backend,
+            data_dir,
+            any: AtomicBool::new(false),
+            streams: RwLock::default(),
+            feeders: Mutex::default(),
+            closed: AtomicBool::new(false),
+            retention: OnceLock::new(),
+        }
+    }
+
+    /// The backend, or [`StreamError::NoDataDir`].
+    pub(crate) fn backend(&self) -> Result<&Arc<dyn DurableBackend>, StreamError> {
+        self.backend.as_ref().ok_or(StreamError::NoDataDir)
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    /// The open stream called `name`.
+    pub(crate) fn stream(&self, name: &str) -> Option<Arc<OpenStream>> {
+        self.streams.read().get(name).cloned()
+    }
+
+    /// Create or reopen a stream (see `Broker::create_stream`). Its retention runs on a
+    /// timer on `clock`, started by `executor` with the first stream that has a policy.
+    pub(crate) fn create_stream(
+        &self,
+        config: StreamConfig,
+        clock: &Arc<dyn Clock>,
+        executor: &dyn Executor,
+    ) -> Result<Stream, StreamError> {
+        let backend = self.backend()?;
+        check_name("stream", &config.name)?;
+        if config.patterns.is_empty() {
+            return Err(StreamError::NoPattern(config.name));
+        }
+        let patterns = config
+            .patterns
+            .iter()
+            .map(|p| {
+                Pattern::new(p).map_err(|error| StreamError::InvalidPattern {
+                    pattern: p.clone(),
+                    error,
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        // Held across the open: one open per stream, ever.
+        let mut map = self.streams.write();
+        if self.is_closed() {
+            return Err(StreamError::Closed);
+        }
+        if map.contains_key(&config.name) {
+            return Err(StreamError::AlreadyExists(config.name));
+        }
+        let opened = backend.open_stream(&config, &patterns)?;
+        let retention = &config.log.retention;
+        let has_retention = retention.max_bytes.is_some() || retention.max_age.is_some();
+        let inner = Arc::new(OpenStream {
+            recovery: opened.recovery().cloned().unwrap_or_default(),
+            backend: opened,
+            patterns,
+            backend_name: backend.name(),
+            keeps_priority: backend.capabilities().priority,
+            config,
+        });
+        if has_retention {
+            let service = match self.retention.get() {
+                Some(s) => s.clone(),
+                None => {
+                    // Run by the driver (the manual one: in `run_until_idle`).
+                    let s = RetentionService::start(clock.clone(), executor)?;
+                    self.retention.get_or_init(|| s).clone()
+                }
+            };
+            service.add(inner.clone());
+        }
+        map.insert(inner.name().to_owned(), inner.clone());
+        self.any.store(true, Ordering::Release);
+        Ok(Stream { inner })
+    }
+
+    /// The feeders still alive, in (stream, name) order.
+    pub(crate) fn live_feeders(&self) -> Vec<Arc<CursorFeeder>> {
+        self.feeders
+            .lock()
+            .values()
+            .filter_map(Weak::upgrade)
+            .collect()
+    }
+
+    /// Manual driver: run every feeder in the caller's thread until it has nothing more
+    /// to offer now, and the retention that fell due on the manual clock (idle streams
+    /// included). Returns the steps that made progress.
+    pub(crate) fn run_now(&self) -> usize {
+        let mut progress = self.retention.get().map_or(0, |r| r.run_due());
+        for f in self.live_feeders() {
+            progress += f.run_now();
+        }
+        progress
+    }
+
+    /// Append `message` to every matching stream; the names of those that hold it.
+    /// Returns at once (no allocation, no lock) when the broker has no stream.
+    pub(crate) fn append(&self, message: &Message) -> Result<Vec<String>, PublishError> {
+        if !self.any.load(Ordering::Acquire) {
+            return Ok(Vec::new());
+        }
+        let targets: Vec<Arc<OpenStream>> = self
+            .streams
+            .read()
+            .values()
+            .filter(|s| s.patterns.iter().any(|p| p.matches(message.topic())))
+            .cloned()
+            .collect();
+        if targets.is_empty() {
+            return Ok(Vec::new());
+        }
+        // Refused before anything is stored: a backend that cannot keep the priority.
+        if message.priority() != Priority::Normal
+            && let Some(s) = targets.iter().find(|s| !s.keeps_priority)
+        {
+            let e = StreamError::Unsupported {
+                feature: "message priority",
+                backend: s.backend_name,
+            };
+            return Err(PublishError::Stream {
+                stream: s.name().to_owned(),
+                error: e.to_string(),
+            });
+        }
+        let mut names = Vec::with_capacity(targets.len());
+        for s in targets {
+            s.backend
+                .append(message)
+                .map_err(|e| PublishError::Stream {
+                    stream: s.name().to_owned(),
+                    error: format!("{e} (streams already holding the message: {names:?})"),
+                })?;
+            names.push(s.name().to_owned());
+        }
+        Ok(names)
+    }
+
+    /// Broker close: stop every feeder, close every cursor (each writes its position;
+    /// abandoned messages are not finished, so they stay above it), close every stream,
+    /// then the backend.
+    pub(crate) fn close(&self) {
+        if self.closed.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        if let Some(r) = self.retention.get() {
+            r.stop();
+        }
+        for f in self.live_feeders() {
+            f.shutdown();
+        }
+        let streams = std::mem::take(&mut *self.streams.write());
+        self.any.store(false, Ordering::Release);
+        for s in streams.values() {
+            if let Err(e) = s.backend.close() {
+                tracing::error!("tidings: closing stream {}: {e}", s.name());
+            }
+        }
+        if let Some(b) = &self.backend {
+            b.close();
+        }
+    }
+}

@@ -1,0 +1,475 @@
+//! The embedded cursor of one durable subscription: position, commit rule, durable DLQ
+//! (R-LOG-3, R-LOG-4, R-DEL-4, R-BP-3).
+//!
+//! # Commit rules (R-LOG-3)
+//! The committed position is the *low watermark*: the lowest offset handed out and not yet
+//! finished (or the position, when nothing is outstanding). A message finishes when its
+//! handler succeeded, the subscription's filters excluded it, or it was dead-lettered —
+//! for dead letters only after it was appended to the durable DLQ log. Messages abandoned
+//! at close never finish, so they are redelivered after a restart. The position is written
+//! (temp file, fsync, rename, fsync dir; see `offset_store`) every `commit_every`
+//! completions, when the feeder is idle, on seek and on close. A failed write **poisons**
+//! the cursor ([`CommitFailed`]): after a failed fsync the file's state is unknown, so it
+//! is never retried; nothing more is read or committed.
+//!
+//! A committed position beyond the stream's end (a foreign file, or a stream that lost its
+//! tail in a power cut) is clamped to the end at open, committed and logged, never trusted.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use tidings_log::{Log, ReadError};
+
+use crate::dlq::DeadLetterReason;
+use crate::durable::{
+    BackendCursor, CommitFailed, CursorState, CursorWaker, DurableDeadLetter, Finished, Outcome,
+    StartAt, StreamError,
+};
+use crate::message::Message;
+use crate::topic::Pattern;
+
+use super::codec;
+use super::dlq_record;
+use super::offset_store::OffsetStore;
+use super::stream::EmbeddedStream;
+
+/// Most records read per fetch.
+const BATCH: usize = 256;
+
+#[derive(Debug)]
+struct Position {
+    /// Next offset `fetch` reads.
+    cursor: u64,
+    /// Offsets handed out and not yet finished (queued, in flight, waiting to retry).
+    pending: BTreeSet<u64>,
+    /// Last position written to the offset file.
+    committed: u64,
+    since_commit: usize,
+    /// Offsets skipped because retention removed them before they were read.
+    skipped: u64,
+    /// Records the filter excluded.
+    skipped_by_filter: u64,
+    /// Set when fetching halted (unreadable record, failed commit or DLQ append); cleared
+    /// by `seek`.
+    error: Option<String>,
+    /// Set by `close`: from then on nothing is committed or appended to the durable DLQ (a
+    /// successor may own the files already); what finishes late is redelivered after a
+    /// restart.
+    retired: bool,
+    /// Set by a failed commit: nothing is committed or read any more (never cleared).
+    poisoned: Option<CommitFailed>,
+}
+
+impl Position {
+    /// Lowest offset not yet finished: everything below it is done.
+    fn watermark(&self) -> u64 {
+        self.pending.first().copied().unwrap_or(self.cursor)
+    }
+}
+
+/// One durable subscription's position in an embedded stream, with its offset file and
+/// durable dead-letter log (`consumers/<stream>/<name>.offset`, `<name>.dlq/`).
+pub(crate) struct EmbeddedCursor {
+    name: String,
+    stream: Arc<EmbeddedStream>,
+    filter: Pattern,
+    store: OffsetStore,
+    dlq: Log,
+    state: Mutex<Position>,
+    commit_every: usize,
+    clamped_from: Option<u64>,
+    /// Serialises drains and redrives of the durable DLQ (list, hand over, remove).
+    dlq_ops: Mutex<()>,
+    /// Registered (weakly) with the stream, which wakes the feeder on appends while this
+    /// cursor lives.
+    waker: Arc<CursorWaker>,
+}
+
+/// What opening a cursor found.
+pub(crate) struct Opened {
+    pub(crate) store: OffsetStore,
+    pub(crate) dlq: Log,
+    pub(crate) position: u64,
+    pub(crate) clamped_from: Option<u64>,
+}
+
+impl EmbeddedCursor {
+    pub(crate) fn new(
+        name: &str,
+        stream: Arc<EmbeddedStream>,
+        filter: Pattern,
+        opened: Opened,
+        waker: CursorWaker,
+    ) -> Self {
+        let waker = Arc::new(waker);
+        stream.add_waker(&waker);
+        let commit_every = stream.commit_every;
+        Self {
+            name: name.to_owned(),
+            stream,
+            filter,
+            store: opened.store,
+            dlq: opened.dlq,
+            state: Mutex::new(Position {
+                cursor: opened.position,
+                pending: BTreeSet::new(),
+                committed: opened.position,
+                since_commit: 0,
+                skipped: 0,
+                skipped_by_filter: 0,
+                error: None,
+                retired: false,
+                poisoned: None,
+            }),
+            commit_every,
+            clamped_from: opened.clamped_from,
+            dlq_ops: Mutex::new(()),
+            waker,
+        }
+    }
+
+    fn wake(&self) {
+        self.waker.wake();
+    }
+
+    /// Write the watermark if it moved (never once retired or poisoned).
+    fn flush_locked(&self, st: &mut Position) {
+        if st.retired || st.poisoned.is_some() {
+            return;
+        }
+        let wm = st.watermark();
+        if wm == st.committed {
+            st.since_commit = 0;
+            return;
+        }
+        if let Err(e) = self.commit_locked(st, wm) {
+            tracing::error!("tidings: durable {}: {e}", self.name);
+        }
+    }
+
+    /// Write `position`; a failure poisons the cursor (never retried: after a failed fsync
+    /// the file's state is unknown).
+    fn commit_locked(&self, st: &mut Position, position: u64) -> Result<(), StreamError> {
+        if let Some(p) = &st.poisoned {
+            return Err(p.clone().into());
+        }
+        match self.store.store(position) {
+            Ok(()) => {
+                st.committed = position;
+                st.since_commit = 0;
+                Ok(())
+            }
+            Err(e) => {
+                let failed = CommitFailed {
+                    path: self.store.path().to_path_buf(),
+                    position,
+                    reason: e.to_string(),
+                };
+                st.error = Some(failed.to_string());
+                st.poisoned = Some(failed.clone());
+                Err(failed.into())
+            }
+        }
+    }
+
+    /// Stop fetching: `e` shows in [`CursorState::error`] until a seek.
+    fn halt(&self, e: &StreamError) {
+        tracing::error!("tidings: durable {} halted: {e}", self.name);
+        self.state.lock().error = Some(e.to_string());
+    }
+
+    /// `offset` finished (delivered, dead-lettered durably, or filtered).
+    fn finish_offset(&self, offset: u64) {
+        let mut st = self.state.lock();
+        if st.pending.remove(&offset) {
+            st.since_commit += 1;
+            if st.since_commit >= self.commit_every {
+                self.flush_locked(&mut st);
+            }
+        }
+    }
+
+    /// The live entries of the durable DLQ with their DLQ offsets, oldest first: the log
+    /// replayed, removed entries left out.
+    fn dlq_entries(&self) -> Result<Vec<(u64, DurableDeadLetter)>, StreamError> {
+        let log = &self.dlq;
+        let dir = log.dir().to_path_buf();
+        let mut entries = BTreeMap::new();
+        let mut from = log.start_offset();
+        loop {
+            let recs = log.read(from, 256).map_err(|source| StreamError::Read {
+                dir: dir.clone(),
+                source,
+            })?;
+            if recs.is_empty() {
+                return Ok(entries.into_iter().collect());
+            }
+            for r in recs {
+                let at = r.offset;
+                from = at + 1;
+                let record = dlq_record::decode_any(r).map_err(|reason| StreamError::Decode {
+                    dir: dir.clone(),
+                    offset: at,
+                    reason,
+                })?;
+                match record {
+                    dlq_record::DlqRecord::Entry(message, meta) => {
+                        entries.insert(
+                            at,
+                            DurableDeadLetter::new(*message, meta.reason, meta.attempts),
+                        );
+                    }
+                    dlq_record::DlqRecord::Removed(gone) => {
+                        for g in gone {
+                            entries.remove(&g);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Durably record that the entries at these DLQ offsets left the DLQ.
+    fn remove_dlq(&self, offsets: &[u64]) -> Result<(), StreamError> {
+        self.dlq
+            .append(&dlq_record::encode_removal(offsets))
+            .map(drop)
+            .map_err(|source| StreamError::Append {
+                dir: self.dlq.dir().to_path_buf(),
+                source,
+            })
+    }
+
+    fn append_dlq(
+        &self,
+        message: &Message,
+        reason: &DeadLetterReason,
+        attempts: u32,
+        offset: u64,
+    ) -> Result<u64, StreamError> {
+        let rec = dlq_record::encode(message, reason, attempts, offset);
+        self.dlq.append(&rec).map_err(|source| StreamError::Append {
+            dir: self.dlq.dir().to_path_buf(),
+            source,
+        })
+    }
+
+    fn check_open(&self) -> Result<(), StreamError> {
+        if self.state.lock().retired {
+            return Err(StreamError::Closed);
+        }
+        Ok(())
+    }
+}
+
+impl BackendCursor for EmbeddedCursor {
+    fn fetch(&self, max: usize) -> Result<Vec<Message>, StreamError> {
+        let mut out = Vec::new();
+        while out.is_empty() {
+            let from = {
+                let st = self.state.lock();
+                if st.retired {
+                    return Err(StreamError::Closed);
+                }
+                if st.error.is_some() {
+                    // Halted (the error is in `state()`): nothing until a seek.
+                    return Ok(out);
+                }
+                st.cursor
+            };
+            let records = match self.stream.log.read(from, max.clamp(1, BATCH)) {
+                Ok(r) => r,
+                Err(ReadError::OutOfRetention { earliest, .. }) => {
+                    // Retention, not memory, is the limit (R-BP-2): skip what is gone,
+                    // counted.
+                    let mut st = self.state.lock();
+                    if st.cursor == from {
+                        st.skipped += earliest - from;
+                        st.cursor = earliest;
+                        tracing::warn!(
+                            "tidings: durable {} skipped offsets {from}..{earliest} removed by retention",
+                            self.name
+                        );
+                    }
+                    continue;
+                }
+                Err(ReadError::BeyondEnd { .. }) => return Ok(out),
+                Err(e) => {
+                    let e = self.stream.read_error(e);
+                    self.halt(&e);
+                    return Err(e);
+                }
+            };
+            if records.is_empty() {
+                return Ok(out);
+            }
+            for rec in records {
+                let offset = rec.offset;
+                let (message, target) = match codec::decode_targeted(rec) {
+                    Ok(decoded) => decoded,
+                    Err(reason) => {
+                        // Never skip what we cannot read: stop here, say why (R-LIM-2).
+                        let e = StreamError::Decode {
+                            dir: self.stream.dir.clone(),
+                            offset,
+                            reason,
+                        };
+                        self.halt(&e);
+                        return if out.is_empty() { Err(e) } else { Ok(out) };
+                    }
+                };
+                let matches = self.filter.matches(message.topic());
+                // A redrive copy is for one durable subscription only.
+                let for_us = target.as_ref().is_none_or(|t| *t == self.name);
+                let mut st = self.state.lock();
+                if st.cursor != offset {
+                    break; // a seek moved the cursor: read from there.
+                }
+                st.cursor = offset + 1;
+                if !matches {
+                    st.skipped_by_filter += 1;
+                }
+                if matches && for_us {
+                    st.pending.insert(offset);
+                    out.push(message);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn finish(&self, done: &[Finished]) -> Result<(), StreamError> {
+        let mut first_error = None;
+        for f in done {
+            let Some(offset) = f.message.offset() else {
+                continue;
+            };
+            if self.state.lock().retired {
+                // Finished after close: not committed, redelivered after a restart.
+                continue;
+            }
+            if let Outcome::DeadLettered { reason, attempts } = &f.outcome
+                && let Err(e) = self.append_dlq(&f.message, reason, *attempts, offset)
+            {
+                // Not durable in the DLQ: never commit past it (redelivered after restart).
+                tracing::error!("tidings: durable {} DLQ append failed: {e}", self.name);
+                self.state.lock().error = Some(e.to_string());
+                first_error.get_or_insert(e);
+                continue;
+            }
+            self.finish_offset(offset);
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    fn idle(&self) {
+        self.flush_locked(&mut self.state.lock());
+    }
+
+    fn seek(&self, at: StartAt) -> Result<u64, StreamError> {
+        let target = self.stream.resolve(at)?;
+        let mut st = self.state.lock();
+        if st.retired {
+            return Err(StreamError::Closed);
+        }
+        self.commit_locked(&mut st, target)?;
+        st.cursor = target;
+        st.pending.clear();
+        st.committed = target;
+        st.since_commit = 0;
+        st.error = None;
+        drop(st);
+        self.wake();
+        Ok(target)
+    }
+
+    fn commit(&self) -> Result<u64, StreamError> {
+        let mut st = self.state.lock();
+        if st.retired {
+            return Err(StreamError::Closed);
+        }
+        let wm = st.watermark();
+        self.commit_locked(&mut st, wm)?;
+        Ok(wm)
+    }
+
+    fn state(&self) -> CursorState {
+        let st = self.state.lock();
+        CursorState {
+            position: st.cursor,
+            committed: st.committed,
+            outstanding: st.pending.len(),
+            lag: self.stream.log.end_offset().saturating_sub(st.committed),
+            skipped: st.skipped,
+            skipped_by_filter: st.skipped_by_filter,
+            error: st.error.clone(),
+            poisoned: st.poisoned.clone(),
+            clamped_from: self.clamped_from,
+        }
+    }
+
+    fn dead_letters(&self) -> Result<Vec<DurableDeadLetter>, StreamError> {
+        Ok(self.dlq_entries()?.into_iter().map(|(_, e)| e).collect())
+    }
+
+    fn drain_dead_letters(&self) -> Result<Vec<DurableDeadLetter>, StreamError> {
+        let _ops = self.dlq_ops.lock();
+        self.check_open()?;
+        let entries = self.dlq_entries()?;
+        let offsets: Vec<u64> = entries.iter().map(|(at, _)| *at).collect();
+        if !offsets.is_empty() {
+            self.remove_dlq(&offsets)?;
+        }
+        Ok(entries.into_iter().map(|(_, e)| e).collect())
+    }
+
+    fn redrive_dead_letters(
+        &self,
+        select: &mut dyn FnMut(&DurableDeadLetter) -> bool,
+    ) -> Result<usize, StreamError> {
+        let _ops = self.dlq_ops.lock();
+        self.check_open()?;
+        let stream = &self.stream;
+        let mut done = Vec::new();
+        let mut failure = None;
+        for (at, e) in self.dlq_entries()? {
+            if !select(&e) {
+                continue;
+            }
+            match stream.append_record(&codec::encode_for(&e.message, &self.name)) {
+                Ok(_) => done.push(at),
+                Err(e) => {
+                    failure = Some(e);
+                    break;
+                }
+            }
+        }
+        if !done.is_empty() {
+            // Synced to the stream before the entries leave the DLQ (loss-safe).
+            stream.sync()?;
+            self.remove_dlq(&done)?;
+        }
+        match failure {
+            Some(e) => Err(e),
+            None => Ok(done.len()),
+        }
+    }
+
+    fn offset_file(&self) -> Option<&Path> {
+        Some(self.store.path())
+    }
+
+    fn close(&self) {
+        let mut st = self.state.lock();
+        if st.retired {
+            return;
+        }
+        self.flush_locked(&mut st);
+        st.retired = true;
+        if let Err(e) = self.dlq.close() {
+            tracing::error!("tidings: durable {} closing its DLQ log: {e}", self.name);
+        }
+    }
+}

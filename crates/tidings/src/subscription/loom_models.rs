@@ -1,0 +1,272 @@
+//! Model-checked protocols of the subscription shell (loom; see `crate::sync`).
+//!
+//! Run with `RUSTFLAGS="--cfg tidings_loom" cargo test -p tidings
+//! --release --lib loom_models --target-dir target/loom` (`.ci/run` does). Each model runs
+//! the production shell under every interleaving loom explores within the preemption bound
+//! (`LOOM_MAX_PREEMPTIONS`, 2 unless set; `TIDINGS_LONG=1` raises it to 3 and the message
+//! counts by one). A lost wake-up shows as a deadlock, which loom reports.
+//!
+//! The shared helpers here are used by the drivers', scheduler's and inbox's models too.
+
+use std::sync::{Arc, Weak};
+
+use crate::clock::SystemClock;
+use crate::dlq::DeadLetterReason;
+use crate::handler::{HandlerError, handler_fn};
+use crate::message::{Message, MessageBuilder};
+use crate::options::{Overflow, SubscribeOptions};
+use crate::sync::{Condvar, Mutex, thread};
+use crate::topic::Pattern;
+
+use super::core::Refusal;
+use super::handle::SubscriptionId;
+use super::shared::{HandlerKind, SubShared};
+
+/// True when the longer bounds were asked for (`TIDINGS_LONG=1`).
+pub(crate) fn long() -> bool {
+    std::env::var_os("TIDINGS_LONG").is_some_and(|v| v == "1")
+}
+
+/// Messages a model publishes: 2, or 3 with `TIDINGS_LONG=1`.
+pub(crate) fn messages() -> usize {
+    if long() { 3 } else { 2 }
+}
+
+/// Explore `model` under loom with the preemption bound of the environment
+/// (`LOOM_MAX_PREEMPTIONS`), else 2 (3 with `TIDINGS_LONG=1`).
+pub(crate) fn check(model: impl Fn() + Sync + Send + 'static) {
+    let mut builder = loom::model::Builder::new();
+    if builder.preemption_bound.is_none() {
+        builder.preemption_bound = Some(if long() { 3 } else { 2 });
+    }
+    builder.check(model);
+}
+
+/// A message whose payload is `n` (so a model can tell messages apart).
+pub(crate) fn message(n: usize) -> Arc<Message> {
+    Arc::new(
+        MessageBuilder::new("t")
+            .payload(n.to_string())
+            .build_detached()
+            .expect("a valid message"),
+    )
+}
+
+/// The number in a [`message`]'s payload.
+pub(crate) fn number(m: &Message) -> usize {
+    std::str::from_utf8(m.payload())
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .expect("a model message")
+}
+
+/// A subscription shell on the system clock, not attached to any broker or driver.
+pub(crate) fn shell(
+    options: &SubscribeOptions,
+    handler: impl Fn(&Message) -> Result<(), HandlerError> + Send + Sync + 'static,
+) -> Arc<SubShared> {
+    Arc::new(SubShared::new(
+        SubscriptionId(1),
+        Pattern::new("t").expect("a valid pattern"),
+        options,
+        HandlerKind::Sync(Arc::new(handler_fn(handler))),
+        Arc::new(SystemClock),
+        Weak::new(),
+    ))
+}
+
+/// Events counted by a model, which waits for a count: if a wake-up is lost elsewhere the
+/// count never arrives, every thread blocks, and loom reports the deadlock.
+#[derive(Default)]
+pub(crate) struct Tally {
+    seen: Mutex<Vec<usize>>,
+    changed: Condvar,
+}
+
+impl Tally {
+    pub(crate) fn add(&self, n: usize) {
+        self.seen.lock().push(n);
+        self.changed.notify_all();
+    }
+
+    /// Wait until `count` events were counted; returns them, sorted.
+    pub(crate) fn wait_for(&self, count: usize) -> Vec<usize> {
+        let mut seen = self.seen.lock();
+        while seen.len() < count {
+            self.changed.wait(&mut seen);
+        }
+        let mut all = seen.clone();
+        all.sort_unstable();
+        all
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.seen.lock().len()
+    }
+}
+
+/// `Overflow::Block` without a deadline: loom has no time, so a wait ends only by a
+/// wake-up (room, close), which is what these models check.
+fn blocking(capacity: usize) -> SubscribeOptions {
+    SubscribeOptions {
+        capacity,
+        overflow: Overflow::Block {
+            timeout: std::time::Duration::MAX,
+        },
+        ..SubscribeOptions::default()
+    }
+}
+
+/// `close()` racing a publisher blocked for room under `Overflow::Block` (R-BP-1,
+/// R-CORE-6): the blocked publisher wakes and is refused `Closed`, nothing is left
+/// counted as blocked, and every message is accounted for.
+///
+/// Guards against: close not waking the publishers waiting for room (a lost wake-up).
+#[test]
+fn close_wakes_a_publisher_blocked_for_room() {
+    check(|| {
+        let sub = shell(&blocking(1), |_| Ok(()));
+        // No dispatcher: the queue stays full until close.
+        let publisher = {
+            let sub = sub.clone();
+            thread::spawn(move || {
+                let first = sub.offer(&message(0));
+                let second = sub.offer(&message(1));
+                (first, second)
+            })
+        };
+        let abandoned = sub.close();
+        let (first, second) = publisher.join().expect("the publisher returns");
+        assert_eq!(second, Err(Refusal::Closed), "the second offer cannot fit");
+        let stats = sub.core.lock().stats(std::time::Instant::now());
+        assert_eq!(stats.blocked_publishers, 0);
+        assert_eq!(stats.offered, 2);
+        match first {
+            // Accepted before close: abandoned by it.
+            Ok(()) => assert_eq!(abandoned.len(), 1),
+            Err(r) => {
+                assert_eq!(r, Refusal::Closed);
+                assert!(abandoned.is_empty());
+            }
+        }
+        assert_eq!(stats.accepted, stats.dead_lettered.shutdown);
+        assert_eq!(stats.accepted + stats.refused.closed, 2);
+    });
+}
+
+/// A publisher blocked for room under `Overflow::Block` is woken when a dispatcher frees
+/// room (R-BP-1): every message is delivered, none is refused.
+///
+/// Guards against: the dispatcher taking a message without waking the blocked publisher
+/// (a lost wake-up: the publisher waits for ever with room in the queue).
+#[test]
+fn freed_room_wakes_a_blocked_publisher() {
+    check(|| {
+        let n = messages();
+        let delivered = Arc::new(Tally::default());
+        let sub = {
+            let delivered = delivered.clone();
+            shell(&blocking(1), move |m| {
+                delivered.add(number(m));
+                Ok(())
+            })
+        };
+        let publisher = {
+            let sub = sub.clone();
+            thread::spawn(move || {
+                for i in 0..n {
+                    assert_eq!(sub.offer(&message(i)), Ok(()), "Block never refuses here");
+                }
+            })
+        };
+        // This thread is the dispatcher: deliver until everything arrived.
+        while delivered.len() < n {
+            if !sub.step(0) {
+                thread::yield_now();
+            }
+        }
+        publisher.join().expect("the publisher returns");
+        assert_eq!(delivered.wait_for(n), (0..n).collect::<Vec<_>>());
+        let stats = sub.core.lock().stats(std::time::Instant::now());
+        assert_eq!((stats.delivered, stats.blocked_publishers), (n as u64, 0));
+    });
+}
+
+/// A redrive racing `close()` is loss-safe (R-DEL-4): the dead letter ends either back in
+/// the DLQ or accepted again (and then abandoned by close, as `Shutdown`); never lost,
+/// never twice.
+///
+/// Guards against: an entry taken out of the DLQ and refused `Closed` not being put back.
+#[test]
+fn redrive_racing_close_loses_no_dead_letter() {
+    check(|| {
+        let options = SubscribeOptions {
+            dead_letter: crate::options::DeadLetterOptions {
+                keep_shutdown: false,
+                ..Default::default()
+            },
+            ..SubscribeOptions::default()
+        };
+        let sub = shell(&options, |_| Err(HandlerError::reject("no")));
+        sub.offer(&message(7)).expect("accepted");
+        assert!(sub.step(0), "delivered once and rejected");
+        let redrive = {
+            let sub = sub.clone();
+            thread::spawn(move || sub.redrive(|_| true))
+        };
+        let abandoned = sub.close();
+        let done = redrive.join().expect("the redrive returns");
+        let in_dlq = sub.core.lock().ledger_mut().dlq.list();
+        let reported = in_dlq.len() + abandoned.len();
+        assert_eq!(
+            reported, 1,
+            "the dead letter is in the DLQ or in the close report"
+        );
+        assert_eq!(done.taken.len(), 1);
+        assert_eq!(done.accepted + done.returned, 1);
+        if done.returned == 1 {
+            assert!(matches!(
+                in_dlq[0].reason,
+                DeadLetterReason::Rejected { .. }
+            ));
+        }
+    });
+}
+
+/// A redrive racing a delivery that dead-letters another message (R-DEL-4): each message
+/// ends in the DLQ exactly once (the handler rejects everything), whatever the order.
+///
+/// Guards against: a redrive that re-offers first and removes the redriven entries from
+/// the DLQ afterwards (by id), which also removes the entry a concurrent delivery of the
+/// same message just added.
+#[test]
+fn redrive_racing_delivery_keeps_each_dead_letter_once() {
+    check(|| {
+        let sub = shell(&SubscribeOptions::default(), |_| {
+            Err(HandlerError::reject("no"))
+        });
+        sub.offer(&message(0)).expect("accepted");
+        assert!(sub.step(0), "message 0 dead-lettered");
+        sub.offer(&message(1)).expect("accepted");
+        let dispatcher = {
+            let sub = sub.clone();
+            // Deliver what is there now and what the redrive adds.
+            thread::spawn(move || while sub.step(0) {})
+        };
+        let done = sub.redrive(|e| number(&e.message) == 0);
+        dispatcher.join().expect("the dispatcher returns");
+        while sub.step(0) {}
+        let mut in_dlq: Vec<usize> = sub
+            .core
+            .lock()
+            .ledger_mut()
+            .dlq
+            .list()
+            .iter()
+            .map(|e| number(&e.message))
+            .collect();
+        in_dlq.sort_unstable();
+        assert_eq!(done.accepted, 1);
+        assert_eq!(in_dlq, vec![0, 1], "each message dead-lettered once");
+    });
+}
