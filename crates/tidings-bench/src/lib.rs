@@ -29,6 +29,7 @@ pub mod alloc;
 mod env;
 mod fanout;
 mod harness;
+mod jetstream;
 mod latency;
 mod logbench;
 mod matching;
@@ -242,6 +243,7 @@ pub fn case_names() -> Vec<String> {
     names.extend(perkey::case_names());
     names.extend(matching::case_names());
     names.extend(logbench::case_names());
+    names.extend(jetstream::case_names());
     names
 }
 
@@ -284,6 +286,7 @@ pub fn run(args: &BenchArgs) -> Result<Report, BenchError> {
     progress(perkey::run(&plan, &env, &filter));
     progress(matching::run(&plan, &filter));
     progress(logbench::run(&plan, &filter));
+    progress(jetstream::run(&plan, &filter));
     env.finish();
     let wall = started.elapsed();
     let load = format!("{load_before} before, {} after", output::loadavg());

@@ -12,7 +12,8 @@
 //! | `reminders` | `reminders.*` | delayed delivery |
 //! | `pricing` | `rpc.*` | request-reply with [`Message::reply`] |
 //!
-//! Then a durable stream survives a crash (see [`durable_demo`]).
+//! Then a durable stream survives a crash (see [`durable_demo`]): in a data directory, or with
+//! `--nats URL` on a NATS server with JetStream.
 //!
 //! With `--admin ADDR` the demo broker stays up after the scenario, before it is closed,
 //! with the admin dashboard, its JSON API and Prometheus `/metrics` on `ADDR` (R-OPS-4),
@@ -27,7 +28,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::error::Error;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
@@ -51,8 +52,13 @@ pub(crate) struct DemoArgs {
     orders: u32,
     /// Directory for the durable part (default: a fresh one under the temp dir, removed
     /// afterwards).
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", conflicts_with = "nats")]
     data_dir: Option<PathBuf>,
+    /// Run the durable part on NATS JetStream at URL (e.g. nats://127.0.0.1:4222; the server
+    /// needs JetStream, version 2.10 or later) instead of the embedded log. It creates one
+    /// stream named for the run and deletes it at the end.
+    #[arg(long, value_name = "URL")]
+    nats: Option<String>,
     /// Keep the demo broker alive after the scenario with the admin dashboard, its JSON API
     /// and Prometheus /metrics on ADDR (e.g. 127.0.0.1:8080; port 0 picks a free one),
     /// printing the URL. Stops on Ctrl-C, or after --for. Loopback addresses only, unless
@@ -175,18 +181,24 @@ pub(crate) fn run(args: &DemoArgs) -> ExitCode {
             return ExitCode::from(EXIT_USAGE);
         }
     };
-    let (dir, temporary) = match &args.data_dir {
-        Some(d) => (d.clone(), false),
-        None => (durable_demo::fresh_dir(), true),
+    let (place, temporary) = match (&args.nats, &args.data_dir) {
+        (Some(url), _) => (durable_demo::Place::nats(url), None),
+        (None, Some(d)) => (durable_demo::Place::DataDir(d.clone()), None),
+        (None, None) => {
+            let dir = durable_demo::fresh_dir();
+            (durable_demo::Place::DataDir(dir.clone()), Some(dir))
+        }
     };
-    let outcome = scenario(args.orders, &dir, admin.as_ref());
-    if temporary {
-        let _ = std::fs::remove_dir_all(&dir);
-    } else {
-        println!(
+    let outcome = scenario(args.orders, &place, admin.as_ref());
+    match (&place, temporary) {
+        (_, Some(dir)) => {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+        (durable_demo::Place::DataDir(dir), None) => println!(
             "inspect the data dir offline: tidings stream ls -d {0}; tidings dlq show orders fraud -d {0}",
             dir.display()
-        );
+        ),
+        (durable_demo::Place::Nats { .. }, None) => {}
     }
     match outcome {
         Ok(true) => ExitCode::SUCCESS,
@@ -317,7 +329,7 @@ struct Row {
 // ---------------------------------------------------------------------------------------
 // The scenario.
 
-fn scenario(orders: u32, data_dir: &Path, admin: Option<&Admin>) -> DemoResult<bool> {
+fn scenario(orders: u32, place: &durable_demo::Place, admin: Option<&Admin>) -> DemoResult<bool> {
     let t0 = Instant::now();
     let stamp = || format!("  [{:>5} ms]", t0.elapsed().as_millis());
     let broker = Broker::new(); // thread driver, system clock
@@ -751,7 +763,7 @@ fn scenario(orders: u32, data_dir: &Path, admin: Option<&Admin>) -> DemoResult<b
                 && subs.iter().all(|s| s.stats().in_flight == 0),
         ),
     ];
-    checks.extend(durable_demo::scenario(data_dir)?);
+    checks.extend(durable_demo::scenario(place)?);
     let passed = checks.iter().filter(|(_, ok)| *ok).count();
     println!("\nchecks");
     for (what, ok) in &checks {

@@ -7,9 +7,16 @@
 //! subscription `audit` replays from a point in time; a third, `fraud`, dead-letters every
 //! tenth order into its durable DLQ (for `tidings dlq show|redrive|purge` on the data dir).
 //! Every count printed is exact.
+//!
+//! The stream lives in a data directory (the embedded log) or, with `tidings demo --nats
+//! URL`, on a NATS server (JetStream). The scenario and its checks are the same; what differs
+//! is printed: offsets start at 1 on JetStream, the reopened stream has no local recovery
+//! report, and the run's stream (and its subscriptions' dead-letter streams) are deleted from
+//! the server at the end, under a name unique to the run so nothing of the server's own is
+//! touched.
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
@@ -18,6 +25,7 @@ use tidings::{
     Broker, DurableSubscription, Fsync, HandlerError, Message, StartAt, StreamConfig,
     SubscribeOptions,
 };
+use tidings_jetstream::{ConnectOptions, JetStreamBackend};
 
 use crate::demo::{DemoResult, lock, wait_until};
 
@@ -56,41 +64,142 @@ fn billing(
     }
 }
 
-fn open(dir: &Path) -> DemoResult<(Broker, tidings::Stream)> {
-    let broker = Broker::builder().data_dir(dir).build()?;
-    let stream =
-        broker.create_stream(StreamConfig::new("orders", ["orders.#"]).fsync(Fsync::Always))?;
-    Ok((broker, stream))
+/// Where the demo's durable stream lives.
+#[derive(Debug, Clone)]
+pub(crate) enum Place {
+    /// The embedded log in this data directory.
+    DataDir(PathBuf),
+    /// JetStream on the NATS server at `url`; `run` makes the stream's name and topics
+    /// unique to this run.
+    Nats {
+        /// The server, e.g. `nats://127.0.0.1:4222`.
+        url: String,
+        /// A name unique to this run.
+        run: String,
+    },
 }
 
-fn subscribe(
-    broker: &Broker,
-    name: &str,
-    start: StartAt,
-    handler: impl tidings::Handler,
-) -> DemoResult<DurableSubscription> {
-    let options = SubscribeOptions {
-        name: Some(name.to_owned()),
-        // A failed order waits a minute to retry, in place: the crash finds order 31
-        // waiting and 32.. queued behind it, none finished, so none committed.
-        retry: tidings::Retry::fixed(Duration::from_secs(60), 3),
-        ..Default::default()
-    };
-    Ok(broker.subscribe_durable(name, "orders", "orders.#", start, options, handler)?)
+/// How long a message a dropped broker held stays with it on JetStream before it is
+/// delivered again: short, so run 2 gets order 31 back within the demo's patience.
+const NATS_ACK_WAIT: Duration = Duration::from_secs(3);
+
+impl Place {
+    /// JetStream on the server at `url`, with names unique to this run.
+    pub(crate) fn nats(url: &str) -> Self {
+        let nanos = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() % 1_000_000_000_000);
+        Self::Nats {
+            url: url.to_owned(),
+            run: format!("tidings-demo-{}-{nanos}", std::process::id()),
+        }
+    }
+
+    fn stream(&self) -> String {
+        match self {
+            Self::DataDir(_) => "orders".to_owned(),
+            Self::Nats { run, .. } => run.clone(),
+        }
+    }
+
+    /// The first word(s) of every order topic.
+    fn topic_root(&self) -> String {
+        match self {
+            Self::DataDir(_) => "orders".to_owned(),
+            Self::Nats { run, .. } => format!("{run}.orders"),
+        }
+    }
+
+    /// The offset of the first message in a fresh stream.
+    fn first_offset(&self) -> u64 {
+        match self {
+            Self::DataDir(_) => 0,
+            Self::Nats { .. } => 1,
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            Self::DataDir(dir) => format!("data dir {}", dir.display()),
+            Self::Nats { url, run } => format!("JetStream at {url}, stream {run}"),
+        }
+    }
+
+    fn open(&self) -> DemoResult<Opened> {
+        let mut builder = Broker::builder();
+        let mut backend = None;
+        match self {
+            Self::DataDir(dir) => builder = builder.data_dir(dir),
+            Self::Nats { url, .. } => {
+                let b = Arc::new(
+                    JetStreamBackend::builder(ConnectOptions::new(url.as_str()))
+                        .ack_wait(NATS_ACK_WAIT)
+                        .connect()?,
+                );
+                builder = builder.durable_backend(b.clone());
+                backend = Some(b);
+            }
+        }
+        let broker = builder.build()?;
+        let stream = broker.create_stream(
+            StreamConfig::new(self.stream(), [format!("{}.#", self.topic_root())])
+                .fsync(Fsync::Always),
+        )?;
+        Ok(Opened {
+            broker,
+            stream,
+            backend,
+        })
+    }
+
+    fn subscribe(
+        &self,
+        broker: &Broker,
+        name: &str,
+        start: StartAt,
+        handler: impl tidings::Handler,
+    ) -> DemoResult<DurableSubscription> {
+        let options = SubscribeOptions {
+            name: Some(name.to_owned()),
+            // A failed order waits a minute to retry, in place: the crash finds order 31
+            // waiting and 32.. queued behind it, none finished, so none committed.
+            retry: tidings::Retry::fixed(Duration::from_secs(60), 3),
+            ..Default::default()
+        };
+        Ok(broker.subscribe_durable(
+            name,
+            &self.stream(),
+            &format!("{}.#", self.topic_root()),
+            start,
+            options,
+            handler,
+        )?)
+    }
 }
 
-/// Run the durable part of the demo in `dir` (created if missing); returns the checks.
-pub(crate) fn scenario(dir: &Path) -> DemoResult<Vec<(String, bool)>> {
+/// A broker with the demo's stream open.
+struct Opened {
+    broker: Broker,
+    stream: tidings::Stream,
+    /// Kept to delete the run's streams from the server at the end.
+    backend: Option<Arc<JetStreamBackend>>,
+}
+
+/// Run the durable part of the demo at `place` (a data dir is created if missing); returns
+/// the checks.
+pub(crate) fn scenario(place: &Place) -> DemoResult<Vec<(String, bool)>> {
     println!(
-        "\ndurable stream: crash, resume, replay (data dir {})",
-        dir.display()
+        "\ndurable stream: crash, resume, replay ({})",
+        place.describe()
     );
+    let stream_name = place.stream();
+    let root = place.topic_root();
 
     // Run 1: publish, bill 30, crash with order 31 in the handler.
-    let (broker, _stream) = open(dir)?;
+    let Opened { broker, .. } = place.open()?;
     let first: Billed = Arc::default();
     let release = Arc::new(AtomicBool::new(false));
-    let sub = subscribe(
+    let sub = place.subscribe(
         &broker,
         "billing",
         StartAt::Earliest,
@@ -105,8 +214,8 @@ pub(crate) fn scenario(dir: &Path) -> DemoResult<Vec<(String, bool)>> {
             std::thread::sleep(Duration::from_millis(5));
         }
         let report =
-            broker.publish(Message::to(format!("orders.{}", n % 3)).payload(n.to_string()))?;
-        if report.streams != ["orders"] {
+            broker.publish(Message::to(format!("{root}.{}", n % 3)).payload(n.to_string()))?;
+        if report.streams != [stream_name.as_str()] {
             return Err(format!("order {n} was not captured by the stream: {report:?}").into());
         }
     }
@@ -123,21 +232,34 @@ pub(crate) fn scenario(dir: &Path) -> DemoResult<Vec<(String, bool)>> {
     drop(broker);
 
     // Run 2: reopen, resume, replay.
-    let (broker, stream) = open(dir)?;
-    let recovery = stream.recovery();
-    println!(
-        "  run 2: reopened the stream: {} segment(s), offsets {}..{}, torn tail cut: {}",
-        recovery.segments,
-        recovery.start_offset,
-        recovery.end_offset,
-        if recovery.truncated.is_some() {
-            "yes"
-        } else {
-            "no"
+    let Opened {
+        broker,
+        stream,
+        backend,
+    } = place.open()?;
+    match place {
+        Place::DataDir(_) => {
+            let recovery = stream.recovery();
+            println!(
+                "  run 2: reopened the stream: {} segment(s), offsets {}..{}, torn tail cut: {}",
+                recovery.segments,
+                recovery.start_offset,
+                recovery.end_offset,
+                if recovery.truncated.is_some() {
+                    "yes"
+                } else {
+                    "no"
+                }
+            );
         }
-    );
+        Place::Nats { .. } => println!(
+            "  run 2: reopened the stream on the server: offsets {}..{} (JetStream sequences start at 1)",
+            stream.start_offset(),
+            stream.end_offset()
+        ),
+    }
     let second: Billed = Arc::default();
-    let sub = subscribe(
+    let sub = place.subscribe(
         &broker,
         "billing",
         StartAt::Earliest,
@@ -154,7 +276,7 @@ pub(crate) fn scenario(dir: &Path) -> DemoResult<Vec<(String, bool)>> {
         sub.lag()
     );
     let replayed: Billed = Arc::default();
-    let audit = subscribe(
+    let audit = place.subscribe(
         &broker,
         "audit",
         StartAt::Time(mark),
@@ -171,7 +293,7 @@ pub(crate) fn scenario(dir: &Path) -> DemoResult<Vec<(String, bool)>> {
     );
     // A third durable subscription rejects every tenth order: its durable DLQ keeps them
     // on disk for `tidings dlq show|redrive|purge`.
-    let fraud = subscribe(&broker, "fraud", StartAt::Earliest, |m: &Message| {
+    let fraud = place.subscribe(&broker, "fraud", StartAt::Earliest, |m: &Message| {
         if m.payload().ends_with(b"0") {
             return Err(HandlerError::reject("flagged for manual review"));
         }
@@ -182,6 +304,15 @@ pub(crate) fn scenario(dir: &Path) -> DemoResult<Vec<(String, bool)>> {
     println!("  fraud flagged {flagged} orders into its durable dead-letter queue");
     drop((sub, audit, fraud));
     broker.close(Duration::from_secs(2));
+    if let Some(backend) = backend {
+        // The run's stream and its dead-letter streams: nothing else on the server.
+        match backend.delete_stream(&stream_name) {
+            Ok(_) => println!(
+                "  deleted stream {stream_name} and its dead-letter streams from the server"
+            ),
+            Err(e) => println!("  could not delete stream {stream_name} from the server: {e}"),
+        }
+    }
 
     let first = lock(&first).clone();
     let second = lock(&second).clone();
@@ -191,6 +322,8 @@ pub(crate) fn scenario(dir: &Path) -> DemoResult<Vec<(String, bool)>> {
         "  across the crash: {} distinct orders billed, {duplicates} billed twice",
         all.len()
     );
+    // Order n is at offset n - 1 in the embedded log and at n on JetStream.
+    let resume_offset = u64::from(BILLED_BEFORE_CRASH) + place.first_offset();
     Ok(vec![
         (
             format!("durable: run 1 billed {BILLED_BEFORE_CRASH} then crashed mid-stream"),
@@ -198,9 +331,10 @@ pub(crate) fn scenario(dir: &Path) -> DemoResult<Vec<(String, bool)>> {
         ),
         (
             format!(
-                "durable: after the restart billing resumed at offset {BILLED_BEFORE_CRASH} (R-LOG-3)"
+                "durable: after the restart billing resumed at offset {resume_offset}, order {} (R-LOG-3)",
+                BILLED_BEFORE_CRASH + 1
             ),
-            resumed_at == u64::from(BILLED_BEFORE_CRASH) && caught_up,
+            resumed_at == resume_offset && caught_up,
         ),
         (
             format!("durable: all {ORDERS} orders billed, none twice (commit at close)"),

@@ -36,6 +36,7 @@ pub mod backend;
 mod connect;
 mod consumer;
 mod error;
+mod pipeline;
 mod stream;
 pub mod subject;
 
@@ -53,6 +54,7 @@ pub use consumer::{
 pub use error::{
     AckError, AppendError, ConnectError, ConsumerError, FetchError, InfoError, StreamError,
 };
+pub use pipeline::{Acknowledged, Pipeline, PipelineError};
 pub use stream::{
     Appended, DEFAULT_DUPLICATE_WINDOW, RESERVED_HEADER_PREFIX, Record, StreamSpec, StreamState,
 };

@@ -323,45 +323,62 @@ impl JetStream {
     ///
     /// [`AppendError`]: a header that cannot travel, no stream for the topic, too large,
     /// no acknowledgement in time (the server is away: R-DIST-5), or refused.
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe: once sent, a cancelled append may still be stored (appending the
+    /// same record again is deduplicated by its message id).
     pub async fn append(&self, record: &Record) -> Result<Appended, AppendError> {
+        self.send(record).await?.await
+    }
+
+    /// Sends `record` (waiting, at most the request timeout, for room in the client's
+    /// outgoing queue) and returns the wait for its acknowledgement, so callers can keep
+    /// several in flight ([`crate::Pipeline`]). The returned future owns everything it
+    /// needs and is bounded by the request timeout from its first poll.
+    pub(crate) async fn send(
+        &self,
+        record: &Record,
+    ) -> Result<impl Future<Output = Result<Appended, AppendError>> + Send + 'static, AppendError>
+    {
         let headers = record.nats_headers()?;
         let len = record.payload.len() + self.headers_len(&headers);
         let max = self.max_payload;
         if max > 0 && len > max {
             return Err(AppendError::TooLarge { len, max });
         }
-        let map_err = |e: async_nats::jetstream::context::PublishError| match e.kind() {
-            PublishErrorKind::StreamNotFound => AppendError::NoStream {
-                topic: record.topic.as_str().to_owned(),
-            },
-            PublishErrorKind::TimedOut | PublishErrorKind::BrokenPipe => AppendError::TimedOut {
-                after: self.request_timeout,
-            },
-            PublishErrorKind::MaxPayloadExceeded => AppendError::TooLarge { len, max },
-            _ => AppendError::Refused {
-                detail: e.to_string(),
-            },
-        };
-        let subject = record.topic.as_str().to_owned();
+        let timeout = self.request_timeout;
+        let topic = record.topic.as_str().to_owned();
+        let map_err =
+            move |e: async_nats::jetstream::context::PublishError, topic: &str| match e.kind() {
+                PublishErrorKind::StreamNotFound => AppendError::NoStream {
+                    topic: topic.to_owned(),
+                },
+                PublishErrorKind::TimedOut | PublishErrorKind::BrokenPipe => {
+                    AppendError::TimedOut { after: timeout }
+                }
+                PublishErrorKind::MaxPayloadExceeded => AppendError::TooLarge { len, max },
+                _ => AppendError::Refused {
+                    detail: e.to_string(),
+                },
+            };
         let ack_future = tokio::time::timeout(
-            self.request_timeout,
+            timeout,
             self.context
-                .publish_with_headers(subject, headers, record.payload.clone()),
+                .publish_with_headers(topic.clone(), headers, record.payload.clone()),
         )
         .await
-        .map_err(|_| AppendError::TimedOut {
-            after: self.request_timeout,
-        })?
-        .map_err(map_err)?;
-        let ack = tokio::time::timeout(self.request_timeout, ack_future)
-            .await
-            .map_err(|_| AppendError::TimedOut {
-                after: self.request_timeout,
-            })?
-            .map_err(map_err)?;
-        Ok(Appended {
-            sequence: ack.sequence,
-            duplicate: ack.duplicate,
+        .map_err(|_| AppendError::TimedOut { after: timeout })?
+        .map_err(|e| map_err(e, &topic))?;
+        Ok(async move {
+            let ack = tokio::time::timeout(timeout, ack_future)
+                .await
+                .map_err(|_| AppendError::TimedOut { after: timeout })?
+                .map_err(|e| map_err(e, &topic))?;
+            Ok(Appended {
+                sequence: ack.sequence,
+                duplicate: ack.duplicate,
+            })
         })
     }
 
