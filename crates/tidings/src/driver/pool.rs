@@ -212,9 +212,14 @@ impl Mailbox {
     /// The slot goes idle: leave it, then clear its flag — in that order, so the worker the
     /// cleared flag lets in next finds it empty. Called with the subscription's lock held:
     /// an offer after this sees the slot idle and schedules it again, so no wake-up is lost.
+    ///
+    /// The flag is cleared by a read-modify-write, like every other change to it: a plain
+    /// store racing `schedule`'s swap is a pattern loom mis-models (it lets the store slip
+    /// between the swap's read and write), and one kind of access keeps the model exact.
     fn leave(&self, occupied: Occupied<'_>, worker: usize) {
         drop(occupied);
-        self.scheduled[worker].store(false, Ordering::Release);
+        let was = self.scheduled[worker].swap(false, Ordering::AcqRel);
+        debug_assert!(was, "a running slot is scheduled");
     }
 }
 

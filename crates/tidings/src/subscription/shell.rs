@@ -453,6 +453,7 @@ impl SubscriptionShell {
     }
 
     /// Lock, poll slot `worker`, unlock (the tokio driver, around an async handler).
+    #[cfg(feature = "tokio")]
     pub(crate) fn poll(&self, worker: usize) -> Poll {
         self.lock().poll(worker)
     }
@@ -486,6 +487,7 @@ impl SubscriptionShell {
     }
 
     /// Report a delivery's outcome (the tokio driver, after an async handler).
+    #[cfg(feature = "tokio")]
     pub(crate) fn complete(&self, delivery: Delivery, outcome: Result<(), HandlerError>) {
         self.lock().complete(delivery, outcome);
     }
