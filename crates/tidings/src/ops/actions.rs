@@ -12,7 +12,7 @@ use crate::message::{Message, MessageId, millis_since_epoch};
 use crate::stream::StreamError;
 use crate::stream::config::StartAt;
 use crate::stream::durable::{Durable, DurableDeadLetter};
-use crate::subscription::shared::SubShared;
+use crate::subscription::shell::SubscriptionShell;
 
 /// The largest page [`Broker::dead_letter_page`] returns; larger requests are refused.
 pub const MAX_PAGE_SIZE: usize = 1000;
@@ -260,7 +260,7 @@ pub enum SeekError {
 }
 
 impl Broker {
-    fn live_subscription(&self, id: u64) -> Option<Arc<SubShared>> {
+    fn live_subscription(&self, id: u64) -> Option<Arc<SubscriptionShell>> {
         self.inner
             .user_subscriptions()
             .into_iter()
@@ -268,7 +268,7 @@ impl Broker {
     }
 
     /// The durable cursor feeding `sub`, when it is a durable subscription's.
-    fn durable_of(&self, sub: &SubShared) -> Option<Arc<Durable>> {
+    fn durable_of(&self, sub: &SubscriptionShell) -> Option<Arc<Durable>> {
         self.inner
             .streams
             .durables

@@ -13,7 +13,7 @@ use crate::stats::SubscriptionStats;
 use crate::stream::StreamInner;
 use crate::stream::durable::Durable;
 use crate::subscription::handle::SubscriptionId;
-use crate::subscription::shared::SubShared;
+use crate::subscription::shell::SubscriptionShell;
 
 /// Everything about a broker at one moment (R-OPS-1).
 ///
@@ -270,7 +270,10 @@ impl Broker {
     }
 }
 
-fn subscription_snapshot(s: &SubShared, durable: Option<&Arc<Durable>>) -> SubscriptionSnapshot {
+fn subscription_snapshot(
+    s: &SubscriptionShell,
+    durable: Option<&Arc<Durable>>,
+) -> SubscriptionSnapshot {
     let stats = s.stats();
     let depth = s.depth_by_priority();
     let by_reason = s.with_dead_letters(|dlq| {

@@ -14,9 +14,9 @@ pub(crate) mod shell;
 pub use self::core::Refusal;
 pub use handle::{Subscription, SubscriptionId};
 
-/// The shell's former path and name, for the concepts that still import them (the durable
-/// streams, the broker, operations, the route cache): they move to [`shell`] and
-/// `SubscriptionShell` with the streams' move to the durable seam.
+/// The shell's former path and name, for the concepts that still import them (the broker
+/// and the durable streams, being moved to `broker/` and the durable seam): their imports
+/// become [`shell`] and `SubscriptionShell`, and this alias goes.
 pub(crate) mod shared {
     pub(crate) use super::shell::{
         DLQ_REASON_HEADER, FeedOffer, Finished, HandlerKind, RESERVED_HEADER_PREFIX,
