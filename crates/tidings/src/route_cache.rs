@@ -22,14 +22,14 @@ use std::sync::Arc;
 
 use parking_lot::RwLock;
 
-use crate::subscription::shared::SubShared;
+use crate::subscription::shell::SubscriptionShell;
 use crate::topic::trie::FastState;
 
 /// Most topics cached at once.
 pub(crate) const MAX_ROUTES: usize = 1024;
 
 /// The subscriptions one topic matched, in ascending id order.
-pub(crate) type Targets = Arc<[Arc<SubShared>]>;
+pub(crate) type Targets = Arc<[Arc<SubscriptionShell>]>;
 
 /// A cached route and the router generation it was computed at.
 struct Entry {
@@ -71,7 +71,7 @@ impl RouteCache {
     pub(crate) fn get_or_compute(
         &self,
         topic: &str,
-        compute: impl FnOnce() -> Vec<Arc<SubShared>>,
+        compute: impl FnOnce() -> Vec<Arc<SubscriptionShell>>,
     ) -> Targets {
         if let Some(e) = self.map.read().get(topic)
             && e.generation == self.generation

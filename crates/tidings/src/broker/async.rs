@@ -21,7 +21,7 @@ use crate::options::SubscribeOptions;
 use crate::report::{CloseReport, PublishReport};
 use crate::request::RequestError;
 use crate::subscription::Subscription;
-use crate::subscription::shared::HandlerKind;
+use crate::subscription::shell::HandlerKind;
 
 use super::Broker;
 

@@ -22,7 +22,7 @@ use crate::handler::Handler;
 use crate::message::Message;
 use crate::options::SubscribeOptions;
 use crate::scheduler::Target;
-use crate::subscription::shared::{FeedOffer, HandlerKind, SubShared};
+use crate::subscription::shell::{FeedOffer, HandlerKind, SubscriptionShell};
 use crate::topic::Pattern;
 
 use super::{Broker, BrokerBuilder, BrokerInner};
@@ -94,7 +94,7 @@ pub(crate) type Chosen = (Option<Arc<dyn DurableBackend>>, Option<PathBuf>);
 /// The feeder's handle on its subscription and the broker (never a strong reference to
 /// the broker: a feeder must not keep it alive).
 struct SubscriptionSink {
-    sub: Weak<SubShared>,
+    sub: Weak<SubscriptionShell>,
     broker: Weak<BrokerInner>,
 }
 

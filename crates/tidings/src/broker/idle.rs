@@ -5,7 +5,7 @@
 use std::cell::Cell;
 use std::time::Instant;
 
-use crate::subscription::shared::without_waiting;
+use crate::subscription::shell::without_waiting;
 
 use super::BrokerInner;
 

@@ -56,7 +56,7 @@ use crate::route_cache::RouteCache;
 use crate::scheduler::Scheduler;
 use crate::subscription::Subscription;
 use crate::subscription::handle::SubscriptionId;
-use crate::subscription::shared::{HandlerKind, SubShared};
+use crate::subscription::shell::{HandlerKind, SubscriptionShell};
 use crate::topic::Pattern;
 use crate::topic::trie::TopicTrie;
 
@@ -71,15 +71,15 @@ use publish::refuse_reserved_headers;
 
 #[derive(Default)]
 struct Registry {
-    router: TopicTrie<Arc<SubShared>>,
+    router: TopicTrie<Arc<SubscriptionShell>>,
     /// Topic → the router's matches, for the current router generation (src/route_cache.rs).
     /// Every change of `router` calls [`RouteCache::invalidate`].
     routes: RouteCache,
     /// The user's subscriptions: listed, counted against `max_subscriptions`, removable.
-    all: BTreeMap<SubscriptionId, Arc<SubShared>>,
+    all: BTreeMap<SubscriptionId, Arc<SubscriptionShell>>,
     /// tidings' own subscriptions (the reply inbox): run and closed like the others, but
     /// not listed, not counted, not removable by id.
-    internal: BTreeMap<SubscriptionId, Arc<SubShared>>,
+    internal: BTreeMap<SubscriptionId, Arc<SubscriptionShell>>,
 }
 
 /// Where `close` is: the first caller does the work; others wait for its report.
@@ -539,7 +539,7 @@ impl BrokerInner {
         internal: bool,
     ) -> Result<Subscription, SubscribeError> {
         let id = SubscriptionId(self.next_sub.fetch_add(1, Ordering::Relaxed));
-        let shared = Arc::new(SubShared::new(
+        let shared = Arc::new(SubscriptionShell::new(
             id,
             pattern.clone(),
             options,
@@ -646,9 +646,9 @@ impl BrokerInner {
     }
 
     /// Every live subscription, the internal ones included, in id order.
-    pub(crate) fn live(&self) -> Vec<Arc<SubShared>> {
+    pub(crate) fn live(&self) -> Vec<Arc<SubscriptionShell>> {
         let reg = self.registry.read();
-        let mut subs: Vec<Arc<SubShared>> = reg
+        let mut subs: Vec<Arc<SubscriptionShell>> = reg
             .all
             .values()
             .chain(reg.internal.values())
@@ -660,7 +660,7 @@ impl BrokerInner {
 
     /// The user's subscriptions (not the internal reply inbox), in id order: what the
     /// snapshot shows and the admin actions may touch.
-    pub(crate) fn user_subscriptions(&self) -> Vec<Arc<SubShared>> {
+    pub(crate) fn user_subscriptions(&self) -> Vec<Arc<SubscriptionShell>> {
         self.registry.read().all.values().cloned().collect()
     }
 }

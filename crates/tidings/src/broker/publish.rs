@@ -18,7 +18,7 @@ use crate::error::PublishError;
 use crate::message::{Message, MessageBuilder};
 use crate::report::PublishReport;
 use crate::scheduler::{Due, Scheduled, Target};
-use crate::subscription::shared::{DLQ_REASON_HEADER, RESERVED_HEADER_PREFIX, without_waiting};
+use crate::subscription::shell::{DLQ_REASON_HEADER, RESERVED_HEADER_PREFIX, without_waiting};
 
 use super::BrokerInner;
 

@@ -17,9 +17,17 @@ impl LiveCount {
         *self.running.lock() += n;
     }
 
-    /// One stopped.
+    /// One stopped. Each one stops once: a second report is a driver bug, caught in debug
+    /// and model-checking builds; a release build does not let the count wrap (which would
+    /// make close wait for ever).
     pub(crate) fn exit(&self) {
-        *self.running.lock() -= 1;
+        let mut running = self.running.lock();
+        let left = running.checked_sub(1);
+        if cfg!(any(debug_assertions, tidings_loom)) {
+            assert!(left.is_some(), "a dispatcher reported stopping twice");
+        }
+        *running = left.unwrap_or(0);
+        drop(running);
         self.changed.notify_all();
     }
 

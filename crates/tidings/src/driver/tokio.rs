@@ -32,7 +32,6 @@
 //! [`Broker::close_async`](crate::Broker::close_async) performs the waiting off the runtime's
 //! worker threads and so does wait.
 
-use crate::sync::{AtomicBool, Mutex, Ordering};
 use std::cell::Cell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
@@ -48,7 +47,8 @@ use crate::error::SubscribeError;
 use crate::handler::HandlerError;
 use crate::message::Message;
 use crate::subscription::core::Poll;
-use crate::subscription::shell::SubscriptionShell;
+use crate::subscription::shell::{Step, SubscriptionShell};
+use crate::sync::{AtomicBool, Mutex, Ordering};
 
 use super::handles::Handles;
 use super::live::LiveCount;
@@ -251,34 +251,45 @@ async fn dispatch(sub: &SubscriptionShell, slots: &Slots, worker: usize) {
     let notify = &slots.slots[worker];
     let mut batch = 0u32;
     loop {
-        match sub.poll(worker) {
-            Poll::Deliver(delivery) => {
-                let outcome = match sub.async_handler() {
+        let step = match sub.async_handler() {
+            // The shell's delivery step, as every driver runs it.
+            None => {
+                let mut locked = sub.lock();
+                locked.step(worker)
+            }
+            // The same step around an await: poll, await the handler, report.
+            Some(handler) => match sub.poll(worker) {
+                Poll::Deliver(delivery) => {
                     // R-OPS-3 span, R-OPS-2 duration histogram (src/ops/trace.rs).
-                    Some(handler) => {
-                        crate::telemetry::trace::in_process_span_async(
-                            &delivery.message,
-                            &sub.name,
-                            delivery.attempt,
-                            run_async(handler, delivery.message.clone()),
-                        )
-                        .await
-                    }
-                    None => sub.run(&delivery),
-                };
-                sub.complete(delivery, outcome);
+                    let outcome = crate::telemetry::trace::in_process_span_async(
+                        &delivery.message,
+                        &sub.name,
+                        delivery.attempt,
+                        run_async(handler, delivery.message.clone()),
+                    )
+                    .await;
+                    sub.complete(delivery, outcome);
+                    Step::Delivered
+                }
+                Poll::WakeAt(t) => Step::WakeAt(t),
+                Poll::Idle => Step::Idle,
+                Poll::Stopped => Step::Stopped,
+            },
+        };
+        match step {
+            Step::Delivered => {
                 batch += 1;
                 if batch >= BATCH {
                     batch = 0;
                     ::tokio::task::yield_now().await;
                 }
             }
-            Poll::Stopped => break,
-            Poll::Idle => {
+            Step::Stopped => break,
+            Step::Idle => {
                 batch = 0;
                 notify.notified().await;
             }
-            Poll::WakeAt(t) => {
+            Step::WakeAt(t) => {
                 batch = 0;
                 match sub.clock.wait_hint(t) {
                     Some(d) if d.is_zero() => ::tokio::task::yield_now().await,

@@ -11,7 +11,7 @@ use crate::dlq::{DeadLetter, DeadLetterReason};
 use crate::durable::feeder::CursorFeeder;
 use crate::durable::{DurableDeadLetter, StartAt, StreamError};
 use crate::message::{Message, MessageId, millis_since_epoch};
-use crate::subscription::shared::SubShared;
+use crate::subscription::shell::SubscriptionShell;
 
 /// The largest page [`Broker::dead_letter_page`] returns; larger requests are refused.
 pub const MAX_PAGE_SIZE: usize = 1000;
@@ -245,7 +245,7 @@ pub enum SeekError {
 }
 
 impl Broker {
-    fn live_subscription(&self, id: u64) -> Option<Arc<SubShared>> {
+    fn live_subscription(&self, id: u64) -> Option<Arc<SubscriptionShell>> {
         self.inner
             .user_subscriptions()
             .into_iter()
@@ -253,7 +253,7 @@ impl Broker {
     }
 
     /// The durable cursor feeding `sub`, when it is a durable subscription's.
-    fn durable_of(&self, sub: &SubShared) -> Option<Arc<CursorFeeder>> {
+    fn durable_of(&self, sub: &SubscriptionShell) -> Option<Arc<CursorFeeder>> {
         self.inner
             .durables
             .live_feeders()

@@ -13,7 +13,7 @@ use crate::message::{Priority, millis_since_epoch};
 pub use crate::options::OptionsSummary;
 use crate::stats::SubscriptionStats;
 use crate::subscription::handle::SubscriptionId;
-use crate::subscription::shared::SubShared;
+use crate::subscription::shell::SubscriptionShell;
 
 /// Everything about a broker at one moment (R-OPS-1).
 ///
@@ -269,7 +269,7 @@ impl Broker {
 }
 
 fn subscription_snapshot(
-    s: &SubShared,
+    s: &SubscriptionShell,
     durable: Option<&Arc<CursorFeeder>>,
 ) -> SubscriptionSnapshot {
     let stats = s.stats();

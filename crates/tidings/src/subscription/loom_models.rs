@@ -1,10 +1,12 @@
 //! Model-checked protocols of the subscription shell (loom; see `crate::sync`).
 //!
-//! Run with `RUSTFLAGS="--cfg tidings_loom" cargo test -p tidings
-//! --release --lib loom_models --target-dir target/loom` (`.ci/run` does). Each model runs
-//! the production shell under every interleaving loom explores within the preemption bound
-//! (`LOOM_MAX_PREEMPTIONS`, 2 unless set; `TIDINGS_LONG=1` raises it to 3 and the message
-//! counts by one). A lost wake-up shows as a deadlock, which loom reports.
+//! Run with `RUSTFLAGS="--cfg tidings_loom" cargo test -p tidings --lib loom_models
+//! --target-dir target/loom` (`.ci/run` does). Each model runs the production shell under
+//! every interleaving loom explores within the preemption bound (`LOOM_MAX_PREEMPTIONS`, 2
+//! unless set; `TIDINGS_LONG=1` raises it to 3 and the message counts by one). A lost
+//! wake-up shows as a deadlock, which loom reports.
+//!
+//! Each model's doc names the bug it guards against; re-introducing that bug makes it fail.
 //!
 //! The shared helpers here are used by the drivers', scheduler's and inbox's models too.
 
