@@ -17,8 +17,10 @@
 //! # What is here and what is not
 //! Connecting (credentials, TLS, bounded timeouts, a server version check), streams,
 //! appends, durable consumers (fetch-and-wait, ack/nak/in-progress/term, seek, lag) and the
-//! read-back check of consumer settings. The dispatcher, retry loop and dead-letter queue
-//! are tidings' own and plug in through its durable-source seam; nothing here retries.
+//! read-back check of consumer settings, and [`JetStreamBackend`]: all of it behind
+//! tidings' durable-source seam ([`tidings::durable::DurableBackend`]), so a broker keeps
+//! its durable streams, cursors and durable dead letters on the server. The dispatcher,
+//! retry loop, TTL check and scheduler stay tidings' own; nothing here retries a handler.
 //!
 //! # Failure
 //! Every operation is bounded by the connection's request timeout and returns a typed error
@@ -30,7 +32,7 @@
 //! Offsets are JetStream stream sequences (the first record is 1). `StartAt::Time` and
 //! [`Delivery::published`] use the server's store time, not the tidings message timestamp.
 
-mod backend;
+pub mod backend;
 mod connect;
 mod consumer;
 mod error;

@@ -34,6 +34,10 @@ pub struct DurableCaps {
     /// The offset of the first message appended to an empty stream (0 for the embedded
     /// log; JetStream sequences start at 1).
     pub first_offset: u64,
+    /// The committed position is a low watermark (R-LOG-3): after a restart *every* offset
+    /// from it on comes again, those already finished above it included. A backend that
+    /// acknowledges each message on its own (JetStream) redelivers only the unfinished.
+    pub contiguous_commit: bool,
 }
 
 impl DurableCaps {
@@ -44,6 +48,7 @@ impl DurableCaps {
             priority: true,
             manual_time: true,
             first_offset: 0,
+            contiguous_commit: true,
         }
     }
     /// What a [`tidings::durable::DurableBackend`] says it can do (priority, first
@@ -54,6 +59,7 @@ impl DurableCaps {
             priority: caps.priority,
             manual_time: true,
             first_offset: caps.first_offset,
+            contiguous_commit: true,
         }
     }
     /// These capabilities without priority.
@@ -66,6 +72,12 @@ impl DurableCaps {
     #[must_use]
     pub const fn without_manual_time(mut self) -> Self {
         self.manual_time = false;
+        self
+    }
+    /// These capabilities with a commit per message instead of a low watermark.
+    #[must_use]
+    pub const fn without_contiguous_commit(mut self) -> Self {
+        self.contiguous_commit = false;
         self
     }
     /// These capabilities with the first offset `first`.
@@ -82,6 +94,11 @@ pub trait DurableBackend {
     fn name(&self) -> String;
     /// What it can do.
     fn caps(&self) -> DurableCaps;
+    /// Why this backend cannot run here (a server binary missing, say): every case is then
+    /// skipped with this reason. `None`, the default: it can.
+    fn unavailable(&self) -> Option<String> {
+        None
+    }
     /// A fresh, empty store for one case. It lives until the case drops it, across every
     /// broker the case builds on it.
     fn open(&self) -> Box<dyn DurableStore>;

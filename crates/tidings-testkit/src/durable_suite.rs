@@ -246,13 +246,19 @@ pub fn resume_after_restart(b: &dyn Backend, d: &dyn DurableBackend) -> Outcome 
         rig.off(20),
         "resumed elsewhere",
     );
+    // A low-watermark commit redelivers every offset from it on; a commit per message
+    // only the unfinished (m8, m12, m16).
+    let rest: Vec<u64> = if rig.caps.contiguous_commit {
+        (8..20).map(|i| rig.off(i)).collect()
+    } else {
+        [8, 12, 16].iter().map(|&i| rig.off(i)).collect()
+    };
     rig.settle(&broker, "the rest after restart", || {
-        run2.len() == 12 && sub.committed() == rig.off(20)
+        run2.len() == rest.len() && sub.committed() == rig.off(20)
     });
     let mut again = run2.offsets();
     again.sort_unstable();
-    let rest: Vec<u64> = (8..20).map(|i| rig.off(i)).collect();
-    // Exactly the offsets from the commit on: nothing below it twice (R-LOG-3) ...
+    // Exactly those: nothing below the commit twice (R-LOG-3) ...
     assert_eq!(again, rest, "[{l}]");
     // ... nothing lost: both runs together handled every message (R-LOG-3) ...
     let all: BTreeSet<u64> = run1.offsets().into_iter().chain(again).collect();
@@ -1144,7 +1150,10 @@ pub fn run(
     backend: &dyn Backend,
     durable: &dyn DurableBackend,
 ) -> Outcome {
-    let outcome = case(backend, durable);
+    let outcome = match durable.unavailable() {
+        Some(why) => Outcome::Skipped(why),
+        None => case(backend, durable),
+    };
     if let Outcome::Skipped(why) = &outcome {
         eprintln!(
             "SKIPPED durable case {name} [{}/{}]: {why}",

@@ -90,7 +90,7 @@ pub use request::RequestError;
 pub use retry::{InconsistentRetry, Retry, RetryPolicy};
 pub use stats::{DeadLetterCounts, RefusedCounts, SubscriptionStats};
 pub use subscription::handle::RedriveReport;
-pub use subscription::shared::DLQ_REASON_HEADER;
+pub use subscription::shell::DLQ_REASON_HEADER;
 pub use subscription::{Refusal, Subscription, SubscriptionId};
 pub use tidings_log::{Fsync, LogConfig, RecoveryReport, Retention, RetentionReport};
 pub use topic::{Pattern, Topic, TopicError};

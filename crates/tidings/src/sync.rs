@@ -65,6 +65,7 @@ pub(crate) use protocol_thread_local;
 /// already passed. Under a manual clock the wait lasts until a notify: the clock's advance
 /// wakes the waiters (see [`Clock::register_waiter`]), so callers re-check their state after
 /// every return.
+#[cfg_attr(tidings_loom, track_caller)]
 pub(crate) fn wait_until<T>(
     clock: &dyn Clock,
     cv: &Condvar,
@@ -101,6 +102,7 @@ mod model {
             Self(loom::sync::Mutex::new(value))
         }
 
+        #[track_caller]
         pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
             MutexGuard {
                 guard: Some(self.0.lock().unwrap_or_else(PoisonError::into_inner)),
@@ -166,6 +168,7 @@ mod model {
             Self(loom::sync::Condvar::new())
         }
 
+        #[track_caller]
         pub(crate) fn wait<T>(&self, guard: &mut MutexGuard<'_, T>) {
             let held = guard
                 .guard
@@ -174,6 +177,7 @@ mod model {
             guard.guard = Some(self.0.wait(held).unwrap_or_else(PoisonError::into_inner));
         }
 
+        #[track_caller]
         pub(crate) fn wait_for<T>(
             &self,
             guard: &mut MutexGuard<'_, T>,
@@ -183,6 +187,7 @@ mod model {
             WaitTimeoutResult
         }
 
+        #[track_caller]
         pub(crate) fn wait_until<T>(
             &self,
             guard: &mut MutexGuard<'_, T>,
@@ -192,10 +197,12 @@ mod model {
             WaitTimeoutResult
         }
 
+        #[track_caller]
         pub(crate) fn notify_one(&self) {
             self.0.notify_one();
         }
 
+        #[track_caller]
         pub(crate) fn notify_all(&self) {
             self.0.notify_all();
         }

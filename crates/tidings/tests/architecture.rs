@@ -235,7 +235,6 @@ fn tarjan_finds_a_two_concept_cycle_and_ignores_a_chain() {
 }
 
 #[test]
-#[ignore = "enabled once the durable and subscription refactors land"]
 fn no_import_cycle_spans_two_concepts() {
     let (graph, concepts) = concept_graph();
     for (from, edges) in &graph {

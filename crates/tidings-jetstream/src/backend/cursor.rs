@@ -1,13 +1,16 @@
 //! One durable subscription's cursor: a durable pull consumer read by a background fetch.
 //!
 //! # Fetching
-//! A background task pulls from the consumer into a local buffer, keeping fetched-and-not-
-//! finished (buffered plus handed out) at most the subscription's window, and wakes the
-//! feeder when it added some. [`BackendCursor::fetch`] only takes from that buffer: it never
-//! waits on the network. Deliveries the client-side pattern re-check rejects, and redrive
+//! [`BackendCursor::fetch`] is one no-wait pull: the server answers at once with what it
+//! has for this consumer (one round trip, bounded by the request timeout), never waiting
+//! for new messages. A background task wakes the feeder when there may be more: on every
+//! message published to the stream's subjects (a core NATS subscription, so appends by
+//! other processes count too) and once a second (redeliveries after an ack wait). An
+//! append through this backend wakes its stream's cursors at once, so a manual driver sees
+//! it in its next step. Deliveries the client-side pattern re-check rejects, and redrive
 //! copies meant for another durable subscription, are acknowledged and counted as skipped
-//! by the filter. A transient failure (server away) is retried by the task; the client
-//! reconnects by itself.
+//! by the filter. A failed pull (server away) returns no messages and is retried at the
+//! next wake; the client reconnects by itself.
 //!
 //! # Finishing
 //! Delivered and filtered messages are acknowledged (confirmed by the server); a dead
@@ -16,8 +19,13 @@
 //! again after the ack wait (at-least-once).
 //!
 //! # Positions
-//! `committed` is one past the consumer's ack floor, `lag` the server's pending plus
-//! unacknowledged count: what other processes sharing the durable did shows too.
+//! `committed` is one past the consumer's ack floor (the stream's end once nothing is out
+//! and nothing the filter takes is left), `lag` the stored offsets from the commit on, as
+//! on the embedded log (messages acknowledged above the floor count until the floor
+//! passes them): what other processes sharing the durable did shows too. The
+//! consumer info behind them is read again after any change this process made (append,
+//! finish, skip, seek, redrive) and otherwise at most every 200 ms, so the feeder's
+//! per-step look at the state costs no round trip while nothing moves.
 //!
 //! # Seek and close
 //! [`BackendCursor::seek`] deletes the consumer and creates it again at the new start
@@ -26,11 +34,12 @@
 //! finish, so it is handed out again at once (to the next subscriber of the name, or
 //! another process sharing it).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use futures_util::StreamExt;
 use tidings::durable::{
     BackendCursor, CursorSpec, CursorState, CursorWaker, DurableDeadLetter, Finished, Outcome,
 };
@@ -43,30 +52,23 @@ use super::{Settings, Shared, backend_error, keep_alive, nats_name};
 use crate::consumer::{ConsumerSpec, Delivery, Durable};
 use crate::error::FetchError;
 
-struct Held {
-    delivery: Arc<Delivery>,
-    message: Message,
-}
-
 #[derive(Default)]
 struct Inner {
-    buffer: VecDeque<Held>,
+    /// Handed out and not finished, by sequence.
     outstanding: HashMap<u64, Arc<Delivery>>,
     /// Why fetching stopped (a record that is not a tidings message, a deleted consumer).
     error: Option<String>,
-    /// The last transient failure of the background fetch (cleared by a success).
+    /// The last failed pull (cleared by a successful one).
     transient: Option<String>,
     /// The sequence after the last one handed out.
     handed: u64,
 }
 
-/// What the cursor, its background fetch and its keep-alive share.
+/// What the cursor and its background tasks share.
 pub(crate) struct CursorShared {
     inner: Mutex<Inner>,
-    room: tokio::sync::Notify,
     waker: CursorWaker,
     name: String,
-    window: usize,
     skipped_by_filter: AtomicU64,
     keep_alives: AtomicU64,
     closed: AtomicBool,
@@ -80,23 +82,25 @@ impl CursorShared {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Every delivery fetched and not finished (buffered or handed out).
+    /// Every delivery handed out and not finished.
     pub(crate) fn held(&self) -> Vec<Arc<Delivery>> {
-        let g = self.lock();
-        g.buffer
-            .iter()
-            .map(|h| Arc::clone(&h.delivery))
-            .chain(g.outstanding.values().cloned())
-            .collect()
+        self.lock().outstanding.values().cloned().collect()
     }
 
     pub(crate) fn note_keep_alive(&self, n: usize) {
         self.keep_alives.fetch_add(n as u64, Ordering::Relaxed);
     }
+
+    /// Wakes the feeder (an append through this backend, say).
+    pub(crate) fn wake(&self) {
+        if !self.closed.load(Ordering::Acquire) {
+            self.waker.wake();
+        }
+    }
 }
 
 struct Tasks {
-    fetch: tokio::task::JoinHandle<()>,
+    watch: tokio::task::JoinHandle<()>,
     keep_alive: tokio::task::JoinHandle<()>,
 }
 
@@ -109,7 +113,49 @@ pub(crate) struct JsCursor {
     stream: String,
     dlq: DeadLetters,
     tasks: Mutex<Option<Tasks>>,
+    /// The last consumer info read, with the change count before it was read.
+    cached: Mutex<Option<(u64, Instant, Positions)>>,
 }
+
+/// Where a consumer stands in its stream, from the server.
+#[derive(Debug, Clone, Copy)]
+struct Positions {
+    /// Every offset below it is finished (acknowledged or terminated).
+    committed: u64,
+    /// The next offset the server would hand out.
+    position: u64,
+    /// One past the stream's last offset.
+    end: u64,
+}
+
+impl Positions {
+    fn new(info: &async_nats::jetstream::consumer::Info, end: u64) -> Self {
+        let floor = info.ack_floor.stream_sequence + 1;
+        let delivered = info.delivered.stream_sequence + 1;
+        let (committed, position) = match (info.num_ack_pending, info.num_pending) {
+            // Nothing out, nothing left that the filter takes: the whole stream is done
+            // for this consumer (the server keeps a filtered consumer's floor at the last
+            // message it delivered).
+            (0, 0) => (end.max(floor), end.max(delivered)),
+            // Nothing out: everything delivered is finished.
+            (0, _) => (floor.max(delivered), delivered),
+            _ => (floor, delivered),
+        };
+        Self {
+            committed,
+            position,
+            end,
+        }
+    }
+}
+
+/// How long a cached consumer info may answer [`BackendCursor::state`] when this process
+/// changed nothing since: what other processes sharing the stream do shows within it.
+const INFO_TTL: Duration = Duration::from_millis(200);
+
+/// How often the feeder is woken without a publish seen (redeliveries after an ack wait,
+/// publishes missed while reconnecting).
+const IDLE_WAKE: Duration = Duration::from_secs(1);
 
 fn consumer_spec(settings: &Settings, stream: &str, name: &str, filter: &Pattern) -> ConsumerSpec {
     ConsumerSpec::new(stream, nats_name(name), filter.clone())
@@ -118,9 +164,11 @@ fn consumer_spec(settings: &Settings, stream: &str, name: &str, filter: &Pattern
 }
 
 impl JsCursor {
+    /// Opens the cursor on the JetStream stream `stream`, which captures `subjects`.
     pub(crate) fn open(
         shared: Arc<Shared>,
         stream: &str,
+        subjects: Vec<String>,
         spec: CursorSpec<'_>,
     ) -> Result<Self, StreamError> {
         let cspec = consumer_spec(&shared.settings, stream, spec.name, spec.filter);
@@ -133,25 +181,34 @@ impl JsCursor {
         })?;
         let cursor = Arc::new(CursorShared {
             inner: Mutex::new(Inner::default()),
-            room: tokio::sync::Notify::new(),
             waker: spec.waker.clone(),
             name: spec.name.to_owned(),
-            window: spec.window.max(1),
             skipped_by_filter: AtomicU64::new(0),
             keep_alives: AtomicU64::new(0),
             closed: AtomicBool::new(false),
         });
-        let this = Self {
+        let watch = shared
+            .rt
+            .spawn(watch(shared.js.clone(), subjects, Arc::clone(&cursor)));
+        let keep_alive = shared.rt.spawn(keep_alive::run(
+            Arc::clone(&cursor),
+            shared.settings.keep_alive,
+        ));
+        Ok(Self {
             shared,
             cursor,
             durable: Mutex::new(Arc::new(durable)),
             spec: cspec,
             stream: stream.to_owned(),
             dlq,
-            tasks: Mutex::new(None),
-        };
-        this.start_tasks();
-        Ok(this)
+            tasks: Mutex::new(Some(Tasks { watch, keep_alive })),
+            cached: Mutex::new(None),
+        })
+    }
+
+    /// What the stream's append path wakes.
+    pub(crate) fn shared_state(&self) -> Arc<CursorShared> {
+        Arc::clone(&self.cursor)
     }
 
     fn durable(&self) -> Arc<Durable> {
@@ -163,28 +220,6 @@ impl JsCursor {
         )
     }
 
-    fn start_tasks(&self) {
-        let fetch = self.shared.rt.spawn(fetch_loop(
-            Arc::clone(&self.cursor),
-            self.durable(),
-            self.dlq.clone(),
-            self.shared.settings.clone(),
-        ));
-        let keep_alive = self.shared.rt.spawn(keep_alive::run(
-            Arc::clone(&self.cursor),
-            self.shared.settings.keep_alive,
-        ));
-        let old = self
-            .tasks
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .replace(Tasks { fetch, keep_alive });
-        if let Some(old) = old {
-            old.fetch.abort();
-            old.keep_alive.abort();
-        }
-    }
-
     fn stop_tasks(&self) {
         let old = self
             .tasks
@@ -192,115 +227,97 @@ impl JsCursor {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .take();
         if let Some(old) = old {
-            old.fetch.abort();
+            old.watch.abort();
             old.keep_alive.abort();
         }
     }
 
-    fn info(&self) -> Result<async_nats::jetstream::consumer::Info, StreamError> {
+    fn info(&self) -> Result<Positions, StreamError> {
+        let before = self.shared.changes();
         let durable = self.durable();
-        self.shared.call(self.shared.bound(1), async move {
-            durable.info().await.map_err(backend_error)
-        })
+        let (js, stream) = (self.shared.js.clone(), self.stream.clone());
+        let info = self.shared.call(self.shared.bound(1), async move {
+            let (info, bounds) = tokio::join!(durable.info(), bounds(&js, &stream));
+            let (_, end) = bounds?;
+            Ok(Positions::new(&info.map_err(backend_error)?, end))
+        })?;
+        *self
+            .cached
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) =
+            Some((before, Instant::now(), info));
+        Ok(info)
+    }
+
+    /// The cached info when nothing changed since it was read and it is recent, else a
+    /// fresh one: the feeder asks for the state at every step.
+    fn recent_info(&self) -> Result<Positions, StreamError> {
+        {
+            let cached = self
+                .cached
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Some((at_change, read, info)) = &*cached
+                && *at_change == self.shared.changes()
+                && read.elapsed() < INFO_TTL
+            {
+                return Ok(*info);
+            }
+        }
+        self.info()
     }
 }
 
-/// Pulls into the buffer while there is room; see the [module docs](self).
-async fn fetch_loop(
-    cursor: Arc<CursorShared>,
-    durable: Arc<Durable>,
-    dlq: DeadLetters,
-    settings: Settings,
-) {
-    let mut backoff = Duration::from_millis(50);
+/// Wakes the feeder on every publish to `subjects` and every [`IDLE_WAKE`]; see the
+/// [module docs](self).
+async fn watch(js: crate::connect::JetStream, subjects: Vec<String>, cursor: Arc<CursorShared>) {
+    let mut subs = Vec::new();
+    for s in subjects {
+        // Without the subscription the periodic wake still finds everything, later.
+        if let Ok(sub) = js.client.subscribe(s).await {
+            subs.push(sub);
+        }
+    }
+    let mut published = futures_util::stream::select_all(subs);
+    let mut tick = tokio::time::interval(IDLE_WAKE);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        if cursor.closed.load(Ordering::Acquire) {
-            return;
-        }
-        let room = {
-            let g = cursor.lock();
-            if g.error.is_some() {
-                return;
-            }
-            cursor
-                .window
-                .saturating_sub(g.buffer.len() + g.outstanding.len())
-        };
-        if room == 0 {
-            cursor.room.notified().await;
-            continue;
-        }
-        match durable.fetch(room, settings.fetch_wait).await {
-            Ok(fetched) => {
-                backoff = Duration::from_millis(50);
-                cursor.lock().transient = None;
-                cursor
-                    .skipped_by_filter
-                    .fetch_add(fetched.skipped, Ordering::Relaxed);
-                let mut added = false;
-                for d in fetched.deliveries {
-                    match take(&cursor, &dlq, &settings, d).await {
-                        Ok(true) => added = true,
-                        Ok(false) => {}
-                        Err(stop) => {
-                            cursor.lock().error = Some(stop);
-                            cursor.waker.wake();
-                            return;
-                        }
-                    }
-                }
-                if added {
-                    cursor.waker.wake();
+        tokio::select! {
+            m = published.next(), if !published.is_empty() => {
+                if m.is_none() {
+                    published = futures_util::stream::select_all(Vec::new());
                 }
             }
-            Err(FetchError::ConsumerGone { durable }) => {
-                cursor.lock().error = Some(format!(
-                    "durable consumer {durable} was deleted on the server (inactivity \
-                     threshold, or an administrator); seek to create it again"
-                ));
-                cursor.waker.wake();
-                return;
-            }
-            Err(e) => {
-                cursor.lock().transient = Some(e.to_string());
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(1));
-            }
+            _ = tick.tick() => {}
         }
+        cursor.wake();
     }
 }
 
-/// Takes one delivery: buffered (`true`), skipped or dead-lettered here (`false`), or the
-/// reason fetching must stop.
+/// Takes one delivery: `Some` to hand out, `None` when it was skipped, dead-lettered here
+/// or is already held; `Err` is the reason fetching must stop.
 async fn take(
     cursor: &CursorShared,
     dlq: &DeadLetters,
     settings: &Settings,
     d: Delivery,
-) -> Result<bool, String> {
+) -> Result<Option<(Arc<Delivery>, Message)>, String> {
     if let Some(target) = d.headers().get(TARGET)
         && target != cursor.name
     {
         // A redrive copy for another durable subscription.
         d.ack().await.map_err(|e| e.to_string())?;
         cursor.skipped_by_filter.fetch_add(1, Ordering::Relaxed);
-        return Ok(false);
+        return Ok(None);
     }
     let seq = d.sequence();
     let delivered = d.delivered();
     let d = Arc::new(d);
-    {
-        let mut g = cursor.lock();
+    if let Some(held) = cursor.lock().outstanding.get_mut(&seq) {
         // Handed out again by the server while still held here (an ack wait passed
         // despite the keep-alive): keep the newer handle, do not hand it out twice.
-        if let Some(held) = g.outstanding.get_mut(&seq) {
-            *held = Arc::clone(&d);
-            return Ok(false);
-        }
-        if let Some(held) = g.buffer.iter_mut().find(|h| h.delivery.sequence() == seq) {
-            held.delivery = Arc::clone(&d);
-            return Ok(false);
-        }
+        *held = Arc::clone(&d);
+        return Ok(None);
     }
     let message = {
         let header = |n: &str| d.headers().get(n).map(str::to_owned);
@@ -328,13 +345,9 @@ async fn take(
             .await
             .map_err(|e| e.to_string())?;
         d.term().await.map_err(|e| e.to_string())?;
-        return Ok(false);
+        return Ok(None);
     }
-    cursor.lock().buffer.push_back(Held {
-        delivery: d,
-        message,
-    });
-    Ok(true)
+    Ok(Some((d, message)))
 }
 
 impl BackendCursor for JsCursor {
@@ -342,17 +355,70 @@ impl BackendCursor for JsCursor {
         if self.cursor.closed.load(Ordering::Acquire) {
             return Err(StreamError::Closed);
         }
-        let mut g = self.cursor.lock();
-        if let Some(e) = &g.error {
+        if let Some(e) = &self.cursor.lock().error {
             return Err(backend_error(e));
         }
-        let n = max.min(g.buffer.len());
-        let mut out = Vec::with_capacity(n);
-        for held in g.buffer.drain(..n).collect::<Vec<_>>() {
-            let seq = held.delivery.sequence();
+        if max == 0 {
+            return Ok(Vec::new());
+        }
+        let durable = self.durable();
+        let (cursor, dlq) = (Arc::clone(&self.cursor), self.dlq.clone());
+        let settings = self.shared.settings.clone();
+        let bound = self
+            .shared
+            .bound(2 + u32::try_from(max.min(64)).unwrap_or(64));
+        let pulled = self.shared.call(bound, async move {
+            let pulled: Result<Vec<(Arc<Delivery>, Message)>, String> = async {
+                let fetched = match durable.fetch(max, Duration::ZERO).await {
+                    Ok(f) => f,
+                    Err(FetchError::ConsumerGone { durable }) => {
+                        return Err(format!(
+                            "durable consumer {durable} was deleted on the server (inactivity \
+                         threshold, or an administrator); seek to create it again"
+                        ));
+                    }
+                    Err(e) => {
+                        // Retried at the next wake; the client reconnects by itself.
+                        cursor.lock().transient = Some(e.to_string());
+                        return Ok(Vec::new());
+                    }
+                };
+                cursor
+                    .skipped_by_filter
+                    .fetch_add(fetched.skipped, Ordering::Relaxed);
+                let mut out = Vec::with_capacity(fetched.deliveries.len());
+                for d in fetched.deliveries {
+                    if let Some((d, m)) = take(&cursor, &dlq, &settings, d).await? {
+                        out.push((d, m));
+                    }
+                }
+                cursor.lock().transient = None;
+                Ok(out)
+            }
+            .await;
+            Ok(pulled)
+        });
+        let pulled = match pulled {
+            Ok(Ok(p)) => p,
+            Ok(Err(stop)) => {
+                self.cursor.lock().error = Some(stop.clone());
+                return Err(backend_error(stop));
+            }
+            // No answer in time: nothing handed out; what the pull took comes back after
+            // the ack wait.
+            Err(e) => {
+                self.cursor.lock().transient = Some(e.to_string());
+                return Ok(Vec::new());
+            }
+        };
+        self.shared.changed();
+        let mut g = self.cursor.lock();
+        let mut out = Vec::with_capacity(pulled.len());
+        for (d, m) in pulled {
+            let seq = d.sequence();
             g.handed = g.handed.max(seq + 1);
-            g.outstanding.insert(seq, held.delivery);
-            out.push(held.message);
+            g.outstanding.insert(seq, d);
+            out.push(m);
         }
         Ok(out)
     }
@@ -371,7 +437,6 @@ impl BackendCursor for JsCursor {
                 }
             }
         }
-        self.cursor.room.notify_one();
         if work.is_empty() {
             return Ok(());
         }
@@ -379,7 +444,7 @@ impl BackendCursor for JsCursor {
         let bound = self
             .shared
             .bound(2 * u32::try_from(work.len()).unwrap_or(u32::MAX / 2));
-        self.shared.call(bound, async move {
+        let result = self.shared.call(bound, async move {
             let mut acks = Vec::new();
             let mut first_error = None;
             for (d, message, outcome) in &work {
@@ -407,7 +472,9 @@ impl BackendCursor for JsCursor {
                 }
             }
             first_error.map_or(Ok(()), Err)
-        })
+        });
+        self.shared.changed();
+        result
     }
 
     fn seek(&self, at: StartAt) -> Result<u64, StreamError> {
@@ -417,10 +484,9 @@ impl BackendCursor for JsCursor {
         let js = self.shared.js.clone();
         let (stream, spec) = (self.stream.clone(), self.spec.clone());
         let start = at;
-        self.stop_tasks();
         {
             let mut g = self.cursor.lock();
-            g.buffer.clear();
+            // Void once the consumer is deleted; late finishes of them are ignored.
             g.outstanding.clear();
             g.error = None;
             g.handed = 0;
@@ -437,23 +503,16 @@ impl BackendCursor for JsCursor {
                 .map_err(backend_error)?;
             js.durable(spec.start(start)).await.map_err(backend_error)
         });
-        let durable = match durable {
-            Ok(d) => d,
-            Err(e) => {
-                // The old consumer may still exist: keep fetching from it.
-                self.start_tasks();
-                return Err(e);
-            }
-        };
+        let durable = durable?;
         *self
             .durable
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(durable);
-        // Read before the background fetch moves it.
+        self.shared.changed();
+        // Read before the feeder's next fetch moves it.
         let info = self.info();
-        self.start_tasks();
         self.cursor.waker.wake();
-        Ok(info?.delivered.stream_sequence + 1)
+        Ok(info?.position)
     }
 
     fn commit(&self) -> Result<u64, StreamError> {
@@ -461,38 +520,41 @@ impl BackendCursor for JsCursor {
             return Err(StreamError::Closed);
         }
         // Every acknowledgement was confirmed by the server: the ack floor is the commit.
-        Ok(self.info()?.ack_floor.stream_sequence + 1)
+        Ok(self.info()?.committed)
     }
 
     fn state(&self) -> CursorState {
-        let (outstanding, buffered_front, handed, error) = {
+        let (outstanding, handed, error) = {
             let g = self.cursor.lock();
-            (
-                g.outstanding.len(),
-                g.buffer.front().map(|h| h.delivery.sequence()),
-                g.handed,
-                g.error.clone(),
-            )
+            (g.outstanding.len(), g.handed, g.error.clone())
         };
         let mut state = CursorState::default();
         state.outstanding = outstanding;
         state.skipped_by_filter = self.cursor.skipped_by_filter.load(Ordering::Relaxed);
         state.error = error;
-        match self.info() {
-            Ok(info) => {
-                state.committed = info.ack_floor.stream_sequence + 1;
-                state.position = buffered_front
-                    .unwrap_or(info.delivered.stream_sequence + 1)
-                    .max(handed);
-                state.lag = info.num_pending + info.num_ack_pending as u64;
-            }
-            Err(e) => {
+        // Server away: the last positions read (the client reconnects by itself); the
+        // failure shows as the error only when nothing was ever read.
+        let info = self.recent_info().map_err(|e| {
+            let cached = self
+                .cached
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .map(|(_, _, info)| info);
+            (cached, e)
+        });
+        let info = match info {
+            Ok(info) | Err((Some(info), _)) => info,
+            Err((None, e)) => {
                 state.position = handed;
-                if state.error.is_none() {
-                    state.error = Some(e.to_string());
-                }
+                state.error.get_or_insert_with(|| e.to_string());
+                return state;
             }
-        }
+        };
+        state.committed = info.committed;
+        state.position = info.position.max(handed);
+        // As on the embedded log: every stored offset from the commit on, those finished
+        // above it included.
+        state.lag = info.end.saturating_sub(info.committed);
         state
     }
 
@@ -505,6 +567,7 @@ impl BackendCursor for JsCursor {
     }
 
     fn drain_dead_letters(&self) -> Result<Vec<DurableDeadLetter>, StreamError> {
+        self.shared.changed();
         let dlq = self.dlq.clone();
         let entries = self.shared.call(self.shared.bound(66), async move {
             let entries = dlq.list().await?;
@@ -535,6 +598,7 @@ impl BackendCursor for JsCursor {
             done += 1;
         }
         if done > 0 {
+            self.shared.changed();
             self.cursor.waker.wake();
         }
         Ok(done)
@@ -545,13 +609,8 @@ impl BackendCursor for JsCursor {
             return;
         }
         self.stop_tasks();
-        self.cursor.room.notify_one();
         let mut held = self.cursor.held();
-        {
-            let mut g = self.cursor.lock();
-            g.buffer.clear();
-            g.outstanding.clear();
-        }
+        self.cursor.lock().outstanding.clear();
         if held.is_empty() {
             return;
         }

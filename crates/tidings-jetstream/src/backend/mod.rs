@@ -4,8 +4,8 @@
 //!
 //! | seam | JetStream |
 //! |---|---|
-//! | [`BackendStream`](tidings::durable::BackendStream) | a stream, file storage; append = publish with ack, `Nats-Msg-Id` = message id |
-//! | [`BackendCursor`](tidings::durable::BackendCursor) | a durable pull consumer, explicit ack, filter superset + client re-check |
+//! | [`BackendStream`] | a stream, file storage; append = publish with ack, `Nats-Msg-Id` = message id |
+//! | [`BackendCursor`] | a durable pull consumer, explicit ack, filter superset + client re-check |
 //! | finished: delivered / filtered | ack |
 //! | finished: dead-lettered | publish to the subscription's DLQ stream, await its ack, *then* term |
 //! | message outstanding | in-progress acks every third of the ack wait (retry in place never hits it) |
@@ -19,9 +19,10 @@
 //! every seam call may). Dropping the backend stops that thread.
 //!
 //! # Failure
-//! Every network step is bounded by the connection's request timeout
-//! ([`ConnectOptions::request_timeout`]); a server that is away yields
-//! [`StreamError::Backend`] naming `jetstream` within it. The client reconnects by itself;
+//! Every seam call is bounded: one request timeout ([`ConnectOptions::request_timeout`])
+//! per round trip it makes plus 0.5 s (an append, a fetch, a state read: one; a finish: two
+//! per message). A server that is away yields [`StreamError::Backend`] naming `jetstream`
+//! within that bound, never a hang. The client reconnects by itself;
 //! a cursor's background fetch retries until then.
 //!
 //! # Names
@@ -44,6 +45,7 @@
 //! [`BackendStream::apply_retention`]: tidings::durable::BackendStream::apply_retention
 //! [`Capabilities`]: tidings::durable::Capabilities
 //! [`Capabilities::first_offset`]: tidings::durable::Capabilities
+//! [`BackendCursor`]: tidings::durable::BackendCursor
 
 mod codec;
 mod cursor;
@@ -54,6 +56,7 @@ mod stream;
 
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tidings::durable::{BackendStream, Capabilities, DurableBackend};
@@ -71,9 +74,6 @@ pub const BACKEND_NAME: &str = "jetstream";
 /// before the next process dead-letters it instead of handling it.
 pub const DEFAULT_MAX_DELIVERIES: u32 = 5;
 
-/// How long a cursor's background fetch waits on the server for new messages per pull.
-const FETCH_WAIT: Duration = Duration::from_secs(1);
-
 #[derive(Debug, Clone)]
 pub(crate) struct Settings {
     pub(crate) ack_wait: Duration,
@@ -81,7 +81,6 @@ pub(crate) struct Settings {
     pub(crate) max_deliveries: u32,
     pub(crate) inactive_threshold: Duration,
     pub(crate) limits: Limits,
-    pub(crate) fetch_wait: Duration,
 }
 
 /// What every stream and cursor of one backend share.
@@ -89,9 +88,23 @@ pub(crate) struct Shared {
     pub(crate) rt: Runtime,
     pub(crate) js: JetStream,
     pub(crate) settings: Settings,
+    /// Bumped by every change this process makes to a stream or consumer (append, ack,
+    /// seek, redrive): a cursor's cached consumer info older than the last change is
+    /// read again.
+    pub(crate) changes: Arc<AtomicU64>,
 }
 
 impl Shared {
+    /// Something changed on the server (see `changes`).
+    pub(crate) fn changed(&self) {
+        self.changes.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// The change count now.
+    pub(crate) fn changes(&self) -> u64 {
+        self.changes.load(Ordering::Acquire)
+    }
+
     /// Runs `fut` on the backend's runtime, bounded by `bound`.
     pub(crate) fn call<F, T>(&self, bound: Duration, fut: F) -> Result<T, StreamError>
     where
@@ -228,6 +241,7 @@ impl JetStreamBackendBuilder {
                 rt,
                 js,
                 settings: self.settings,
+                changes: Arc::new(AtomicU64::new(0)),
             }),
         })
     }
@@ -270,7 +284,6 @@ impl JetStreamBackend {
                 max_deliveries: DEFAULT_MAX_DELIVERIES,
                 inactive_threshold: DEFAULT_INACTIVE_THRESHOLD,
                 limits: Limits::default(),
-                fetch_wait: FETCH_WAIT,
             },
         }
     }

@@ -6,8 +6,8 @@
 //! append order. The message id is the `Nats-Msg-Id`: appending the same message twice
 //! within the stream's duplicate window stores it once and returns the first offset.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::SystemTime;
 
 use async_nats::HeaderMap;
@@ -16,7 +16,7 @@ use tidings::durable::{BackendCursor, BackendStream, CursorSpec};
 use tidings::{Message, Pattern, StartAt, StreamError};
 
 use super::codec::{self, Stored};
-use super::cursor::JsCursor;
+use super::cursor::{CursorShared, JsCursor};
 use super::{Shared, backend_error, check_name, nats_name};
 use crate::connect::JetStream;
 use crate::stream::StreamSpec;
@@ -29,6 +29,10 @@ pub(crate) struct JsStream {
     start: Arc<AtomicU64>,
     end: Arc<AtomicU64>,
     closed: AtomicBool,
+    /// The subjects the stream captures (what its cursors watch).
+    subjects: Vec<String>,
+    /// Its cursors, woken by an append through this backend.
+    cursors: Mutex<Vec<Weak<CursorShared>>>,
 }
 
 impl std::fmt::Debug for JsStream {
@@ -126,7 +130,15 @@ impl JsStream {
             start: Arc::new(AtomicU64::new(start)),
             end: Arc::new(AtomicU64::new(end)),
             closed: AtomicBool::new(false),
+            subjects: state.subjects,
+            cursors: Mutex::new(Vec::new()),
         })
+    }
+
+    fn lock_cursors(&self) -> std::sync::MutexGuard<'_, Vec<Weak<CursorShared>>> {
+        self.cursors
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn refresh(&self) -> Result<(u64, u64), StreamError> {
@@ -160,6 +172,12 @@ impl BackendStream for JsStream {
             publish(&js, subject, headers, payload).await
         })?;
         self.end.fetch_max(seq + 1, Ordering::Relaxed);
+        self.shared.changed();
+        // The cursors' own watch sees the publish too, later: a manual driver's next step
+        // should find it.
+        for c in self.lock_cursors().iter().filter_map(Weak::upgrade) {
+            c.wake();
+        }
         Ok(seq)
     }
 
@@ -217,11 +235,16 @@ impl BackendStream for JsStream {
                 check_offset(n, start, end)?;
             }
         }
-        Ok(Box::new(JsCursor::open(
+        let cursor = JsCursor::open(
             Arc::clone(&self.shared),
             &self.nats,
+            self.subjects.clone(),
             spec,
-        )?))
+        )?;
+        let mut cursors = self.lock_cursors();
+        cursors.retain(|c| c.strong_count() > 0);
+        cursors.push(Arc::downgrade(&cursor.shared_state()));
+        Ok(Box::new(cursor))
     }
 
     fn apply_retention(&self, now: SystemTime) -> Result<tidings::RetentionReport, StreamError> {

@@ -71,7 +71,7 @@ impl BrokerInner {
     pub(super) fn next_wake(&self) -> Option<Instant> {
         self.live()
             .iter()
-            .filter_map(|s| s.core.lock().next_wake())
+            .filter_map(|s| s.next_wake())
             .chain(self.scheduler.next_due())
             .min()
     }

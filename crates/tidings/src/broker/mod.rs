@@ -545,7 +545,7 @@ impl BrokerInner {
             options,
             handler,
             self.clock.clone(),
-            self.weak.clone(),
+            self.dead_letter_sink(),
         ));
         let evicted;
         {
@@ -579,6 +579,16 @@ impl BrokerInner {
             shared,
             broker: self.weak.clone(),
             attached: !internal,
+        })
+    }
+
+    /// How a subscription publishes its dead letters to its dead-letter topic (R-DEL-4).
+    fn dead_letter_sink(&self) -> crate::subscription::shell::DeadLetterSink {
+        let broker = self.weak.clone();
+        Arc::new(move |topic, entry, name| {
+            broker
+                .upgrade()
+                .is_some_and(|b| b.forward_dead_letter(topic, entry, name).is_ok())
         })
     }
 
@@ -670,5 +680,11 @@ impl ClockWaiter for BrokerInner {
 impl Drop for BrokerInner {
     fn drop(&mut self) {
         let _ = self.close(Duration::ZERO);
+    }
+}
+
+impl crate::subscription::handle::Registry for BrokerInner {
+    fn unsubscribe(&self, id: SubscriptionId) -> Option<Vec<Arc<Message>>> {
+        BrokerInner::unsubscribe(self, id)
     }
 }

@@ -12,7 +12,7 @@ use crate::handler::HandlerError;
 use crate::options::SubscribeOptions;
 use crate::subscription::core::Refusal;
 use crate::subscription::loom_models::{Tally, check, message, messages, number, shell};
-use crate::subscription::shared::SubShared;
+use crate::subscription::shell::SubscriptionShell;
 use crate::sync::{AtomicBool, Mutex, Ordering, thread};
 
 use super::pool::{Shared, worker_loop};
@@ -31,7 +31,7 @@ fn pool_workers(pool: &Arc<Shared>) -> Vec<thread::JoinHandle<()>> {
 
 /// Close the subscription, wait for its slots to stop, stop and join the workers (the
 /// pool's close protocol).
-fn close_pool(pool: &Arc<Shared>, sub: &SubShared, workers: Vec<thread::JoinHandle<()>>) {
+fn close_pool(pool: &Arc<Shared>, sub: &SubscriptionShell, workers: Vec<thread::JoinHandle<()>>) {
     sub.close();
     assert!(pool.live_slots.wait_at_most(0, None), "every slot stopped");
     pool.stop();
@@ -41,7 +41,7 @@ fn close_pool(pool: &Arc<Shared>, sub: &SubShared, workers: Vec<thread::JoinHand
 }
 
 /// A subscription that counts what its handler saw.
-fn counting() -> (Arc<SubShared>, Arc<Tally>) {
+fn counting() -> (Arc<SubscriptionShell>, Arc<Tally>) {
     let delivered = Arc::new(Tally::default());
     let sub = {
         let delivered = delivered.clone();
@@ -224,7 +224,7 @@ fn close_racing_publish_accounts_for_every_message() {
             (0..n).collect::<Vec<_>>(),
             "each message ends exactly once"
         );
-        let stats = sub.core.lock().stats(std::time::Instant::now());
+        let stats = sub.stats();
         assert_eq!((stats.queued, stats.in_flight), (0, 0));
         assert_eq!(
             stats.accepted,

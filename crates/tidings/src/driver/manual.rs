@@ -32,7 +32,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::error::SubscribeError;
-use crate::subscription::shared::SubShared;
+use crate::subscription::shell::SubscriptionShell;
 
 use super::{Executor, Feeder, FeederHandle, Unscheduled, Wake};
 
@@ -46,7 +46,7 @@ impl Wake for NoWake {
 }
 
 impl Executor for ManualExecutor {
-    fn start(&self, sub: &Arc<SubShared>) -> Result<(), SubscribeError> {
+    fn start(&self, sub: &Arc<SubscriptionShell>) -> Result<(), SubscribeError> {
         sub.set_waker(Arc::new(NoWake));
         Ok(())
     }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::error::SubscribeError;
-use crate::subscription::shared::SubShared;
+use crate::subscription::shell::{SubscriptionShell, Wake};
 
 mod handles;
 mod live;
@@ -71,14 +71,6 @@ impl Driver {
     }
 }
 
-/// How a publisher (or a clock jump, or close) wakes an idle dispatcher slot.
-pub(crate) trait Wake: Send + Sync {
-    /// Slot `worker` has work.
-    fn wake(&self, worker: usize);
-    /// Every slot should re-check its state (close, clock jump).
-    fn wake_all(&self);
-}
-
 /// What one step of a [`Feeder`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum FeedStep {
@@ -136,7 +128,7 @@ impl FeederHandle for Unscheduled {
 /// Runs subscriptions' dispatchers.
 pub(crate) trait Executor: Send + Sync {
     /// Start the dispatcher slots of a new subscription.
-    fn start(&self, sub: &Arc<SubShared>) -> Result<(), SubscribeError>;
+    fn start(&self, sub: &Arc<SubscriptionShell>) -> Result<(), SubscribeError>;
     /// Start running `feeder` (see [`Feeder`]). The handle keeps no strong reference to it
     /// except under the thread driver, whose thread holds one until it stops.
     fn start_feeder(

@@ -25,8 +25,7 @@ use std::time::Instant;
 
 use crate::clock::Clock;
 use crate::error::SubscribeError;
-use crate::subscription::core::Poll;
-use crate::subscription::shared::SubShared;
+use crate::subscription::shell::{Step, SubscriptionShell};
 use crate::sync::{
     AtomicBool, AtomicU8, Condvar, Mutex, Ordering, protocol_thread_local, wait_until,
 };
@@ -48,7 +47,7 @@ enum Task {
     /// A subscription's dispatcher slot.
     Slot {
         mailbox: Arc<Mailbox>,
-        sub: Arc<SubShared>,
+        sub: Arc<SubscriptionShell>,
         worker: usize,
     },
     /// A feeder's step.
@@ -122,7 +121,7 @@ struct Timer {
 /// What a pool timer wakes.
 enum TimerTarget {
     /// A dispatcher slot waiting for a retry.
-    Slot(Weak<SubShared>, usize),
+    Slot(Weak<SubscriptionShell>, usize),
     /// A feeder waiting for its next due time (a timer service).
     Feeder(Weak<FeederMailbox>),
 }
@@ -167,12 +166,12 @@ struct Mailbox {
     running: Box<[AtomicBool]>,
     /// This mailbox, for the tasks it queues.
     me: Weak<Mailbox>,
-    sub: Weak<SubShared>,
+    sub: Weak<SubscriptionShell>,
     pool: Arc<Shared>,
 }
 
 impl Mailbox {
-    fn new(pool: &Arc<Shared>, sub: &Arc<SubShared>) -> Arc<Self> {
+    fn new(pool: &Arc<Shared>, sub: &Arc<SubscriptionShell>) -> Arc<Self> {
         let flags = || (0..sub.workers()).map(|_| AtomicBool::new(false)).collect();
         Arc::new_cyclic(|me| Mailbox {
             scheduled: flags(),
@@ -213,9 +212,14 @@ impl Mailbox {
     /// The slot goes idle: leave it, then clear its flag — in that order, so the worker the
     /// cleared flag lets in next finds it empty. Called with the subscription's lock held:
     /// an offer after this sees the slot idle and schedules it again, so no wake-up is lost.
+    ///
+    /// The flag is cleared by a read-modify-write, like every other change to it: a plain
+    /// store racing `schedule`'s swap is a pattern loom mis-models (it lets the store slip
+    /// between the swap's read and write), and one kind of access keeps the model exact.
     fn leave(&self, occupied: Occupied<'_>, worker: usize) {
         drop(occupied);
-        self.scheduled[worker].store(false, Ordering::Release);
+        let was = self.scheduled[worker].swap(false, Ordering::AcqRel);
+        debug_assert!(was, "a running slot is scheduled");
     }
 }
 
@@ -296,7 +300,7 @@ impl Executor for PoolExecutor {
         Ok(Box::new(self.shared.attach_feeder(&feeder)))
     }
 
-    fn start(&self, sub: &Arc<SubShared>) -> Result<(), SubscribeError> {
+    fn start(&self, sub: &Arc<SubscriptionShell>) -> Result<(), SubscribeError> {
         self.shared.attach(sub);
         Ok(())
     }
@@ -348,7 +352,7 @@ impl Shared {
 
     /// Give a new subscription's slots a mailbox and run each once, so it reaches its
     /// idle state (and sees anything already queued).
-    pub(super) fn attach(self: &Arc<Self>, sub: &Arc<SubShared>) {
+    pub(super) fn attach(self: &Arc<Self>, sub: &Arc<SubscriptionShell>) {
         let mailbox = Mailbox::new(self, sub);
         self.live_slots.enter(sub.workers());
         sub.set_waker(mailbox.clone());
@@ -429,44 +433,31 @@ fn run_feeder(mailbox: &Arc<FeederMailbox>) {
 }
 
 /// Run one slot for up to `BATCH` deliveries, then re-queue, park or retire it.
-fn run_slot(pool: &Arc<Shared>, mailbox: Arc<Mailbox>, sub: Arc<SubShared>, worker: usize) {
+fn run_slot(pool: &Arc<Shared>, mailbox: Arc<Mailbox>, sub: Arc<SubscriptionShell>, worker: usize) {
     let occupied = mailbox.enter(worker);
+    // Dropping `locked` releases the lock and applies the steps' effects.
+    let mut locked = sub.lock();
     for _ in 0..BATCH {
-        let mut core = sub.core.lock();
-        match sub.poll_locked(&mut core, worker) {
-            Poll::Deliver(delivery) => {
-                let forwards = core.take_forwards();
-                drop(core);
-                sub.forward(forwards);
-                let outcome = sub.run(&delivery);
-                sub.complete(delivery, outcome);
-            }
-            Poll::Idle => {
+        match locked.step(worker) {
+            Step::Delivered => {}
+            Step::Idle => {
                 mailbox.leave(occupied, worker);
-                // The poll may have dead-lettered (expired) messages: forward them too, or
-                // a durable source never hears they finished.
-                let forwards = core.take_forwards();
-                drop(core);
-                sub.forward(forwards);
                 return;
             }
-            Poll::WakeAt(due) => {
+            Step::WakeAt(due) => {
                 mailbox.leave(occupied, worker);
-                let forwards = core.take_forwards();
-                drop(core);
-                sub.forward(forwards);
+                drop(locked);
                 park(pool, due, TimerTarget::Slot(Arc::downgrade(&sub), worker));
                 return;
             }
-            Poll::Stopped => {
-                let forwards = core.take_forwards();
-                drop(core);
-                sub.forward(forwards);
+            Step::Stopped => {
+                drop(locked);
                 pool.live_slots.exit();
                 return;
             }
         }
     }
+    drop(locked);
     // Batch used up: yield the slot to the back of the run queue (fairness).
     drop(occupied);
     pool.run_queue.lock().push_back(Task::Slot {

@@ -1,7 +1,8 @@
 //! The thread driver: one OS thread per dispatcher slot (R-EXE-1).
 //!
-//! Each thread loops: lock the subscription, poll the core, wait on its own condvar when
-//! idle (or until a retry is due), unlock, run the handler, report. A publisher wakes an
+//! Each thread loops on the shell's delivery step (poll, run the handler with the lock
+//! released, report), and waits on its own condvar — releasing the subscription's lock
+//! only by waiting — when idle (or until a retry is due). A publisher wakes an
 //! idle thread only when the core says that slot was idle, so a busy dispatcher costs its
 //! publishers no system call.
 
@@ -14,9 +15,8 @@ use std::time::Instant;
 use crossbeam_utils::Backoff;
 
 use crate::error::SubscribeError;
-use crate::subscription::core::Poll;
-use crate::subscription::shared::SubShared;
-use crate::sync::{Condvar, Mutex, MutexGuard, Ordering, protocol_thread_local, wait_until};
+use crate::subscription::shell::{Step, SubscriptionShell};
+use crate::sync::{Condvar, Mutex, Ordering, protocol_thread_local};
 
 use super::handles::Handles;
 use super::live::LiveCount;
@@ -107,7 +107,7 @@ impl Executor for ThreadExecutor {
         Ok(Box::new(FeederThread(Mutex::new(Some(h)))))
     }
 
-    fn start(&self, sub: &Arc<SubShared>) -> Result<(), SubscribeError> {
+    fn start(&self, sub: &Arc<SubscriptionShell>) -> Result<(), SubscribeError> {
         let parking = Arc::new(Parking::new(sub.workers()));
         sub.set_waker(parking.clone());
         let mut handles = self.handles.lock();
@@ -161,42 +161,25 @@ impl Executor for ThreadExecutor {
     }
 }
 
-pub(super) fn dispatch_loop(sub: &SubShared, parking: &Parking, worker: usize) {
+pub(super) fn dispatch_loop(sub: &SubscriptionShell, parking: &Parking, worker: usize) {
     let slot = &parking.slots[worker];
     // Spin, then yield, before parking: a dispatcher that keeps up with its publisher
     // finds the next message without a futex round trip (the way crossbeam channels wait).
     let backoff = Backoff::new();
-    let mut core = sub.core.lock();
+    // The report of one delivery and the poll for the next share one lock acquisition.
+    let mut locked = sub.lock();
     loop {
-        match sub.poll_locked(&mut core, worker) {
-            Poll::Deliver(delivery) => {
-                backoff.reset();
-                let forwards = core.take_forwards();
-                let outcome = MutexGuard::unlocked(&mut core, || {
-                    sub.forward(forwards);
-                    sub.run(&delivery)
-                });
-                // Report and poll for the next message under one lock acquisition.
-                core.handle_completion(delivery, outcome, &sub.now());
+        match locked.step(worker) {
+            Step::Delivered => backoff.reset(),
+            Step::Stopped => break,
+            Step::Idle if SPIN && !backoff.is_completed() => {
+                locked.unlocked(|| backoff.snooze());
             }
-            Poll::Stopped => break,
-            Poll::Idle if SPIN && !backoff.is_completed() => {
-                MutexGuard::unlocked(&mut core, || backoff.snooze());
-            }
-            Poll::Idle => {
-                slot.wait(&mut core);
+            Step::Idle => {
+                locked.park(slot, None);
                 backoff.reset();
             }
-            Poll::WakeAt(t) => {
-                wait_until(sub.clock.as_ref(), slot, &mut core, Some(t));
-            }
-        }
-        if core.has_forwards() {
-            let forwards = core.take_forwards();
-            MutexGuard::unlocked(&mut core, || sub.forward(forwards));
+            Step::WakeAt(t) => locked.park(slot, Some(t)),
         }
     }
-    let forwards = core.take_forwards();
-    drop(core);
-    sub.forward(forwards);
 }

@@ -48,7 +48,7 @@ use crate::error::SubscribeError;
 use crate::handler::HandlerError;
 use crate::message::Message;
 use crate::subscription::core::Poll;
-use crate::subscription::shared::SubShared;
+use crate::subscription::shell::SubscriptionShell;
 
 use super::handles::Handles;
 use super::live::LiveCount;
@@ -196,7 +196,7 @@ impl Executor for TokioExecutor {
         Ok(Box::new(FeederTask(notify)))
     }
 
-    fn start(&self, sub: &Arc<SubShared>) -> Result<(), SubscribeError> {
+    fn start(&self, sub: &Arc<SubscriptionShell>) -> Result<(), SubscribeError> {
         let slots = Arc::new(Slots {
             slots: (0..sub.workers()).map(|_| Notify::new()).collect(),
         });
@@ -247,7 +247,7 @@ impl Executor for TokioExecutor {
 }
 
 /// One dispatcher slot's loop (the thread driver's loop, awaiting instead of blocking).
-async fn dispatch(sub: &SubShared, slots: &Slots, worker: usize) {
+async fn dispatch(sub: &SubscriptionShell, slots: &Slots, worker: usize) {
     let notify = &slots.slots[worker];
     let mut batch = 0u32;
     loop {

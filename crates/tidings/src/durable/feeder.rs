@@ -238,11 +238,12 @@ impl CursorFeeder {
         offered
     }
 
-    /// A held message fell due (on the scheduler's thread).
+    /// A held message fell due (on the scheduler's thread, which may be a runtime worker:
+    /// a filtered one is reported like a completion).
     fn offer_due(&self, message: &Arc<Message>) {
         match self.sink.offer(message) {
             Offered::Filtered => {
-                self.report(&[Finished::new(message.clone(), Outcome::Filtered)]);
+                self.on_finished(vec![Finished::new(message.clone(), Outcome::Filtered)]);
             }
             Offered::Full => self.sink.offer_due_anyway(message),
             Offered::Taken | Offered::Closed => {}

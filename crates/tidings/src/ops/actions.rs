@@ -312,23 +312,23 @@ impl Broker {
                 by_reason,
             });
         }
-        let mut core = sub.core.lock();
-        let dlq = &core.ledger_mut().dlq;
-        let mut by_reason = BTreeMap::new();
-        for e in dlq.iter() {
-            *by_reason.entry(e.reason.name().to_owned()).or_insert(0) += 1;
-        }
-        Ok(DeadLetterPage {
-            subscription: id,
-            total: dlq.len() as u64,
-            offset: offset as u64,
-            entries: dlq
-                .iter()
-                .skip(offset)
-                .take(limit)
-                .map(DeadLetterEntry::of)
-                .collect(),
-            by_reason,
+        sub.with_dead_letters(|dlq| {
+            let mut by_reason = BTreeMap::new();
+            for e in dlq.iter() {
+                *by_reason.entry(e.reason.name().to_owned()).or_insert(0) += 1;
+            }
+            Ok(DeadLetterPage {
+                subscription: id,
+                total: dlq.len() as u64,
+                offset: offset as u64,
+                entries: dlq
+                    .iter()
+                    .skip(offset)
+                    .take(limit)
+                    .map(DeadLetterEntry::of)
+                    .collect(),
+                by_reason,
+            })
         })
     }
 
@@ -374,11 +374,7 @@ impl Broker {
                 })
                 .map_err(|e| DeadLetterError::durable(id, &e))?;
             if !taken.is_empty() {
-                sub.core
-                    .lock()
-                    .ledger_mut()
-                    .dlq
-                    .take_where(|e| taken.contains(&e.message.id()));
+                sub.remove_dead_letters(|e| taken.contains(&e.message.id()));
             }
             let missing = match selection {
                 RedriveSelection::Ids(ids) => ids
@@ -431,10 +427,10 @@ impl Broker {
                 .cursor
                 .drain_dead_letters()
                 .map_err(|e| DeadLetterError::durable(id, &e))?;
-            sub.core.lock().ledger_mut().dlq.drain();
+            sub.drain_dead_letters();
             return Ok(drained.len() as u64);
         }
-        let purged = sub.core.lock().ledger_mut().dlq.drain().len();
+        let purged = sub.drain_dead_letters().len();
         Ok(purged as u64)
     }
 

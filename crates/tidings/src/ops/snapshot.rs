@@ -272,17 +272,15 @@ fn subscription_snapshot(
     s: &SubShared,
     durable: Option<&Arc<CursorFeeder>>,
 ) -> SubscriptionSnapshot {
-    let now = s.clock.now();
-    let (stats, depth, by_reason) = {
-        let mut core = s.core.lock();
-        let stats = core.stats(now);
-        let depth = core.depth_by_priority();
+    let stats = s.stats();
+    let depth = s.depth_by_priority();
+    let by_reason = s.with_dead_letters(|dlq| {
         let mut by_reason = BTreeMap::new();
-        for e in core.ledger_mut().dlq.iter() {
+        for e in dlq.iter() {
             *by_reason.entry(e.reason.name().to_owned()).or_insert(0) += 1;
         }
-        (stats, depth, by_reason)
-    };
+        by_reason
+    });
     debug_assert_eq!(depth.len(), Priority::LEVELS);
     SubscriptionSnapshot {
         id: s.id.get(),

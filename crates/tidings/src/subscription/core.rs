@@ -9,6 +9,10 @@
 //! 3. the driver runs the handler **with the lock released**;
 //! 4. [`Core::handle_completion`] with the outcome.
 //!
+//! Each of these (and `close`, `begin_drain`, `handle_filter_panic`) takes `now` and
+//! returns its [`Effects`] — dead letters to forward, finished messages to report, room
+//! made for blocked publishers — which the shell applies with the lock released.
+//!
 //! Every message that enters ends in exactly one of: delivered, dead-lettered (by reason),
 //! or still queued / in flight; every refusal is counted by reason (R-DEL-6).
 
@@ -25,6 +29,7 @@ use crate::queue::Queued;
 use crate::retry::Retry;
 use crate::stats::SubscriptionStats;
 
+use super::effects::Effects;
 use super::lanes::Lanes;
 use super::ledger::Ledger;
 use super::per_key::PerKey;
@@ -174,7 +179,7 @@ impl Core {
         message: &Arc<Message>,
         error: String,
         now: &Now<'_>,
-    ) {
+    ) -> Effects {
         self.ledger.offered += 1;
         self.ledger.accepted += 1;
         self.ledger.dead_letter(
@@ -184,6 +189,7 @@ impl Core {
             now.wall(),
             true,
         );
+        self.effects()
     }
 
     /// Offer a message. With `may_wait` and the `Block` policy, a full queue returns
@@ -194,7 +200,12 @@ impl Core {
         message: &Arc<Message>,
         now: &Now<'_>,
         may_wait: bool,
-    ) -> Offered {
+    ) -> (Offered, Effects) {
+        let offered = self.offer(message, now, may_wait);
+        (offered, self.effects())
+    }
+
+    fn offer(&mut self, message: &Arc<Message>, now: &Now<'_>, may_wait: bool) -> Offered {
         if self.state != State::Open {
             self.ledger.offered += 1;
             self.ledger.refused.closed += 1;
@@ -261,7 +272,12 @@ impl Core {
     }
 
     /// What dispatcher slot `worker` should do now.
-    pub(crate) fn poll_work(&mut self, worker: usize, now: &Now<'_>) -> Poll {
+    pub(crate) fn poll_work(&mut self, worker: usize, now: &Now<'_>) -> (Poll, Effects) {
+        let poll = self.poll(worker, now);
+        (poll, self.effects())
+    }
+
+    fn poll(&mut self, worker: usize, now: &Now<'_>) -> Poll {
         loop {
             match self.state {
                 State::Closed => return Poll::Stopped,
@@ -388,7 +404,12 @@ impl Core {
         delivery: Delivery,
         outcome: Result<(), HandlerError>,
         now: &Now<'_>,
-    ) {
+    ) -> Effects {
+        self.complete(delivery, outcome, now);
+        self.effects()
+    }
+
+    fn complete(&mut self, delivery: Delivery, outcome: Result<(), HandlerError>, now: &Now<'_>) {
         self.running -= 1;
         let Delivery {
             message,
@@ -457,16 +478,17 @@ impl Core {
     }
 
     /// Stop accepting; deliver what is queued until `deadline`; abandon retries at once.
-    pub(crate) fn begin_drain(&mut self, deadline: Option<Instant>, now: &Now<'_>) {
+    pub(crate) fn begin_drain(&mut self, deadline: Option<Instant>, now: &Now<'_>) -> Effects {
         if self.state == State::Open {
             self.state = State::Draining { deadline };
         }
         self.abandon_parked(now);
+        self.effects()
     }
 
     /// Close for good: everything still queued or waiting to retry is abandoned (counted
     /// as `Shutdown`). Returns every message abandoned since draining began.
-    pub(crate) fn close(&mut self, now: &Now<'_>) -> Vec<Arc<Message>> {
+    pub(crate) fn close(&mut self, now: &Now<'_>) -> (Vec<Arc<Message>>, Effects) {
         self.state = State::Closed;
         self.abandon_parked(now);
         let queued = match &mut self.flavor {
@@ -480,7 +502,8 @@ impl Core {
             self.ledger.abandon(q.message, 0, now.wall());
         }
         self.space_freed = true;
-        std::mem::take(&mut self.ledger.shutdown)
+        let abandoned = std::mem::take(&mut self.ledger.shutdown);
+        (abandoned, self.effects())
     }
 
     fn abandon_parked(&mut self, now: &Now<'_>) {
@@ -511,29 +534,17 @@ impl Core {
         }
     }
 
-    /// True once since room was made for blocked publishers.
-    pub(crate) fn take_space_freed(&mut self) -> bool {
-        std::mem::take(&mut self.space_freed)
-    }
-
-    pub(crate) fn has_forwards(&self) -> bool {
-        !self.ledger.to_forward.is_empty()
-            || self
-                .ledger
-                .completions
-                .as_ref()
-                .is_some_and(|c| !c.is_empty())
-    }
-
-    pub(crate) fn take_forwards(&mut self) -> super::ledger::Forwards {
-        super::ledger::Forwards {
-            dead: std::mem::take(&mut self.ledger.to_forward),
+    /// The effects of the step that just ran (everything it left for the shell).
+    fn effects(&mut self) -> Effects {
+        Effects {
+            forward: std::mem::take(&mut self.ledger.to_forward),
             finished: self
                 .ledger
                 .completions
                 .as_mut()
                 .map(std::mem::take)
                 .unwrap_or_default(),
+            room: std::mem::take(&mut self.space_freed),
         }
     }
 

@@ -3,13 +3,20 @@
 use std::fmt;
 use std::sync::{Arc, Weak};
 
-use crate::broker::BrokerInner;
 use crate::dlq::DeadLetter;
 use crate::message::Message;
 use crate::stats::SubscriptionStats;
 use crate::topic::Pattern;
 
-use super::shared::SubShared;
+use super::shell::SubscriptionShell;
+
+/// Where a [`Subscription`] handle unsubscribes: the broker, behind this trait so the
+/// subscription does not know it.
+pub(crate) trait Registry: Send + Sync {
+    /// Remove subscription `id`; what was still queued, or `None` when it is not
+    /// registered (already unsubscribed, or the broker closed).
+    fn unsubscribe(&self, id: SubscriptionId) -> Option<Vec<Arc<Message>>>;
+}
 
 /// Identifies a subscription within its broker. Ids are never reused by one broker.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
@@ -49,8 +56,8 @@ pub struct RedriveReport {
 /// the dead-letter queue stay readable through the handle after unsubscribe.
 #[must_use = "dropping a Subscription unsubscribes it; call .detach() to keep it running"]
 pub struct Subscription {
-    pub(crate) shared: Arc<SubShared>,
-    pub(crate) broker: Weak<BrokerInner>,
+    pub(crate) shared: Arc<SubscriptionShell>,
+    pub(crate) broker: Weak<dyn Registry>,
     pub(crate) attached: bool,
 }
 
@@ -73,17 +80,16 @@ impl Subscription {
     /// Counters and gauges now (R-DEL-6, R-BP-3).
     #[must_use]
     pub fn stats(&self) -> SubscriptionStats {
-        let now = self.shared.clock.now();
-        self.shared.core.lock().stats(now)
+        self.shared.stats()
     }
     /// The dead-letter entries, oldest first (R-DEL-4).
     #[must_use]
     pub fn dead_letters(&self) -> Vec<DeadLetter> {
-        self.shared.core.lock().ledger_mut().dlq.list()
+        self.shared.dead_letters()
     }
     /// Remove and return every dead-letter entry.
     pub fn drain_dead_letters(&self) -> Vec<DeadLetter> {
-        self.shared.core.lock().ledger_mut().dlq.drain()
+        self.shared.drain_dead_letters()
     }
     /// Offer the entries `select` picks to this subscription again, in DLQ order.
     /// Filters are not re-applied (they passed once).

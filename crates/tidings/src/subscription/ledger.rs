@@ -21,7 +21,8 @@ pub(crate) struct Ledger {
     pub(crate) attempts: u64,
     pub(crate) failures: u64,
     pub(crate) dlq: DeadLetterQueue,
-    /// Dead letters to publish to the dead-letter topic once the lock is released.
+    /// Dead letters to publish to the dead-letter topic, handed out with the step's
+    /// effects (see `Core::effects`).
     pub(crate) to_forward: Vec<DeadLetter>,
     /// Messages abandoned by unsubscribe/close, for the close report.
     pub(crate) shutdown: Vec<Arc<Message>>,
@@ -34,21 +35,7 @@ pub(crate) struct Ledger {
     pub(crate) completions: Option<Vec<Finished>>,
 }
 
-/// A message that finished for good: delivered (`dead_letter: None`) or dead-lettered with
-/// this reason and attempt count. Drained after the lock is released (see `SubShared`).
-#[derive(Debug, Clone)]
-pub(crate) struct Finished {
-    pub(crate) message: Arc<Message>,
-    pub(crate) dead_letter: Option<(DeadLetterReason, u32)>,
-}
-
-/// What is handed out of the lock after an operation: dead letters to publish to the
-/// dead-letter topic, and completions for a durable subscription's commit hook.
-#[derive(Debug, Default)]
-pub(crate) struct Forwards {
-    pub(crate) dead: Vec<DeadLetter>,
-    pub(crate) finished: Vec<Finished>,
-}
+pub(crate) use super::effects::Finished;
 
 impl Ledger {
     pub(crate) fn new(dlq_capacity: usize, forward: bool, keep_shutdown: bool) -> Self {

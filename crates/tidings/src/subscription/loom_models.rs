@@ -8,10 +8,10 @@
 //!
 //! The shared helpers here are used by the drivers', scheduler's and inbox's models too.
 
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 
 use crate::clock::SystemClock;
-use crate::dlq::DeadLetterReason;
+use crate::dlq::{DeadLetter, DeadLetterReason};
 use crate::handler::{HandlerError, handler_fn};
 use crate::message::{Message, MessageBuilder};
 use crate::options::{Overflow, SubscribeOptions};
@@ -20,7 +20,7 @@ use crate::topic::Pattern;
 
 use super::core::Refusal;
 use super::handle::SubscriptionId;
-use super::shared::{HandlerKind, SubShared};
+use super::shell::{HandlerKind, SubscriptionShell};
 
 /// True when the longer bounds were asked for (`TIDINGS_LONG=1`).
 pub(crate) fn long() -> bool {
@@ -64,14 +64,14 @@ pub(crate) fn number(m: &Message) -> usize {
 pub(crate) fn shell(
     options: &SubscribeOptions,
     handler: impl Fn(&Message) -> Result<(), HandlerError> + Send + Sync + 'static,
-) -> Arc<SubShared> {
-    Arc::new(SubShared::new(
+) -> Arc<SubscriptionShell> {
+    Arc::new(SubscriptionShell::new(
         SubscriptionId(1),
         Pattern::new("t").expect("a valid pattern"),
         options,
         HandlerKind::Sync(Arc::new(handler_fn(handler))),
         Arc::new(SystemClock),
-        Weak::new(),
+        Arc::new(|_: &str, _: &DeadLetter, _: &str| false),
     ))
 }
 
@@ -138,7 +138,7 @@ fn close_wakes_a_publisher_blocked_for_room() {
         let abandoned = sub.close();
         let (first, second) = publisher.join().expect("the publisher returns");
         assert_eq!(second, Err(Refusal::Closed), "the second offer cannot fit");
-        let stats = sub.core.lock().stats(std::time::Instant::now());
+        let stats = sub.stats();
         assert_eq!(stats.blocked_publishers, 0);
         assert_eq!(stats.offered, 2);
         match first {
@@ -187,7 +187,7 @@ fn freed_room_wakes_a_blocked_publisher() {
         }
         publisher.join().expect("the publisher returns");
         assert_eq!(delivered.wait_for(n), (0..n).collect::<Vec<_>>());
-        let stats = sub.core.lock().stats(std::time::Instant::now());
+        let stats = sub.stats();
         assert_eq!((stats.delivered, stats.blocked_publishers), (n as u64, 0));
     });
 }
@@ -216,7 +216,7 @@ fn redrive_racing_close_loses_no_dead_letter() {
         };
         let abandoned = sub.close();
         let done = redrive.join().expect("the redrive returns");
-        let in_dlq = sub.core.lock().ledger_mut().dlq.list();
+        let in_dlq = sub.dead_letters();
         let reported = in_dlq.len() + abandoned.len();
         assert_eq!(
             reported, 1,
@@ -257,11 +257,7 @@ fn redrive_racing_delivery_keeps_each_dead_letter_once() {
         dispatcher.join().expect("the dispatcher returns");
         while sub.step(0) {}
         let mut in_dlq: Vec<usize> = sub
-            .core
-            .lock()
-            .ledger_mut()
-            .dlq
-            .list()
+            .dead_letters()
             .iter()
             .map(|e| number(&e.message))
             .collect();

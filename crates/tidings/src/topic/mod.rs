@@ -34,6 +34,7 @@ use std::iter::FusedIterator;
 use std::str::FromStr;
 use std::sync::Arc;
 
+mod dfa;
 pub mod trie;
 
 pub use trie::TopicTrie;

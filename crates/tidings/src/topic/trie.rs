@@ -4,6 +4,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::hash::{BuildHasher, Hasher};
 
+use super::dfa::{self, Dfa, NO_WORD, Word};
 use super::{HASH, MAX_WORDS, Pattern, STAR, Topic};
 
 /// A router from subscription [`Pattern`]s to values, answering "which subscriptions match this
@@ -22,6 +23,13 @@ use super::{HASH, MAX_WORDS, Pattern, STAR, Topic};
 ///   live node and word. So the cost grows with the topic's depth and the number of matching
 ///   patterns, never with the number of patterns. When no wildcard pattern is stored the walk
 ///   is skipped.
+/// * The walk is memoised per thread: each set of live nodes seen becomes a state of a lazily
+///   built DFA, and each step taken a transition `(state, word) → state`. A step already taken
+///   on this thread since the trie last changed costs one word-id lookup and one transition
+///   lookup, whatever the number of live nodes. Any insert or remove of a wildcard pattern
+///   bumps the trie's epoch, which empties the memo before its next use, so answers are always
+///   those of the walk on the trie as it is. The memo is bounded (a few MiB per thread at the
+///   very worst, two tries per thread); when full, matching walks the steps it does not know.
 /// * Matching reuses two per-thread buffers for the live nodes (they grow to the largest live
 ///   set seen on the thread, and a match nested in a callback gets fresh ones), and allocates
 ///   only when more than 8 distinct patterns' entry lists must be merged.
@@ -61,6 +69,10 @@ pub struct TopicTrie<V> {
     wild_len: usize,
     /// Number of entries in `literal`.
     literal_len: usize,
+    /// This trie's identity for the per-thread walk memo (unique in the process).
+    uid: u64,
+    /// Bumped by every change of the wildcard side: memoised steps of other epochs are void.
+    epoch: u64,
 }
 
 /// "No node": the root (0) is never anybody's child.
@@ -349,6 +361,8 @@ impl<V> TopicTrie<V> {
             free_nodes: Vec::new(),
             wild_len: 0,
             literal_len: 0,
+            uid: dfa::next_uid(),
+            epoch: 0,
         }
     }
 
@@ -388,10 +402,12 @@ impl<V> TopicTrie<V> {
         }
         let id = self.free_words.pop().unwrap_or_else(|| {
             let id = self.next_word;
+            // `NO_WORD` (u32::MAX) is never a real word's id.
             self.next_word = self
                 .next_word
                 .checked_add(1)
-                .expect("more than u32::MAX words");
+                .filter(|&n| n < NO_WORD)
+                .expect("more than u32::MAX - 1 words");
             id
         });
         self.words.insert(word.into(), (id, 1));
@@ -444,6 +460,8 @@ impl<V> TopicTrie<V> {
             }
             return old;
         }
+        // Nodes, edges, word ids or entry lists may change: void the memoised walk.
+        self.epoch = self.epoch.wrapping_add(1);
         let (segs, n) = canonical(pattern);
         let mut node = ROOT;
         for &seg in &segs[..n] {
@@ -492,6 +510,10 @@ impl<V> TopicTrie<V> {
         }
         let old = sorted_remove(&mut self.nodes[path[n] as usize].entries, id)?;
         self.wild_len -= 1;
+        // Entry lists, and below nodes, edges and word ids change: void the memoised walk.
+        // (Memoised steps would stay right until the next insert, which reuses freed ids and
+        // bumps the epoch itself; voiding here keeps the argument to "same epoch, same trie".)
+        self.epoch = self.epoch.wrapping_add(1);
         // Prune from the end while nodes are empty.
         for i in (0..n).rev() {
             let (parent, child) = (path[i], path[i + 1]);
@@ -548,6 +570,166 @@ impl<V> TopicTrie<V> {
         Some(&mut list[i].1)
     }
 
+    /// The live set before the first word: the root, and its `#` child (which may match zero
+    /// words). Sorted, as every live set handed to the memo is.
+    fn start_set(&self, set: &mut Vec<u32>) {
+        set.clear();
+        set.push(ROOT);
+        let h = self.nodes[ROOT as usize].hash;
+        if h != NONE {
+            set.push(h); // > ROOT
+        }
+    }
+
+    /// One step of the walk: the live set after `word` from `cur`, into `next`. `word_id` is
+    /// the word's id if already known (`Some(None)`: no edge uses the word); otherwise it is
+    /// looked up only if some live node has literal children.
+    ///
+    /// Why no general duplicate check is needed: the trie is a tree, so a node entered through
+    /// a word or `*` edge has one parent, which `cur` holds once; and only nodes reached
+    /// through a `#` edge (`is_hash`) stay live across a word. So a node can be added twice
+    /// only as the `#` child of a node just entered while it also stays, that is, while it is
+    /// in `cur`; that one case is checked, against `cur` (a few nodes). Canonical patterns
+    /// never put a `#` right after a `#`, so the closure is one level deep and a `#` node has
+    /// no `#` child.
+    #[inline]
+    fn step_set(
+        &self,
+        cur: &[u32],
+        word: &str,
+        mut word_id: Option<Option<u32>>,
+        next: &mut Vec<u32>,
+    ) {
+        let nodes = &self.nodes[..];
+        next.clear();
+        for &id in cur {
+            let node = &nodes[id as usize];
+            // A `#` node consumes this word and stays.
+            if node.is_hash {
+                next.push(id);
+            }
+            if node.children != 0
+                && let Some(w) =
+                    *word_id.get_or_insert_with(|| self.words.get(word).map(|&(w, _)| w))
+                && node.bloom & bloom_bit(w) != 0
+                && let Some(&c) = self.edges.get(&edge_key(id, w))
+            {
+                next.push(c);
+            }
+            if node.star != NONE {
+                next.push(node.star);
+            }
+        }
+        // `#` children of what was just entered (they match zero more words), unless already
+        // staying.
+        let entered = next.len();
+        for i in 0..entered {
+            let h = nodes[next[i] as usize].hash;
+            if h != NONE && !cur.contains(&h) {
+                next.push(h);
+            }
+        }
+    }
+
+    /// The plain walk (an NFA simulation with the live set in `cur`, each node once) over
+    /// `words`; pushes the entry lists of the final live nodes, in node order, onto `lists`.
+    fn walk_from<'a>(
+        &'a self,
+        cur: &mut Vec<u32>,
+        next: &mut Vec<u32>,
+        words: super::Words<'_>,
+        lists: &mut Buf<&'a [(u64, V)], 8>,
+    ) {
+        for word in words {
+            self.step_set(cur, word, None, next);
+            std::mem::swap(cur, next);
+            if cur.is_empty() {
+                return;
+            }
+        }
+        // Node order, as the memo's finals, so both report the same value for an id that
+        // several matching patterns share.
+        cur.sort_unstable();
+        for &i in cur.iter() {
+            let e = &self.nodes[i as usize].entries;
+            if !e.is_empty() {
+                lists.push(e);
+            }
+        }
+    }
+
+    /// What the memo stores with a live set: its nodes holding entries, and whether the next
+    /// word's id matters (some node has literal children).
+    fn describe(&self, set: &[u32]) -> (Box<[u32]>, bool) {
+        let finals = set
+            .iter()
+            .copied()
+            .filter(|&i| !self.nodes[i as usize].entries.is_empty())
+            .collect();
+        let needs_word = set.iter().any(|&i| self.nodes[i as usize].children != 0);
+        (finals, needs_word)
+    }
+
+    /// The walk through this thread's memo `d` (see the type docs): known steps are one lookup;
+    /// an unknown step is walked and remembered; once the memo is full the rest is walked. The
+    /// live-set buffers are taken from `bufs` (filled from the per-thread ones on first need:
+    /// a topic whose steps are all known needs none).
+    fn walk_memoised<'a>(
+        &'a self,
+        d: &mut Dfa,
+        topic: &Topic,
+        bufs: &mut Option<(Vec<u32>, Vec<u32>)>,
+        lists: &mut Buf<&'a [(u64, V)], 8>,
+    ) {
+        let mut words = topic.words();
+        let start = match d.start() {
+            Some(s) => Some(s),
+            None => {
+                let (a, _) = bufs.get_or_insert_with(|| LIVE.with(std::cell::Cell::take));
+                self.start_set(a);
+                d.state_for(a, || self.describe(a))
+            }
+        };
+        let Some(mut state) = start else {
+            let (a, b) = bufs.get_or_insert_with(|| LIVE.with(std::cell::Cell::take));
+            self.start_set(a);
+            return self.walk_from(a, b, words, lists);
+        };
+        while let Some(word) = words.next() {
+            if state.is_dead() {
+                return; // nothing can match any more
+            }
+            let id = || self.words.get(word).map_or(NO_WORD, |&(w, _)| w);
+            let key = if state.needs_word() {
+                Word::of(word, id)
+            } else {
+                Word::Id(NO_WORD)
+            };
+            if let Some(next) = d.step(state, key) {
+                state = next;
+                continue;
+            }
+            // A step not taken before: walk it, then remember it.
+            let (a, b) = bufs.get_or_insert_with(|| LIVE.with(std::cell::Cell::take));
+            self.step_set(&d.state(state).nodes, word, None, b);
+            b.sort_unstable();
+            match d.state_for(b, || self.describe(b)) {
+                Some(next) if d.learn(state, key, next) => state = next,
+                _ => {
+                    // Full (and possibly emptied): walk the rest from the set just computed.
+                    std::mem::swap(a, b);
+                    if a.is_empty() {
+                        return;
+                    }
+                    return self.walk_from(a, b, words, lists);
+                }
+            }
+        }
+        for &i in d.state(state).finals.iter() {
+            lists.push(&self.nodes[i as usize].entries);
+        }
+    }
+
     /// Calls `f(id, value)` once for every id with a pattern matching `topic`, in ascending id
     /// order.
     ///
@@ -567,75 +749,23 @@ impl<V> TopicTrie<V> {
             return;
         }
 
-        // Walk the wildcard trie: `cur` holds the live nodes, each once, closed under "a `#`
-        // child may match zero words".
-        //
-        // Why no general duplicate check is needed: the trie is a tree, so a node entered
-        // through a word or `*` edge has one parent, which `cur` holds once; and only nodes
-        // reached through a `#` edge (`is_hash`) stay live across a word. So a node can be
-        // added twice only as the `#` child of a node just entered while it also stays, that
-        // is, while it is in `cur`; that one case is checked, against `cur` (a few nodes).
-        // Canonical patterns never put a `#` right after a `#`, so the closure is one level
-        // deep and a `#` node has no `#` child.
-        let nodes = &self.nodes[..];
-        let (mut a, mut b) = LIVE.with(std::cell::Cell::take);
-        a.clear();
-        let (mut cur, mut next) = (&mut a, &mut b);
-        cur.push(ROOT);
-        let h = nodes[ROOT as usize].hash;
-        if h != NONE {
-            cur.push(h);
-        }
-        for word in topic.words() {
-            next.clear();
-            // The word's id, looked up only if some live node has literal children.
-            let mut word_id: Option<Option<u32>> = None;
-            for &id in cur.as_slice() {
-                let node = &nodes[id as usize];
-                // A `#` node consumes this word and stays.
-                if node.is_hash {
-                    next.push(id);
-                }
-                if node.children != 0
-                    && let Some(w) =
-                        *word_id.get_or_insert_with(|| self.words.get(word).map(|&(w, _)| w))
-                    && node.bloom & bloom_bit(w) != 0
-                    && let Some(&c) = self.edges.get(&edge_key(id, w))
-                {
-                    next.push(c);
-                }
-                if node.star != NONE {
-                    next.push(node.star);
-                }
-            }
-            // `#` children of what was just entered (they match zero more words), unless
-            // already staying.
-            let entered = next.len();
-            for i in 0..entered {
-                let h = nodes[next[i] as usize].hash;
-                if h != NONE && !cur.contains(&h) {
-                    next.push(h);
-                }
-            }
-            std::mem::swap(&mut cur, &mut next); // swaps the references only
-            if cur.is_empty() {
-                break;
-            }
-        }
-
-        // Merge the sorted entry lists of the literal match and every final node.
         let mut lists: Buf<&[(u64, V)], 8> = Buf::new(&[]);
         if let Some(l) = literal {
             lists.push(l);
         }
-        for &i in cur.iter() {
-            let e = &nodes[i as usize].entries;
-            if !e.is_empty() {
-                lists.push(e);
-            }
+        let mut bufs = None;
+        let memoised = dfa::with(self.uid, self.epoch, |d| {
+            self.walk_memoised(d, topic, &mut bufs, &mut lists);
+        });
+        if memoised.is_none() {
+            let (a, b) = bufs.get_or_insert_with(|| LIVE.with(std::cell::Cell::take));
+            self.start_set(a);
+            self.walk_from(a, b, topic.words(), &mut lists);
         }
         // Hand the buffers back before running callbacks (which may match again).
-        LIVE.with(|s| s.set((a, b)));
+        if let Some(bufs) = bufs {
+            LIVE.with(|s| s.set(bufs));
+        }
         match lists.as_mut_slice() {
             [] => {}
             // The common case: one list, no merge.
@@ -972,6 +1102,186 @@ mod tests {
     fn topic() -> impl Strategy<Value = String> {
         prop::collection::vec(prop_oneof![Just("a"), Just("b"), Just("c")], 1..7)
             .prop_map(|w| w.join("."))
+    }
+
+    /// A word longer than the memo's inline keys (it goes through the word id).
+    const LONG: &str = "long-word-longer-than-twenty-four-bytes";
+
+    #[derive(Debug, Clone)]
+    enum Step {
+        Insert(String, u64),
+        Remove(usize),
+        Match(String),
+    }
+
+    fn memo_word() -> impl Strategy<Value = &'static str> {
+        prop_oneof![
+            3 => Just("a"),
+            3 => Just("b"),
+            1 => Just("cccccccccc"),
+            1 => Just(LONG),
+            3 => Just("*"),
+            3 => Just("#"),
+        ]
+    }
+
+    fn memo_topic() -> impl Strategy<Value = String> {
+        prop::collection::vec(
+            prop_oneof![
+                Just("a"),
+                Just("b"),
+                Just("cccccccccc"),
+                Just(LONG),
+                Just("zz")
+            ],
+            1..7,
+        )
+        .prop_map(|w| w.join("."))
+    }
+
+    fn memo_steps() -> impl Strategy<Value = Vec<Step>> {
+        let pattern = prop::collection::vec(memo_word(), 1..6).prop_map(|w| w.join("."));
+        prop::collection::vec(
+            prop_oneof![
+                2 => (pattern, 0u64..10).prop_map(|(p, id)| Step::Insert(p, id)),
+                1 => (0usize..64).prop_map(Step::Remove),
+                // Few distinct topics, so most matches replay memoised steps.
+                4 => prop::sample::select(vec![0usize, 1, 2, 3]).prop_flat_map(|k| {
+                    memo_topic().prop_map(move |t| (k, t))
+                }).prop_map(|(_, t)| Step::Match(t)),
+            ],
+            1..60,
+        )
+    }
+
+    fn canon_text(pat: &str) -> String {
+        let pat = p(pat);
+        let (segs, n) = canonical(&pat);
+        segs[..n]
+            .iter()
+            .map(|s| match s {
+                Seg::Word(w) => (*w).to_owned(),
+                Seg::Star => "*".into(),
+                Seg::Hash => "#".into(),
+            })
+            .collect::<Vec<_>>()
+            .join(".")
+    }
+
+    /// Runs `steps` against a trie and a model, checking every match against the naive
+    /// matcher: matches after inserts and removes must never see a stale memoised step.
+    fn check_memo(steps: Vec<Step>) -> Result<(), TestCaseError> {
+        let mut trie = TopicTrie::new();
+        let mut model: Vec<(String, u64)> = Vec::new();
+        let mut seen: Vec<String> = Vec::new();
+        for step in steps {
+            match step {
+                Step::Insert(pat, id) => {
+                    let key = canon_text(&pat);
+                    model.retain(|(q, qid)| !(*qid == id && canon_text(q) == key));
+                    trie.insert(&p(&pat), id, ());
+                    model.push((pat, id));
+                }
+                Step::Remove(i) if !model.is_empty() => {
+                    let (pat, id) = model.remove(i % model.len());
+                    prop_assert!(trie.remove(&p(&pat), id).is_some());
+                }
+                Step::Remove(_) => {}
+                Step::Match(topic) => seen.push(topic),
+            }
+            // Replay every topic seen so far: memoised steps from before the change meet the
+            // trie after it.
+            for topic in &seen {
+                let tw: Vec<&str> = topic.split('.').collect();
+                let mut want: Vec<u64> = model
+                    .iter()
+                    .filter(|(pat, _)| naive(&pat.split('.').collect::<Vec<_>>(), &tw))
+                    .map(|(_, id)| *id)
+                    .collect();
+                want.sort_unstable();
+                want.dedup();
+                prop_assert_eq!(ids(&trie, topic), want, "topic {}", topic); // R-RT-1
+            }
+        }
+        Ok(())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 500, ..ProptestConfig::default() })]
+
+        /// The memoised walk agrees with the naive matcher across inserts and removes (R-RT-1).
+        #[test]
+        fn memoised_walk_agrees_with_naive_matcher(steps in memo_steps()) {
+            dfa::set_limits_for_this_thread(dfa::MAX_STATES, dfa::MAX_TRANSITIONS);
+            check_memo(steps)?;
+        }
+
+        /// The same with a memo so small it is full most of the time: the walk takes over
+        /// mid-topic, and the memo is emptied and refilled (R-RT-1).
+        #[test]
+        fn full_memo_falls_back_to_the_walk(steps in memo_steps()) {
+            dfa::set_limits_for_this_thread(3, 4);
+            check_memo(steps)?;
+        }
+    }
+
+    /// The memo never grows past its limits, and answers stay right once it is full.
+    #[test]
+    fn memo_stays_within_its_limits() {
+        dfa::set_limits_for_this_thread(5, 7);
+        let mut trie = TopicTrie::new();
+        for i in 0..20u64 {
+            trie.insert(&p(&format!("w{i}.*.#")), i, ());
+        }
+        for round in 0..3 {
+            for i in 0..20u64 {
+                assert_eq!(ids(&trie, &format!("w{i}.x.y")), [i], "round {round}"); // R-RT-1
+                let (states, steps) = dfa::with(trie.uid, trie.epoch, |d| d.len()).unwrap();
+                assert!(states <= 5 && steps <= 7, "{states} states, {steps} steps");
+            }
+        }
+        dfa::set_limits_for_this_thread(dfa::MAX_STATES, dfa::MAX_TRANSITIONS);
+    }
+
+    /// Tries matched alternately on one thread each keep their own memo; more tries than
+    /// slots evict one another without mixing answers (R-RT-1).
+    #[test]
+    fn several_tries_on_one_thread() {
+        let tries: Vec<TopicTrie<()>> = (0..dfa::SLOTS + 2)
+            .map(|k| {
+                let mut trie = TopicTrie::new();
+                trie.insert(&p(&format!("t{k}.*")), k as u64, ());
+                trie.insert(&p("#.end"), 100, ());
+                trie
+            })
+            .collect();
+        for _ in 0..3 {
+            for (k, trie) in tries.iter().enumerate() {
+                for (j, _) in tries.iter().enumerate() {
+                    let want: Vec<u64> = if j == k { vec![k as u64] } else { vec![] };
+                    assert_eq!(ids(trie, &format!("t{j}.x")), want); // R-RT-1
+                }
+                assert_eq!(ids(trie, &format!("t{k}.end")), vec![k as u64, 100]); // R-RT-1
+            }
+        }
+    }
+
+    /// A memo cleared by `clear` (a new identity) or rebuilt after a remove and re-insert that
+    /// reuses node and word ids never answers for the old shape (R-RT-1).
+    #[test]
+    fn reused_ids_do_not_revive_old_steps() {
+        let mut trie = TopicTrie::new();
+        trie.insert(&p("a.b.#"), 1, ());
+        assert_eq!(ids(&trie, "a.b.c"), [1]);
+        trie.remove(&p("a.b.#"), 1);
+        trie.insert(&p("x.y.#"), 2, ()); // reuses the freed word and node ids
+        assert_eq!(ids(&trie, "a.b.c"), Vec::<u64>::new()); // R-RT-1
+        assert_eq!(ids(&trie, "x.y.c"), [2]); // R-RT-1
+        trie.clear();
+        trie.insert(&p("a.*.c"), 3, ());
+        assert_eq!(ids(&trie, "x.y.c"), Vec::<u64>::new()); // R-RT-1
+        assert_eq!(ids(&trie, "a.b.c"), [3]); // R-RT-1
+        assert_eq!(ids(&trie, &format!("a.{LONG}.c")), [3]); // R-RT-1
     }
 
     proptest! {

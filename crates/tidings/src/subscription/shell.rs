@@ -1,27 +1,37 @@
-//! What every driver runs: a subscription's filter, core, handler and wake-up hooks.
+//! The subscription shell: what every driver runs — a subscription's filter, its core
+//! behind the one lock, its handler, and the hooks that connect it to the rest.
 //!
-//! Drivers differ only in *who* calls [`SubShared::poll`] / [`SubShared::run`] /
-//! [`SubShared::complete`] and *how they wait*; every rule lives in the core.
+//! Drivers differ only in *who* runs a slot and *how it waits*; every rule lives in the
+//! sans-IO core, and the one delivery step ([`Locked::step`]: poll, run the handler with
+//! the lock released, report) is shared by all of them. The core's lock is private to this
+//! module: a driver holds it only through [`Locked`], which applies every step's
+//! [`Effects`] — dead-letter forwards, finished reports, room for blocked publishers —
+//! whenever it releases the lock, so none is left behind.
+//!
+//! # Arrows
+//! The shell knows neither the broker nor the drivers: the broker injects a
+//! [`DeadLetterSink`] (forwarding to a dead-letter topic), a driver injects its [`Wake`].
 
 use std::cell::Cell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::{Arc, OnceLock, Weak};
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
 
-use crate::broker::BrokerInner;
 use crate::clock::{Clock, Now, deadline_after};
-use crate::driver::Wake;
+use crate::dlq::{DeadLetter, DeadLetterQueue};
 use crate::filter::HeaderFilter;
 use crate::handler::{Handler, HandlerError, invoke, panic_text};
 use crate::message::Message;
 use crate::options::{Overflow, Predicate, SubscribeOptions};
+use crate::stats::SubscriptionStats;
 use crate::sync::{Condvar, Mutex, MutexGuard, protocol_thread_local, wait_until};
 use crate::topic::Pattern;
 
 use super::core::{Core, Delivery, Offered, Poll, Refusal};
+use super::effects::Effects;
 use super::handle::SubscriptionId;
-use super::ledger::Forwards;
 
-/// What [`SubShared::redrive`] did with the entries it took.
+/// What [`SubscriptionShell::redrive`] did with the entries it took.
 #[derive(Debug, Default)]
 pub(crate) struct Redriven {
     /// Ids of every entry taken out of the DLQ to be re-offered.
@@ -65,35 +75,30 @@ pub(crate) enum HandlerKind {
     /// `Fn(&Message) -> Result<(), HandlerError>`, run by any driver.
     Sync(Arc<dyn Handler>),
     /// An [`AsyncHandler`](crate::AsyncHandler): awaited by the tokio driver only (the broker
-    /// refuses it at subscribe under any other driver, so [`SubShared::run`] never sees it).
+    /// refuses it at subscribe under any other driver, so [`SubscriptionShell::run`] never sees it).
     #[cfg(feature = "tokio")]
     Async(Arc<dyn crate::async_handler::AsyncHandler>),
 }
 
-pub(crate) struct SubShared {
-    pub(crate) id: SubscriptionId,
-    pub(crate) name: String,
-    pub(crate) pattern: Pattern,
-    pub(crate) core: Mutex<Core>,
-    pub(crate) handler: HandlerKind,
-    predicate: Option<Predicate>,
-    header_filter: Option<HeaderFilter>,
-    overflow: Overflow,
-    dlq_topic: Option<String>,
-    pub(crate) clock: Arc<dyn Clock>,
-    waker: OnceLock<Arc<dyn Wake>>,
-    /// Publishers blocked under `Overflow::Block` wait here for room.
-    space: Condvar,
-    broker: Weak<BrokerInner>,
-    workers: usize,
-    // --- durable streams (src/stream): completion hook, set once; see `set_on_finished`.
-    on_finished: OnceLock<FinishedHook>,
-    /// What it was configured with, for the snapshot (src/ops/snapshot.rs, R-OPS-1).
-    pub(crate) summary: crate::options::OptionsSummary,
+/// How a publisher (or a clock jump, or close) wakes an idle dispatcher slot. Each driver
+/// implements it its own way (a condition variable, a pool mailbox, a tokio `Notify`).
+pub(crate) trait Wake: Send + Sync {
+    /// Slot `worker` has work.
+    fn wake(&self, worker: usize);
+    /// Every slot should re-check its state (close, clock jump).
+    fn wake_all(&self);
 }
 
+/// Publishes a dead letter to a dead-letter topic (R-DEL-4): `(topic, entry, subscription
+/// name)`, true when published. Injected by the broker, so the shell does not know it.
+pub(crate) type DeadLetterSink = Arc<dyn Fn(&str, &DeadLetter, &str) -> bool + Send + Sync>;
+
 /// Called (outside the subscription lock) with messages that finished for good.
-/// What offering one durable stream message did (see `SubShared::offer_from_stream`).
+pub(crate) type FinishedHook = Arc<dyn Fn(Vec<Finished>) + Send + Sync>;
+pub(crate) use super::effects::Finished;
+
+/// What offering one durable stream message did (see
+/// [`SubscriptionShell::offer_from_stream`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum FeedOffer {
     /// Queued (or dead-lettered at once, reported through the completion hook).
@@ -106,17 +111,139 @@ pub(crate) enum FeedOffer {
     Closed,
 }
 
-pub(crate) type FinishedHook = Arc<dyn Fn(Vec<Finished>) + Send + Sync>;
-pub(crate) use super::ledger::Finished;
+/// What one delivery step of a dispatcher slot did (see [`Locked::step`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Step {
+    /// A message was delivered (its outcome reported): step again.
+    Delivered,
+    /// Nothing to do before this time (a retry is due then), or a wake.
+    WakeAt(Instant),
+    /// Nothing to do until a wake.
+    Idle,
+    /// The subscription is closed (or drained): the slot should exit.
+    Stopped,
+}
 
-impl SubShared {
+/// One subscription as every driver runs it (see the module docs).
+pub(crate) struct SubscriptionShell {
+    pub(crate) id: SubscriptionId,
+    pub(crate) name: String,
+    pub(crate) pattern: Pattern,
+    /// The sans-IO core; locked only here, and through [`Locked`].
+    core: Mutex<Core>,
+    pub(crate) handler: HandlerKind,
+    predicate: Option<Predicate>,
+    header_filter: Option<HeaderFilter>,
+    overflow: Overflow,
+    dlq_topic: Option<String>,
+    pub(crate) clock: Arc<dyn Clock>,
+    waker: OnceLock<Arc<dyn Wake>>,
+    /// Publishers blocked under `Overflow::Block` wait here for room.
+    space: Condvar,
+    dead_letter_sink: DeadLetterSink,
+    workers: usize,
+    /// Durable subscriptions' completion hook, set once; see `set_on_finished`.
+    on_finished: OnceLock<FinishedHook>,
+    /// What it was configured with, for the snapshot (src/ops/snapshot.rs, R-OPS-1).
+    pub(crate) summary: crate::options::OptionsSummary,
+}
+
+/// The subscription's lock, held by a driver's dispatcher slot. Every core step taken
+/// through it adds its [`Effects`]; they are applied whenever the lock is released —
+/// [`Locked::unlocked`], [`Locked::park`], or drop — so a driver cannot leave one behind.
+pub(crate) struct Locked<'a> {
+    shell: &'a SubscriptionShell,
+    /// `None` only while the effects are applied in `drop`.
+    core: Option<MutexGuard<'a, Core>>,
+    effects: Effects,
+}
+
+impl<'a> Locked<'a> {
+    fn core(&mut self) -> &mut Core {
+        // Invariant: `Some` until `drop`.
+        self.core.as_mut().expect("held until drop")
+    }
+
+    fn guard(&mut self) -> &mut MutexGuard<'a, Core> {
+        self.core.as_mut().expect("held until drop")
+    }
+
+    /// What slot `worker` should do next (step 2 of the core's call order).
+    pub(crate) fn poll(&mut self, worker: usize) -> Poll {
+        let now = self.shell.now();
+        let (poll, effects) = self.core().poll_work(worker, &now);
+        self.effects.absorb(effects);
+        poll
+    }
+
+    /// Report a delivery's outcome (step 4).
+    pub(crate) fn complete(&mut self, delivery: Delivery, outcome: Result<(), HandlerError>) {
+        let now = self.shell.now();
+        let effects = self.core().handle_completion(delivery, outcome, &now);
+        self.effects.absorb(effects);
+    }
+
+    /// The one "deliver one message" step every driver runs: poll slot `worker`; if a
+    /// message is due, run the handler with the lock released (applying the effects so
+    /// far first), take the lock again and report the outcome — so the report and the
+    /// next poll share one lock acquisition.
+    pub(crate) fn step(&mut self, worker: usize) -> Step {
+        match self.poll(worker) {
+            Poll::Deliver(delivery) => {
+                let shell = self.shell;
+                let outcome = self.unlocked(|| shell.run(&delivery));
+                self.complete(delivery, outcome);
+                Step::Delivered
+            }
+            Poll::WakeAt(t) => Step::WakeAt(t),
+            Poll::Idle => Step::Idle,
+            Poll::Stopped => Step::Stopped,
+        }
+    }
+
+    /// Run `f` with the lock released, after applying the effects gathered so far.
+    pub(crate) fn unlocked<R>(&mut self, f: impl FnOnce() -> R) -> R {
+        let effects = std::mem::take(&mut self.effects);
+        let shell = self.shell;
+        MutexGuard::unlocked(self.guard(), || {
+            shell.apply(effects);
+            f()
+        })
+    }
+
+    /// Wait on `cv` (a driver's per-slot condition variable, notified by its [`Wake`])
+    /// until woken or until `deadline` on the subscription's clock. The lock is released
+    /// only by the wait itself, so a wake after the poll that found the slot idle is not
+    /// lost. If the steps so far left effects, they are applied instead of waiting (the
+    /// caller polls again): a finished report never waits for the next wake.
+    pub(crate) fn park(&mut self, cv: &Condvar, deadline: Option<Instant>) {
+        if !self.effects.is_empty() {
+            self.unlocked(|| ());
+            return;
+        }
+        let clock = self.shell.clock.clone();
+        wait_until(clock.as_ref(), cv, self.guard(), deadline);
+    }
+}
+
+impl Drop for Locked<'_> {
+    fn drop(&mut self) {
+        drop(self.core.take());
+        let effects = std::mem::take(&mut self.effects);
+        if !effects.is_empty() {
+            self.shell.apply(effects);
+        }
+    }
+}
+
+impl SubscriptionShell {
     pub(crate) fn new(
         id: SubscriptionId,
         pattern: Pattern,
         options: &SubscribeOptions,
         handler: HandlerKind,
         clock: Arc<dyn Clock>,
-        broker: Weak<BrokerInner>,
+        dead_letter_sink: DeadLetterSink,
     ) -> Self {
         let core = Core::new(options);
         Self {
@@ -133,9 +260,18 @@ impl SubShared {
             clock,
             waker: OnceLock::new(),
             space: Condvar::new(),
-            broker,
+            dead_letter_sink,
             on_finished: OnceLock::new(),
             summary: crate::options::OptionsSummary::of(options),
+        }
+    }
+
+    /// Take the subscription's lock for a dispatcher slot (see [`Locked`]).
+    pub(crate) fn lock(&self) -> Locked<'_> {
+        Locked {
+            shell: self,
+            core: Some(self.core.lock()),
+            effects: Effects::default(),
         }
     }
 
@@ -179,24 +315,23 @@ impl SubShared {
     /// R-DEL-1: a message whose predicate panicked is accepted and dead-lettered as
     /// `Rejected` (for a durable subscription the completion hook then finishes its offset).
     pub(crate) fn dead_letter_filter_panic(&self, message: &Arc<Message>, error: String) {
-        let mut core = self.core.lock();
-        core.handle_filter_panic(message, error, &self.now());
-        let forwards = core.take_forwards();
-        drop(core);
-        self.forward(forwards);
+        let effects = self
+            .core
+            .lock()
+            .handle_filter_panic(message, error, &self.now());
+        self.apply(effects);
     }
 
     /// Offer without applying the filter (redrive).
     pub(crate) fn offer_unfiltered(&self, message: &Arc<Message>) -> Result<(), Refusal> {
         let mut core = self.core.lock();
         let may_wait = !NO_WAIT.with(Cell::get);
-        let mut outcome = core.handle_offer(message, &self.now(), may_wait);
+        let (mut outcome, mut effects) = core.handle_offer(message, &self.now(), may_wait);
         if outcome == Offered::Full {
-            outcome = self.wait_for_room(&mut core, message);
+            outcome = self.wait_for_room(&mut core, message, &mut effects);
         }
-        let forwards = core.take_forwards();
         drop(core);
-        self.forward(forwards);
+        self.apply(effects);
         match outcome {
             Offered::Accepted(Some(worker)) => {
                 self.wake(worker);
@@ -230,10 +365,9 @@ impl SubShared {
         if core.is_full() {
             return FeedOffer::Full;
         }
-        let outcome = core.handle_offer(message, &self.now(), false);
-        let forwards = core.take_forwards();
+        let (outcome, effects) = core.handle_offer(message, &self.now(), false);
         drop(core);
-        self.forward(forwards);
+        self.apply(effects);
         match outcome {
             Offered::Accepted(Some(worker)) => {
                 self.wake(worker);
@@ -251,8 +385,8 @@ impl SubShared {
     /// DLQ only when the queue accepted it, or when a full queue dead-lettered it again as
     /// `Overflow` (a new entry at the back); any other refusal (closed) puts it back in
     /// place. One step for `Subscription::redrive` and the admin actions.
-    pub(crate) fn redrive(&self, select: impl FnMut(&crate::dlq::DeadLetter) -> bool) -> Redriven {
-        let entries = self.core.lock().ledger_mut().dlq.take_where(select);
+    pub(crate) fn redrive(&self, select: impl FnMut(&DeadLetter) -> bool) -> Redriven {
+        let entries = self.remove_dead_letters(select);
         let mut done = Redriven::default();
         let mut keep = Vec::new();
         for e in entries {
@@ -290,8 +424,13 @@ impl SubShared {
 
     /// `Overflow::Block`: wait (holding no broker lock, only releasing this subscription's
     /// lock while waiting) until room is made, the timeout passes on the broker's clock, or
-    /// the subscription closes.
-    fn wait_for_room(&self, core: &mut MutexGuard<'_, Core>, message: &Arc<Message>) -> Offered {
+    /// the subscription closes. The offers' effects are gathered into `effects`.
+    fn wait_for_room(
+        &self,
+        core: &mut MutexGuard<'_, Core>,
+        message: &Arc<Message>,
+        effects: &mut Effects,
+    ) -> Offered {
         let Overflow::Block { timeout } = self.overflow else {
             return Offered::Full;
         };
@@ -300,37 +439,23 @@ impl SubShared {
         let deadline = deadline_after(self.now().mono(), timeout);
         core.set_blocked(true);
         let outcome = loop {
-            if wait_until(self.clock.as_ref(), &self.space, core, deadline) {
-                break core.handle_offer(message, &self.now(), false);
-            }
+            let timed_out = wait_until(self.clock.as_ref(), &self.space, core, deadline);
             let now = self.now();
-            let in_time = deadline.is_none_or(|d| now.mono() < d);
-            match core.handle_offer(message, &now, in_time) {
-                Offered::Full => continue,
-                other => break other,
+            let in_time = !timed_out && deadline.is_none_or(|d| now.mono() < d);
+            let (outcome, more) = core.handle_offer(message, &now, in_time);
+            effects.absorb(more);
+            if outcome != Offered::Full {
+                break outcome;
             }
         };
         core.set_blocked(false);
         outcome
     }
 
-    /// Next thing for slot `worker`, with this subscription's lock held by the caller.
-    pub(crate) fn poll_locked(&self, core: &mut MutexGuard<'_, Core>, worker: usize) -> Poll {
-        let poll = core.poll_work(worker, &self.now());
-        if core.take_space_freed() {
-            self.space.notify_all();
-        }
-        poll
-    }
-
-    /// Lock, poll, unlock.
+    /// Lock, poll slot `worker`, unlock (the tokio driver, around an async handler).
+    #[cfg(feature = "tokio")]
     pub(crate) fn poll(&self, worker: usize) -> Poll {
-        let mut core = self.core.lock();
-        let poll = self.poll_locked(&mut core, worker);
-        let forwards = core.take_forwards();
-        drop(core);
-        self.forward(forwards);
-        poll
+        self.lock().poll(worker)
     }
 
     /// Run the handler for one delivery: no lock held, panics caught (R-CORE-2, R-DEL-1).
@@ -361,26 +486,16 @@ impl SubShared {
         }
     }
 
-    /// Report a delivery's outcome.
+    /// Report a delivery's outcome (the tokio driver, after an async handler).
+    #[cfg(feature = "tokio")]
     pub(crate) fn complete(&self, delivery: Delivery, outcome: Result<(), HandlerError>) {
-        let mut core = self.core.lock();
-        core.handle_completion(delivery, outcome, &self.now());
-        let forwards = core.take_forwards();
-        drop(core);
-        self.forward(forwards);
+        self.lock().complete(delivery, outcome);
     }
 
-    /// Poll, run and complete one delivery in the caller's thread. False when there was
+    /// One delivery step in the caller's thread (the manual driver). False when there was
     /// nothing to deliver now.
     pub(crate) fn step(&self, worker: usize) -> bool {
-        match self.poll(worker) {
-            Poll::Deliver(d) => {
-                let outcome = self.run(&d);
-                self.complete(d, outcome);
-                true
-            }
-            Poll::WakeAt(_) | Poll::Idle | Poll::Stopped => false,
-        }
+        self.lock().step(worker) == Step::Delivered
     }
 
     pub(crate) fn wake(&self, worker: usize) {
@@ -400,19 +515,54 @@ impl SubShared {
     }
 
     pub(crate) fn begin_drain(&self, deadline: Option<std::time::Instant>) {
-        let mut core = self.core.lock();
-        core.begin_drain(deadline, &self.now());
-        let forwards = core.take_forwards();
-        drop(core);
-        self.forward(forwards);
+        let effects = self.core.lock().begin_drain(deadline, &self.now());
+        self.apply(effects);
         self.wake_all();
     }
 
     /// True when nothing is queued or in flight (retry waits count as in flight).
     pub(crate) fn is_idle(&self) -> bool {
-        let now = self.clock.now();
-        let s = self.core.lock().stats(now);
+        let s = self.stats();
         s.queued == 0 && s.in_flight == 0
+    }
+
+    /// Counters and gauges now (R-DEL-6, R-BP-3).
+    pub(crate) fn stats(&self) -> SubscriptionStats {
+        let now = self.clock.now();
+        self.core.lock().stats(now)
+    }
+
+    /// Queued messages per priority level, lowest first (R-OPS-1 snapshot).
+    pub(crate) fn depth_by_priority(&self) -> [u64; crate::message::Priority::LEVELS] {
+        self.core.lock().depth_by_priority()
+    }
+
+    /// Earliest retry due time, for the manual driver's "jump to next wake-up".
+    pub(crate) fn next_wake(&self) -> Option<Instant> {
+        self.core.lock().next_wake()
+    }
+
+    /// Read the dead-letter queue under the lock (snapshots and admin pages).
+    pub(crate) fn with_dead_letters<R>(&self, f: impl FnOnce(&DeadLetterQueue) -> R) -> R {
+        f(&self.core.lock().ledger_mut().dlq)
+    }
+
+    /// The dead-letter entries, oldest first (R-DEL-4).
+    pub(crate) fn dead_letters(&self) -> Vec<DeadLetter> {
+        self.with_dead_letters(DeadLetterQueue::list)
+    }
+
+    /// Remove and return the dead-letter entries `select` picks, keeping the rest in order.
+    pub(crate) fn remove_dead_letters(
+        &self,
+        select: impl FnMut(&DeadLetter) -> bool,
+    ) -> Vec<DeadLetter> {
+        self.core.lock().ledger_mut().dlq.take_where(select)
+    }
+
+    /// Remove and return every dead-letter entry.
+    pub(crate) fn drain_dead_letters(&self) -> Vec<DeadLetter> {
+        self.core.lock().ledger_mut().dlq.drain()
     }
 
     /// Messages abandoned (dead-lettered as `Shutdown`) since the last `close`/`take`:
@@ -423,46 +573,44 @@ impl SubShared {
 
     /// Close: refuse offers, abandon what is queued. Returns what was abandoned.
     pub(crate) fn close(&self) -> Vec<Arc<Message>> {
-        let mut core = self.core.lock();
-        let abandoned = core.close(&self.now());
-        let forwards = core.take_forwards();
-        drop(core);
-        self.forward(forwards);
+        let (abandoned, effects) = self.core.lock().close(&self.now());
+        self.apply(effects);
         self.wake_all();
         abandoned
     }
 
-    /// Publish dead letters to the dead-letter topic, if one is configured (R-DEL-4).
-    /// Also hands completions to the durable-stream hook, if one is set.
+    /// Apply a core step's effects, with the lock released: report finished messages to
+    /// the durable hook, publish dead letters to the dead-letter topic (R-DEL-4), wake
+    /// publishers blocked for room.
     ///
     /// A forward that fails (the broker is closed — e.g. `Shutdown` dead letters at close —
     /// or a durable stream's append failed) is counted in the subscription's
     /// `dlq_forward_failures`; the entry itself stays in the DLQ.
-    pub(crate) fn forward(&self, forwards: Forwards) {
-        let Forwards {
-            dead: entries,
+    fn apply(&self, effects: Effects) {
+        let Effects {
+            forward,
             finished,
-        } = forwards;
+            room,
+        } = effects;
+        if room {
+            self.space.notify_all();
+        }
         if !finished.is_empty()
             && let Some(hook) = self.on_finished.get()
         {
             hook(finished);
         }
-        let (Some(topic), false) = (&self.dlq_topic, entries.is_empty()) else {
+        let (Some(topic), false) = (&self.dlq_topic, forward.is_empty()) else {
             return;
         };
-        let broker = self.broker.upgrade();
         let mut failed = 0u64;
-        for e in entries {
+        for e in forward {
             // A dead letter of a dead letter is not forwarded again: no loops. Users cannot
             // set the reserved header, so only a forward carries it.
             if e.message.header(DLQ_REASON_HEADER).is_some() {
                 continue;
             }
-            let sent = broker
-                .as_ref()
-                .map(|b| b.forward_dead_letter(topic, &e, &self.name));
-            if !matches!(sent, Some(Ok(_))) {
+            if !(self.dead_letter_sink)(topic, &e, &self.name) {
                 failed += 1;
             }
         }

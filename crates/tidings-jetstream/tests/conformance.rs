@@ -1,0 +1,80 @@
+//! The durable cases of the conformance suite on NATS JetStream (R-DIST-2), under every
+//! driver, against a `nats-server` started per case by the testkit launcher.
+//!
+//! The suite runs unchanged; capability flags say what JetStream does differently. It
+//! cannot keep a priority and stamps `StartAt::Time` with the server's clock (the cases
+//! needing those skip, naming the capability), numbers offsets from 1, and acknowledges
+//! each message on its own instead of committing a low watermark (after a restart only the
+//! unfinished messages come again).
+//!
+//! Without a `nats-server` binary every case is skipped with a notice, or fails under
+//! `TIDINGS_REQUIRE_NATS=1` (as in CI).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tidings::{Broker, BrokerBuilder, StreamConfig, StreamError};
+use tidings_jetstream::{ConnectOptions, JetStreamBackend};
+use tidings_testkit::nats::{NatsServer, NatsServerOptions};
+use tidings_testkit::{DurableBackend, DurableCaps, DurableStore};
+
+/// JetStream on a fresh server per case.
+struct JetStream;
+
+/// One case's server and the backend connected to it (dropped first).
+struct Store {
+    backend: Arc<JetStreamBackend>,
+    _server: NatsServer,
+}
+
+impl DurableBackend for JetStream {
+    fn name(&self) -> String {
+        "jetstream".into()
+    }
+    fn caps(&self) -> DurableCaps {
+        DurableCaps::all()
+            .without_priority()
+            .without_manual_time()
+            .without_contiguous_commit()
+            .first_offset(1)
+    }
+    fn unavailable(&self) -> Option<String> {
+        if NatsServer::binary().is_some() {
+            return None;
+        }
+        // Panics under TIDINGS_REQUIRE_NATS=1; otherwise prints the skip notice.
+        let _ = NatsServer::for_test(NatsServerOptions::new());
+        Some("no nats-server binary (set TIDINGS_NATS_SERVER)".to_owned())
+    }
+    fn open(&self) -> Box<dyn DurableStore> {
+        let server = NatsServer::start(NatsServerOptions::new())
+            .unwrap_or_else(|e| panic!("could not start nats-server: {e}"));
+        let backend = JetStreamBackend::connect(
+            ConnectOptions::new(server.url()).request_timeout(Duration::from_secs(5)),
+        )
+        .expect("connects");
+        Box::new(Store {
+            backend: Arc::new(backend),
+            _server: server,
+        })
+    }
+}
+
+impl DurableStore for Store {
+    fn attach(&self, builder: BrokerBuilder) -> BrokerBuilder {
+        builder
+            .durable_backend(Arc::clone(&self.backend) as Arc<dyn tidings::durable::DurableBackend>)
+    }
+    fn create_stream(
+        &self,
+        broker: &Broker,
+        name: &str,
+        patterns: &[&str],
+    ) -> Result<(), StreamError> {
+        broker
+            .create_stream(StreamConfig::new(name, patterns.iter().copied()))
+            .map(drop)
+    }
+}
+
+tidings_testkit::durable_conformance!(jetstream, JetStream);

@@ -1,0 +1,342 @@
+//! The memo of the trie walk: a lazily built DFA over sets of live trie nodes, kept per thread.
+//!
+//! The wildcard walk of [`TopicTrie`](super::TopicTrie) is an NFA simulation: after each topic
+//! word it holds the *set* of live trie nodes. The step from one set on one word depends only on
+//! the trie's shape, so it can be remembered: a DFA state is a live set (sorted node ids), and a
+//! transition maps `(state, word)` to the next state. A topic whose steps are all known costs one
+//! hash lookup per word, whatever the number of live nodes: words of at most [`SHORT_WORD`] bytes
+//! are part of the transition's key (inline, compared as three machine words: no word-table
+//! lookup, no pointer to follow); longer words are first turned into the trie's word id.
+//!
+//! # Validity
+//!
+//! A cache belongs to one trie (its `uid`, unique in the process) at one `epoch` (bumped by every
+//! change of the trie's wildcard side). A cache whose `(uid, epoch)` differs from the trie it is
+//! asked about is emptied before use, so a cached step is always one the walk would take on the
+//! trie as it is now (node and word ids are only reused after a change, which bumps the epoch).
+//!
+//! # Size
+//!
+//! Each thread keeps [`SLOTS`] caches (one per trie it matched against most recently), each with
+//! at most [`MAX_STATES`] states and [`MAX_TRANSITIONS`] transitions (a few MiB at the very
+//! worst, typically far less: the caches grow only with the topics actually seen). When a cache
+//! is full, matching falls back to the plain walk for the steps it does not know; after
+//! [`MAX_TRANSITIONS`] such misses the cache is emptied, so it follows a changing set of hot
+//! topics instead of staying stuck on the first ones.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::trie::FastState;
+
+/// Caches kept per thread (tries matched on this thread most recently).
+pub(super) const SLOTS: usize = 2;
+/// Most states per cache.
+pub(super) const MAX_STATES: usize = 16 * 1024;
+/// Most transitions per cache.
+pub(super) const MAX_TRANSITIONS: usize = 64 * 1024;
+
+/// The word id used for "a word no wildcard edge uses" (and for "the word does not matter").
+pub(super) const NO_WORD: u32 = u32::MAX;
+
+/// Longest word kept inline in a transition's key.
+pub(super) const SHORT_WORD: usize = 24;
+
+/// What a step is keyed by, besides the state.
+#[derive(Clone, Copy)]
+pub(super) enum Word {
+    /// A word of at most [`SHORT_WORD`] bytes, zero-padded, and its length (a word is never
+    /// empty, so padding cannot make two words equal).
+    Short([u64; 3], u8),
+    /// A trie word id, or [`NO_WORD`]: for longer words, and for states where the word does not
+    /// matter.
+    Id(u32),
+}
+
+impl Word {
+    /// The key for `word`: inline when short enough, else `id()` (called only then).
+    #[inline]
+    pub(super) fn of(word: &str, id: impl FnOnce() -> u32) -> Self {
+        let b = word.as_bytes();
+        if b.len() > SHORT_WORD {
+            return Word::Id(id());
+        }
+        let mut buf = [0u8; SHORT_WORD];
+        buf[..b.len()].copy_from_slice(b);
+        let w = |i: usize| {
+            let mut x = [0u8; 8];
+            x.copy_from_slice(&buf[i * 8..i * 8 + 8]);
+            u64::from_le_bytes(x)
+        };
+        // `b.len() <= SHORT_WORD` fits a u8.
+        Word::Short([w(0), w(1), w(2)], b.len() as u8)
+    }
+}
+
+/// A transition keyed by state and inline short word.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct ShortKey {
+    state: u32,
+    len: u8,
+    text: [u64; 3],
+}
+
+impl std::hash::Hash for ShortKey {
+    #[inline]
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        h.write_u64((u64::from(self.state) << 8) | u64::from(self.len));
+        h.write_u64(self.text[0]);
+        // Most words fit in 8 bytes: skip the zero padding's rounds.
+        if self.len > 8 {
+            h.write_u64(self.text[1]);
+            h.write_u64(self.text[2]);
+        }
+    }
+}
+
+/// A fresh trie identity.
+pub(super) fn next_uid() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// A state's id, with the two facts a step needs folded in, so that following known steps
+/// touches nothing but the transition table.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) struct Sid(u32);
+
+const NEEDS_WORD: u32 = 1 << 31;
+const DEAD: u32 = 1 << 30;
+
+impl Sid {
+    /// Some live node has literal-word children: the next word's identity matters.
+    #[inline]
+    pub(super) fn needs_word(self) -> bool {
+        self.0 & NEEDS_WORD != 0
+    }
+
+    /// No live node: nothing can match any more.
+    #[inline]
+    pub(super) fn is_dead(self) -> bool {
+        self.0 & DEAD != 0
+    }
+
+    #[inline]
+    fn index(self) -> usize {
+        (self.0 & !(NEEDS_WORD | DEAD)) as usize
+    }
+}
+
+/// One DFA state: a set of live trie nodes.
+pub(super) struct State {
+    /// This state's id.
+    id: Sid,
+    /// The live nodes, sorted; empty for the dead state.
+    pub(super) nodes: Box<[u32]>,
+    /// The live nodes that hold entries, sorted: what a topic ending here matches.
+    pub(super) finals: Box<[u32]>,
+}
+
+/// One trie's memo. See the module docs.
+pub(super) struct Dfa {
+    uid: u64,
+    epoch: u64,
+    states: Vec<State>,
+    by_set: HashMap<Box<[u32]>, Sid, FastState>,
+    /// Steps on short words.
+    short: HashMap<ShortKey, Sid, FastState>,
+    /// Steps on word ids (long words, and "any word").
+    transitions: HashMap<u64, Sid, FastState>,
+    /// Steps that could not be stored because the cache was full, since it was last emptied.
+    full_misses: usize,
+    /// Last use, for choosing which slot to reuse.
+    used: u64,
+    limits: Limits,
+}
+
+#[derive(Clone, Copy)]
+struct Limits {
+    states: usize,
+    transitions: usize,
+}
+
+const DEFAULT_LIMITS: Limits = Limits {
+    states: MAX_STATES,
+    transitions: MAX_TRANSITIONS,
+};
+
+#[inline]
+fn key(state: u32, word: u32) -> u64 {
+    (u64::from(state) << 32) | u64::from(word)
+}
+
+impl Dfa {
+    fn new(uid: u64, epoch: u64, limits: Limits) -> Self {
+        Self {
+            uid,
+            epoch,
+            states: Vec::new(),
+            by_set: HashMap::default(),
+            short: HashMap::default(),
+            transitions: HashMap::default(),
+            full_misses: 0,
+            used: 0,
+            limits,
+        }
+    }
+
+    fn reset(&mut self, uid: u64, epoch: u64) {
+        self.uid = uid;
+        self.epoch = epoch;
+        self.states.clear();
+        self.by_set.clear();
+        self.short.clear();
+        self.transitions.clear();
+        self.full_misses = 0;
+    }
+
+    /// The start state, if known: the first state ever added (the walk adds it first).
+    #[inline]
+    pub(super) fn start(&self) -> Option<Sid> {
+        let st = self.states.first()?;
+        Some(st.id)
+    }
+
+    /// The state with this id.
+    #[inline]
+    pub(super) fn state(&self, id: Sid) -> &State {
+        &self.states[id.index()]
+    }
+
+    /// The known step from `state` on `word`.
+    #[inline]
+    pub(super) fn step(&self, sid: Sid, word: Word) -> Option<Sid> {
+        let state = sid.0;
+        match word {
+            Word::Short(text, len) => self.short.get(&ShortKey { state, len, text }).copied(),
+            Word::Id(id) => self.transitions.get(&key(state, id)).copied(),
+        }
+    }
+
+    /// The id of the state for the sorted set `nodes`, adding it (with its finals and whether
+    /// it needs the word, computed by `describe`) if new. `None` when the cache is full; the cache may
+    /// then have been emptied, so every state id obtained before is stale: walk on without it.
+    pub(super) fn state_for(
+        &mut self,
+        nodes: &[u32],
+        describe: impl FnOnce() -> (Box<[u32]>, bool),
+    ) -> Option<Sid> {
+        if let Some(&id) = self.by_set.get(nodes) {
+            return Some(id);
+        }
+        // Indexes stay below the flag bits (the limit is far lower).
+        if self.states.len() >= self.limits.states.min(DEAD as usize) {
+            self.note_full();
+            return None;
+        }
+        let (finals, needs_word) = describe();
+        let mut id = Sid(u32::try_from(self.states.len()).ok()?);
+        if needs_word {
+            id.0 |= NEEDS_WORD;
+        }
+        if nodes.is_empty() {
+            id.0 |= DEAD;
+        }
+        let nodes: Box<[u32]> = nodes.into();
+        self.by_set.insert(nodes.clone(), id);
+        self.states.push(State { id, nodes, finals });
+        Some(id)
+    }
+
+    /// Remembers the step `state --word--> next`; false (nothing stored) when full, and then, as
+    /// for [`Dfa::state_for`], every state id obtained before is stale.
+    pub(super) fn learn(&mut self, sid: Sid, word: Word, next: Sid) -> bool {
+        let state = sid.0;
+        if self.short.len() + self.transitions.len() >= self.limits.transitions {
+            self.note_full();
+            return false;
+        }
+        match word {
+            Word::Short(text, len) => self.short.insert(ShortKey { state, len, text }, next),
+            Word::Id(id) => self.transitions.insert(key(state, id), next),
+        };
+        true
+    }
+
+    /// A step was not stored for lack of room; after enough of them start over.
+    fn note_full(&mut self) {
+        self.full_misses += 1;
+        if self.full_misses >= self.limits.transitions {
+            let (uid, epoch) = (self.uid, self.epoch);
+            self.reset(uid, epoch);
+        }
+    }
+
+    /// Number of states and of steps (for tests).
+    #[cfg(test)]
+    pub(super) fn len(&self) -> (usize, usize) {
+        (self.states.len(), self.short.len() + self.transitions.len())
+    }
+}
+
+struct Slots {
+    dfas: Vec<Dfa>,
+    clock: u64,
+    limits: Limits,
+}
+
+thread_local! {
+    static SLOTS_TLS: RefCell<Slots> = const {
+        RefCell::new(Slots { dfas: Vec::new(), clock: 0, limits: DEFAULT_LIMITS })
+    };
+}
+
+/// Runs `f` with this thread's cache for trie `(uid, epoch)` (emptied first if it was built for
+/// another epoch). Returns `None` without running `f` when the cache cannot be used (re-entered
+/// from inside `f`, or during thread teardown): the caller then walks without it.
+pub(super) fn with<R>(uid: u64, epoch: u64, f: impl FnOnce(&mut Dfa) -> R) -> Option<R> {
+    SLOTS_TLS
+        .try_with(|slots| {
+            let mut slots = slots.try_borrow_mut().ok()?;
+            let slots = &mut *slots;
+            slots.clock += 1;
+            let now = slots.clock;
+            let i = match slots.dfas.iter().position(|d| d.uid == uid) {
+                Some(i) => i,
+                None if slots.dfas.len() < SLOTS => {
+                    slots.dfas.push(Dfa::new(uid, epoch, slots.limits));
+                    slots.dfas.len() - 1
+                }
+                None => {
+                    // Reuse the least recently used slot.
+                    let i = (0..slots.dfas.len())
+                        .min_by_key(|&i| slots.dfas[i].used)
+                        .unwrap_or(0);
+                    slots.dfas[i].reset(uid, epoch);
+                    i
+                }
+            };
+            let dfa = &mut slots.dfas[i];
+            if dfa.epoch != epoch {
+                dfa.reset(uid, epoch);
+            }
+            dfa.used = now;
+            Some(f(dfa))
+        })
+        .ok()
+        .flatten()
+}
+
+/// Test hook: this thread's caches get these limits (existing ones are dropped).
+#[cfg(test)]
+pub(super) fn set_limits_for_this_thread(states: usize, transitions: usize) {
+    SLOTS_TLS.with(|s| {
+        let mut s = s.borrow_mut();
+        s.dfas.clear();
+        s.limits = Limits {
+            states,
+            transitions,
+        };
+    });
+}
