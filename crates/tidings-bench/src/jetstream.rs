@@ -11,6 +11,13 @@
 //! * `consume` — durable consume + confirmed ack of records stored before the timer starts:
 //!   tidings `Durable::fetch` (batches of 100, pattern re-check) and `Delivery::ack`; raw a
 //!   durable pull consumer's `batch()` of 100 and `double_ack` per message.
+//! * `publish/broker` — what a service sees: `Broker::publish` from one thread to a stream on
+//!   the `JetStreamBackend` (it returns once the server acknowledged), against raw
+//!   `publish_with_headers(..).await?.await?` to the same stream.
+//! * `consume/broker` — a durable subscription on the `JetStreamBackend` handling records
+//!   stored before it was opened, from `subscribe_durable` until its handler saw the last
+//!   one, against a raw durable pull consumer created and drained (batches of 100,
+//!   `double_ack` each) in the same time frame.
 //!
 //! The load on this machine and its disk comes and goes within a second, and every message
 //! waits for an fsync, so the two sides are not timed in separate rounds but **paired**: each
@@ -31,43 +38,64 @@ use async_nats::HeaderMap;
 use async_nats::jetstream::consumer::{AckPolicy, PullConsumer, pull};
 use bytes::Bytes;
 use futures_util::StreamExt;
-use tidings::{MessageId, Pattern, Topic};
-use tidings_jetstream::{ConnectOptions, ConsumerSpec, Durable, JetStream, Record, StreamSpec};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tidings::{
+    Broker, HandlerError, Message, MessageId, Pattern, StartAt, StreamConfig, SubscribeOptions,
+    Topic,
+};
+use tidings_jetstream::{
+    ConnectOptions, ConsumerSpec, Durable, JetStream, JetStreamBackend, Record, StreamSpec,
+};
 use tidings_testkit::nats::{NatsServer, NatsServerOptions};
 
-use crate::harness::Outcome;
+use crate::harness::{Outcome, Tally};
 use crate::{Case, Filter, Plan};
 
 const PUBLISH_ONE: &str = "jetstream/publish/window=1";
 const PUBLISH_WINDOW: &str = "jetstream/publish/window=1000";
 const CONSUME: &str = "jetstream/consume";
+const PUBLISH_BROKER: &str = "jetstream/publish/broker";
+const CONSUME_BROKER: &str = "jetstream/consume/broker";
 /// The baseline's name in every case.
 const RAW: &str = "raw-async-nats";
 
 const PAYLOAD_BYTES: usize = 128;
 const WINDOW: usize = 1_000;
 const FETCH_BATCH: usize = 100;
-/// The stream every case appends to (it captures `bench.#`).
+/// The stream the `tidings-jetstream` cases append to (it captures `bench.#`).
 const STREAM: &str = "bench";
+/// The stream of the broker cases (it captures `broker.#`).
+const BROKER_STREAM: &str = "broker";
 /// Bound on one pull: the records are already stored, so only a stall reaches it.
 const PULL_WAIT: Duration = Duration::from_secs(5);
 
 pub(crate) fn case_names() -> Vec<String> {
-    vec![PUBLISH_ONE.into(), PUBLISH_WINDOW.into(), CONSUME.into()]
+    vec![
+        PUBLISH_ONE.into(),
+        PUBLISH_WINDOW.into(),
+        CONSUME.into(),
+        PUBLISH_BROKER.into(),
+        CONSUME_BROKER.into(),
+    ]
 }
 
 /// Slices per round and messages per slice for each case. With `sync_interval: always` the
 /// server fsyncs every message it stores (1,000 to 2,500 a second on this machine's disk,
-/// window or not), so these are small: the three cases take under ten seconds in `--quick`
-/// and about two minutes in the full run.
+/// window or not), so these are small: the five cases take about ten seconds in `--quick`
+/// and a few minutes in the full run.
 struct Counts {
     /// `(slices, messages per slice)` of each case.
     publish_one: (usize, u64),
-    /// Slices of one and a half windows or more, so most of a slice runs with the window full.
+    /// Slices longer than the window, so most of a slice runs with the window full.
     publish_window: (usize, u64),
     /// Messages per slice are a multiple of [`FETCH_BATCH`], so no pull waits out its expiry
     /// for a short batch.
     consume: (usize, u64),
+    publish_broker: (usize, u64),
+    /// Messages per side and round (one slice each: a durable subscription drains all).
+    consume_broker: u64,
 }
 
 impl Counts {
@@ -77,14 +105,18 @@ impl Counts {
         if plan.quick {
             Self {
                 publish_one: (4, 25),
-                publish_window: (1, window + window / 2),
-                consume: (2, 3 * batch),
+                publish_window: (1, window + window / 5),
+                consume: (2, 2 * batch),
+                publish_broker: (4, 25),
+                consume_broker: 2 * batch,
             }
         } else {
             Self {
                 publish_one: (10, 50),
                 publish_window: (4, 2 * window),
                 consume: (10, 5 * batch),
+                publish_broker: (10, 50),
+                consume_broker: 10 * batch,
             }
         }
     }
@@ -166,13 +198,34 @@ pub(crate) fn run(plan: &Plan, filter: &Filter) -> Vec<Case> {
                     ),
                 )
             }
-            _ => {
+            CONSUME => {
                 let (slices, n) = c.consume;
                 (
                     runtime.block_on(bench.consume(rounds, slices, n)),
                     format!(
                         "{slices} x {n} stored messages per side and round drained by a durable pull \
                          consumer, batches of {FETCH_BATCH}, one confirmed ack awaited per message"
+                    ),
+                )
+            }
+            PUBLISH_BROKER => {
+                let (slices, n) = c.publish_broker;
+                (
+                    bench.publish_broker(&runtime, &server.url(), rounds, slices, n),
+                    format!(
+                        "{slices} x {n} messages per side and round; tidings: Broker::publish on a \
+                         JetStreamBackend stream; raw: publish with ack, one in flight"
+                    ),
+                )
+            }
+            _ => {
+                let n = c.consume_broker;
+                (
+                    bench.consume_broker(&runtime, &server.url(), rounds, n),
+                    format!(
+                        "{n} stored messages per side and round; tidings: a new durable subscription \
+                         on the JetStreamBackend until its handler saw all; raw: a new durable pull \
+                         consumer drained in batches of {FETCH_BATCH}, one confirmed ack per message"
                     ),
                 )
             }
@@ -499,6 +552,168 @@ impl Bench {
         vec![ours.outcome, raw.outcome]
     }
 
+    /// A broker whose durable backend is JetStream on `url`, with the broker cases' stream.
+    fn broker(url: &str) -> Result<Broker, String> {
+        let backend = JetStreamBackend::connect(ConnectOptions::new(url))
+            .map_err(|e| format!("JetStreamBackend: {e}"))?;
+        let broker = Broker::builder()
+            .durable_backend(Arc::new(backend))
+            .build()
+            .map_err(|e| e.to_string())?;
+        broker
+            .create_stream(StreamConfig::new(BROKER_STREAM, ["broker.#"]))
+            .map_err(|e| e.to_string())?;
+        Ok(broker)
+    }
+
+    fn broker_publish(
+        &self,
+        broker: &Broker,
+        topic: &str,
+        n: u64,
+    ) -> Result<(u64, Duration), String> {
+        let started = Instant::now();
+        for _ in 0..n {
+            broker
+                .publish(Message::to(topic).payload(self.payload.clone()))
+                .map_err(|e| e.to_string())?;
+        }
+        Ok((n, started.elapsed()))
+    }
+
+    /// Paired rounds of slices: `Broker::publish` against raw publish with ack.
+    fn publish_broker(
+        &self,
+        runtime: &tokio::runtime::Runtime,
+        url: &str,
+        rounds: usize,
+        slices: usize,
+        n: u64,
+    ) -> Vec<Outcome> {
+        let (mut ours, mut raw) = (Side::new("tidings"), Side::new(RAW));
+        let broker = match Self::broker(url) {
+            Ok(b) => b,
+            Err(e) => {
+                ours.outcome.error = Some(e);
+                return vec![ours.outcome, raw.outcome];
+            }
+        };
+        'rounds: for round in 0..rounds {
+            let (topic, subject) = (self.broker_subject(), self.broker_subject());
+            for slice in 0..slices {
+                for tidings in [tidings_first(round, slice), !tidings_first(round, slice)] {
+                    let ok = if tidings {
+                        ours.slice(self.broker_publish(&broker, &topic, n))
+                    } else {
+                        raw.slice(runtime.block_on(self.publish_raw(&subject, n, 1)))
+                    };
+                    if !ok {
+                        break 'rounds;
+                    }
+                }
+            }
+            ours.end_round();
+            raw.end_round();
+        }
+        broker.close(Duration::from_secs(5));
+        vec![ours.outcome, raw.outcome]
+    }
+
+    /// Paired rounds: `n` messages stored for each side (untimed), then a new durable
+    /// subscription drains its share and a new raw consumer drains the other, in turn.
+    fn consume_broker(
+        &self,
+        runtime: &tokio::runtime::Runtime,
+        url: &str,
+        rounds: usize,
+        n: u64,
+    ) -> Vec<Outcome> {
+        let (mut ours, mut raw) = (Side::new("tidings"), Side::new(RAW));
+        let broker = match Self::broker(url) {
+            Ok(b) => b,
+            Err(e) => {
+                ours.outcome.error = Some(e);
+                return vec![ours.outcome, raw.outcome];
+            }
+        };
+        for round in 0..rounds {
+            let (topic, subject) = (self.broker_subject(), self.broker_subject());
+            let filled = self
+                .broker_publish(&broker, &topic, n)
+                .and_then(|_| self.broker_publish(&broker, &subject, n));
+            if let Err(e) = filled {
+                ours.outcome.error = Some(format!("filling: {e}"));
+                break;
+            }
+            let mut ok = true;
+            for tidings in [tidings_first(round, 0), !tidings_first(round, 0)] {
+                ok = if tidings {
+                    ours.slice(self.durable_drain(&broker, &topic, n))
+                } else {
+                    raw.slice(runtime.block_on(async {
+                        let started = Instant::now();
+                        let consumer = self.raw_consumer_on(BROKER_STREAM, &subject).await?;
+                        consume_raw(&consumer, n).await?;
+                        Ok((n, started.elapsed()))
+                    }))
+                };
+                if !ok {
+                    break;
+                }
+            }
+            if !ok {
+                break;
+            }
+            ours.end_round();
+            raw.end_round();
+        }
+        broker.close(Duration::from_secs(5));
+        vec![ours.outcome, raw.outcome]
+    }
+
+    /// Opens a durable subscription on `topic` and waits until its handler saw `n` messages.
+    fn durable_drain(
+        &self,
+        broker: &Broker,
+        topic: &str,
+        n: u64,
+    ) -> Result<(u64, Duration), String> {
+        let tally = Arc::new(Tally::new());
+        tally.arm(n, 1);
+        let seen = Arc::new(AtomicU64::new(0));
+        let (t, s) = (Arc::clone(&tally), Arc::clone(&seen));
+        let started = Instant::now();
+        let subscription = broker
+            .subscribe_durable(
+                &topic.replace('.', "-"),
+                BROKER_STREAM,
+                topic,
+                StartAt::Earliest,
+                SubscribeOptions::default(),
+                move |_: &Message| -> Result<(), HandlerError> {
+                    let before = s.fetch_add(1, Ordering::Relaxed);
+                    t.hit(before, before + 1);
+                    Ok(())
+                },
+            )
+            .map_err(|e| e.to_string())?;
+        if !tally.wait(Duration::from_secs(60)) {
+            return Err(format!(
+                "the durable subscription saw {} of {n} within 60 s",
+                seen.load(Ordering::Relaxed)
+            ));
+        }
+        let took = started.elapsed();
+        drop(subscription);
+        Ok((n, took))
+    }
+
+    fn broker_subject(&self) -> String {
+        let n = self.next_subject.get();
+        self.next_subject.set(n + 1);
+        format!("broker.{n}")
+    }
+
     async fn tidings_consumer(&self, subject: &str) -> Result<Durable, String> {
         let pattern = Pattern::new(subject).map_err(|e| e.to_string())?;
         self.js
@@ -512,6 +727,10 @@ impl Bench {
     }
 
     async fn raw_consumer(&self, subject: &str) -> Result<PullConsumer, String> {
+        self.raw_consumer_on(STREAM, subject).await
+    }
+
+    async fn raw_consumer_on(&self, stream: &str, subject: &str) -> Result<PullConsumer, String> {
         self.raw
             .create_consumer_on_stream(
                 pull::Config {
@@ -520,7 +739,7 @@ impl Bench {
                     ack_policy: AckPolicy::Explicit,
                     ..Default::default()
                 },
-                STREAM,
+                stream,
             )
             .await
             .map_err(|e| e.to_string())
