@@ -12,7 +12,9 @@ use bytes::{Bytes, BytesMut};
 
 use crate::error::{AppendError, ReadError};
 use crate::log::Shared;
-use crate::record::{self, FRAME_PREFIX, Frame, StoredRecord, check_frame};
+use crate::record::{
+    self, FRAME_PREFIX, Frame, StoredRecord, check_frame, check_frame_crc_verified,
+};
 use crate::segment::{HEADER_LEN, Segment};
 use crate::storage::read_exact_at;
 
@@ -223,7 +225,12 @@ impl ChunkPool {
 struct Chunk {
     bytes: Bytes,
     start: u64,
+    /// Positions (in the file) of frames of `bytes` whose checksum was verified ahead, three at
+    /// a time (see [`crate::crc`]); `NOT_VERIFIED` in unused slots.
+    verified: [u64; 3],
 }
+
+const NOT_VERIFIED: u64 = u64::MAX;
 
 impl Chunk {
     fn covers(&self, pos: u64, need: u64) -> bool {
@@ -252,6 +259,7 @@ impl Chunk {
         self.bytes = buf.freeze();
         sh.chunks.give(&self.bytes);
         self.start = pos;
+        self.verified = [NOT_VERIFIED; 3];
         Ok(true)
     }
 
@@ -260,6 +268,12 @@ impl Chunk {
             return Ok(Frame::Incomplete { need: FRAME_PREFIX });
         }
         let at = (pos - self.start) as usize;
+        if self.verified.contains(&pos) {
+            return Ok(check_frame_crc_verified(&self.bytes[at..]));
+        }
+        if self.verify_ahead(at) {
+            return Ok(check_frame_crc_verified(&self.bytes[at..]));
+        }
         match check_frame(&self.bytes[at..]) {
             Frame::Incomplete { need } if need > FRAME_PREFIX => {
                 if !self.fill(sh, seg, pos, need as u64)? {
@@ -270,6 +284,31 @@ impl Chunk {
             }
             f => Ok(f),
         }
+    }
+}
+
+impl Chunk {
+    /// Checksums the frame at `bytes[at..]` and the two after it, if complete in this chunk,
+    /// together; remembers which passed. Returns whether the first did (when not, the full
+    /// check runs and says why).
+    fn verify_ahead(&mut self, at: usize) -> bool {
+        let b = &self.bytes[..];
+        let rest = |from: Option<usize>| from.map_or(&[][..], |f| &b[f..]);
+        let len0 = record::complete_frame_len(&b[at..]);
+        let at1 = len0.map(|l| at + l);
+        let len1 = at1.and_then(|a| record::complete_frame_len(&b[a..]));
+        let at2 = at1.zip(len1).map(|(a, l)| a + l);
+        let ok = record::crc3_ahead([rest(Some(at)), rest(at1), rest(at2)]);
+        let to_pos = |a: Option<usize>, ok: bool| match a {
+            Some(a) if ok => self.start + a as u64,
+            _ => NOT_VERIFIED,
+        };
+        self.verified = [
+            to_pos(Some(at), ok[0]),
+            to_pos(at1, ok[1]),
+            to_pos(at2, ok[2]),
+        ];
+        ok[0]
     }
 }
 

@@ -175,7 +175,9 @@ pub(crate) fn encode_into(buf: &mut Vec<u8>, offset: u64, record: &Record) {
 }
 
 fn frame_crc(len_bytes: &[u8], body: &[u8]) -> u32 {
-    crc32c::crc32c_append(crc32c::crc32c(len_bytes), body)
+    let mut len = [0; 4];
+    len.copy_from_slice(&len_bytes[..4]);
+    crate::crc::frame_crc(len, body)
 }
 
 /// Result of looking at the bytes where a frame should start.
@@ -202,6 +204,50 @@ pub(crate) enum Frame {
 
 /// Checks the frame starting at `buf[0]`.
 pub(crate) fn check_frame(buf: &[u8]) -> Frame {
+    check_frame_inner(buf, false)
+}
+
+/// [`check_frame`] for a frame whose checksum the caller has just verified (with
+/// [`crc3_ahead`]): every other check still runs.
+pub(crate) fn check_frame_crc_verified(buf: &[u8]) -> Frame {
+    check_frame_inner(buf, true)
+}
+
+/// The length of the frame at `buf[0]` if its length prefix is in range and the whole frame is
+/// in `buf` (nothing else is checked).
+pub(crate) fn complete_frame_len(buf: &[u8]) -> Option<usize> {
+    let prefix = buf.get(..FRAME_PREFIX)?;
+    let body_len = u32_at(prefix, 0) as usize;
+    if !(MIN_BODY..=MAX_RECORD_BYTES as usize).contains(&body_len) {
+        return None;
+    }
+    let len = FRAME_PREFIX + body_len;
+    (len <= buf.len()).then_some(len)
+}
+
+/// The complete, length-plausible frames at the starts of `bufs` (each slice begins at a frame
+/// and runs to the end of the buffered bytes), checksummed three at a time: for each, whether
+/// its stored CRC matches. `false` for a frame that is incomplete or of implausible length (the
+/// caller's full check reports why).
+pub(crate) fn crc3_ahead(bufs: [&[u8]; 3]) -> [bool; 3] {
+    fn split(buf: &[u8]) -> Option<([u8; 4], u32, &[u8])> {
+        let len = complete_frame_len(buf)?;
+        let body = &buf[FRAME_PREFIX..len];
+        let mut len_bytes = [0; 4];
+        len_bytes.copy_from_slice(&buf[..4]);
+        Some((len_bytes, u32_at(buf, 4), body))
+    }
+    let parts = bufs.map(split);
+    let frames = parts.map(|p| p.map_or(([0; 4], &[][..]), |(len, _, body)| (len, body)));
+    let crcs = crate::crc::frame_crc3(frames);
+    let mut ok = [false; 3];
+    for i in 0..3 {
+        ok[i] = parts[i].is_some_and(|(_, stored, _)| stored == crcs[i]);
+    }
+    ok
+}
+
+fn check_frame_inner(buf: &[u8], crc_verified: bool) -> Frame {
     let Some(prefix) = buf.get(..FRAME_PREFIX) else {
         return Frame::Incomplete { need: FRAME_PREFIX };
     };
@@ -216,7 +262,7 @@ pub(crate) fn check_frame(buf: &[u8]) -> Frame {
     let Some(body) = buf.get(FRAME_PREFIX..len) else {
         return Frame::Incomplete { need: len };
     };
-    if frame_crc(&prefix[..4], body) != u32_at(prefix, 4) {
+    if !crc_verified && frame_crc(&prefix[..4], body) != u32_at(prefix, 4) {
         return Frame::Bad("checksum mismatch");
     }
     if let Err(reason) = walk(body, |_, _| {}) {
