@@ -36,6 +36,7 @@ mod consumer;
 mod error;
 mod stream;
 pub mod subject;
+mod transport;
 
 pub use backend::{
     BACKEND_NAME, DEFAULT_MAX_DELIVERIES, JetStreamBackend, JetStreamBackendBuilder, MAX_NAME_BYTES,
@@ -54,3 +55,4 @@ pub use error::{
 pub use stream::{
     Appended, DEFAULT_DUPLICATE_WINDOW, RESERVED_HEADER_PREFIX, Record, StreamSpec, StreamState,
 };
+pub use transport::{NatsTransport, NatsTransportBuilder, TRANSPORT_NAME, TransportStats};

@@ -45,11 +45,11 @@
 //! [`Capabilities`]: tidings::durable::Capabilities
 //! [`Capabilities::first_offset`]: tidings::durable::Capabilities
 
-mod codec;
+pub(crate) mod codec;
 mod cursor;
 mod dead_letters;
 mod keep_alive;
-mod runtime;
+pub(crate) mod runtime;
 mod stream;
 
 use std::fmt;

@@ -1,0 +1,170 @@
+//! The broker's side of the transport seam (src/transport): the builder option, the
+//! publish hook (send instead of route), the subscribe hook (each buffered subscription's
+//! own transport subscription, re-checked with tidings' matcher, offered without waiting),
+//! and closing.
+//!
+//! Without a transport none of this runs: publish routes in-process, as before, at the
+//! cost of one `Option` test.
+
+use std::sync::Arc;
+
+use crate::error::{PublishError, SubscribeError};
+use crate::message::Message;
+use crate::report::PublishReport;
+use crate::scheduler::Target;
+use crate::subscription::shared::{SubShared, without_waiting};
+use crate::transport::{Deliver, Delivered, Transport, TransportSubscription};
+
+use super::{BrokerBuilder, BrokerInner};
+
+/// A broker's transport, and whether durable appends already reach its subscribers.
+pub(crate) struct Attached {
+    pub(crate) transport: Arc<dyn Transport>,
+    /// [`Transport::carries_appends`] of the broker's durable backend, decided at build.
+    pub(crate) carries_appends: bool,
+}
+
+impl BrokerBuilder {
+    /// Carry buffered publishes and subscriptions over `transport` (NATS core, say) instead
+    /// of in-process routing: `publish` sends every message through it, and every buffered
+    /// subscription receives through its own transport subscription into its own bounded
+    /// queue and dispatcher. Durable subscriptions are unaffected. See
+    /// [`crate::transport`] for what changes: at-most-once across the network,
+    /// `Overflow::Block` does not block, the publish report counts nobody as accepted.
+    ///
+    /// With a durable backend whose appends the transport already carries
+    /// ([`Transport::carries_appends`]: JetStream with the NATS transport, connected to the
+    /// same server or cluster), a message appended to a stream is not sent again.
+    pub fn transport(mut self, transport: Arc<dyn Transport>) -> Self {
+        self.transport = Some(transport);
+        self
+    }
+}
+
+impl BrokerInner {
+    /// Where an undelayed (or due) message goes: the router, or the transport. `appended`:
+    /// the message is already in a durable stream.
+    pub(super) fn dispatch(
+        &self,
+        message: &Arc<Message>,
+        appended: bool,
+    ) -> Result<PublishReport, PublishError> {
+        let Some(attached) = &self.transport else {
+            return Ok(self.route(message));
+        };
+        if !(appended && attached.carries_appends) {
+            attached
+                .transport
+                .publish(message)
+                .map_err(PublishError::Transport)?;
+        }
+        Ok(PublishReport {
+            id: message.id(),
+            accepted: 0,
+            refused: Vec::new(),
+            // A delayed message travels now; each receiving broker holds it until due.
+            scheduled: message.deliver_at().is_some(),
+            streams: Vec::new(),
+        })
+    }
+
+    /// Whether buffered subscriptions receive through a transport.
+    pub(super) fn has_transport(&self) -> bool {
+        self.transport.is_some()
+    }
+
+    /// Open `shared`'s own transport subscription (after it is registered and started).
+    /// On failure the subscription is removed and closed again.
+    pub(super) fn open_remote(&self, shared: &Arc<SubShared>) -> Result<(), SubscribeError> {
+        let Some(attached) = &self.transport else {
+            return Ok(());
+        };
+        match attached
+            .transport
+            .subscribe(&shared.pattern, self.deliver_to(shared))
+        {
+            Ok(remote) => {
+                let mut reg = self.registry.write();
+                let live =
+                    reg.all.contains_key(&shared.id) || reg.internal.contains_key(&shared.id);
+                if live {
+                    reg.remote.insert(shared.id, remote);
+                } else {
+                    // Unsubscribed or closed meanwhile.
+                    drop(reg);
+                    remote.close();
+                }
+                Ok(())
+            }
+            Err(e) => {
+                {
+                    let mut reg = self.registry.write();
+                    reg.all.remove(&shared.id);
+                    reg.internal.remove(&shared.id);
+                }
+                drop(shared.close());
+                Err(SubscribeError::Transport(e))
+            }
+        }
+    }
+
+    /// The callback a transport subscription hands received messages to: re-check the
+    /// pattern with tidings' matcher (the transport may receive a superset), hold a
+    /// delayed message until due (R-TIME-2), offer without ever waiting (a remote
+    /// publisher cannot be made to wait: `Block` refuses when full, counted).
+    fn deliver_to(&self, shared: &Arc<SubShared>) -> Deliver {
+        let sub = Arc::downgrade(shared);
+        let broker = self.weak.clone();
+        let pattern = shared.pattern.clone();
+        Deliver::new(move |mut message: Message| {
+            let Some(sub) = sub.upgrade() else {
+                return Delivered::Closed;
+            };
+            if !pattern.matches(message.topic()) {
+                return Delivered::NotMatching;
+            }
+            // An offset names a place in a stream this subscription does not read.
+            message.log_offset = None;
+            let message = Arc::new(message);
+            if message.deliver_at().is_some()
+                && let Some(broker) = broker.upgrade()
+                && let Some(due) = broker.due_time(&message)
+            {
+                let later = Arc::downgrade(&sub);
+                let offer = Box::new(move |m: &Arc<Message>| {
+                    if let Some(s) = later.upgrade() {
+                        let _ = s.offer(m);
+                    }
+                });
+                // False only when the broker closed: the message is dropped, as on close.
+                let _ = broker.schedule_for(due, message, Target::Only(sub.id, offer));
+                return Delivered::Offered;
+            }
+            // Refusals are counted (and dead-lettered) by the subscription itself.
+            let _ = without_waiting(|| sub.offer(&message));
+            Delivered::Offered
+        })
+    }
+
+    /// Stop receiving for every subscription (close, first step).
+    pub(super) fn close_remotes(&self) {
+        let remotes = std::mem::take(&mut self.registry.write().remote);
+        for remote in remotes.into_values() {
+            remote.close();
+        }
+    }
+
+    /// Release the transport (close, last step).
+    pub(super) fn close_transport(&self) {
+        if let Some(attached) = &self.transport {
+            attached.transport.close();
+        }
+    }
+
+    /// Stop receiving for one subscription (unsubscribe).
+    pub(super) fn close_remote(&self, remote: Option<Box<dyn TransportSubscription>>) {
+        if let Some(remote) = remote {
+            remote.close();
+        }
+    }
+}
