@@ -47,7 +47,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use bytes::Bytes;
 use futures_util::StreamExt;
 use tidings::transport::{Deliver, Delivered, Transport, TransportSubscription};
 use tidings::{Limits, Message, Pattern, TransportError};
@@ -58,6 +57,10 @@ use crate::backend::runtime::Runtime;
 use crate::connect::{ConnectOptions, JetStream};
 use crate::error::ConnectError;
 use crate::subject::filter_subjects;
+
+/// Replies to NATS requests arrive on subjects with this prefix: never a tidings message,
+/// even for a `#` subscription (tidings' own reply inbox is `_inbox.`, lower case).
+const NATS_INBOX_PREFIX: &str = "_INBOX.";
 
 /// The name this transport reports in errors.
 pub const TRANSPORT_NAME: &str = "nats";
@@ -143,8 +146,8 @@ pub struct TransportStats {
     /// filter is a superset for patterns with `#` in the middle), skipped.
     pub not_matching: u64,
     /// Received messages that are not tidings messages (a subject that is not a topic, a
-    /// malformed `tidings-*` header, over the limits, a redrive copy meant for one durable
-    /// subscription), skipped.
+    /// NATS request's reply on `_INBOX.…`, a status, a malformed `tidings-*` header, over
+    /// the limits, a redrive copy meant for one durable subscription), skipped.
     pub undecodable: u64,
 }
 
@@ -303,6 +306,7 @@ impl Transport for NatsTransport {
         }
         let gate = Arc::new(Gate::default());
         let client = self.inner.js.client.clone();
+        let context = self.inner.js.context.clone();
         let subjects = filter_subjects(pattern);
         let inner = Arc::clone(&self.inner);
         let task_gate = Arc::clone(&gate);
@@ -312,13 +316,13 @@ impl Transport for NatsTransport {
                 subscribers.push(client.subscribe(s).await.map_err(unavailable)?);
             }
             // One round trip: the server has processed the SUBs when it answers, so a
-            // message published afterwards by anyone reaches them.
-            let probe = client.new_inbox();
-            match client.request(probe, Bytes::new()).await {
-                Ok(_) => {}
-                Err(e) if e.kind() == async_nats::client::RequestErrorKind::NoResponders => {}
-                Err(e) => return Err(unavailable(format!("subscription not confirmed: {e}"))),
-            }
+            // message published afterwards by anyone reaches them. (A JetStream API
+            // request, not a request into the void: a `>` subscription would make it
+            // wait for a reply nobody sends.)
+            context
+                .query_account()
+                .await
+                .map_err(|e| unavailable(format!("subscription not confirmed: {e}")))?;
             Ok(subscribers
                 .into_iter()
                 .map(|s| {
@@ -397,7 +401,9 @@ async fn receive(
 /// The tidings message a NATS message carries, or `None` when it is not one (or is a
 /// redrive copy reserved for one durable subscription).
 fn decode(m: &async_nats::Message, inner: &Inner) -> Option<Message> {
-    if m.status.is_some() {
+    // Status messages (no responders) and the replies of NATS requests (the JetStream
+    // API's, the client's own) are not messages anyone published to a topic.
+    if m.status.is_some() || m.subject.starts_with(NATS_INBOX_PREFIX) {
         return None;
     }
     let header = |name: &str| m.headers.as_ref().and_then(|h| codec::lookup(h, name));

@@ -7,10 +7,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tidings::{
-    Broker, HandlerError, Message, Overflow, PublishError, RequestError, SubscribeOptions,
-    TransportError,
+    Broker, HandlerError, Message, Overflow, PublishError, RequestError, StreamConfig,
+    SubscribeOptions, TransportError,
 };
-use tidings_jetstream::{ConnectOptions, NatsTransport};
+use tidings_jetstream::{ConnectOptions, JetStreamBackend, NatsTransport};
 use tidings_testkit::nats::{NatsServer, NatsServerOptions};
 
 /// Generous bound for waits on the server and the dispatchers (never asserted as a speed).
@@ -339,4 +339,51 @@ fn request_reply_across_brokers_and_timeout() {
         "{err:?}"
     );
     assert_eq!(a.pending_requests(), 0);
+}
+
+#[test]
+fn a_message_appended_to_a_jetstream_stream_is_sent_once() {
+    let Some(server) = NatsServer::for_test(NatsServerOptions::new()) else {
+        return;
+    };
+    // Broker A keeps streams on JetStream and sends buffered publishes over NATS core,
+    // both on the same server.
+    let backend = JetStreamBackend::connect(options(&server)).expect("connects");
+    let transport = NatsTransport::connect(options(&server)).expect("connects");
+    let a = Broker::builder()
+        .durable_backend(Arc::new(backend))
+        .transport(Arc::new(transport))
+        .build()
+        .expect("builds");
+    a.create_stream(StreamConfig::new("orders", ["orders.#"]))
+        .expect("stream");
+    let (b, _) = broker(&server);
+    let (seen, handler) = recorder();
+    let sub = b
+        .subscribe("#", SubscribeOptions::default(), handler)
+        .expect("subscribes");
+    for i in 0..10 {
+        let report = a.publish(Message::to("orders.new").payload(format!("{i}")));
+        assert_eq!(report.expect("publishes").streams, ["orders"]);
+        assert!(
+            a.publish(Message::to("other.new"))
+                .expect("publishes")
+                .streams
+                .is_empty()
+        );
+    }
+    // The last message of each path: the append's connection and the transport's each
+    // deliver in order, so once both have arrived every earlier copy has too.
+    a.publish(Message::to("orders.end")).expect("publishes");
+    a.publish(Message::to("other.end")).expect("publishes");
+    assert!(eventually(|| {
+        let t = topics(&seen);
+        t.contains(&"orders.end".to_owned()) && t.contains(&"other.end".to_owned())
+    }));
+    assert!(b.wait_idle(PATIENCE));
+    // The append is the publish on the subject: core subscribers see it once, not twice.
+    let t = topics(&seen);
+    assert_eq!(t.iter().filter(|t| *t == "orders.new").count(), 10, "{t:?}");
+    assert_eq!(t.iter().filter(|t| *t == "other.new").count(), 10, "{t:?}");
+    assert_eq!(sub.stats().delivered, 22);
 }
