@@ -7,6 +7,7 @@
 //! | publish | `PUB` on the subject = topic (with the reply-to topic as reply subject), every other field in `tidings-*` headers (the same mapping as the JetStream backend's records) |
 //! | a buffered subscription | one `SUB` per subject of [`filter_subjects`](crate::subject::filter_subjects) (the tightest superset of its pattern), re-checked by the broker |
 //! | delivery | into the subscription's own bounded queue, never waiting |
+//! | request | `PUB` with reply subject `_inbox.<broker nonce>.<correlation id>`, received by the broker's one inbox subscription `_inbox.<nonce>.*`; the server's no-responders status (sent when no subscription exists on the subject) fails the request at once |
 //!
 //! # Delivery
 //! **At-most-once**, as NATS core is: a message published while a subscriber is
@@ -48,8 +49,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use futures_util::StreamExt;
-use tidings::transport::{Deliver, Delivered, Transport, TransportSubscription};
-use tidings::{Limits, Message, Pattern, TransportError};
+use tidings::transport::{Deliver, Delivered, Received, Transport, TransportSubscription};
+use tidings::{Limits, Message, Pattern, Topic, TransportError};
 
 use crate::backend::BACKEND_NAME;
 use crate::backend::codec::{self, Stored};
@@ -386,11 +387,11 @@ async fn receive(
         }
         let c = &inner.counters;
         c.received.fetch_add(1, Ordering::Relaxed);
-        let Some(message) = decode(&m, &inner) else {
+        let Some(received) = decode(&m, &inner) else {
             c.undecodable.fetch_add(1, Ordering::Relaxed);
             continue;
         };
-        match deliver.deliver(message) {
+        match deliver.deliver(received) {
             Delivered::Offered => c.offered.fetch_add(1, Ordering::Relaxed),
             Delivered::NotMatching => c.not_matching.fetch_add(1, Ordering::Relaxed),
             _ => return,
@@ -398,12 +399,21 @@ async fn receive(
     }
 }
 
-/// The tidings message a NATS message carries, or `None` when it is not one (or is a
-/// redrive copy reserved for one durable subscription).
-fn decode(m: &async_nats::Message, inner: &Inner) -> Option<Message> {
-    // Status messages (no responders) and the replies of NATS requests (the JetStream
-    // API's, the client's own) are not messages anyone published to a topic.
-    if m.status.is_some() || m.subject.starts_with(NATS_INBOX_PREFIX) {
+/// The tidings message a NATS message carries, or the no-responders status of a request
+/// this connection published; `None` when it is neither (or is a redrive copy reserved for
+/// one durable subscription).
+fn decode(m: &async_nats::Message, inner: &Inner) -> Option<Received> {
+    // The server sends a request that reached nobody back to its reply subject with this
+    // status, on the publishing connection only.
+    if let Some(status) = m.status {
+        return (status == async_nats::StatusCode::NO_RESPONDERS)
+            .then(|| Topic::new(m.subject.as_str()).ok())
+            .flatten()
+            .map(|reply_to| Received::NoResponders { reply_to });
+    }
+    // The replies of NATS requests (the JetStream API's, the client's own) are not
+    // messages anyone published to a topic.
+    if m.subject.starts_with(NATS_INBOX_PREFIX) {
         return None;
     }
     let header = |name: &str| m.headers.as_ref().and_then(|h| codec::lookup(h, name));
@@ -420,5 +430,7 @@ fn decode(m: &async_nats::Message, inner: &Inner) -> Option<Message> {
         published: SystemTime::now(),
         header: &header,
     };
-    codec::decode(&stored, &inner.limits).ok()
+    codec::decode(&stored, &inner.limits)
+        .ok()
+        .map(Received::Message)
 }

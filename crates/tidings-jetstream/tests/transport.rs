@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tidings::{
-    Broker, HandlerError, Message, Overflow, PublishError, RequestError, StreamConfig,
+    Broker, Driver, HandlerError, Message, Overflow, PublishError, RequestError, StreamConfig,
     SubscribeOptions, TransportError,
 };
 use tidings_jetstream::{ConnectOptions, JetStreamBackend, NatsTransport};
@@ -330,15 +330,39 @@ fn request_reply_across_brokers_and_timeout() {
         assert_eq!(&reply.payload()[..], format!("ping {i}").as_bytes());
     }
     assert_eq!(a.pending_requests(), 0);
-    // Nobody answers on this topic: the request times out and leaves nothing behind.
+    // Nobody subscribes to this topic anywhere: the server says so, and the request fails
+    // at once rather than at its timeout.
     let err = a
-        .request(Message::to("svc.nobody"), Duration::from_millis(300))
+        .request(Message::to("svc.nobody"), PATIENCE)
         .expect_err("no reply");
-    assert!(
-        matches!(err, RequestError::Timeout | RequestError::NoResponders),
-        "{err:?}"
-    );
+    assert_eq!(err, RequestError::NoResponders);
+    // A subscriber that never answers: the request times out and leaves nothing behind.
+    let _mute = b
+        .subscribe("svc.mute", SubscribeOptions::default(), |_: &Message| {
+            Ok::<(), HandlerError>(())
+        })
+        .expect("subscribes");
+    let err = a
+        .request(Message::to("svc.mute"), Duration::from_millis(300))
+        .expect_err("no reply");
+    assert_eq!(err, RequestError::Timeout);
     assert_eq!(a.pending_requests(), 0);
+
+    // Under the manual driver the requester delivers until the reply has come back.
+    let transport = NatsTransport::connect(options(&server)).expect("connects");
+    let manual = Broker::builder()
+        .driver(Driver::Manual)
+        .transport(Arc::new(transport))
+        .build()
+        .expect("builds");
+    let reply = manual
+        .request(Message::to("svc.echo").payload("manual"), PATIENCE)
+        .expect("a reply");
+    assert_eq!(&reply.payload()[..], b"manual");
+    assert_eq!(
+        manual.request(Message::to("svc.nobody"), PATIENCE).err(),
+        Some(RequestError::NoResponders)
+    );
 }
 
 #[test]

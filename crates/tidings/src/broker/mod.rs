@@ -307,8 +307,13 @@ impl Broker {
     /// its reply, except to a subscription whose handler is running up the stack (it cannot
     /// run twice at once), so a request to a handler's own subscription returns `Timeout`.
     ///
+    /// With a [transport](BrokerBuilder::transport) the request and its reply travel over
+    /// it, to and from any broker on it; under the manual driver this then delivers
+    /// (`run_until_idle`) until the reply arrives or `timeout` passes in real time.
+    ///
     /// # Errors
-    /// `NoResponders` at once when no subscription accepted the request; `Timeout` when
+    /// `NoResponders` at once when no subscription accepted the request (with a transport:
+    /// when the transport reports that nobody subscribes to its topic); `Timeout` when
     /// no reply came in time; `Closed` when the broker is closed or closes while the
     /// request waits (close wakes it at once). The outstanding entry is removed either way.
     pub fn request(
@@ -325,7 +330,7 @@ impl Broker {
         let inbox = inner.inbox()?;
         let id = inbox.register();
         let request = message
-            .reply_to(inbox.topic.clone())
+            .reply_to(inner.reply_topic(&inbox, &id))
             .correlation_id(id.clone());
         let deadline = deadline_after(inner.clock.now(), timeout);
         let report = match inner.publish_builder(request) {
@@ -338,17 +343,17 @@ impl Broker {
                 });
             }
         };
-        // With a transport nobody is counted at publish: no responders shows as a timeout.
+        // With a transport nobody is counted at publish: the transport reports no
+        // responders through the inbox instead.
         if !report.scheduled && report.accepted == 0 && !inner.has_transport() {
             inbox.forget(&id);
             return Err(RequestError::NoResponders);
         }
         if inner.executor.is_manual() {
-            inner.run_until_idle();
-            let reply = inbox.try_take(&id);
+            let reply = inner.run_until_reply(&inbox, &id, timeout);
             inbox.forget(&id);
             return match reply {
-                Some(r) => Ok(r),
+                Some(r) => r,
                 None if inbox.is_closed() => Err(RequestError::Closed),
                 None => Err(RequestError::Timeout),
             };
@@ -650,7 +655,8 @@ impl BrokerInner {
             retry: crate::retry::Retry::None,
             ..Default::default()
         };
-        let pattern = Pattern::new(&inbox.topic).map_err(|e| RequestError::Inbox(e.to_string()))?;
+        let pattern = Pattern::new(&self.inbox_pattern(&inbox))
+            .map_err(|e| RequestError::Inbox(e.to_string()))?;
         if self.closed.load(Ordering::Acquire) {
             return Err(RequestError::Closed);
         }

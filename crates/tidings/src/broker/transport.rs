@@ -7,15 +7,21 @@
 //! cost of one `Option` test.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
+use crate::clock::deadline_after;
 use crate::error::{PublishError, SubscribeError};
 use crate::message::Message;
 use crate::report::PublishReport;
+use crate::request::{Inbox, RequestError};
 use crate::scheduler::Target;
 use crate::subscription::shared::{SubShared, without_waiting};
-use crate::transport::{Deliver, Delivered, Transport, TransportSubscription};
+use crate::transport::{Deliver, Delivered, Received, Transport, TransportSubscription};
 
 use super::{BrokerBuilder, BrokerInner};
+
+/// How often the manual driver looks for a reply that travels over a transport.
+const REPLY_POLL: Duration = Duration::from_millis(1);
 
 /// A broker's transport, and whether durable appends already reach its subscribers.
 pub(crate) struct Attached {
@@ -116,9 +122,20 @@ impl BrokerInner {
         let sub = Arc::downgrade(shared);
         let broker = self.weak.clone();
         let pattern = shared.pattern.clone();
-        Deliver::new(move |mut message: Message| {
+        Deliver::new(move |received: Received| {
             let Some(sub) = sub.upgrade() else {
                 return Delivered::Closed;
+            };
+            let mut message = match received {
+                Received::Message(message) => message,
+                Received::NoResponders { reply_to } => {
+                    if let Some(broker) = broker.upgrade()
+                        && let Some(inbox) = broker.inbox.get()
+                    {
+                        inbox.no_responders(reply_to.as_str());
+                    }
+                    return Delivered::Offered;
+                }
             };
             if !pattern.matches(message.topic()) {
                 return Delivered::NotMatching;
@@ -144,6 +161,49 @@ impl BrokerInner {
             let _ = without_waiting(|| sub.offer(&message));
             Delivered::Offered
         })
+    }
+
+    /// The reply-to topic of request `id`: the inbox itself in-process, one topic per
+    /// request under it over a transport (src/request.rs).
+    pub(super) fn reply_topic(&self, inbox: &Inbox, id: &str) -> String {
+        if self.has_transport() {
+            inbox.reply_topic(id)
+        } else {
+            inbox.topic.clone()
+        }
+    }
+
+    /// The pattern of the inbox subscription (see [`BrokerInner::reply_topic`]).
+    pub(super) fn inbox_pattern(&self, inbox: &Inbox) -> String {
+        if self.has_transport() {
+            inbox.transport_pattern()
+        } else {
+            inbox.topic.clone()
+        }
+    }
+
+    /// Manual driver: deliver until the outcome of request `id` is known. In-process the
+    /// reply exists once `run_until_idle` returns; over a transport it arrives later, from
+    /// the network, so this delivers again until it does or `timeout` passed in real time
+    /// (the manual clock would never get there).
+    pub(super) fn run_until_reply(
+        &self,
+        inbox: &Inbox,
+        id: &str,
+        timeout: Duration,
+    ) -> Option<Result<Arc<Message>, RequestError>> {
+        let deadline = deadline_after(Instant::now(), timeout);
+        loop {
+            self.run_until_idle();
+            let outcome = inbox.try_take(id);
+            if outcome.is_some() || !self.has_transport() || inbox.is_closed() {
+                return outcome;
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return None;
+            }
+            std::thread::sleep(REPLY_POLL);
+        }
     }
 
     /// Stop receiving for every subscription (close, first step).

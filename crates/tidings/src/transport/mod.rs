@@ -41,4 +41,4 @@
 mod seam;
 
 pub use crate::error::TransportError;
-pub use seam::{Deliver, Delivered, Transport, TransportSubscription};
+pub use seam::{Deliver, Delivered, Received, Transport, TransportSubscription};

@@ -4,7 +4,7 @@
 //!
 //! - [`Transport::publish`] sends one message to every subscriber of its topic, anywhere;
 //! - [`Transport::subscribe`] starts receiving the messages whose topic may match a
-//!   pattern and hands each to a [`Deliver`] callback the broker provides;
+//!   pattern and hands each ([`Received`]) to a [`Deliver`] callback the broker provides;
 //! - [`TransportSubscription`] stops that when closed or dropped.
 //!
 //! # Threads
@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use crate::error::TransportError;
 use crate::message::Message;
-use crate::topic::Pattern;
+use crate::topic::{Pattern, Topic};
 
 /// Carries a broker's buffered publishes to buffered subscriptions, across processes.
 /// One transport serves one broker at a time.
@@ -73,6 +73,26 @@ pub trait TransportSubscription: Send + Sync {
     fn close(&self);
 }
 
+/// What a transport hands to a subscription.
+// Nearly every value is the large variant, moved once and unwrapped at once: boxing it
+// would add an allocation per received message to save none.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum Received {
+    /// A message published (by any broker on the transport) to a topic the subscription's
+    /// pattern may match.
+    Message(Message),
+    /// A message published with this reply-to topic reached no subscriber at all (NATS's
+    /// no-responders status). The broker fails the request waiting on that topic with
+    /// [`RequestError::NoResponders`](crate::RequestError::NoResponders); elsewhere it is
+    /// ignored.
+    NoResponders {
+        /// The reply-to topic of the message that reached nobody.
+        reply_to: Topic,
+    },
+}
+
 /// What became of one received message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -87,19 +107,20 @@ pub enum Delivered {
 }
 
 /// The broker's side of one transport subscription: called by the transport with each
-/// received message. Cheap to clone; never blocks; callable from any thread.
+/// received message, in the order received. Cheap to clone; never blocks; callable from
+/// any thread.
 #[derive(Clone)]
-pub struct Deliver(Arc<dyn Fn(Message) -> Delivered + Send + Sync>);
+pub struct Deliver(Arc<dyn Fn(Received) -> Delivered + Send + Sync>);
 
 impl Deliver {
     /// A callback running `f`.
-    pub fn new(f: impl Fn(Message) -> Delivered + Send + Sync + 'static) -> Self {
+    pub fn new(f: impl Fn(Received) -> Delivered + Send + Sync + 'static) -> Self {
         Self(Arc::new(f))
     }
 
-    /// Hand one received message to the subscription.
-    pub fn deliver(&self, message: Message) -> Delivered {
-        (self.0)(message)
+    /// Hand one received message (or status) to the subscription.
+    pub fn deliver(&self, received: Received) -> Delivered {
+        (self.0)(received)
     }
 }
 
