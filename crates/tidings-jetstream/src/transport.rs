@@ -46,6 +46,7 @@
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::thread::{self, ThreadId};
 use std::time::{Duration, SystemTime};
 
 use futures_util::StreamExt;
@@ -95,6 +96,11 @@ impl NatsTransportBuilder {
         let rt = Runtime::start("tidings-nats").map_err(|e| ConnectError::Runtime {
             detail: e.to_string(),
         })?;
+        let runtime_thread =
+            rt.call(async { thread::current().id() })
+                .map_err(|_| ConnectError::Runtime {
+                    detail: "the runtime thread stopped".into(),
+                })?;
         let options = self.connect;
         let js = rt
             .call(async move { options.connect().await })
@@ -104,6 +110,7 @@ impl NatsTransportBuilder {
         Ok(NatsTransport {
             inner: Arc::new(Inner {
                 rt,
+                runtime_thread,
                 js,
                 limits: self.limits,
                 closed: AtomicBool::new(false),
@@ -126,6 +133,7 @@ struct Counters {
 
 struct Inner {
     rt: Runtime,
+    runtime_thread: ThreadId,
     js: JetStream,
     limits: Limits,
     closed: AtomicBool,
@@ -333,7 +341,11 @@ impl Transport for NatsTransport {
                 })
                 .collect::<Vec<_>>())
         })?;
-        Ok(Box::new(NatsSubscription { gate, tasks }))
+        Ok(Box::new(NatsSubscription {
+            gate,
+            tasks,
+            runtime_thread: self.inner.runtime_thread,
+        }))
     }
 
     fn carries_appends(&self, backend: &str) -> bool {
@@ -349,17 +361,32 @@ impl Transport for NatsTransport {
 /// starts after.
 #[derive(Default)]
 struct Gate {
-    closed: Mutex<bool>,
+    closed: AtomicBool,
+    /// Held by the receive loop while it delivers one message.
+    delivering: Mutex<()>,
 }
 
 struct NatsSubscription {
     gate: Arc<Gate>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// The transport's runtime thread, where every delivery runs.
+    runtime_thread: ThreadId,
 }
 
 impl TransportSubscription for NatsSubscription {
     fn close(&self) {
-        *self.gate.closed.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        self.gate.closed.store(true, Ordering::Release);
+        // Wait out a delivery in progress, unless this *is* that delivery (the broker's
+        // last handle dropped inside it closes the broker): then nothing else delivers
+        // meanwhile, as every delivery runs on that one thread.
+        if thread::current().id() != self.runtime_thread {
+            drop(
+                self.gate
+                    .delivering
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner()),
+            );
+        }
         // Aborting drops the subscriber, which unsubscribes on the server.
         for t in &self.tasks {
             t.abort();
@@ -381,8 +408,8 @@ async fn receive(
     deliver: Deliver,
 ) {
     while let Some(m) = subscriber.next().await {
-        let closed = gate.closed.lock().unwrap_or_else(|e| e.into_inner());
-        if *closed {
+        let _delivering = gate.delivering.lock().unwrap_or_else(|e| e.into_inner());
+        if gate.closed.load(Ordering::Acquire) {
             return;
         }
         let c = &inner.counters;
