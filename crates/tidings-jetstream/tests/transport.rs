@@ -11,7 +11,9 @@ use tidings::{
     SubscribeOptions, TransportError,
 };
 use tidings_jetstream::{ConnectOptions, JetStreamBackend, NatsTransport};
+use tidings_testkit::backend::{Backend, ThreadedBackend};
 use tidings_testkit::nats::{NatsServer, NatsServerOptions};
+use tidings_testkit::suite;
 
 /// Generous bound for waits on the server and the dispatchers (never asserted as a speed).
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -410,4 +412,53 @@ fn a_message_appended_to_a_jetstream_stream_is_sent_once() {
     assert_eq!(t.iter().filter(|t| *t == "orders.new").count(), 10, "{t:?}");
     assert_eq!(t.iter().filter(|t| *t == "other.new").count(), 10, "{t:?}");
     assert_eq!(sub.stats().delivered, 22);
+}
+
+/// The in-memory suite's brokers, each with its own NATS transport on one server.
+struct OverNats {
+    server: NatsServer,
+}
+
+impl Backend for OverNats {
+    fn name(&self) -> String {
+        "nats-transport".into()
+    }
+    fn builder(&self) -> tidings::BrokerBuilder {
+        let transport = NatsTransport::connect(options(&self.server)).expect("connects");
+        Broker::builder()
+            .driver(Driver::Thread)
+            .transport(Arc::new(transport))
+    }
+    fn settle(&self, broker: &Broker, what: &str, cond: &mut dyn FnMut() -> bool) {
+        ThreadedBackend::new("nats-transport", Driver::Thread).settle(broker, what, cond);
+    }
+}
+
+/// Suite cases that assert what a broker with a transport does differently, and what.
+const DIFFERS: &[(&str, &str)] = &[(
+    "fan_out_order_and_exclusivity",
+    "asserts PublishReport::accepted, which counts nobody over a transport (delivery \
+     happens on receipt, elsewhere)",
+)];
+
+#[test]
+fn the_in_memory_suite_runs_over_the_transport() {
+    let Some(server) = NatsServer::for_test(NatsServerOptions::new()) else {
+        return;
+    };
+    let backend = OverNats { server };
+    let mut unexpected = Vec::new();
+    for (name, case) in suite::ALL {
+        let passed =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| case(&backend))).is_ok();
+        match (passed, DIFFERS.iter().find(|(n, _)| n == name)) {
+            (true, None) | (false, Some(_)) => {}
+            (true, Some((_, why))) => {
+                unexpected.push(format!("{name} passes: drop it from DIFFERS ({why})"));
+            }
+            (false, None) => unexpected.push(format!("{name} fails over the transport")),
+        }
+    }
+    // R-DIST-2: the same handlers and options behave the same over NATS core.
+    assert!(unexpected.is_empty(), "{unexpected:#?}");
 }
