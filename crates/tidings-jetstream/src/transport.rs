@@ -40,8 +40,10 @@
 //!
 //! # Threads
 //! async-nats runs on a current-thread runtime on a thread the transport owns (the one the
-//! JetStream backend uses); publish and subscribe wait on a channel for it, never nesting
-//! `block_on`. Received messages are handed to the broker on that thread.
+//! JetStream backend uses). Publish hands the message to the client's command channel on
+//! the caller's thread when it has room (it never waits there); otherwise, and for
+//! subscribe, the work runs on the runtime while the caller waits on a channel, bounded,
+//! never nesting `block_on`. Received messages are handed to the broker on that thread.
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -49,7 +51,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::{self, ThreadId};
 use std::time::{Duration, SystemTime};
 
-use futures_util::StreamExt;
+use futures_util::{FutureExt, StreamExt};
 use tidings::transport::{Deliver, Delivered, Received, Transport, TransportSubscription};
 use tidings::{Limits, Message, Pattern, Topic, TransportError};
 
@@ -279,25 +281,14 @@ impl Transport for NatsTransport {
         if !self.inner.js.is_connected() {
             return Err(unavailable("not connected to the NATS server"));
         }
-        let client = self.inner.js.client.clone();
-        let subject = message.topic().as_str().to_owned();
-        let reply = message.reply_to().map(|t| t.as_str().to_owned());
-        let headers = codec::encode(message);
-        let payload = message.payload().clone();
-        self.call(async move {
-            let sent = match reply {
-                Some(reply) => {
-                    client
-                        .publish_with_reply_and_headers(subject, reply, headers, payload)
-                        .await
-                }
-                None => client.publish_with_headers(subject, headers, payload).await,
-            };
-            sent.map_err(|e| match e.kind() {
-                async_nats::client::PublishErrorKind::Send => unavailable(e),
-                _ => refused(e),
-            })
-        })?;
+        // Handing a message to the client is a send into its bounded command channel,
+        // which needs no runtime: tried once on this thread (no hop, no wait). Only when
+        // the channel is full does the send wait, on the transport's runtime, bounded.
+        let sent = match send(&self.inner.js.client, message).now_or_never() {
+            Some(sent) => sent,
+            None => self.call(send(&self.inner.js.client, message)),
+        };
+        sent?;
         self.inner.counters.sent.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
@@ -354,6 +345,33 @@ impl Transport for NatsTransport {
 
     fn close(&self) {
         self.inner.closed.store(true, Ordering::Release);
+    }
+}
+
+/// Hands `message` to the client: subject = topic, reply subject = reply-to topic, every
+/// field in the codec's headers.
+fn send(
+    client: &async_nats::Client,
+    message: &Message,
+) -> impl Future<Output = Result<(), TransportError>> + Send + 'static {
+    let client = client.clone();
+    let subject = message.topic().as_str().to_owned();
+    let reply = message.reply_to().map(|t| t.as_str().to_owned());
+    let headers = codec::encode(message);
+    let payload = message.payload().clone();
+    async move {
+        let sent = match reply {
+            Some(reply) => {
+                client
+                    .publish_with_reply_and_headers(subject, reply, headers, payload)
+                    .await
+            }
+            None => client.publish_with_headers(subject, headers, payload).await,
+        };
+        sent.map_err(|e| match e.kind() {
+            async_nats::client::PublishErrorKind::Send => unavailable(e),
+            _ => refused(e),
+        })
     }
 }
 
