@@ -462,3 +462,74 @@ fn the_in_memory_suite_runs_over_the_transport() {
     // R-DIST-2: the same handlers and options behave the same over NATS core.
     assert!(unexpected.is_empty(), "{unexpected:#?}");
 }
+
+#[test]
+fn fan_out_keeps_each_publishers_order_and_one_handler_call_at_a_time() {
+    let Some(server) = NatsServer::for_test(NatsServerOptions::new()) else {
+        return;
+    };
+    let (a, _) = broker(&server);
+    let (b, _) = broker(&server);
+    let (publishers, each) = (3u32, 200u32);
+    let total = (publishers * each) as usize;
+    type Log = Arc<Mutex<Vec<(u32, u32)>>>;
+    let mut subs = Vec::new();
+    for _ in 0..3 {
+        let log: Log = Arc::default();
+        let running = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let overlap = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (l, r, o) = (Arc::clone(&log), Arc::clone(&running), Arc::clone(&overlap));
+        let sub = b
+            .subscribe(
+                "fan.out",
+                SubscribeOptions {
+                    capacity: total,
+                    ..Default::default()
+                },
+                move |m: &Message| {
+                    use std::sync::atomic::Ordering::SeqCst;
+                    if r.fetch_add(1, SeqCst) > 0 {
+                        o.store(true, SeqCst);
+                    }
+                    let text = String::from_utf8_lossy(m.payload()).into_owned();
+                    let (p, i) = text.split_once(':').expect("p:i");
+                    l.lock()
+                        .expect("not poisoned")
+                        .push((p.parse().expect("p"), i.parse().expect("i")));
+                    std::thread::yield_now();
+                    r.fetch_sub(1, SeqCst);
+                    Ok::<(), HandlerError>(())
+                },
+            )
+            .expect("subscribes");
+        subs.push((sub, log, overlap));
+    }
+    std::thread::scope(|s| {
+        for p in 0..publishers {
+            let a = a.clone();
+            s.spawn(move || {
+                for i in 0..each {
+                    a.publish(Message::to("fan.out").payload(format!("{p}:{i}")))
+                        .expect("publishes");
+                }
+            });
+        }
+    });
+    for (sub, log, overlap) in &subs {
+        assert!(
+            eventually(|| sub.stats().delivered == total as u64),
+            "{:?}",
+            sub.stats()
+        );
+        let mut next = [0u32; 3];
+        for &(p, i) in log.lock().expect("not poisoned").iter() {
+            // R-ORD-2: each publisher's messages in its order, across the network.
+            assert_eq!(i, next[p as usize], "publisher {p}");
+            next[p as usize] += 1;
+        }
+        // R-CORE-3: one handler call at a time per subscription.
+        assert!(!overlap.load(std::sync::atomic::Ordering::SeqCst));
+        assert!(sub.stats().is_conserved()); // R-DEL-6
+    }
+    assert!(b.close(Duration::from_secs(5)).is_clean());
+}
