@@ -39,6 +39,7 @@ mod error;
 mod pipeline;
 mod stream;
 pub mod subject;
+mod transport;
 
 pub use backend::{
     BACKEND_NAME, DEFAULT_MAX_DELIVERIES, JetStreamBackend, JetStreamBackendBuilder, MAX_NAME_BYTES,
@@ -58,3 +59,4 @@ pub use pipeline::{Acknowledged, Pipeline, PipelineError};
 pub use stream::{
     Appended, DEFAULT_DUPLICATE_WINDOW, RESERVED_HEADER_PREFIX, Record, StreamSpec, StreamState,
 };
+pub use transport::{NatsTransport, NatsTransportBuilder, TRANSPORT_NAME, TransportStats};

@@ -104,6 +104,10 @@ pub enum PublishError {
         /// The log's error, with the stream directory.
         error: String,
     },
+    /// The broker's transport could not send the message (R-DIST-5); nothing was sent to
+    /// any subscriber (durable streams earlier in name order may already hold it).
+    #[error(transparent)]
+    Transport(TransportError),
 }
 
 /// Why `subscribe` failed. No subscription was created.
@@ -128,8 +132,41 @@ pub enum SubscribeError {
     /// The driver could not start a dispatcher (e.g. thread spawn failed).
     #[error("could not start the dispatcher: {0}")]
     Spawn(String),
+    /// The broker's transport could not open the subscription's receiving end.
+    #[error(transparent)]
+    Transport(TransportError),
     /// An async handler was given to a broker whose driver is not
     /// [`Driver::Tokio`](crate::Driver): only the tokio driver can await it (R-EXE-3).
     #[error("async handlers need the tokio driver")]
     AsyncHandlerNeedsTokio,
+}
+
+/// Why a broker's [`Transport`](crate::transport::Transport) could not send a message or
+/// open a subscription.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum TransportError {
+    /// Not connected, or no progress within the transport's stated timeout; nothing was
+    /// sent (R-DIST-5).
+    #[error("transport {transport} unavailable: {reason}")]
+    Unavailable {
+        /// The transport's name (`"nats"`).
+        transport: &'static str,
+        /// What happened, with the timeout when one passed.
+        reason: String,
+    },
+    /// The transport will not carry it (too large, not permitted).
+    #[error("transport {transport} refused it: {reason}")]
+    Refused {
+        /// The transport's name.
+        transport: &'static str,
+        /// Why.
+        reason: String,
+    },
+    /// The transport was closed.
+    #[error("transport {transport} is closed")]
+    Closed {
+        /// The transport's name.
+        transport: &'static str,
+    },
 }

@@ -63,6 +63,7 @@ mod subscription;
 mod sync;
 mod telemetry;
 pub mod topic;
+pub mod transport;
 
 #[cfg(feature = "tokio")]
 pub use async_handler::{AsyncHandler, HandlerFuture};
@@ -76,7 +77,7 @@ pub use durable::{
     DurableSubscription, StartAt, Stream, StreamConfig, StreamError,
 };
 pub use embedded::{DurableDedupStore, offline};
-pub use error::{ConfigError, PublishError, SubscribeError};
+pub use error::{ConfigError, PublishError, SubscribeError, TransportError};
 pub use filter::{HeaderFilter, HeaderLookup};
 pub use handler::{FnHandler, Handler, HandlerError, IntoHandlerResult, handler_fn};
 pub use limits::Limits;

@@ -6,6 +6,13 @@
 //! id. A timed-out request removes its entry, so the table never keeps leftovers; a reply
 //! arriving after its request gave up is counted in `late_replies` and dropped.
 //!
+//! # Over a transport
+//! With a [transport](crate::transport) the inbox is still one subscription, on
+//! `_inbox.<nonce>.*`, and each request's reply-to is `_inbox.<nonce>.<correlation id>`:
+//! a transport that learns a request reached nobody (NATS's no-responders status, sent to
+//! the reply subject) names the request by its reply-to topic, and the request fails at
+//! once with [`RequestError::NoResponders`] instead of timing out.
+//!
 //! # Closing
 //! Broker close closes the inbox: every waiting request wakes at once with
 //! [`RequestError::Closed`] (R-CORE-6), and later requests fail with it.
@@ -41,9 +48,17 @@ pub enum RequestError {
     Closed,
 }
 
+/// Where one outstanding request is.
+enum Slot {
+    Waiting,
+    Replied(Arc<Message>),
+    /// The transport reported that the request reached no subscriber.
+    NoResponders,
+}
+
 pub(crate) struct Inbox {
     pub(crate) topic: String,
-    pending: Mutex<HashMap<String, Option<Arc<Message>>>>,
+    pending: Mutex<HashMap<String, Slot>>,
     arrived: Condvar,
     next: AtomicU64,
     late: AtomicU64,
@@ -65,8 +80,34 @@ impl Inbox {
     /// Register a new outstanding request; returns its correlation id.
     pub(crate) fn register(&self) -> String {
         let id = format!("r{}", self.next.fetch_add(1, Ordering::Relaxed));
-        self.pending.lock().insert(id.clone(), None);
+        self.pending.lock().insert(id.clone(), Slot::Waiting);
         id
+    }
+
+    /// The reply-to topic of request `id` over a transport (see the module docs).
+    pub(crate) fn reply_topic(&self, id: &str) -> String {
+        format!("{}.{id}", self.topic)
+    }
+
+    /// The pattern of the inbox subscription over a transport.
+    pub(crate) fn transport_pattern(&self) -> String {
+        format!("{}.*", self.topic)
+    }
+
+    /// The transport says the request whose reply-to is `reply_to` reached nobody.
+    pub(crate) fn no_responders(&self, reply_to: &str) {
+        let Some(id) = reply_to
+            .strip_prefix(self.topic.as_str())
+            .and_then(|rest| rest.strip_prefix('.'))
+        else {
+            return;
+        };
+        let mut pending = self.pending.lock();
+        if let Some(slot @ Slot::Waiting) = pending.get_mut(id) {
+            *slot = Slot::NoResponders;
+            drop(pending);
+            self.arrived.notify_all();
+        }
     }
 
     pub(crate) fn forget(&self, id: &str) {
@@ -81,8 +122,8 @@ impl Inbox {
         };
         let mut pending = self.pending.lock();
         match pending.get_mut(id) {
-            Some(slot @ None) => {
-                *slot = Some(Arc::new(reply.clone()));
+            Some(slot @ Slot::Waiting) => {
+                *slot = Slot::Replied(Arc::new(reply.clone()));
                 drop(pending);
                 self.arrived.notify_all();
             }
@@ -93,12 +134,17 @@ impl Inbox {
         Ok(())
     }
 
-    /// Take the reply for `id` if it has arrived (removing the entry).
-    pub(crate) fn try_take(&self, id: &str) -> Option<Arc<Message>> {
+    /// The outcome for `id` if it is known (removing the entry): the reply, or
+    /// `NoResponders`.
+    pub(crate) fn try_take(&self, id: &str) -> Option<Result<Arc<Message>, RequestError>> {
         let mut pending = self.pending.lock();
-        let reply = pending.get_mut(id)?.take()?;
-        pending.remove(id);
-        Some(reply)
+        match pending.get(id)? {
+            Slot::Waiting => None,
+            Slot::Replied(_) | Slot::NoResponders => match pending.remove(id) {
+                Some(Slot::Replied(reply)) => Some(Ok(reply)),
+                _ => Some(Err(RequestError::NoResponders)),
+            },
+        }
     }
 
     /// Wait for the reply to `id` until `deadline` on `clock` (`None`: no deadline), or
@@ -111,8 +157,14 @@ impl Inbox {
     ) -> Result<Arc<Message>, RequestError> {
         let mut pending = self.pending.lock();
         loop {
-            if let Some(Some(_)) = pending.get(id) {
-                return pending.remove(id).flatten().ok_or(RequestError::Timeout);
+            match pending.get(id) {
+                Some(Slot::Replied(_)) | Some(Slot::NoResponders) => {
+                    return match pending.remove(id) {
+                        Some(Slot::Replied(reply)) => Ok(reply),
+                        _ => Err(RequestError::NoResponders),
+                    };
+                }
+                Some(Slot::Waiting) | None => {}
             }
             if self.closed.load(Ordering::Acquire) {
                 pending.remove(id);

@@ -47,11 +47,11 @@
 //! [`Capabilities::first_offset`]: tidings::durable::Capabilities
 //! [`BackendCursor`]: tidings::durable::BackendCursor
 
-mod codec;
+pub(crate) mod codec;
 mod cursor;
 mod dead_letters;
 mod keep_alive;
-mod runtime;
+pub(crate) mod runtime;
 mod stream;
 
 use std::fmt;

@@ -46,6 +46,8 @@ impl BrokerInner {
 
     pub(super) fn close_once(&self, drain: Duration) -> CloseReport {
         self.closed.store(true, Ordering::Release);
+        // Stop receiving from the transport (src/broker/transport.rs).
+        self.close_remotes();
         if let Some(inbox) = self.inbox.get() {
             inbox.close();
         }
@@ -79,6 +81,7 @@ impl BrokerInner {
         report.unjoined = self.executor.join(Instant::now() + JOIN_GRACE);
         // Stop durable feeders, write durable positions, close streams (src/durable).
         self.durables.close();
+        self.close_transport();
         self.scheduler.join_timer();
         // Handlers that were running when their queue closed and then failed retryably
         // were dead-lettered as `Shutdown` after `sub.close()` returned: report them too,

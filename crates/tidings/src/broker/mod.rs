@@ -31,6 +31,7 @@
 //! | `idle.rs` | the manual driver's drive-to-idle (`run_until_idle`, `settle`'s next wake-up) |
 //! | `close.rs` | `close` and its report |
 //! | `async.rs` | the async methods (feature `tokio`) |
+//! | `transport.rs` | the transport option and its publish / subscribe / close hooks (src/transport) |
 //!
 //! The admin actions and the snapshot (`crate::ops`) add `impl Broker` blocks of their own.
 
@@ -66,6 +67,7 @@ mod close;
 mod durable;
 mod idle;
 mod publish;
+mod transport;
 
 use publish::refuse_reserved_headers;
 
@@ -80,6 +82,8 @@ struct Registry {
     /// tidings' own subscriptions (the reply inbox): run and closed like the others, but
     /// not listed, not counted, not removable by id.
     internal: BTreeMap<SubscriptionId, Arc<SubscriptionShell>>,
+    /// With a transport: each routed subscription's receiving end (src/broker/transport.rs).
+    remote: BTreeMap<SubscriptionId, Box<dyn crate::transport::TransportSubscription>>,
 }
 
 /// Where `close` is: the first caller does the work; others wait for its report.
@@ -100,6 +104,8 @@ pub struct BrokerBuilder {
     /// Where durable streams live (`BrokerBuilder::data_dir`, `durable_backend`:
     /// src/broker/durable.rs).
     durable: durable::DurableChoice,
+    /// Where buffered publishes go (`BrokerBuilder::transport`); `None`: in-process.
+    transport: Option<Arc<dyn crate::transport::Transport>>,
 }
 
 impl BrokerBuilder {
@@ -123,6 +129,12 @@ impl BrokerBuilder {
     pub fn build(self) -> Result<Broker, ConfigError> {
         self.limits.validate()?;
         let (backend, data_dir) = self.durable.build()?;
+        let transport = self.transport.map(|transport| transport::Attached {
+            carries_appends: backend
+                .as_ref()
+                .is_some_and(|b| transport.carries_appends(b.name())),
+            transport,
+        });
         let executor = executor_for(&self.driver, &self.clock)?;
         let inner = Arc::new_cyclic(|weak| BrokerInner {
             registry: RwLock::new(Registry::default()),
@@ -141,6 +153,7 @@ impl BrokerBuilder {
             manual_clock: self.manual_clock,
             durables: Arc::new(crate::durable::Durables::new(backend, data_dir)),
             driver_name: crate::driver::driver_name(&self.driver),
+            transport,
         });
         let waiter: Weak<dyn ClockWaiter> = Arc::downgrade(&inner) as Weak<dyn ClockWaiter>;
         inner.clock.register_waiter(waiter);
@@ -208,6 +221,8 @@ pub(crate) struct BrokerInner {
     pub(crate) durables: Arc<crate::durable::Durables>,
     /// The driver's name, for the snapshot (src/ops/snapshot.rs).
     pub(crate) driver_name: &'static str,
+    /// Where buffered publishes go; `None`: the in-process router (src/broker/transport.rs).
+    transport: Option<transport::Attached>,
 }
 
 impl Broker {
@@ -219,6 +234,7 @@ impl Broker {
             limits: Limits::default(),
             manual_clock: None,
             durable: Default::default(),
+            transport: None,
         }
     }
 
@@ -291,8 +307,13 @@ impl Broker {
     /// its reply, except to a subscription whose handler is running up the stack (it cannot
     /// run twice at once), so a request to a handler's own subscription returns `Timeout`.
     ///
+    /// With a [transport](BrokerBuilder::transport) the request and its reply travel over
+    /// it, to and from any broker on it; under the manual driver this then delivers
+    /// (`run_until_idle`) until the reply arrives or `timeout` passes in real time.
+    ///
     /// # Errors
-    /// `NoResponders` at once when no subscription accepted the request; `Timeout` when
+    /// `NoResponders` at once when no subscription accepted the request (with a transport:
+    /// when the transport reports that nobody subscribes to its topic); `Timeout` when
     /// no reply came in time; `Closed` when the broker is closed or closes while the
     /// request waits (close wakes it at once). The outstanding entry is removed either way.
     pub fn request(
@@ -309,7 +330,7 @@ impl Broker {
         let inbox = inner.inbox()?;
         let id = inbox.register();
         let request = message
-            .reply_to(inbox.topic.clone())
+            .reply_to(inner.reply_topic(&inbox, &id))
             .correlation_id(id.clone());
         let deadline = deadline_after(inner.clock.now(), timeout);
         let report = match inner.publish_builder(request) {
@@ -322,16 +343,17 @@ impl Broker {
                 });
             }
         };
-        if !report.scheduled && report.accepted == 0 {
+        // With a transport nobody is counted at publish: the transport reports no
+        // responders through the inbox instead.
+        if !report.scheduled && report.accepted == 0 && !inner.has_transport() {
             inbox.forget(&id);
             return Err(RequestError::NoResponders);
         }
         if inner.executor.is_manual() {
-            inner.run_until_idle();
-            let reply = inbox.try_take(&id);
+            let reply = inner.run_until_reply(&inbox, &id, timeout);
             inbox.forget(&id);
             return match reply {
-                Some(r) => Ok(r),
+                Some(r) => r,
                 None if inbox.is_closed() => Err(RequestError::Closed),
                 None => Err(RequestError::Timeout),
             };
@@ -547,6 +569,9 @@ impl BrokerInner {
             self.clock.clone(),
             self.dead_letter_sink(),
         ));
+        // With a transport, a routed subscription receives through it, not the router.
+        let remote = routed && self.has_transport();
+        let routed = routed && !remote;
         let evicted;
         {
             let mut reg = self.registry.write();
@@ -575,6 +600,9 @@ impl BrokerInner {
             map.insert(id, shared.clone());
         }
         drop(evicted);
+        if remote {
+            self.open_remote(&shared)?;
+        }
         Ok(Subscription {
             shared,
             broker: self.weak.clone(),
@@ -594,13 +622,15 @@ impl BrokerInner {
 
     /// Only the user's subscriptions can be removed by id; internal ones end at close.
     pub(crate) fn unsubscribe(&self, id: SubscriptionId) -> Option<Vec<Arc<Message>>> {
-        let (shared, evicted) = {
+        let (shared, evicted, remote) = {
             let mut reg = self.registry.write();
             let shared = reg.all.remove(&id)?;
             reg.router.remove(&shared.pattern, id.0);
+            let remote = reg.remote.remove(&id);
             // Publishes that start after this returns must not see it (R-CORE-6).
-            (shared, reg.routes.invalidate())
+            (shared, reg.routes.invalidate(), remote)
         };
+        self.close_remote(remote);
         // Cached routes may hold the last references to other removed subscriptions:
         // dropped here, outside the registry lock.
         drop(evicted);
@@ -625,7 +655,8 @@ impl BrokerInner {
             retry: crate::retry::Retry::None,
             ..Default::default()
         };
-        let pattern = Pattern::new(&inbox.topic).map_err(|e| RequestError::Inbox(e.to_string()))?;
+        let pattern = Pattern::new(&self.inbox_pattern(&inbox))
+            .map_err(|e| RequestError::Inbox(e.to_string()))?;
         if self.closed.load(Ordering::Acquire) {
             return Err(RequestError::Closed);
         }

@@ -44,8 +44,9 @@ impl BrokerInner {
         // Durable streams first: a failed append fails the publish (src/durable).
         let streams = self.durables.append(&message)?;
         let mut report = match self.due_time(&message) {
-            Some(due) => self.schedule(due, message)?,
-            None => self.route(&message),
+            // With a transport a delayed message travels now; receivers hold it.
+            Some(due) if !self.has_transport() => self.schedule(due, message)?,
+            _ => self.dispatch(&message, !streams.is_empty())?,
         };
         report.streams = streams;
         Ok(report)
@@ -106,6 +107,7 @@ impl BrokerInner {
     pub(super) fn release(&self, (message, target): Due) {
         without_waiting(|| match target {
             Target::Route => {
+                // Only without a transport are delayed publishes held here (publish_builder).
                 self.route(&message);
             }
             Target::Only(_, offer) => offer(&message),
@@ -181,7 +183,7 @@ impl BrokerInner {
             .insert("tidings-dlq-original-id", original.id().to_string());
         let message = Arc::new(message);
         let streams = self.durables.append(&message)?;
-        let mut report = self.route(&message);
+        let mut report = self.dispatch(&message, !streams.is_empty())?;
         report.streams = streams;
         Ok(report)
     }
