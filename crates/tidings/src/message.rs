@@ -20,8 +20,8 @@ use crate::topic::Topic;
 /// A unique, time-ordered message id.
 ///
 /// Layout (128 bits, most significant first): 48 bits of milliseconds since the UNIX epoch,
-/// 16 bits of per-process nonce, 64 bits of a per-process sequence. Ids from one process
-/// compare in the order they were assigned; ids from different processes compare by time
+/// 16 bits of random per-generator nonce, 64 bits of a sequence from a random start. Ids
+/// from one broker compare in the order they were assigned; ids from different processes compare by time
 /// first.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct MessageId(u128);
@@ -65,15 +65,27 @@ pub(crate) struct IdGenerator {
 
 impl IdGenerator {
     pub(crate) fn new() -> Self {
+        // Ids must not collide across processes: a JetStream stream deduplicates by id
+        // (`Nats-Msg-Id`), so two processes minting one id would lose a message silently.
+        // The nonce and the sequence's start are random (the standard library's per-process
+        // OS-seeded hash keys, mixed with the time and the process id); two generators then
+        // collide only if their nonces match and their sequences overlap, about
+        // n / 2^79 for n ids each. The start leaves the top bit clear so the sequence never
+        // wraps in practice (2^63 ids), keeping one generator's ids in order.
+        use std::hash::{BuildHasher, Hasher};
         let now = SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
             .unwrap_or_default();
-        // Per-process nonce from the sub-second clock and the process id: distinct brokers
-        // in distinct processes rarely share it, and the sequence keeps ids unique within one.
-        let nonce = (now.subsec_nanos() ^ std::process::id().rotate_left(16)) as u16;
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u128(now.as_nanos());
+        h.write_u32(std::process::id());
+        h.write_usize(&h as *const _ as usize);
+        let first = h.finish();
+        h.write_u64(first);
+        let second = h.finish();
         Self {
-            nonce,
-            seq: AtomicU64::new(0),
+            nonce: first as u16,
+            seq: AtomicU64::new(second >> 1),
         }
     }
 
@@ -666,5 +678,36 @@ mod parts_tests {
             Message::from_parts(parts, &Limits::default()),
             Err(PublishError::CorrelationIdTooLarge { .. })
         ));
+    }
+}
+
+#[cfg(test)]
+mod id_tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    /// Brokers made in the same instant (as two processes started together would be) mint
+    /// no common id: a JetStream stream would drop the second as a duplicate (R-DEL-6).
+    #[test]
+    fn generators_made_together_never_share_an_id() {
+        let wall = SystemTime::now();
+        let gens: Vec<IdGenerator> = (0..64).map(|_| IdGenerator::new()).collect();
+        let mut seen = HashSet::new();
+        for g in &gens {
+            for _ in 0..1_000 {
+                assert!(seen.insert(g.next(wall)), "an id was minted twice");
+            }
+        }
+        let nonces: HashSet<u16> = gens.iter().map(|g| g.nonce).collect();
+        assert!(nonces.len() > 32, "nonces are not spread: {}", nonces.len());
+    }
+
+    /// One generator's ids increase in the order they were assigned.
+    #[test]
+    fn one_generator_mints_increasing_ids() {
+        let g = IdGenerator::new();
+        let wall = SystemTime::now();
+        let ids: Vec<MessageId> = (0..1_000).map(|_| g.next(wall)).collect();
+        assert!(ids.is_sorted());
     }
 }
