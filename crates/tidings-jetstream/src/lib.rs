@@ -36,7 +36,7 @@ mod consumer;
 mod error;
 mod stream;
 pub mod subject;
-mod transport;
+pub mod transport;
 
 pub use backend::{
     BACKEND_NAME, DEFAULT_MAX_DELIVERIES, JetStreamBackend, JetStreamBackendBuilder, MAX_NAME_BYTES,
