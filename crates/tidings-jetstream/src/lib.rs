@@ -39,7 +39,7 @@ mod error;
 mod pipeline;
 mod stream;
 pub mod subject;
-mod transport;
+pub mod transport;
 
 pub use backend::{
     BACKEND_NAME, DEFAULT_MAX_DELIVERIES, JetStreamBackend, JetStreamBackendBuilder, MAX_NAME_BYTES,

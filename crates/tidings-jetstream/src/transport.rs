@@ -5,7 +5,7 @@
 //! | seam | NATS core |
 //! |---|---|
 //! | publish | `PUB` on the subject = topic (with the reply-to topic as reply subject), every other field in `tidings-*` headers (the same mapping as the JetStream backend's records) |
-//! | a buffered subscription | one `SUB` per subject of [`filter_subjects`](crate::subject::filter_subjects) (the tightest superset of its pattern), re-checked by the broker |
+//! | a buffered subscription | one `SUB` per subject of [`filter_subjects`] (the tightest superset of its pattern), re-checked by the broker |
 //! | delivery | into the subscription's own bounded queue, never waiting |
 //! | request | `PUB` with reply subject `_inbox.<broker nonce>.<correlation id>`, received by the broker's one inbox subscription `_inbox.<nonce>.*`; the server's no-responders status (sent when no subscription exists on the subject) fails the request at once |
 //!
@@ -34,9 +34,13 @@
 //! # Failure (R-DIST-5)
 //! Publishing while the connection is down fails at once with
 //! [`TransportError::Unavailable`]; a publish that makes no progress within the
-//! connection's request timeout ([`ConnectOptions::request_timeout`]) fails with it too.
-//! Subscribing is bounded the same way. The client reconnects by itself and subscriptions
-//! resume when the server returns (what was published meanwhile is lost).
+//! connection's request timeout ([`ConnectOptions::request_timeout`]) plus 200 ms fails
+//! with it too. "Down" is as the client knows it: a message handed over after the server
+//! died and before the client noticed (usually milliseconds: the socket closes; at worst
+//! the client's ping interval) is lost without an error, as NATS core loses it. Subscribing
+//! is bounded the same way and fails with the same error. The client reconnects by itself
+//! and subscriptions resume when the server returns (what was published meanwhile is
+//! lost).
 //!
 //! # Threads
 //! async-nats runs on a current-thread runtime on a thread the transport owns (the one the

@@ -533,3 +533,11 @@ fn fan_out_keeps_each_publishers_order_and_one_handler_call_at_a_time() {
     }
     assert!(b.close(Duration::from_secs(5)).is_clean());
 }
+
+#[test]
+fn the_transport_can_be_shared_between_threads() {
+    fn shared<T: Send + Sync + 'static>() {}
+    shared::<NatsTransport>();
+    shared::<tidings_jetstream::NatsTransportBuilder>();
+    shared::<tidings_jetstream::TransportStats>();
+}

@@ -378,3 +378,35 @@ fn a_message_the_backend_already_carries_is_not_sent_again() {
         assert_eq!(hub.sent.load(Ordering::SeqCst), want, "carries = {carries}");
     }
 }
+
+#[test]
+fn two_brokers_on_one_transport_never_share_a_reply_inbox() {
+    let hub = Arc::new(Hub::default());
+    let clock = ManualClock::new();
+    let responder = Broker::builder()
+        .transport(Arc::new(loopback(&hub)))
+        .build()
+        .unwrap();
+    let w = responder.downgrade();
+    let _echo = responder
+        .subscribe("svc", SubscribeOptions::default(), move |m: &Message| {
+            if let (Some(b), Some(r)) = (w.upgrade(), m.reply()) {
+                b.publish(r.payload(m.payload().clone()))
+                    .map_err(|e| HandlerError::retry(e.to_string()))?;
+            }
+            Ok::<(), HandlerError>(())
+        })
+        .unwrap();
+    let a = manual(loopback(&hub), &clock);
+    let b = manual(loopback(&hub), &clock);
+    for (broker, text) in [(&b, "for b"), (&a, "for a"), (&b, "for b again")] {
+        let reply = broker
+            .request(Message::to("svc").payload(text), Duration::from_secs(30))
+            .unwrap();
+        assert_eq!(&reply.payload()[..], text.as_bytes());
+    }
+    // R-PAT-1: each reply reached only its own requester's inbox; none arrived elsewhere
+    // as a late reply (both brokers number their requests from r0).
+    assert_eq!((a.late_replies(), b.late_replies()), (0, 0));
+    responder.close(Duration::from_secs(5));
+}

@@ -647,7 +647,7 @@ impl BrokerInner {
         if let Some(i) = self.inbox.get() {
             return Ok(i.clone());
         }
-        let inbox = Arc::new(Inbox::new(self.ids.next(self.clock.wall()).as_u128() as u64));
+        let inbox = Arc::new(Inbox::new(self.inbox_nonce()));
         let handler_inbox = inbox.clone();
         let options = SubscribeOptions {
             name: Some("reply-inbox".into()),

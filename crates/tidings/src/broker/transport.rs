@@ -6,6 +6,8 @@
 //! Without a transport none of this runs: publish routes in-process, as before, at the
 //! cost of one `Option` test.
 
+use std::collections::hash_map::RandomState;
+use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -164,6 +166,21 @@ impl BrokerInner {
             let _ = without_waiting(|| sub.offer(&message));
             Delivered::Offered
         })
+    }
+
+    /// The nonce naming the reply inbox. In-process it only has to differ from other
+    /// topics of this broker; over a transport it must differ from every other broker's
+    /// (requests are numbered from `r0` everywhere), and the id's low half is only this
+    /// broker's message count: a random 64 bits (std's per-process random hash keys)
+    /// mixed with the id.
+    pub(super) fn inbox_nonce(&self) -> u64 {
+        let id = self.ids.next(self.clock.wall()).as_u128();
+        if !self.has_transport() {
+            return id as u64;
+        }
+        let mut hasher = RandomState::new().build_hasher();
+        hasher.write_u128(id);
+        hasher.finish()
     }
 
     /// The reply-to topic of request `id`: the inbox itself in-process, one topic per
