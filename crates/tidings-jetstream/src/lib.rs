@@ -36,7 +36,7 @@ pub mod backend;
 mod connect;
 mod consumer;
 mod error;
-mod pipeline;
+pub mod pipeline;
 mod stream;
 pub mod subject;
 pub mod transport;

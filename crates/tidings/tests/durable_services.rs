@@ -6,6 +6,9 @@
 //! Real waiting here is bounded (generous timeouts) and assertions are on invariants, never
 //! on timings.
 
+// The fsync-blocking storage is used only by the tokio cases.
+#![cfg_attr(not(feature = "tokio"), allow(unused_imports))]
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::path::{Path, PathBuf};
