@@ -64,12 +64,10 @@ impl BrokerInner {
         for sub in &subs {
             sub.begin_drain(drain_until);
         }
-        if self.executor.is_manual() {
-            self.run_until_idle();
-        } else {
-            self.executor
-                .wait_stopped(deadline_after(Instant::now(), drain));
-        }
+        self.executor
+            .drain(deadline_after(Instant::now(), drain), &mut || {
+                self.run_until_idle()
+            });
         for sub in &subs {
             for message in sub.close() {
                 report.undelivered.push(Undelivered {

@@ -5,6 +5,7 @@
 use std::cell::Cell;
 use std::time::Instant;
 
+use crate::clock::Clock;
 use crate::subscription::shell::without_waiting;
 
 use super::BrokerInner;
@@ -25,10 +26,15 @@ impl BrokerInner {
         self.scheduler.len() == 0 && self.live().iter().all(|s| s.is_idle())
     }
 
+    /// Under a driver that delivers on the caller's thread: deliver everything deliverable
+    /// now, here (0 under the others).
     pub(super) fn run_until_idle(&self) -> usize {
-        if !self.executor.is_manual() {
-            return 0;
-        }
+        self.executor
+            .run_on_caller(&mut || self.run_nested())
+            .unwrap_or(0)
+    }
+
+    fn run_nested(&self) -> usize {
         struct Depth;
         impl Drop for Depth {
             fn drop(&mut self) {
@@ -42,6 +48,25 @@ impl BrokerInner {
         let _depth = Depth;
         // Nothing else can make room while this thread delivers: Block offers do not wait.
         without_waiting(|| self.drive())
+    }
+
+    /// Deliver, jumping the manual clock to each next wake-up, until nothing is scheduled
+    /// (see [`Broker::settle`](crate::Broker::settle)); runs on the caller's thread.
+    pub(super) fn settle_here(&self) -> usize {
+        let mut steps = 0;
+        loop {
+            let made = self.run_until_idle();
+            steps += made;
+            let (Some(next), Some(clock)) = (self.next_wake(), &self.manual_clock) else {
+                return steps;
+            };
+            if next > clock.now() {
+                clock.advance_to(next);
+            } else if made == 0 {
+                // Due but not deliverable now (its slot is busy up the stack): stop.
+                return steps;
+            }
+        }
     }
 
     pub(super) fn drive(&self) -> usize {

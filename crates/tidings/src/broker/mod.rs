@@ -349,16 +349,21 @@ impl Broker {
             inbox.forget(&id);
             return Err(RequestError::NoResponders);
         }
-        if inner.executor.is_manual() {
-            let reply = inner.run_until_reply(&inbox, &id, timeout);
-            inbox.forget(&id);
-            return match reply {
-                Some(r) => r,
-                None if inbox.is_closed() => Err(RequestError::Closed),
-                None => Err(RequestError::Timeout),
-            };
+        // Where the caller's thread delivers, it delivers until the reply is there.
+        let mut reply = None;
+        let delivered_here = inner.executor.run_on_caller(&mut || {
+            reply = inner.run_until_reply(&inbox, &id, timeout);
+            0
+        });
+        if delivered_here.is_none() {
+            return inbox.wait(&id, deadline, inner.clock.as_ref());
         }
-        inbox.wait(&id, deadline, inner.clock.as_ref())
+        inbox.forget(&id);
+        match reply {
+            Some(r) => r,
+            None if inbox.is_closed() => Err(RequestError::Closed),
+            None => Err(RequestError::Timeout),
+        }
     }
 
     /// Requests waiting for a reply now (0 when none are outstanding).
@@ -414,23 +419,10 @@ impl Broker {
     /// running for as long as the handler keeps failing.
     pub fn settle(&self) -> usize {
         let inner = &self.inner;
-        if !inner.executor.is_manual() {
-            return 0;
-        }
-        let mut steps = 0;
-        loop {
-            let made = inner.run_until_idle();
-            steps += made;
-            let (Some(next), Some(clock)) = (inner.next_wake(), &inner.manual_clock) else {
-                return steps;
-            };
-            if next > clock.now() {
-                clock.advance_to(next);
-            } else if made == 0 {
-                // Due but not deliverable now (its slot is busy up the stack): stop.
-                return steps;
-            }
-        }
+        inner
+            .executor
+            .run_on_caller(&mut || inner.settle_here())
+            .unwrap_or(0)
     }
 
     /// Wait until the broker is idle: every queue empty, no handler call running or retry
@@ -445,8 +437,12 @@ impl Broker {
     /// do not call it from inside a handler, whose own message keeps the broker busy.
     pub fn wait_idle(&self, timeout: Duration) -> bool {
         let inner = &self.inner;
-        if inner.executor.is_manual() {
-            inner.run_until_idle();
+        // Where the caller's thread delivers, waiting would wait forever: deliver instead.
+        if inner
+            .executor
+            .run_on_caller(&mut || inner.run_until_idle())
+            .is_some()
+        {
             return inner.is_idle();
         }
         let deadline = deadline_after(Instant::now(), timeout);

@@ -89,8 +89,9 @@ impl BrokerInner {
 
     /// Hold `message` until `due`, then hand it to `target`. False when the broker is closed.
     pub(crate) fn schedule_for(&self, due: Instant, message: Arc<Message>, target: Target) -> bool {
-        let wants_timer = !self.executor.is_manual();
-        match self.scheduler.schedule(due, message, target, wants_timer) {
+        // The driver decides how the timer runs (under the manual driver it is not a
+        // service: `run_until_idle` releases what is due).
+        match self.scheduler.schedule(due, message, target, true) {
             Scheduled::Closed => false,
             Scheduled::Held { start_timer } => {
                 if start_timer {

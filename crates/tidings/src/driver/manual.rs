@@ -63,7 +63,7 @@ impl Executor for ManualExecutor {
     fn join(&self, _deadline: Instant) -> Vec<String> {
         Vec::new()
     }
-    fn is_manual(&self) -> bool {
-        true
+    fn run_on_caller(&self, work: &mut dyn FnMut() -> usize) -> Option<usize> {
+        Some(work())
     }
 }

@@ -141,9 +141,21 @@ pub(crate) trait Executor: Send + Sync {
     fn wait_stopped(&self, deadline: Option<Instant>) -> bool;
     /// Join stopped dispatchers; names of those still running at `deadline` (detached).
     fn join(&self, deadline: Instant) -> Vec<String>;
-    /// True for the manual driver: the caller's thread delivers.
-    fn is_manual(&self) -> bool {
-        false
+    /// Deliver on the caller's thread, for a driver whose deliveries happen only there (the
+    /// manual driver): run `work` now and return what it returned. The other drivers
+    /// return `None` at once: their own threads or tasks deliver, and a caller that needs
+    /// something delivered waits for them instead.
+    fn run_on_caller(&self, work: &mut dyn FnMut() -> usize) -> Option<usize> {
+        let _ = work;
+        None
+    }
+    /// Let the dispatchers drain their queues before close, until `deadline` (real time;
+    /// `None`: no deadline): wait for them to stop, or, where the caller's thread delivers,
+    /// run `work` (deliver until idle) here.
+    fn drain(&self, deadline: Option<Instant>, work: &mut dyn FnMut() -> usize) {
+        if self.run_on_caller(work).is_none() {
+            self.wait_stopped(deadline);
+        }
     }
     /// The tokio driver's runtime: async handlers are accepted only when this is `Some`.
     #[cfg(feature = "tokio")]
