@@ -14,7 +14,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant, SystemTime};
 
-use parking_lot::{Condvar, Mutex, MutexGuard};
+use parking_lot::Mutex;
 
 /// A source of monotonic and wall-clock time.
 ///
@@ -150,27 +150,6 @@ impl Clock for ManualClock {
     fn register_waiter(&self, waiter: Weak<dyn ClockWaiter>) {
         self.inner.state.lock().waiters.push(waiter);
     }
-}
-
-/// Block on `cv` (releasing `guard`) until notified or until `deadline` passes on `clock`;
-/// with no deadline, until notified. Returns `true` without waiting when the deadline has
-/// already passed. Under a manual clock the wait lasts until a notify: the clock's
-/// advance wakes the waiters (see [`Clock::register_waiter`]), so callers re-check their
-/// state after every return.
-pub(crate) fn wait_until<T>(
-    clock: &dyn Clock,
-    cv: &Condvar,
-    guard: &mut MutexGuard<'_, T>,
-    deadline: Option<Instant>,
-) -> bool {
-    match deadline.map(|d| clock.wait_hint(d)) {
-        Some(Some(d)) if d.is_zero() => return true,
-        Some(Some(d)) => {
-            cv.wait_for(guard, d);
-        }
-        Some(None) | None => cv.wait(guard),
-    }
-    false
 }
 
 /// `now + wait`, or `None` when that instant is not representable: a deadline so far away

@@ -13,13 +13,12 @@
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex, MutexGuard};
-
 use super::StreamError;
 use super::stream::OpenStream;
-use crate::clock::{Clock, ClockWaiter, deadline_after, wait_until};
+use crate::clock::{Clock, ClockWaiter, deadline_after};
 use crate::driver::{Executor, FeedStep, Feeder, FeederHandle};
 use crate::error::SubscribeError;
+use crate::sync::{Condvar, Mutex, MutexGuard, wait_until};
 
 struct State {
     /// Each stream with a retention policy, and when it is next due (`None` = never).
