@@ -99,20 +99,8 @@ impl NatsTransportBuilder {
     /// as for the backend), or [`ConnectError::Runtime`] when the runtime thread could not
     /// be started.
     pub fn connect(self) -> Result<NatsTransport, ConnectError> {
-        let rt = Runtime::start("tidings-nats").map_err(|e| ConnectError::Runtime {
-            detail: e.to_string(),
-        })?;
-        let runtime_thread =
-            rt.call(async { thread::current().id() })
-                .map_err(|_| ConnectError::Runtime {
-                    detail: "the runtime thread stopped".into(),
-                })?;
-        let options = self.connect;
-        let js = rt
-            .call(async move { options.connect().await })
-            .map_err(|_| ConnectError::Runtime {
-                detail: "the runtime thread stopped".into(),
-            })??;
+        let (rt, js) = Runtime::start_connected("tidings-nats", self.connect)?;
+        let runtime_thread = rt.thread_id();
         Ok(NatsTransport {
             inner: Arc::new(Inner {
                 rt,

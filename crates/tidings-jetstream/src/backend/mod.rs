@@ -227,15 +227,7 @@ impl JetStreamBackendBuilder {
     /// What [`ConnectOptions::connect`] reports, or [`ConnectError::Runtime`] when the
     /// runtime thread could not be started.
     pub fn connect(self) -> Result<JetStreamBackend, ConnectError> {
-        let rt = Runtime::start("tidings-jetstream").map_err(|e| ConnectError::Runtime {
-            detail: e.to_string(),
-        })?;
-        let options = self.connect;
-        let js = rt
-            .call(async move { options.connect().await })
-            .map_err(|_| ConnectError::Runtime {
-                detail: "the runtime thread stopped".into(),
-            })??;
+        let (rt, js) = Runtime::start_connected("tidings-jetstream", self.connect)?;
         Ok(JetStreamBackend {
             shared: Arc::new(Shared {
                 rt,

@@ -13,6 +13,9 @@ use std::thread::{self, JoinHandle, ThreadId};
 use tokio::runtime::Handle;
 use tokio::sync::oneshot;
 
+use crate::connect::{ConnectOptions, JetStream};
+use crate::error::ConnectError;
+
 /// The runtime is gone (the backend closed) or the call was made on its own thread.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct RuntimeGone;
@@ -72,6 +75,32 @@ impl Runtime {
             stop: std::sync::Mutex::new(Some(stop_tx)),
             join: std::sync::Mutex::new(Some(join)),
         })))
+    }
+
+    /// Starts a runtime thread called `name` and connects with `options` on it: what the
+    /// backend and the transport both begin with.
+    ///
+    /// # Errors
+    /// What [`ConnectOptions::connect`] reports, or [`ConnectError::Runtime`] when the
+    /// thread could not be started or stopped.
+    pub(crate) fn start_connected(
+        name: &str,
+        options: ConnectOptions,
+    ) -> Result<(Self, JetStream), ConnectError> {
+        let rt = Self::start(name).map_err(|e| ConnectError::Runtime {
+            detail: e.to_string(),
+        })?;
+        let js = rt
+            .call(async move { options.connect().await })
+            .map_err(|_| ConnectError::Runtime {
+                detail: "the runtime thread stopped".into(),
+            })??;
+        Ok((rt, js))
+    }
+
+    /// The runtime's own thread.
+    pub(crate) fn thread_id(&self) -> ThreadId {
+        self.0.thread
     }
 
     /// Runs `fut` on the runtime and waits for its output.
