@@ -117,12 +117,7 @@ impl DeadLetters {
     /// Every entry with its DLQ sequence, oldest first.
     pub(crate) async fn list(&self) -> Result<Vec<(u64, DurableDeadLetter)>, StreamError> {
         let (first, end) = super::stream::bounds(&self.js, &self.stream).await?;
-        let stream = self
-            .js
-            .context
-            .get_stream_no_info(&self.stream)
-            .await
-            .map_err(|e| backend_error(format!("DLQ stream {}: {e}", self.stream)))?;
+        let stream = self.dlq_stream().await?;
         let mut out = Vec::new();
         for seq in first..end {
             let raw = match stream.get_raw_message(seq).await {
@@ -175,14 +170,18 @@ impl DeadLetters {
         Ok(DurableDeadLetter::new(message, reason, attempts))
     }
 
-    /// Removes every entry up to `last` (inclusive) at once.
-    pub(crate) async fn purge_through(&self, last: u64) -> Result<(), StreamError> {
-        let stream = self
-            .js
+    /// The DLQ stream's handle (no info round trip beyond the lookup).
+    async fn dlq_stream(&self) -> Result<async_nats::jetstream::stream::Stream<()>, StreamError> {
+        self.js
             .context
             .get_stream_no_info(&self.stream)
             .await
-            .map_err(|e| backend_error(format!("DLQ stream {}: {e}", self.stream)))?;
+            .map_err(|e| backend_error(format!("DLQ stream {}: {e}", self.stream)))
+    }
+
+    /// Removes every entry up to `last` (inclusive) at once.
+    pub(crate) async fn purge_through(&self, last: u64) -> Result<(), StreamError> {
+        let stream = self.dlq_stream().await?;
         stream
             .purge()
             .sequence(last + 1)
@@ -208,12 +207,7 @@ impl DeadLetters {
             m.payload().clone(),
         )
         .await?;
-        let stream = self
-            .js
-            .context
-            .get_stream_no_info(&self.stream)
-            .await
-            .map_err(|e| backend_error(format!("DLQ stream {}: {e}", self.stream)))?;
+        let stream = self.dlq_stream().await?;
         stream
             .delete_message(seq)
             .await
