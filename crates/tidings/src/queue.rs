@@ -185,6 +185,17 @@ impl PriorityQueue {
         }
     }
 
+    /// Some message waiting here has a lower priority than `p` (keyed ones by their key's
+    /// head, which is what competes with other messages).
+    pub(crate) fn has_below(&self, p: Priority) -> bool {
+        let lower_levels = (1u8 << p.index()) - 1;
+        self.occupied & lower_levels != 0
+            || self
+                .heads
+                .last_key_value()
+                .is_some_and(|(&(Reverse(prio), _), _)| prio < p as u8)
+    }
+
     /// Enqueue time of the longest-waiting message, whatever its level or key.
     pub(crate) fn oldest_enqueued(&self) -> Option<Instant> {
         let unkeyed = self

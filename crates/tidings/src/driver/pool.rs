@@ -27,10 +27,12 @@ use crate::clock::Clock;
 use crate::error::SubscribeError;
 use crate::subscription::shell::{Step, SubscriptionShell};
 use crate::sync::{
-    AtomicBool, AtomicU8, Condvar, Mutex, Ordering, protocol_thread_local, wait_until,
+    AtomicBool, AtomicU8, Condvar, Mutex, MutexGuard, Ordering, protocol_thread_local, wait_until,
 };
+use crossbeam_utils::Backoff;
 
 use super::live::LiveCount;
+use super::thread::SPIN;
 use super::{Executor, FeedStep, Feeder, FeederHandle, Wake};
 
 /// Most deliveries a worker makes for one slot before yielding it.
@@ -386,6 +388,9 @@ pub(super) fn worker_loop(pool: &Arc<Shared>) {
     loop {
         let task = {
             let mut q = pool.run_queue.lock();
+            // Spin, then yield, before sleeping: a publisher that keeps the pool busy
+            // finds a worker awake, and its wake-up costs no futex round trip.
+            let backoff = Backoff::new();
             loop {
                 if let Some(t) = q.pop_front() {
                     break t;
@@ -393,7 +398,11 @@ pub(super) fn worker_loop(pool: &Arc<Shared>) {
                 if pool.shutdown.load(Ordering::Acquire) {
                     return;
                 }
-                pool.work.wait(&mut q);
+                if SPIN && !backoff.is_completed() {
+                    MutexGuard::unlocked(&mut q, || backoff.snooze());
+                } else {
+                    pool.work.wait(&mut q);
+                }
             }
         };
         match task {
@@ -438,7 +447,7 @@ fn run_slot(pool: &Arc<Shared>, mailbox: Arc<Mailbox>, sub: Arc<SubscriptionShel
     // Dropping `locked` releases the lock and applies the steps' effects.
     let mut locked = sub.lock();
     for _ in 0..BATCH {
-        match locked.step(worker) {
+        match locked.step(worker, true) {
             Step::Delivered => {}
             Step::Idle => {
                 mailbox.leave(occupied, worker);

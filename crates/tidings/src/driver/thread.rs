@@ -26,7 +26,7 @@ static NEXT_EXECUTOR: AtomicU64 = AtomicU64::new(1);
 
 /// Spin before parking. Not in the model-checking build: the models check the parking
 /// handshake, which spinning only postpones (and multiplies the interleavings to explore).
-const SPIN: bool = !cfg!(tidings_loom);
+pub(super) const SPIN: bool = !cfg!(tidings_loom);
 
 protocol_thread_local! {
     /// The executor whose dispatcher runs on this thread (0 = none).
@@ -169,10 +169,13 @@ pub(super) fn dispatch_loop(sub: &SubscriptionShell, parking: &Parking, worker: 
     // The report of one delivery and the poll for the next share one lock acquisition.
     let mut locked = sub.lock();
     loop {
-        match locked.step(worker) {
+        // While spinning, an idle poll is not announced: publishers skip the wake-up
+        // until this slot is about to wait.
+        let spinning = SPIN && !backoff.is_completed();
+        match locked.step(worker, !spinning) {
             Step::Delivered => backoff.reset(),
             Step::Stopped => break,
-            Step::Idle if SPIN && !backoff.is_completed() => {
+            Step::Idle if spinning => {
                 locked.unlocked(|| backoff.snooze());
             }
             Step::Idle => {

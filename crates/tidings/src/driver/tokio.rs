@@ -255,7 +255,7 @@ async fn dispatch(sub: &SubscriptionShell, slots: &Slots, worker: usize) {
             // The shell's delivery step, as every driver runs it.
             None => {
                 let mut locked = sub.lock();
-                locked.step(worker)
+                locked.step(worker, true)
             }
             // The same step around an await: poll, await the handler, report.
             Some(handler) => match sub.poll(worker) {

@@ -548,6 +548,41 @@ impl Core {
         }
     }
 
+    /// Book and queue messages the ingress took with room reserved for them (see
+    /// `super::ingress`): accepted already, in offer order, so no overflow policy applies.
+    pub(crate) fn accept_ingress(&mut self, items: &mut Vec<Queued>) {
+        for item in items.drain(..) {
+            self.ledger.offered += 1;
+            self.ledger.accepted += 1;
+            self.queued += 1;
+            match &mut self.flavor {
+                Flavor::Lanes(l) => {
+                    l.push(item);
+                }
+                Flavor::PerKey(p) => p.push(item),
+            }
+        }
+    }
+
+    /// Room the ingress may reserve: what the capacity leaves while open, else none.
+    pub(crate) fn ingress_room(&self) -> usize {
+        match self.state {
+            State::Open => self.capacity.saturating_sub(self.queued),
+            _ => 0,
+        }
+    }
+
+    /// The ingress must be moved in before the next poll: nothing is queued, or something
+    /// queued has a lower priority than the default, which the ingress's default-priority
+    /// messages would overtake.
+    pub(crate) fn wants_ingress(&self) -> bool {
+        self.queued == 0
+            || match &self.flavor {
+                Flavor::Lanes(l) => l.has_below(crate::message::Priority::Normal),
+                Flavor::PerKey(_) => true,
+            }
+    }
+
     /// Queued messages per priority level, lowest first (R-OPS-1 snapshot).
     pub(crate) fn depth_by_priority(&self) -> [u64; crate::message::Priority::LEVELS] {
         let mut out = [0; crate::message::Priority::LEVELS];

@@ -114,6 +114,11 @@ impl Lanes {
         }
     }
 
+    /// Some lane holds a message of a lower priority than `p`.
+    pub(crate) fn has_below(&self, p: crate::message::Priority) -> bool {
+        self.lanes.iter().any(|l| l.queue.has_below(p))
+    }
+
     pub(crate) fn oldest_enqueued(&self) -> Option<Instant> {
         self.lanes
             .iter()

@@ -4,6 +4,7 @@
 pub(crate) mod core;
 mod effects;
 pub(crate) mod handle;
+mod ingress;
 mod lanes;
 mod ledger;
 #[cfg(all(test, tidings_loom))]

@@ -30,6 +30,9 @@ use crate::topic::Pattern;
 use super::core::{Core, Delivery, Offered, Poll, Refusal};
 use super::effects::Effects;
 use super::handle::SubscriptionId;
+use super::ingress::Ingress;
+use crate::message::Priority;
+use crate::queue::Queued;
 
 /// What [`SubscriptionShell::redrive`] did with the entries it took.
 #[derive(Debug, Default)]
@@ -131,6 +134,12 @@ pub(crate) struct SubscriptionShell {
     pub(crate) pattern: Pattern,
     /// The sans-IO core; locked only here, and through [`Locked`].
     core: Mutex<Core>,
+    /// Publishers' fast path into a single-dispatcher subscription (see `super::ingress`);
+    /// moved into the core under its lock before anything reads or changes it.
+    ingress: Ingress,
+    /// The spare buffer the ingress is swapped with, so moving it in allocates nothing.
+    /// Locked only with the core's lock held.
+    spare: Mutex<Vec<Queued>>,
     pub(crate) handler: HandlerKind,
     predicate: Option<Predicate>,
     header_filter: Option<HeaderFilter>,
@@ -138,6 +147,8 @@ pub(crate) struct SubscriptionShell {
     dlq_topic: Option<String>,
     pub(crate) clock: Arc<dyn Clock>,
     waker: OnceLock<Arc<dyn Wake>>,
+    /// Offers may take the ingress (see `super::ingress`).
+    fast: bool,
     /// Publishers blocked under `Overflow::Block` wait here for room.
     space: Condvar,
     dead_letter_sink: DeadLetterSink,
@@ -168,12 +179,30 @@ impl<'a> Locked<'a> {
         self.core.as_mut().expect("held until drop")
     }
 
-    /// What slot `worker` should do next (step 2 of the core's call order).
-    pub(crate) fn poll(&mut self, worker: usize) -> Poll {
+    /// What slot `worker` should do next (step 2 of the core's call order). With
+    /// `announce`, an `Idle` answer also tells fast offers to wake this slot; a driver that
+    /// spins before it waits polls without it, so publishers skip the wake meanwhile, and
+    /// announces on its last poll before waiting.
+    pub(crate) fn poll(&mut self, worker: usize, announce: bool) -> Poll {
         let now = self.shell.now();
-        let (poll, effects) = self.core().poll_work(worker, &now);
-        self.effects.absorb(effects);
-        poll
+        loop {
+            let shell = self.shell;
+            if self.core().wants_ingress() {
+                shell.move_ingress_in(self.core(), false);
+            }
+            let (poll, effects) = self.core().poll_work(worker, &now);
+            self.effects.absorb(effects);
+            if !matches!(poll, Poll::Idle) || !shell.fast {
+                return poll;
+            }
+            // Idle only if the ingress is empty too; announced under the ingress's lock, so
+            // a fast offer either lands before this look or sees the flag.
+            let mut ingress = shell.ingress.lock();
+            if ingress.items.is_empty() {
+                ingress.idle |= announce;
+                return poll;
+            }
+        }
     }
 
     /// Report a delivery's outcome (step 4).
@@ -183,12 +212,12 @@ impl<'a> Locked<'a> {
         self.effects.absorb(effects);
     }
 
-    /// The one "deliver one message" step every driver runs: poll slot `worker`; if a
-    /// message is due, run the handler with the lock released (applying the effects so
-    /// far first), take the lock again and report the outcome — so the report and the
-    /// next poll share one lock acquisition.
-    pub(crate) fn step(&mut self, worker: usize) -> Step {
-        match self.poll(worker) {
+    /// The one "deliver one message" step every driver runs: poll slot `worker`
+    /// (`announce` as in [`Locked::poll`]); if a message is due, run the handler with the
+    /// lock released (applying the effects so far first), take the lock again and report
+    /// the outcome — so the report and the next poll share one lock acquisition.
+    pub(crate) fn step(&mut self, worker: usize, announce: bool) -> Step {
+        match self.poll(worker, announce) {
             Poll::Deliver(delivery) => {
                 let shell = self.shell;
                 let outcome = self.unlocked(|| shell.run(&delivery));
@@ -246,7 +275,18 @@ impl SubscriptionShell {
         dead_letter_sink: DeadLetterSink,
     ) -> Self {
         let core = Core::new(options);
+        // One dispatcher slot, lanes (not per-key) dispatch: the case the ingress serves.
+        let fast = core.workers() == 1
+            && !matches!(
+                options.concurrency,
+                crate::options::Concurrency::PerKey { .. }
+            );
+        let ingress = Ingress::default();
+        ingress.lock().open = fast;
         Self {
+            fast,
+            ingress,
+            spare: Mutex::new(Vec::new()),
             id,
             name: options.name.clone().unwrap_or_else(|| id.to_string()),
             pattern,
@@ -279,7 +319,11 @@ impl SubscriptionShell {
     /// after each operation, outside the lock. Set before the first offer.
     pub(crate) fn set_on_finished(&self, hook: FinishedHook) {
         if self.on_finished.set(hook).is_ok() {
-            self.core.lock().ledger_mut().completions = Some(Vec::new());
+            let mut core = self.core_synced();
+            // A durable subscription's offers come from its feeder, one at a time, through
+            // the core (which checks room for it): no fast path.
+            self.ingress.lock().open = false;
+            core.ledger_mut().completions = Some(Vec::new());
         }
     }
 
@@ -324,12 +368,28 @@ impl SubscriptionShell {
 
     /// Offer without applying the filter (redrive).
     pub(crate) fn offer_unfiltered(&self, message: &Arc<Message>) -> Result<(), Refusal> {
+        if self.fast && message.priority() == Priority::Normal {
+            let item = Queued {
+                message: message.clone(),
+                enqueued: self.now().mono(),
+            };
+            if let Some(wake) = self.ingress.offer(item) {
+                if wake {
+                    self.wake_from_ingress();
+                }
+                return Ok(());
+            }
+        }
         let mut core = self.core.lock();
+        // The decision is the core's, with everything offered so far in it and no room
+        // reserved for fast offers meanwhile (see `super::ingress`).
+        self.move_ingress_in(&mut core, true);
         let may_wait = !NO_WAIT.with(Cell::get);
         let (mut outcome, mut effects) = core.handle_offer(message, &self.now(), may_wait);
         if outcome == Offered::Full {
             outcome = self.wait_for_room(&mut core, message, &mut effects);
         }
+        self.reserve_ingress_room(&core);
         drop(core);
         self.apply(effects);
         match outcome {
@@ -361,7 +421,7 @@ impl SubscriptionShell {
                 return FeedOffer::Taken;
             }
         }
-        let mut core = self.core.lock();
+        let mut core = self.core_synced();
         if core.is_full() {
             return FeedOffer::Full;
         }
@@ -440,6 +500,7 @@ impl SubscriptionShell {
         core.set_blocked(true);
         let outcome = loop {
             let timed_out = wait_until(self.clock.as_ref(), &self.space, core, deadline);
+            self.move_ingress_in(core, true);
             let now = self.now();
             let in_time = !timed_out && deadline.is_none_or(|d| now.mono() < d);
             let (outcome, more) = core.handle_offer(message, &now, in_time);
@@ -455,7 +516,7 @@ impl SubscriptionShell {
     /// Lock, poll slot `worker`, unlock (the tokio driver, around an async handler).
     #[cfg(feature = "tokio")]
     pub(crate) fn poll(&self, worker: usize) -> Poll {
-        self.lock().poll(worker)
+        self.lock().poll(worker, true)
     }
 
     /// Run the handler for one delivery: no lock held, panics caught (R-CORE-2, R-DEL-1).
@@ -495,7 +556,7 @@ impl SubscriptionShell {
     /// One delivery step in the caller's thread (the manual driver). False when there was
     /// nothing to deliver now.
     pub(crate) fn step(&self, worker: usize) -> bool {
-        self.lock().step(worker) == Step::Delivered
+        self.lock().step(worker, true) == Step::Delivered
     }
 
     pub(crate) fn wake(&self, worker: usize) {
@@ -515,7 +576,7 @@ impl SubscriptionShell {
     }
 
     pub(crate) fn begin_drain(&self, deadline: Option<std::time::Instant>) {
-        let effects = self.core.lock().begin_drain(deadline, &self.now());
+        let effects = self.core_closing().begin_drain(deadline, &self.now());
         self.apply(effects);
         self.wake_all();
     }
@@ -529,12 +590,12 @@ impl SubscriptionShell {
     /// Counters and gauges now (R-DEL-6, R-BP-3).
     pub(crate) fn stats(&self) -> SubscriptionStats {
         let now = self.clock.now();
-        self.core.lock().stats(now)
+        self.core_synced().stats(now)
     }
 
     /// Queued messages per priority level, lowest first (R-OPS-1 snapshot).
     pub(crate) fn depth_by_priority(&self) -> [u64; crate::message::Priority::LEVELS] {
-        self.core.lock().depth_by_priority()
+        self.core_synced().depth_by_priority()
     }
 
     /// Earliest retry due time, for the manual driver's "jump to next wake-up".
@@ -573,10 +634,65 @@ impl SubscriptionShell {
 
     /// Close: refuse offers, abandon what is queued. Returns what was abandoned.
     pub(crate) fn close(&self) -> Vec<Arc<Message>> {
-        let (abandoned, effects) = self.core.lock().close(&self.now());
+        let (abandoned, effects) = self.core_closing().close(&self.now());
         self.apply(effects);
         self.wake_all();
         abandoned
+    }
+
+    /// Lock the core with every fast offer moved in (see `super::ingress`).
+    fn core_synced(&self) -> MutexGuard<'_, Core> {
+        let mut core = self.core.lock();
+        self.move_ingress_in(&mut core, false);
+        core
+    }
+
+    /// Lock the core to stop accepting: the ingress is moved in and takes no more offers
+    /// (they go through the core, which refuses them).
+    fn core_closing(&self) -> MutexGuard<'_, Core> {
+        let mut core = self.core.lock();
+        self.move_ingress_in(&mut core, true);
+        self.ingress.lock().open = false;
+        core
+    }
+
+    /// Move the ingress into the core (whose lock the caller holds), in offer order, and
+    /// reserve the core's remaining room for fast offers — or none with `pause`, while the
+    /// caller decides an offer through the core.
+    fn move_ingress_in(&self, core: &mut Core, pause: bool) {
+        if !self.fast {
+            return;
+        }
+        let mut items = std::mem::take(&mut *self.spare.lock());
+        {
+            let mut ingress = self.ingress.lock();
+            std::mem::swap(&mut items, &mut ingress.items);
+            ingress.room = if pause {
+                0
+            } else {
+                core.ingress_room().saturating_sub(items.len())
+            };
+        }
+        if !items.is_empty() {
+            core.accept_ingress(&mut items);
+        }
+        *self.spare.lock() = items;
+    }
+
+    /// After an offer through the core: reserve what room is left for fast offers.
+    fn reserve_ingress_room(&self, core: &Core) {
+        if self.fast {
+            let mut ingress = self.ingress.lock();
+            ingress.room = core.ingress_room().saturating_sub(ingress.items.len());
+        }
+    }
+
+    /// A fast offer found the dispatcher idle. The dispatcher announced that with the
+    /// core's lock held and keeps holding it until it waits (or, in the pool, gives its
+    /// slot up), so taking the lock once here orders this wake after that wait.
+    fn wake_from_ingress(&self) {
+        drop(self.core.lock());
+        self.wake(0);
     }
 
     /// Apply a core step's effects, with the lock released: report finished messages to
