@@ -215,8 +215,10 @@ impl BrokerInner {
             scheduled: false,
             streams: Vec::new(),
         };
+        // One clock reading for every subscription this publish reaches.
+        let now = Now::new(self.clock.as_ref());
         for sub in targets.iter() {
-            match sub.offer(message) {
+            match sub.offer_at(message, &now) {
                 Ok(()) => report.accepted += 1,
                 Err(reason) => report.refused.push((sub.id, reason)),
             }

@@ -41,6 +41,10 @@ impl Effects {
     /// Add `later`'s effects after these (order is kept: finished reports stay in the order
     /// the messages finished).
     pub(crate) fn absorb(&mut self, later: Effects) {
+        // The common case on the delivery path: a step with nothing to do.
+        if later.is_empty() {
+            return;
+        }
         if self.is_empty() {
             *self = later;
             return;

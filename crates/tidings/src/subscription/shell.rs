@@ -343,8 +343,14 @@ impl SubscriptionShell {
     /// Offer a message (R-CORE-2: runs filters on the caller's thread, holds only this
     /// subscription's lock, never runs the handler).
     pub(crate) fn offer(&self, message: &Arc<Message>) -> Result<(), Refusal> {
+        self.offer_at(message, &self.now())
+    }
+
+    /// [`offer`](Self::offer) at `now`: one publish reads the clock once for all the
+    /// subscriptions it reaches.
+    pub(crate) fn offer_at(&self, message: &Arc<Message>, now: &Now<'_>) -> Result<(), Refusal> {
         match self.passes_filter(message) {
-            Ok(true) => self.offer_unfiltered(message),
+            Ok(true) => self.offer_unfiltered_at(message, now),
             Ok(false) => {
                 self.core.lock().handle_filtered();
                 Err(Refusal::Filtered)
@@ -368,10 +374,14 @@ impl SubscriptionShell {
 
     /// Offer without applying the filter (redrive).
     pub(crate) fn offer_unfiltered(&self, message: &Arc<Message>) -> Result<(), Refusal> {
+        self.offer_unfiltered_at(message, &self.now())
+    }
+
+    fn offer_unfiltered_at(&self, message: &Arc<Message>, now: &Now<'_>) -> Result<(), Refusal> {
         if self.fast && message.priority() == Priority::Normal {
             let item = Queued {
                 message: message.clone(),
-                enqueued: self.now().mono(),
+                enqueued: now.mono(),
             };
             if let Some(wake) = self.ingress.offer(item) {
                 if wake {
@@ -385,7 +395,7 @@ impl SubscriptionShell {
         // reserved for fast offers meanwhile (see `super::ingress`).
         self.move_ingress_in(&mut core, true);
         let may_wait = !NO_WAIT.with(Cell::get);
-        let (mut outcome, mut effects) = core.handle_offer(message, &self.now(), may_wait);
+        let (mut outcome, mut effects) = core.handle_offer(message, now, may_wait);
         if outcome == Offered::Full {
             outcome = self.wait_for_room(&mut core, message, &mut effects);
         }

@@ -342,9 +342,59 @@ impl Topic {
     /// The first rule broken, as a [`TopicError`]; a `*` or `#` anywhere gives
     /// [`TopicError::WildcardInTopic`].
     pub fn new(s: &str) -> Result<Self, TopicError> {
-        validate(s, false)?;
+        // Every publish validates its topic: the common case takes one pass over the bytes,
+        // and anything unusual gets the full check, which names the rule broken.
+        if !plainly_valid_topic(s) {
+            validate(s, false)?;
+        }
         Ok(Self(Arc::from(s)))
     }
+}
+
+/// True when `s` is certainly a valid publish topic: ASCII word characters, non-empty words
+/// within [`MAX_WORD_LEN`], at most [`MAX_WORDS`] words and [`MAX_TOPIC_LEN`] bytes. `false`
+/// means only "not certainly": [`validate`] decides. One branch-light pass, no UTF-8 decoding
+/// (every allowed character is ASCII, so a multi-byte character is refused here).
+fn plainly_valid_topic(s: &str) -> bool {
+    let bytes = s.as_bytes();
+    if bytes.len() > MAX_TOPIC_LEN {
+        return false;
+    }
+    let (mut words, mut word_len) = (1usize, 0usize);
+    for &c in bytes {
+        if c == b'.' {
+            if word_len == 0 {
+                return false;
+            }
+            words += 1;
+            word_len = 0;
+        } else if WORD_BYTE[usize::from(c)] {
+            word_len += 1;
+        } else {
+            return false;
+        }
+    }
+    word_len > 0 && words <= MAX_WORDS && longest_word_ok(bytes)
+}
+
+/// `WORD_BYTE[b]`: byte `b` is a word character ([`is_word_char`]), one load per byte.
+const WORD_BYTE: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut b = 0;
+    while b < 128 {
+        table[b] = is_word_char(b as u8 as char);
+        b += 1;
+    }
+    table
+};
+
+/// No word of `bytes` is longer than [`MAX_WORD_LEN`] (split out of the hot loop: it rarely
+/// matters and costs a compare per byte there).
+fn longest_word_ok(bytes: &[u8]) -> bool {
+    bytes.len() <= MAX_WORD_LEN
+        || bytes
+            .split(|&c| c == b'.')
+            .all(|word| word.len() <= MAX_WORD_LEN)
 }
 
 string_like!(Topic, "Topic");
@@ -458,6 +508,23 @@ impl From<&Topic> for Pattern {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    proptest::proptest! {
+        /// The one-pass check never accepts what the full check refuses, and accepts the
+        /// plain topics publishers use (R-RT-1).
+        #[test]
+        fn plain_check_agrees_with_validate(s in "[a-zA-Z0-9.:_#*é -]{0,80}|([a-z]{1,70}[.]){0,40}[a-z]{0,3}") {
+            if plainly_valid_topic(&s) {
+                proptest::prop_assert_eq!(validate(&s, false), Ok(false));
+            }
+            let plain = !s.is_empty()
+                && s.split('.').all(|w| !w.is_empty() && w.len() <= MAX_WORD_LEN
+                    && w.bytes().all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b':')))
+                && s.split('.').count() <= MAX_WORDS
+                && s.len() <= MAX_TOPIC_LEN;
+            proptest::prop_assert_eq!(plainly_valid_topic(&s), plain);
+        }
+    }
 
     fn t(s: &str) -> Topic {
         Topic::new(s).unwrap()
