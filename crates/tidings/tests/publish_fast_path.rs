@@ -17,11 +17,27 @@ const PUBLISHERS: usize = 4;
 const PER_PUBLISHER: usize = 500;
 
 fn drivers() -> Vec<(&'static str, Driver)> {
-    let d = vec![
+    #[allow(unused_mut)] // tokio is a feature
+    let mut d = vec![
         ("thread", Driver::Thread),
         ("pool", Driver::Pool { workers: 2 }),
     ];
+    #[cfg(feature = "tokio")]
+    d.push(("tokio", Driver::Tokio(runtime().handle().clone())));
     d
+}
+
+/// A runtime shared by the tests (sync handlers block a worker while gated: two workers).
+#[cfg(feature = "tokio")]
+fn runtime() -> &'static tokio::runtime::Runtime {
+    static RUNTIME: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
+    RUNTIME.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime")
+    })
 }
 
 /// A handler that blocks on its first message until the gate opens, recording the

@@ -58,6 +58,11 @@ use super::{Executor, FeedStep, Feeder, FeederHandle, Wake};
 /// starve other tasks (sync handlers never reach an `.await`).
 const BATCH: u32 = 64;
 
+/// Quiet re-polls, each after yielding to the runtime, before an idle slot announces itself
+/// and waits: a publisher that keeps up finds it polling and skips the wake-up (a task
+/// wake-up may cost a parked worker's futex round trip).
+const IDLE_YIELDS: u32 = 8;
+
 thread_local! {
     /// Set on a thread that may block waiting for tasks even though it is inside a runtime
     /// context (the blocking-pool thread used by `Broker::close_async`).
@@ -250,15 +255,17 @@ impl Executor for TokioExecutor {
 async fn dispatch(sub: &SubscriptionShell, slots: &Slots, worker: usize) {
     let notify = &slots.slots[worker];
     let mut batch = 0u32;
+    let mut idle_polls = 0u32;
     loop {
+        let announce = idle_polls >= IDLE_YIELDS;
         let step = match sub.async_handler() {
             // The shell's delivery step, as every driver runs it.
             None => {
                 let mut locked = sub.lock();
-                locked.step(worker, true)
+                locked.step(worker, announce)
             }
             // The same step around an await: poll, await the handler, report.
-            Some(handler) => match sub.poll(worker) {
+            Some(handler) => match sub.poll(worker, announce) {
                 Poll::Deliver(delivery) => {
                     // R-OPS-3 span, R-OPS-2 duration histogram (src/ops/trace.rs).
                     let outcome = crate::telemetry::trace::in_process_span_async(
@@ -278,6 +285,7 @@ async fn dispatch(sub: &SubscriptionShell, slots: &Slots, worker: usize) {
         };
         match step {
             Step::Delivered => {
+                idle_polls = 0;
                 batch += 1;
                 if batch >= BATCH {
                     batch = 0;
@@ -285,7 +293,12 @@ async fn dispatch(sub: &SubscriptionShell, slots: &Slots, worker: usize) {
                 }
             }
             Step::Stopped => break,
+            Step::Idle if !announce => {
+                idle_polls += 1;
+                ::tokio::task::yield_now().await;
+            }
             Step::Idle => {
+                idle_polls = 0;
                 batch = 0;
                 notify.notified().await;
             }

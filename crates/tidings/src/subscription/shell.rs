@@ -523,10 +523,11 @@ impl SubscriptionShell {
         outcome
     }
 
-    /// Lock, poll slot `worker`, unlock (the tokio driver, around an async handler).
+    /// Lock, poll slot `worker` (`announce` as in [`Locked::poll`]), unlock (the tokio
+    /// driver, around an async handler).
     #[cfg(feature = "tokio")]
-    pub(crate) fn poll(&self, worker: usize) -> Poll {
-        self.lock().poll(worker, true)
+    pub(crate) fn poll(&self, worker: usize, announce: bool) -> Poll {
+        self.lock().poll(worker, announce)
     }
 
     /// Run the handler for one delivery: no lock held, panics caught (R-CORE-2, R-DEL-1).
