@@ -17,6 +17,8 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
+use crossbeam_utils::CachePadded;
+
 use crate::clock::{Clock, Now, deadline_after};
 use crate::dlq::{DeadLetter, DeadLetterQueue};
 use crate::filter::HeaderFilter;
@@ -132,11 +134,15 @@ pub(crate) struct SubscriptionShell {
     pub(crate) id: SubscriptionId,
     pub(crate) name: String,
     pub(crate) pattern: Pattern,
-    /// The sans-IO core; locked only here, and through [`Locked`].
-    core: Mutex<Core>,
+    /// The sans-IO core; locked only here, and through [`Locked`]. Written by the
+    /// dispatcher at every delivery: on cache lines of its own, so publishers reading the
+    /// fields around it (filters, the fast-path flag) do not miss on each write
+    /// (measured: 16 subscribers, 1 publisher, pool driver: 4.1-4.6M -> 6.5-6.8M
+    /// deliveries/s).
+    core: CachePadded<Mutex<Core>>,
     /// Publishers' fast path into a single-dispatcher subscription (see `super::ingress`);
     /// moved into the core under its lock before anything reads or changes it.
-    ingress: Ingress,
+    ingress: CachePadded<Ingress>,
     /// The spare buffer the ingress is swapped with, so moving it in allocates nothing.
     /// Locked only with the core's lock held.
     spare: Mutex<Vec<Queued>>,
@@ -285,13 +291,13 @@ impl SubscriptionShell {
         ingress.lock().open = fast;
         Self {
             fast,
-            ingress,
+            ingress: CachePadded::new(ingress),
             spare: Mutex::new(Vec::new()),
             id,
             name: options.name.clone().unwrap_or_else(|| id.to_string()),
             pattern,
             workers: core.workers(),
-            core: Mutex::new(core),
+            core: CachePadded::new(Mutex::new(core)),
             handler,
             predicate: options.predicate.clone(),
             header_filter: options.header_filter.clone(),
