@@ -408,3 +408,134 @@ impl Feeder for CursorFeeder {
         self.clock.wait_hint(at)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicUsize;
+
+    use super::*;
+    use crate::durable::{CursorState, DurableDeadLetter};
+
+    /// A real-time-like clock moved by hand (its `wait_hint` says "sleep", unlike
+    /// `ManualClock`, so the feeder paces its idle stores on it).
+    struct SteppedClock(Mutex<Instant>);
+
+    impl Clock for SteppedClock {
+        fn now(&self) -> Instant {
+            *self.0.lock()
+        }
+        fn wall(&self) -> std::time::SystemTime {
+            std::time::SystemTime::UNIX_EPOCH
+        }
+    }
+
+    /// An empty cursor that counts the idle stores it was asked for.
+    #[derive(Default)]
+    struct EmptyCursor {
+        idles: Arc<AtomicUsize>,
+    }
+
+    impl BackendCursor for EmptyCursor {
+        fn fetch(&self, _max: usize) -> Result<Vec<Message>, StreamError> {
+            Ok(Vec::new())
+        }
+        fn finish(&self, _done: &[Finished]) -> Result<(), StreamError> {
+            Ok(())
+        }
+        fn idle(&self) {
+            self.idles.fetch_add(1, Ordering::SeqCst);
+        }
+        fn seek(&self, _at: StartAt) -> Result<u64, StreamError> {
+            Ok(0)
+        }
+        fn commit(&self) -> Result<u64, StreamError> {
+            Ok(0)
+        }
+        fn state(&self) -> CursorState {
+            CursorState::default()
+        }
+        fn dead_letters(&self) -> Result<Vec<DurableDeadLetter>, StreamError> {
+            Ok(Vec::new())
+        }
+        fn drain_dead_letters(&self) -> Result<Vec<DurableDeadLetter>, StreamError> {
+            Ok(Vec::new())
+        }
+        fn redrive_dead_letters(
+            &self,
+            _select: &mut dyn FnMut(&DurableDeadLetter) -> bool,
+        ) -> Result<usize, StreamError> {
+            Ok(0)
+        }
+        fn close(&self) {}
+    }
+
+    struct NoSink;
+
+    impl FeedSink for NoSink {
+        fn offer(&self, _message: &Arc<Message>) -> Offered {
+            Offered::Closed
+        }
+        fn offer_due_anyway(&self, _message: &Arc<Message>) {}
+        fn hold(&self, _message: &Arc<Message>, _on_due: OnDue) -> Held {
+            Held::Closed
+        }
+    }
+
+    struct NoHandle;
+
+    impl FeederHandle for NoHandle {
+        fn wake(&self) {}
+    }
+
+    /// R-LOG-3: an idle feeder stores the position at once, then at most once per gap
+    /// while it keeps running dry, asking to run again when the gap is over.
+    #[test]
+    fn idle_stores_are_paced_by_the_gap() {
+        let t0 = Instant::now();
+        let clock = Arc::new(SteppedClock(Mutex::new(t0)));
+        let cursor = EmptyCursor::default();
+        let idles = cursor.idles.clone();
+        let feeder = CursorFeeder::new(
+            "bill",
+            "orders",
+            SubscriptionId(1),
+            Box::new(cursor),
+            Arc::new(NoSink),
+            8,
+            clock.clone(),
+        );
+        feeder.started(Box::new(NoHandle));
+        assert_eq!(feeder.step_once(), FeedStep::Idle);
+        assert_eq!(idles.load(Ordering::SeqCst), 1);
+        // Dry again within the gap: no store, run again at its end.
+        *clock.0.lock() = t0 + IDLE_COMMIT_GAP / 2;
+        assert_eq!(feeder.step_once(), FeedStep::WakeAt(t0 + IDLE_COMMIT_GAP));
+        assert_eq!(idles.load(Ordering::SeqCst), 1);
+        // The gap is over: the store happens.
+        *clock.0.lock() = t0 + IDLE_COMMIT_GAP;
+        assert_eq!(feeder.step_once(), FeedStep::Idle);
+        assert_eq!(idles.load(Ordering::SeqCst), 2);
+    }
+
+    /// On a clock that moves only when told, every idle step stores (no pacing).
+    #[test]
+    fn a_manual_clock_stores_on_every_idle_step() {
+        let clock = crate::ManualClock::new();
+        let cursor = EmptyCursor::default();
+        let idles = cursor.idles.clone();
+        let feeder = CursorFeeder::new(
+            "bill",
+            "orders",
+            SubscriptionId(1),
+            Box::new(cursor),
+            Arc::new(NoSink),
+            8,
+            Arc::new(clock),
+        );
+        feeder.started(Box::new(NoHandle));
+        for n in 1..=3 {
+            assert_eq!(feeder.step_once(), FeedStep::Idle);
+            assert_eq!(idles.load(Ordering::SeqCst), n);
+        }
+    }
+}
