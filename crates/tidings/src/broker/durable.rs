@@ -274,7 +274,15 @@ impl Broker {
             sub: Arc::downgrade(&sub.shared),
             broker: Arc::downgrade(&self.inner),
         });
-        let feeder = CursorFeeder::new(name, stream, sub.shared.id, cursor, sink, window);
+        let feeder = CursorFeeder::new(
+            name,
+            stream,
+            sub.shared.id,
+            cursor,
+            sink,
+            window,
+            self.inner.clock.clone(),
+        );
         let _ = wake_target.set(Arc::downgrade(&feeder)); // a new cell: not set before
         let hook = feeder.clone();
         sub.shared.set_on_finished(Arc::new(move |items| {

@@ -19,6 +19,15 @@
 //! on a thread that must not block (a tokio worker) are handed to the next step
 //! ([`FeederHandle::defers_io`]).
 //!
+//! # Storing the position when idle
+//! An idle feeder lets the cursor store its position, but at most once per
+//! [`IDLE_COMMIT_GAP`] on the broker's clock while messages keep arriving: under a steady
+//! trickle the feeder runs dry after every append, and storing the position each time
+//! (two fsyncs in the embedded log) would compete with the stream's own syncs. A step
+//! that skips the store asks to run again when the gap is over, so the position of a
+//! subscription that went quiet is stored within that gap. On a clock that moves only
+//! when told (a manual clock) there is no gap: every idle step stores.
+//!
 //! # Closing
 //! [`CursorFeeder::shutdown`] stops the feeder, waits for a step under way, reports what a
 //! tokio worker handed over, and closes the cursor (which writes the final position).
@@ -27,10 +36,11 @@
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
+use crate::clock::Clock;
 use crate::driver::{FeedStep, Feeder, FeederHandle};
 use crate::message::Message;
 use crate::subscription::SubscriptionId;
@@ -43,6 +53,8 @@ use super::{StartAt, StreamError};
 const IDLE_WAIT: Duration = Duration::from_millis(50);
 /// Most messages fetched per step.
 const BATCH: usize = 256;
+/// Least time between two stores of the position by an idle feeder (see the module docs).
+pub(crate) const IDLE_COMMIT_GAP: Duration = IDLE_WAIT;
 
 /// What offering one message to the subscription did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,6 +120,10 @@ pub(crate) struct CursorFeeder {
     deferred: Mutex<Vec<Finished>>,
     /// The cursor failed to fetch: no fetch until a seek.
     halted: AtomicBool,
+    /// When an idle step last let the cursor store its position (broker clock).
+    last_idle: Mutex<Option<Instant>>,
+    /// The broker's clock: paces the idle stores.
+    clock: Arc<dyn Clock>,
     /// The thread driver's loop waits here for a wake.
     woken: Mutex<bool>,
     wakeup: Condvar,
@@ -116,7 +132,8 @@ pub(crate) struct CursorFeeder {
 }
 
 impl CursorFeeder {
-    /// A feeder of `sink` from `cursor`, at most `window` outstanding.
+    /// A feeder of `sink` from `cursor`, at most `window` outstanding, pacing its idle
+    /// stores of the position on `clock`.
     pub(crate) fn new(
         name: &str,
         stream: &str,
@@ -124,6 +141,7 @@ impl CursorFeeder {
         cursor: Box<dyn BackendCursor>,
         sink: Arc<dyn FeedSink>,
         window: usize,
+        clock: Arc<dyn Clock>,
     ) -> Arc<Self> {
         Arc::new_cyclic(|me| Self {
             name: name.to_owned(),
@@ -138,6 +156,8 @@ impl CursorFeeder {
             backlog: Mutex::new(VecDeque::new()),
             deferred: Mutex::new(Vec::new()),
             halted: AtomicBool::new(false),
+            last_idle: Mutex::new(None),
+            clock,
             woken: Mutex::new(false),
             wakeup: Condvar::new(),
             me: me.clone(),
@@ -308,10 +328,9 @@ impl CursorFeeder {
             }
         };
         if fetched.is_empty() {
-            // Idle at the end of the stream: store the position if it moved; woken by
-            // the next append.
-            self.cursor.idle();
-            return FeedStep::Idle;
+            // Idle at the end of the stream: store the position if it moved (paced);
+            // woken by the next append.
+            return self.idle_store();
         }
         match self.offer_all(fetched.into_iter().map(Arc::new)) {
             Some(step) => step,
@@ -319,23 +338,46 @@ impl CursorFeeder {
         }
     }
 
-    /// The thread driver's loop: steps, and between them a bounded wait for a wake.
+    /// Nothing to fetch: let the cursor store its position, unless it did less than
+    /// [`IDLE_COMMIT_GAP`] ago; then run again when the gap is over (or on a wake).
+    fn idle_store(&self) -> FeedStep {
+        let now = self.clock.now();
+        let mut last = self.last_idle.lock();
+        if let Some(due) = last.map(|at| at + IDLE_COMMIT_GAP)
+            && due > now
+            // A clock that moves only when told would never reach `due` by itself.
+            && self.clock.wait_hint(due).is_some()
+        {
+            return FeedStep::WakeAt(due);
+        }
+        *last = Some(now);
+        drop(last);
+        self.cursor.idle();
+        FeedStep::Idle
+    }
+
+    /// The thread driver's loop: steps, and between them a bounded wait for a wake (until
+    /// a step's `WakeAt`, at most [`IDLE_WAIT`]). A wait that times out lets the cursor
+    /// store its position.
     fn run_loop(&self) {
         loop {
-            match self.step_once() {
-                FeedStep::Again => {}
+            let wait = match self.step_once() {
+                FeedStep::Again => continue,
                 FeedStep::Stopped => return,
-                FeedStep::Idle | FeedStep::WakeAt(_) => {
-                    let mut woken = self.woken.lock();
-                    let timed_out = !*woken
-                        && !self.stopping()
-                        && self.wakeup.wait_for(&mut woken, IDLE_WAIT).timed_out();
-                    *woken = false;
-                    drop(woken);
-                    if timed_out {
-                        self.cursor.idle();
-                    }
-                }
+                FeedStep::Idle => IDLE_WAIT,
+                FeedStep::WakeAt(at) => self
+                    .clock
+                    .wait_hint(at)
+                    .map_or(IDLE_WAIT, |d| d.min(IDLE_WAIT)),
+            };
+            let mut woken = self.woken.lock();
+            let timed_out =
+                !*woken && !self.stopping() && self.wakeup.wait_for(&mut woken, wait).timed_out();
+            *woken = false;
+            drop(woken);
+            if timed_out {
+                *self.last_idle.lock() = Some(self.clock.now());
+                self.cursor.idle();
             }
         }
     }
@@ -361,5 +403,139 @@ impl Feeder for CursorFeeder {
     }
     fn run(&self) {
         self.run_loop();
+    }
+    fn wait_hint(&self, at: Instant) -> Option<Duration> {
+        self.clock.wait_hint(at)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicUsize;
+
+    use super::*;
+    use crate::durable::{CursorState, DurableDeadLetter};
+
+    /// A real-time-like clock moved by hand (its `wait_hint` says "sleep", unlike
+    /// `ManualClock`, so the feeder paces its idle stores on it).
+    struct SteppedClock(Mutex<Instant>);
+
+    impl Clock for SteppedClock {
+        fn now(&self) -> Instant {
+            *self.0.lock()
+        }
+        fn wall(&self) -> std::time::SystemTime {
+            std::time::SystemTime::UNIX_EPOCH
+        }
+    }
+
+    /// An empty cursor that counts the idle stores it was asked for.
+    #[derive(Default)]
+    struct EmptyCursor {
+        idles: Arc<AtomicUsize>,
+    }
+
+    impl BackendCursor for EmptyCursor {
+        fn fetch(&self, _max: usize) -> Result<Vec<Message>, StreamError> {
+            Ok(Vec::new())
+        }
+        fn finish(&self, _done: &[Finished]) -> Result<(), StreamError> {
+            Ok(())
+        }
+        fn idle(&self) {
+            self.idles.fetch_add(1, Ordering::SeqCst);
+        }
+        fn seek(&self, _at: StartAt) -> Result<u64, StreamError> {
+            Ok(0)
+        }
+        fn commit(&self) -> Result<u64, StreamError> {
+            Ok(0)
+        }
+        fn state(&self) -> CursorState {
+            CursorState::default()
+        }
+        fn dead_letters(&self) -> Result<Vec<DurableDeadLetter>, StreamError> {
+            Ok(Vec::new())
+        }
+        fn drain_dead_letters(&self) -> Result<Vec<DurableDeadLetter>, StreamError> {
+            Ok(Vec::new())
+        }
+        fn redrive_dead_letters(
+            &self,
+            _select: &mut dyn FnMut(&DurableDeadLetter) -> bool,
+        ) -> Result<usize, StreamError> {
+            Ok(0)
+        }
+        fn close(&self) {}
+    }
+
+    struct NoSink;
+
+    impl FeedSink for NoSink {
+        fn offer(&self, _message: &Arc<Message>) -> Offered {
+            Offered::Closed
+        }
+        fn offer_due_anyway(&self, _message: &Arc<Message>) {}
+        fn hold(&self, _message: &Arc<Message>, _on_due: OnDue) -> Held {
+            Held::Closed
+        }
+    }
+
+    struct NoHandle;
+
+    impl FeederHandle for NoHandle {
+        fn wake(&self) {}
+    }
+
+    /// R-LOG-3: an idle feeder stores the position at once, then at most once per gap
+    /// while it keeps running dry, asking to run again when the gap is over.
+    #[test]
+    fn idle_stores_are_paced_by_the_gap() {
+        let t0 = Instant::now();
+        let clock = Arc::new(SteppedClock(Mutex::new(t0)));
+        let cursor = EmptyCursor::default();
+        let idles = cursor.idles.clone();
+        let feeder = CursorFeeder::new(
+            "bill",
+            "orders",
+            SubscriptionId(1),
+            Box::new(cursor),
+            Arc::new(NoSink),
+            8,
+            clock.clone(),
+        );
+        feeder.started(Box::new(NoHandle));
+        assert_eq!(feeder.step_once(), FeedStep::Idle);
+        assert_eq!(idles.load(Ordering::SeqCst), 1);
+        // Dry again within the gap: no store, run again at its end.
+        *clock.0.lock() = t0 + IDLE_COMMIT_GAP / 2;
+        assert_eq!(feeder.step_once(), FeedStep::WakeAt(t0 + IDLE_COMMIT_GAP));
+        assert_eq!(idles.load(Ordering::SeqCst), 1);
+        // The gap is over: the store happens.
+        *clock.0.lock() = t0 + IDLE_COMMIT_GAP;
+        assert_eq!(feeder.step_once(), FeedStep::Idle);
+        assert_eq!(idles.load(Ordering::SeqCst), 2);
+    }
+
+    /// On a clock that moves only when told, every idle step stores (no pacing).
+    #[test]
+    fn a_manual_clock_stores_on_every_idle_step() {
+        let clock = crate::ManualClock::new();
+        let cursor = EmptyCursor::default();
+        let idles = cursor.idles.clone();
+        let feeder = CursorFeeder::new(
+            "bill",
+            "orders",
+            SubscriptionId(1),
+            Box::new(cursor),
+            Arc::new(NoSink),
+            8,
+            Arc::new(clock),
+        );
+        feeder.started(Box::new(NoHandle));
+        for n in 1..=3 {
+            assert_eq!(feeder.step_once(), FeedStep::Idle);
+            assert_eq!(idles.load(Ordering::SeqCst), n);
+        }
     }
 }

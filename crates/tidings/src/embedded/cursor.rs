@@ -12,6 +12,15 @@
 //! the cursor ([`CommitFailed`]): after a failed fsync the file's state is unknown, so it
 //! is never retried; nothing more is read or committed.
 //!
+//! # Locks
+//! Writing the offset file takes two fsyncs. It runs under the `commit` lock, which keeps
+//! the writes in order, and *not* under the `state` lock: the watermark is read under
+//! `state`, written, and recorded as committed once the write returned, so fetches and
+//! completions go on while the disk works. What was finished meanwhile is committed by the
+//! next write. A completion that finds a write under way does not wait for it (the
+//! dispatcher's thread must not queue behind the feeder's store): its count stays due and
+//! the next completion, idle step or close writes. Lock order: `commit`, then `state`.
+//!
 //! A committed position beyond the stream's end (a foreign file, or a stream that lost its
 //! tail in a power cut) is clamped to the end at open, committed and logged, never trusted.
 
@@ -19,7 +28,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::Arc;
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 use tidings_log::{Log, ReadError};
 
 use crate::dlq::DeadLetterReason;
@@ -78,6 +87,8 @@ pub(crate) struct EmbeddedCursor {
     store: OffsetStore,
     dlq: Log,
     state: Mutex<Position>,
+    /// Held while the offset file is written (see "Locks"); taken before `state`.
+    commit: Mutex<()>,
     commit_every: usize,
     clamped_from: Option<u64>,
     /// Serialises drains and redrives of the durable DLQ (list, hand over, remove).
@@ -123,6 +134,7 @@ impl EmbeddedCursor {
                 retired: false,
                 poisoned: None,
             }),
+            commit: Mutex::new(()),
             commit_every,
             clamped_from: opened.clamped_from,
             dlq_ops: Mutex::new(()),
@@ -134,31 +146,63 @@ impl EmbeddedCursor {
         self.waker.wake();
     }
 
-    /// Write the watermark if it moved (never once retired or poisoned).
-    fn flush_locked(&self, st: &mut Position) {
-        if st.retired || st.poisoned.is_some() {
-            return;
-        }
-        let wm = st.watermark();
-        if wm == st.committed {
-            st.since_commit = 0;
-            return;
-        }
-        if let Err(e) = self.commit_locked(st, wm) {
-            tracing::error!("tidings: durable {}: {e}", self.name);
+    /// Write the watermark if it moved (never once retired or poisoned); errors are
+    /// logged (a failed write poisons the cursor).
+    fn flush(&self, commit: MutexGuard<'_, ()>) {
+        match self.commit_watermark(&commit) {
+            Ok(_) | Err(StreamError::Closed | StreamError::Poisoned(_)) => {}
+            Err(e) => tracing::error!("tidings: durable {}: {e}", self.name),
         }
     }
 
-    /// Write `position`; a failure poisons the cursor (never retried: after a failed fsync
-    /// the file's state is unknown).
+    /// Write the watermark if it moved since the last write; returns the committed
+    /// position. The write runs with `state` unlocked (see "Locks"): `commit` keeps it in
+    /// order with every other write, and it records as committed only what it wrote.
+    fn commit_watermark(&self, _commit: &MutexGuard<'_, ()>) -> Result<u64, StreamError> {
+        let position = {
+            let mut st = self.state.lock();
+            if st.retired {
+                return Err(StreamError::Closed);
+            }
+            if let Some(p) = &st.poisoned {
+                return Err(p.clone().into());
+            }
+            // Completions from now on count towards the next write.
+            st.since_commit = 0;
+            let wm = st.watermark();
+            if wm == st.committed {
+                return Ok(wm); // the file holds it already
+            }
+            wm
+        };
+        let stored = self.store.store(position);
+        let mut st = self.state.lock();
+        self.record_commit(&mut st, position, stored)?;
+        Ok(position)
+    }
+
+    /// Write `position` with `state` held (seek); a failure poisons the cursor.
     fn commit_locked(&self, st: &mut Position, position: u64) -> Result<(), StreamError> {
         if let Some(p) = &st.poisoned {
             return Err(p.clone().into());
         }
-        match self.store.store(position) {
+        let stored = self.store.store(position);
+        self.record_commit(st, position, stored)?;
+        st.since_commit = 0;
+        Ok(())
+    }
+
+    /// Record the outcome of writing `position`: committed, or the cursor poisoned (never
+    /// retried: after a failed fsync the file's state is unknown).
+    fn record_commit(
+        &self,
+        st: &mut Position,
+        position: u64,
+        stored: Result<(), StreamError>,
+    ) -> Result<(), StreamError> {
+        match stored {
             Ok(()) => {
                 st.committed = position;
-                st.since_commit = 0;
                 Ok(())
             }
             Err(e) => {
@@ -180,14 +224,19 @@ impl EmbeddedCursor {
         self.state.lock().error = Some(e.to_string());
     }
 
-    /// `offset` finished (delivered, dead-lettered durably, or filtered).
+    /// `offset` finished (delivered, dead-lettered durably, or filtered). Every
+    /// `commit_every` completions the watermark is written, unless a write is under way
+    /// (then the count stays due: see "Locks").
     fn finish_offset(&self, offset: u64) {
-        let mut st = self.state.lock();
-        if st.pending.remove(&offset) {
-            st.since_commit += 1;
-            if st.since_commit >= self.commit_every {
-                self.flush_locked(&mut st);
+        let due = {
+            let mut st = self.state.lock();
+            if st.pending.remove(&offset) {
+                st.since_commit += 1;
             }
+            st.since_commit >= self.commit_every
+        };
+        if due && let Some(commit) = self.commit.try_lock() {
+            self.flush(commit);
         }
     }
 
@@ -365,10 +414,11 @@ impl BackendCursor for EmbeddedCursor {
     }
 
     fn idle(&self) {
-        self.flush_locked(&mut self.state.lock());
+        self.flush(self.commit.lock());
     }
 
     fn seek(&self, at: StartAt) -> Result<u64, StreamError> {
+        let _commit = self.commit.lock();
         let target = self.stream.resolve(at)?;
         let mut st = self.state.lock();
         if st.retired {
@@ -377,8 +427,6 @@ impl BackendCursor for EmbeddedCursor {
         self.commit_locked(&mut st, target)?;
         st.cursor = target;
         st.pending.clear();
-        st.committed = target;
-        st.since_commit = 0;
         st.error = None;
         drop(st);
         self.wake();
@@ -386,13 +434,7 @@ impl BackendCursor for EmbeddedCursor {
     }
 
     fn commit(&self) -> Result<u64, StreamError> {
-        let mut st = self.state.lock();
-        if st.retired {
-            return Err(StreamError::Closed);
-        }
-        let wm = st.watermark();
-        self.commit_locked(&mut st, wm)?;
-        Ok(wm)
+        self.commit_watermark(&self.commit.lock())
     }
 
     fn state(&self) -> CursorState {
@@ -462,11 +504,16 @@ impl BackendCursor for EmbeddedCursor {
     }
 
     fn close(&self) {
-        let mut st = self.state.lock();
-        if st.retired {
+        // Held until `retired` is set: no write follows the final one.
+        let commit = self.commit.lock();
+        if self.state.lock().retired {
             return;
         }
-        self.flush_locked(&mut st);
+        match self.commit_watermark(&commit) {
+            Ok(_) | Err(StreamError::Closed | StreamError::Poisoned(_)) => {}
+            Err(e) => tracing::error!("tidings: durable {}: {e}", self.name),
+        }
+        let mut st = self.state.lock();
         st.retired = true;
         if let Err(e) = self.dlq.close() {
             tracing::error!("tidings: durable {} closing its DLQ log: {e}", self.name);
