@@ -289,6 +289,17 @@ pub(crate) fn decode_at(buf: &Bytes, at: usize, len: usize) -> Result<StoredReco
         .ok_or("malformed record body")?;
     let start = (at + FRAME_PREFIX).min(end);
     let body = &buf[start..end];
+    if body.len() >= MIN_BODY && body[16] == 0 && u32_at(body, 17) == 0 {
+        // No key, no headers (the common shape): the walk below would find exactly this, and
+        // the rest of the body is the payload.
+        return Ok(StoredRecord {
+            offset: u64_at(body, 0),
+            timestamp_ms: u64_at(body, 8),
+            key: None,
+            headers: Vec::new(),
+            payload: buf.slice(start + MIN_BODY..end),
+        });
+    }
     let part = |r: Range<usize>| buf.slice(start + r.start..start + r.end);
     let mut headers = Vec::new();
     let mut bad_name = false;
