@@ -77,7 +77,7 @@ impl Writer {
         if let Some(p) = self.builder.on_record(offset, pos, len, rec.timestamp_ms) {
             p.apply(&mut self.active.index.write());
         }
-        record::encode_into(&mut self.buf, offset, rec);
+        record::encode_without_crc(&mut self.buf, offset, rec);
         self.active.size.store(pos + len, Ordering::Release);
         // Only the writer updates `max_ts`: no read-modify-write needed.
         let seg_max = &self.active.max_ts;
@@ -101,6 +101,8 @@ impl Writer {
             return Err(AppendError::Poisoned);
         }
         let at = self.active.flushed.load(Ordering::Acquire);
+        // The buffer holds whole frames, all still without their CRC (see `encode_without_crc`).
+        record::fill_crcs(&mut self.buf);
         match write_all_at(&*self.active.file, &self.buf, at) {
             Ok(()) => {
                 let flushed = at + self.buf.len() as u64;
