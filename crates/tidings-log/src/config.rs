@@ -22,9 +22,11 @@ pub const MIN_SEGMENT_BYTES: u64 = 128;
 /// * [`Fsync::Interval`]: a background thread (`tidings-log-flush`, joined on close/drop) flushes
 ///   and syncs every interval; a power cut loses at most about one interval of acknowledged
 ///   records. Records are visible as soon as `append` returns.
-/// * [`Fsync::Never`]: the log never syncs on its own except when a segment is sealed (rolled) and
-///   on [`Log::sync`](crate::Log::sync); the OS decides. Records are visible as soon as `append`
-///   returns.
+/// * [`Fsync::Never`]: the log promises nothing beyond what [`Log::sync`](crate::Log::sync) and
+///   [`Log::durable_offset`](crate::Log::durable_offset) report. It syncs when a segment is sealed
+///   (rolled), on `sync`, and from a background writeback thread (`tidings-log-writeback`, also
+///   under `Interval`) every eighth of a segment written, so that a roll finds little left to
+///   sync. Records are visible as soon as `append` returns.
 ///
 /// Under `Interval` and `Never`, records still in the in-process write buffer are lost if the
 /// process is killed; set [`LogConfig::write_buffer_bytes`] to 0 to hand every append to the OS.
@@ -34,7 +36,8 @@ pub enum Fsync {
     Always,
     /// Sync from a background thread at this interval.
     Interval(Duration),
-    /// Never sync except on segment roll, explicit [`Log::sync`](crate::Log::sync) and close.
+    /// No sync per append: syncs on segment roll, background writeback and explicit
+    /// [`Log::sync`](crate::Log::sync).
     Never,
 }
 

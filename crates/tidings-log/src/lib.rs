@@ -21,7 +21,9 @@
 //! * **Ordering.** Offsets are dense and increasing; a batch is contiguous; readers see a prefix.
 //! * **Durability.** Per [`Fsync`]: `Always` acknowledges only synced records (group commit);
 //!   `Interval(d)` syncs from a background thread every `d`; `Never` leaves it to the OS (and
-//!   to segment rolls and [`Log::sync`]). [`Log::durable_offset`] says what is synced.
+//!   to segment rolls and [`Log::sync`]). Under both, a background writeback also syncs the
+//!   active segment every eighth of a segment (at most 8 MiB) written, so that a roll has
+//!   little left to sync. [`Log::durable_offset`] says what is synced.
 //! * **Failure.** A failed write or fsync poisons the writer ([`AppendError::Poisoned`] from then
 //!   on); nothing claims durability it does not have. Bad files are typed errors with the path
 //!   and byte offset, never panics.
@@ -118,6 +120,10 @@
 //! * Rolling: flush, `fdatasync` the old segment (under every policy, so sealed segments are
 //!   always complete on disk), write its index files, create the new segment, write and
 //!   `fdatasync` its header, fsync the directory, then append into it.
+//! * Writeback (`Never` and `Interval`): every `segment_bytes / 8` bytes (at most 8 MiB) handed
+//!   to the storage, a background thread `fdatasync`s the active segment and raises the durable
+//!   offset to the records written before it started; a failure poisons the writer. It only
+//!   adds syncs, so recovery is unchanged.
 //! * Every creation, rename or removal of files (roll, index rewrite, recovery repairs, retention)
 //!   is followed by an fsync of the directory before anything depends on it.
 //!
@@ -204,6 +210,7 @@ pub mod storage;
 mod tail;
 pub mod testing;
 pub mod tools;
+mod writeback;
 mod writer;
 
 pub use config::{Fsync, LogConfig, MAX_RECORD_BYTES, MIN_SEGMENT_BYTES, Retention};

@@ -18,6 +18,7 @@ use crate::retention::{self, RetentionReport};
 use crate::segment::Segment;
 use crate::storage::{DirLock, FsStorage, LOCK_FILE, Storage};
 use crate::tail::{AppendListener, Tail};
+use crate::writeback::Writeback;
 use crate::writer::Writer;
 
 /// State shared by the handle, the flusher thread and the internals.
@@ -44,6 +45,8 @@ pub(crate) struct Shared {
     pub(crate) appending: AtomicUsize,
     /// Read chunks handed out recently, reused once no record refers to them any more.
     pub(crate) chunks: crate::reader::ChunkPool,
+    /// Requests to the background writeback thread (unused under `Fsync::Always`).
+    pub(crate) writeback: crate::writeback::Requests,
 }
 
 impl Shared {
@@ -87,6 +90,7 @@ impl Shared {
 pub struct Log {
     shared: Arc<Shared>,
     flusher: Mutex<Option<Flusher>>,
+    writeback: Mutex<Option<Writeback>>,
     /// Held until close: one writing `Log` per directory at a time.
     lock: Mutex<DirLock>,
 }
@@ -135,7 +139,11 @@ impl Log {
         let shared = Arc::new(Shared {
             storage,
             dir: dir.to_path_buf(),
-            writer: Mutex::new(Writer::new(active, rec.builder)),
+            writer: Mutex::new(Writer::new(
+                active,
+                rec.builder,
+                (fsync != Fsync::Always).then(|| crate::writeback::threshold(&config)),
+            )),
             segments: RwLock::new(rec.segments),
             start: AtomicU64::new(start),
             visible: AtomicU64::new(end),
@@ -147,21 +155,35 @@ impl Log {
             retention_error: Mutex::new(None),
             appending: AtomicUsize::new(0),
             chunks: Default::default(),
+            writeback: Default::default(),
             config,
         });
+        let spawn_err = |source| OpenError::Io {
+            path: dir.to_path_buf(),
+            source,
+        };
+        let mut writeback = match fsync {
+            Fsync::Always => None,
+            _ => Some(Writeback::spawn(shared.clone()).map_err(spawn_err)?),
+        };
         let flusher = match fsync {
-            Fsync::Interval(every) => Some(Flusher::spawn(shared.clone(), every).map_err(
-                |source| OpenError::Io {
-                    path: dir.to_path_buf(),
-                    source,
-                },
-            )?),
+            Fsync::Interval(every) => match Flusher::spawn(shared.clone(), every) {
+                Ok(f) => Some(f),
+                Err(e) => {
+                    // The writeback thread holds the shared state: stop it, or it would live on.
+                    if let Some(w) = writeback.as_mut() {
+                        w.stop();
+                    }
+                    return Err(spawn_err(e));
+                }
+            },
             _ => None,
         };
         Ok((
             Log {
                 shared,
                 flusher: Mutex::new(flusher),
+                writeback: Mutex::new(writeback),
                 lock: Mutex::new(lock),
             },
             rec.report,
@@ -404,6 +426,9 @@ impl Log {
         sh.closed.store(true, Ordering::SeqCst);
         if let Some(mut f) = self.flusher.lock().take() {
             f.stop();
+        }
+        if let Some(mut w) = self.writeback.lock().take() {
+            w.stop();
         }
         sh.tail.wake_all();
         if !first {

@@ -65,18 +65,55 @@ pub(crate) fn read(sh: &Shared, from: u64, max: usize) -> Result<Vec<StoredRecor
         if next >= until {
             continue;
         }
-        for_each_frame(sh, &seg, next, until, &mut |frame| {
-            let rec = record::decode_at(frame.chunk, frame.at, frame.len)
-                .map_err(|reason| corrupt(&seg, frame.pos, reason))?;
-            out.push(rec);
-            Ok(out.len() < max)
-        })?;
+        read_segment(sh, &seg, next, until, max, &mut out)?;
         if out.len() >= max || until >= end {
             break;
         }
         next = until;
     }
     Ok(out)
+}
+
+/// Decodes the records of `seg` with offsets in `from..until` into `out` until it holds `max`.
+///
+/// The read loop of [`for_each_frame`], specialised: each record is checked and decoded in one
+/// walk over its body ([`record::decode_at`] checks the whole structure; the checksum was
+/// verified three frames at a time by [`Chunk::verified_len`]), and key and payload are slices
+/// of the chunk (no copy).
+fn read_segment(
+    sh: &Shared,
+    seg: &Segment,
+    from: u64,
+    until: u64,
+    max: usize,
+    out: &mut Vec<StoredRecord>,
+) -> Result<(), ReadError> {
+    let (mut off, mut pos) = seg.index.read().floor(seg.base, from);
+    let mut trust_index = pos != HEADER_LEN;
+    let mut chunk = Chunk::default();
+    while off < until {
+        let len = chunk.verified_len(sh, seg, pos)?;
+        let at = (pos - chunk.start) as usize;
+        let rec = record::decode_at(&chunk.bytes, at, len).map_err(|r| corrupt(seg, pos, r))?;
+        if rec.offset != off {
+            if trust_index {
+                trust_index = false;
+                (off, pos) = (seg.base, HEADER_LEN);
+                continue;
+            }
+            return Err(corrupt(seg, pos, "record offset out of sequence"));
+        }
+        trust_index = false;
+        if off >= from {
+            out.push(rec);
+            if out.len() >= max {
+                return Ok(());
+            }
+        }
+        pos += len as u64;
+        off += 1;
+    }
+    Ok(())
 }
 
 pub(crate) fn offset_for_time(sh: &Shared, t: u64) -> Result<u64, ReadError> {
@@ -106,14 +143,10 @@ pub(crate) fn offset_for_time(sh: &Shared, t: u64) -> Result<u64, ReadError> {
     Ok(end)
 }
 
-/// A checked frame inside the read chunk: `chunk[at..at + len]`.
-pub(crate) struct FrameRef<'a> {
+/// A checked frame: what a scan by time needs of it.
+pub(crate) struct FrameRef {
     pub(crate) offset: u64,
     pub(crate) timestamp_ms: u64,
-    pub(crate) pos: u64,
-    pub(crate) chunk: &'a Bytes,
-    pub(crate) at: usize,
-    pub(crate) len: usize,
 }
 
 fn corrupt(seg: &Segment, pos: u64, reason: &'static str) -> ReadError {
@@ -130,7 +163,7 @@ pub(crate) fn for_each_frame(
     seg: &Segment,
     from: u64,
     until: u64,
-    f: &mut dyn FnMut(FrameRef<'_>) -> Result<bool, ReadError>,
+    f: &mut dyn FnMut(FrameRef) -> Result<bool, ReadError>,
 ) -> Result<(), ReadError> {
     let (mut off, mut pos) = seg.index.read().floor(seg.base, from);
     let mut trust_index = pos != HEADER_LEN;
@@ -164,10 +197,6 @@ pub(crate) fn for_each_frame(
             && !f(FrameRef {
                 offset: off,
                 timestamp_ms: ts,
-                pos,
-                chunk: &chunk.bytes,
-                at: (pos - chunk.start) as usize,
-                len,
             })?
         {
             return Ok(());
@@ -261,6 +290,28 @@ impl Chunk {
         self.start = pos;
         self.verified = [NOT_VERIFIED; 3];
         Ok(true)
+    }
+
+    /// The length of the complete frame at `pos`, with its checksum verified (the structure is
+    /// left to the decoder); `Corrupt` when it is incomplete or fails a check.
+    fn verified_len(&mut self, sh: &Shared, seg: &Segment, pos: u64) -> Result<usize, ReadError> {
+        if self.covers(pos, FRAME_PREFIX as u64) {
+            let at = (pos - self.start) as usize;
+            if let Some(len) = record::complete_frame_len(&self.bytes[at..])
+                && (self.verified.contains(&pos) || self.verify_ahead(at))
+            {
+                return Ok(len);
+            }
+        }
+        match self.frame(sh, seg, pos)? {
+            Frame::Good { len, .. } => Ok(len),
+            Frame::Bad(reason) => Err(corrupt(seg, pos, reason)),
+            Frame::Incomplete { .. } => Err(corrupt(
+                seg,
+                pos,
+                "record extends past the end of the segment",
+            )),
+        }
     }
 
     fn frame(&mut self, sh: &Shared, seg: &Segment, pos: u64) -> Result<Frame, ReadError> {

@@ -5,7 +5,8 @@
 //!
 //! When the next record would push the active segment past `segment_bytes` (and the segment
 //! already holds a record), the writer: flushes its buffer; syncs the old segment (whatever the
-//! fsync policy, so a sealed segment is always complete on disk); writes the old segment's index
+//! fsync policy, so a sealed segment is always complete on disk; under `Never` and `Interval`
+//! the [writeback](crate::writeback) thread has synced most of it already); writes the old segment's index
 //! files (best effort: they are a checked cache); creates the new segment, writes and syncs its
 //! header; syncs the directory; and only then appends into it. A failure at any step poisons the
 //! writer. After the append that rolled releases the lock, the log applies its retention
@@ -33,11 +34,21 @@ pub(crate) struct Writer {
     pub(crate) closed: bool,
     /// A segment was sealed since the last append returned: retention is due.
     pub(crate) rolled: bool,
+    /// Bytes handed to the storage between background writeback requests (`None` under
+    /// `Fsync::Always`, where every append is synced anyway); see [`crate::writeback`].
+    writeback_step: Option<u64>,
+    /// The active segment's `flushed` when writeback was last requested.
+    requested: u64,
 }
 
 impl Writer {
-    pub(crate) fn new(active: Arc<Segment>, builder: IndexBuilder) -> Self {
+    pub(crate) fn new(
+        active: Arc<Segment>,
+        builder: IndexBuilder,
+        writeback_step: Option<u64>,
+    ) -> Self {
         let next = active.end();
+        let requested = active.flushed.load(Ordering::Acquire);
         Self {
             active,
             buf: Vec::new(),
@@ -45,6 +56,8 @@ impl Writer {
             builder,
             closed: false,
             rolled: false,
+            writeback_step,
+            requested,
         }
     }
 
@@ -64,7 +77,7 @@ impl Writer {
         if let Some(p) = self.builder.on_record(offset, pos, len, rec.timestamp_ms) {
             p.apply(&mut self.active.index.write());
         }
-        record::encode_into(&mut self.buf, offset, rec);
+        record::encode_without_crc(&mut self.buf, offset, rec);
         self.active.size.store(pos + len, Ordering::Release);
         // Only the writer updates `max_ts`: no read-modify-write needed.
         let seg_max = &self.active.max_ts;
@@ -88,12 +101,20 @@ impl Writer {
             return Err(AppendError::Poisoned);
         }
         let at = self.active.flushed.load(Ordering::Acquire);
+        // The buffer holds whole frames, all still without their CRC (see `encode_without_crc`).
+        record::fill_crcs(&mut self.buf);
         match write_all_at(&*self.active.file, &self.buf, at) {
             Ok(()) => {
-                self.active
-                    .flushed
-                    .store(at + self.buf.len() as u64, Ordering::Release);
+                let flushed = at + self.buf.len() as u64;
+                self.active.flushed.store(flushed, Ordering::Release);
                 self.buf.clear();
+                if let Some(step) = self.writeback_step
+                    && flushed - self.requested >= step
+                {
+                    // Every record below `next` is now in this file or a sealed segment.
+                    sh.writeback.request(&self.active, self.next);
+                    self.requested = flushed;
+                }
                 Ok(())
             }
             Err(source) => Err(sh.commit.poison_with(&self.active.path, source)),
@@ -130,6 +151,7 @@ impl Writer {
         ));
         sh.segments.write().push(seg.clone());
         self.active = seg;
+        self.requested = HEADER_LEN;
         self.builder = IndexBuilder::new(sh.config.index_interval_bytes);
         self.rolled = true;
         Ok(())
