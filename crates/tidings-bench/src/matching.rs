@@ -6,6 +6,10 @@
 //!   wildcard patterns, so it finds fewer matches).
 //! * `linear-scan` — every pattern tried with a straightforward word matcher.
 //!
+//! `match/patterns=37k` cycles over 4,096 lookup topics, few enough for the trie's per-thread
+//! memo to remember every one whole (the hot-topic case); `…/distinct-topics=64k` over 65,536
+//! distinct topics, far more than the memo keeps, so most matches walk the trie (the cold case).
+//!
 //! The trie's answers are checked against the linear scan on a sample of topics; any
 //! disagreement is reported in the notes.
 
@@ -20,15 +24,18 @@ use crate::harness::{Contender, Rng, interleave};
 use crate::{Case, Filter, Plan};
 
 const NAME: &str = "match/patterns=37k";
+const NAME_DISTINCT: &str = "match/patterns=37k/distinct-topics=64k";
 const LITERALS: usize = 33_000;
 const WILDCARDS: usize = 4_000;
 /// Distinct words per level of the 5-word topics.
 const LEVELS: [u64; 5] = [8, 16, 32, 64, 128];
 const LOOKUPS: usize = 4096;
+/// Lookup topics of the cold case, all distinct (8× the trie memo's whole-topic limit).
+const LOOKUPS_DISTINCT: usize = 65_536;
 const VERIFY: usize = 300;
 
 pub(crate) fn case_names() -> Vec<String> {
-    vec![NAME.to_owned()]
+    vec![NAME.to_owned(), NAME_DISTINCT.to_owned()]
 }
 
 fn word(level: usize, i: u64) -> String {
@@ -139,23 +146,57 @@ fn ns_per(
     t.elapsed().as_nanos() as f64 / reps as f64
 }
 
+/// The trie and the baselines' data, built once for every case.
+struct Setup<'p> {
+    trie: TopicTrie<u64>,
+    trie_build_ms: f64,
+    build_err: Option<String>,
+    exact: HashMap<&'p str, Vec<u64>>,
+    split_pats: Vec<(Vec<&'p str>, u64)>,
+}
+
+impl Setup<'_> {
+    /// Number of patterns matching `topic` by the linear scan; their ids into `out` if given.
+    fn linear(&self, topic: &str, mut out: Option<&mut Vec<u64>>) -> usize {
+        let words: Vec<&str> = topic.split('.').collect();
+        let mut n = 0;
+        for (p, id) in &self.split_pats {
+            if matches(p, &words) {
+                n += 1;
+                if let Some(o) = out.as_deref_mut() {
+                    o.push(*id);
+                }
+            }
+        }
+        n
+    }
+}
+
+/// `n` lookup topics, half literal hits and half random topics (mostly literal misses, some
+/// wildcard hits); all distinct when `distinct`.
+fn lookups(rng: &mut Rng, pats: &[String], n: usize, distinct: bool) -> Vec<String> {
+    let mut seen = HashSet::new();
+    let mut out = Vec::with_capacity(n);
+    while out.len() < n {
+        let t = if out.len() % 2 == 0 {
+            pats[rng.below(LITERALS as u64) as usize].clone()
+        } else {
+            random_topic(rng)
+        };
+        if !distinct || seen.insert(t.clone()) {
+            out.push(t);
+        }
+    }
+    out
+}
+
 pub(crate) fn run(plan: &Plan, filter: &Filter) -> Vec<Case> {
-    if !filter.wants(NAME) {
+    if !filter.wants(NAME) && !filter.wants(NAME_DISTINCT) {
         return Vec::new();
     }
     let mut rng = Rng::new(0x7D1D_1265);
     let pats = patterns(&mut rng);
-    // Lookup topics: half literal hits, half random (mostly literal misses, some wildcard hits).
-    let lookup_strs: Vec<String> = (0..LOOKUPS)
-        .map(|i| {
-            if i % 2 == 0 {
-                pats[rng.below(LITERALS as u64) as usize].clone()
-            } else {
-                random_topic(&mut rng)
-            }
-        })
-        .collect();
-    let mut case = Case::new(NAME, "ns/match", false);
+    let hot = lookups(&mut rng, &pats, LOOKUPS, false);
 
     // Build.
     let t = Instant::now();
@@ -171,14 +212,7 @@ pub(crate) fn run(plan: &Plan, filter: &Filter) -> Vec<Case> {
             }
         }
     }
-    let trie_build = t.elapsed();
-    let topics: Vec<Topic> = match lookup_strs.iter().map(|s| Topic::new(s)).collect() {
-        Ok(t) => t,
-        Err(e) => {
-            case.note(format!("tidings skipped: Topic::new failed: {e}"));
-            return vec![case];
-        }
-    };
+    let trie_build_ms = t.elapsed().as_secs_f64() * 1e3;
     let mut exact: HashMap<&str, Vec<u64>> = HashMap::new();
     for (id, p) in pats.iter().enumerate().take(LITERALS) {
         exact.entry(p.as_str()).or_default().push(id as u64);
@@ -188,19 +222,50 @@ pub(crate) fn run(plan: &Plan, filter: &Filter) -> Vec<Case> {
         .enumerate()
         .map(|(id, p)| (p.split('.').collect(), id as u64))
         .collect();
-    let linear = |topic: &str, mut out: Option<&mut Vec<u64>>| {
-        let words: Vec<&str> = topic.split('.').collect();
-        let mut n = 0;
-        for (p, id) in &split_pats {
-            if matches(p, &words) {
-                n += 1;
-                if let Some(o) = out.as_deref_mut() {
-                    o.push(*id);
-                }
-            }
-        }
-        n
+    let setup = Setup {
+        trie,
+        trie_build_ms,
+        build_err,
+        exact,
+        split_pats,
     };
+
+    let mut cases = Vec::new();
+    if filter.wants(NAME) {
+        cases.push(measure(
+            plan,
+            &setup,
+            NAME,
+            &hot,
+            "4096 lookup topics, half literal hits (few enough for the trie's per-thread memo to \
+             remember each one whole after the first round)",
+        ));
+    }
+    if filter.wants(NAME_DISTINCT) {
+        let cold = lookups(&mut rng, &pats, LOOKUPS_DISTINCT, true);
+        cases.push(measure(
+            plan,
+            &setup,
+            NAME_DISTINCT,
+            &cold,
+            "65536 distinct lookup topics, half literal hits (8x what the trie's per-thread memo \
+             remembers whole: most matches walk the trie)",
+        ));
+    }
+    cases
+}
+
+/// One case: the three contenders over `lookup_strs`.
+fn measure(plan: &Plan, setup: &Setup<'_>, name: &str, lookup_strs: &[String], what: &str) -> Case {
+    let mut case = Case::new(name, "ns/match", false);
+    let topics: Vec<Topic> = match lookup_strs.iter().map(|s| Topic::new(s)).collect() {
+        Ok(t) => t,
+        Err(e) => {
+            case.note(format!("tidings skipped: Topic::new failed: {e}"));
+            return case;
+        }
+    };
+    let trie = &setup.trie;
 
     // Check the trie against the linear scan.
     let mut disagree = 0;
@@ -208,7 +273,7 @@ pub(crate) fn run(plan: &Plan, filter: &Filter) -> Vec<Case> {
     let mut total_matches = 0;
     for (s, t) in lookup_strs.iter().zip(&topics).take(VERIFY) {
         let mut want = Vec::new();
-        linear(s, Some(&mut want));
+        setup.linear(s, Some(&mut want));
         want.sort_unstable();
         let mut got = Vec::new();
         trie.for_each_match(t, |id, _| got.push(id));
@@ -224,33 +289,40 @@ pub(crate) fn run(plan: &Plan, filter: &Filter) -> Vec<Case> {
         }
     }
 
+    // Profiling aid: `TIDINGS_BENCH_MATCH_CONTENDERS=tidings,hashmap-exact` runs only those
+    // (the linear scan takes minutes under callgrind).
+    let only = std::env::var("TIDINGS_BENCH_MATCH_CONTENDERS").ok();
+    let wanted = |c: &str| only.as_deref().is_none_or(|o| o.split(',').any(|w| w == c));
     let secs = plan.match_round_secs;
+    let n = lookup_strs.len();
     let (mut r1, mut r2, mut r3) = (None, None, None);
     let outcomes = {
-        let trie = &trie;
         let topics = &topics;
-        let lookup_strs = &lookup_strs;
-        let exact = &exact;
-        let linear = &linear;
-        let mut cs = vec![
-            Contender::new("tidings", || {
-                Ok(ns_per(LOOKUPS, secs, &mut r1, |i| {
-                    let mut n = 0;
-                    trie.for_each_match(&topics[i], |_, _| n += 1);
-                    n
+        let exact = &setup.exact;
+        let mut cs = Vec::new();
+        if wanted("tidings") {
+            cs.push(Contender::new("tidings", || {
+                Ok(ns_per(n, secs, &mut r1, |i| {
+                    let mut k = 0;
+                    trie.for_each_match(&topics[i], |_, _| k += 1);
+                    k
                 }))
-            }),
-            Contender::new("hashmap-exact", || {
-                Ok(ns_per(LOOKUPS, secs, &mut r2, |i| {
+            }));
+        }
+        if wanted("hashmap-exact") {
+            cs.push(Contender::new("hashmap-exact", || {
+                Ok(ns_per(n, secs, &mut r2, |i| {
                     exact.get(lookup_strs[i].as_str()).map_or(0, Vec::len)
                 }))
-            }),
-            Contender::new("linear-scan", || {
-                Ok(ns_per(LOOKUPS, secs, &mut r3, |i| {
-                    linear(&lookup_strs[i], None)
+            }));
+        }
+        if wanted("linear-scan") {
+            cs.push(Contender::new("linear-scan", || {
+                Ok(ns_per(n, secs, &mut r3, |i| {
+                    setup.linear(&lookup_strs[i], None)
                 }))
-            }),
-        ];
+            }));
+        }
         interleave(plan.rounds, &mut cs)
     };
     for o in outcomes {
@@ -264,12 +336,11 @@ pub(crate) fn run(plan: &Plan, filter: &Filter) -> Vec<Case> {
     }
     case.note(format!(
         "{LITERALS} literal 5-word topics + {WILDCARDS} `*`/`#` patterns (one `*`, two `*`, prefix.#, #.suffix, a.#.b); \
-         {LOOKUPS} lookup topics, half literal hits; {} rounds interleaved; trie built in {:.1} ms; \
+         {what}; {} rounds interleaved; trie built in {:.1} ms; \
          hashmap-exact ignores wildcards (the floor); on {VERIFY} sampled topics linear-scan found {total_matches} matches",
-        plan.rounds,
-        trie_build.as_secs_f64() * 1e3
+        plan.rounds, setup.trie_build_ms
     ));
-    if let Some(e) = build_err {
+    if let Some(e) = &setup.build_err {
         case.note(format!("some patterns refused: {e}"));
     }
     if disagree > 0 {
@@ -285,7 +356,7 @@ pub(crate) fn run(plan: &Plan, filter: &Filter) -> Vec<Case> {
             "trie agrees with linear-scan on all {VERIFY} sampled topics"
         ));
     }
-    vec![case]
+    case
 }
 
 #[cfg(test)]

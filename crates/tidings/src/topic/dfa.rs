@@ -18,16 +18,28 @@
 //! # Size
 //!
 //! Each thread keeps [`SLOTS`] caches (one per trie it matched against most recently), each with
-//! at most [`MAX_STATES`] states and [`MAX_TRANSITIONS`] transitions (a few MiB at the very
-//! worst, typically far less: the caches grow only with the topics actually seen). When a cache
-//! is full, matching falls back to the plain walk for the steps it does not know; after
-//! [`MAX_TRANSITIONS`] such misses the cache is emptied, so it follows a changing set of hot
-//! topics instead of staying stuck on the first ones.
+//! at most [`MAX_STATES`] states, [`MAX_TRANSITIONS`] transitions and [`MAX_TOPICS`] topics (a
+//! few MiB at the very worst, the topics' text included: 8,192 × 255 bytes; typically far less,
+//! as the caches grow only with the topics actually seen). When a cache is full, matching falls
+//! back to the plain walk for the steps it does not know; after [`MAX_TRANSITIONS`] such misses
+//! the cache is emptied, so it follows a changing set of hot topics instead of staying stuck on
+//! the first ones.
+//!
+//! # Whole topics
+//!
+//! Besides its steps, a cache remembers up to [`MAX_TOPICS`] whole topics and the state their
+//! last word leads to, so a topic matched again on this thread costs one hash lookup of the
+//! topic instead of one per word: the walk's answer depends only on the trie's shape and the
+//! topic, and the states named belong to the same cache, so they are emptied together (a new
+//! epoch, or a full cache starting over). A full topic table forgets a quarter of itself (hash
+//! order) before taking a new topic, so it follows a changing set of hot topics. The topics
+//! are kept as [`Topic`] clones (a reference count, not a copy of the text).
 
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use super::Topic;
 use super::trie::FastState;
 
 /// Caches kept per thread (tries matched on this thread most recently).
@@ -36,6 +48,8 @@ pub(super) const SLOTS: usize = 2;
 pub(super) const MAX_STATES: usize = 16 * 1024;
 /// Most transitions per cache.
 pub(super) const MAX_TRANSITIONS: usize = 64 * 1024;
+/// Most whole topics remembered per cache.
+pub(super) const MAX_TOPICS: usize = 8 * 1024;
 
 /// The word id used for "a word no wildcard edge uses" (and for "the word does not matter").
 pub(super) const NO_WORD: u32 = u32::MAX;
@@ -148,6 +162,8 @@ pub(super) struct Dfa {
     short: HashMap<ShortKey, Sid, FastState>,
     /// Steps on word ids (long words, and "any word").
     transitions: HashMap<u64, Sid, FastState>,
+    /// Whole topics → the state their last word leads to (or the dead state).
+    topics: HashMap<Topic, Sid, FastState>,
     /// Steps that could not be stored because the cache was full, since it was last emptied.
     full_misses: usize,
     /// Last use, for choosing which slot to reuse.
@@ -159,11 +175,13 @@ pub(super) struct Dfa {
 struct Limits {
     states: usize,
     transitions: usize,
+    topics: usize,
 }
 
 const DEFAULT_LIMITS: Limits = Limits {
     states: MAX_STATES,
     transitions: MAX_TRANSITIONS,
+    topics: MAX_TOPICS,
 };
 
 #[inline]
@@ -180,6 +198,7 @@ impl Dfa {
             by_set: HashMap::default(),
             short: HashMap::default(),
             transitions: HashMap::default(),
+            topics: HashMap::default(),
             full_misses: 0,
             used: 0,
             limits,
@@ -193,6 +212,8 @@ impl Dfa {
         self.by_set.clear();
         self.short.clear();
         self.transitions.clear();
+        // The remembered topics name states of this cache: they go with them.
+        self.topics.clear();
         self.full_misses = 0;
     }
 
@@ -217,6 +238,32 @@ impl Dfa {
             Word::Short(text, len) => self.short.get(&ShortKey { state, len, text }).copied(),
             Word::Id(id) => self.transitions.get(&key(state, id)).copied(),
         }
+    }
+
+    /// The state `topic` was walked to, if remembered (see the module docs).
+    #[inline]
+    pub(super) fn topic(&self, topic: &str) -> Option<Sid> {
+        self.topics.get(topic).copied()
+    }
+
+    /// Remembers that the walk of `topic` ends in state `sid` (obtained from this cache since
+    /// it was last emptied). A full table first forgets a quarter of its topics.
+    pub(super) fn learn_topic(&mut self, topic: &Topic, sid: Sid) {
+        let limit = self.limits.topics;
+        if limit == 0 {
+            return;
+        }
+        if self.topics.len() >= limit {
+            let mut forget = limit.div_ceil(4);
+            self.topics.retain(|_, _| {
+                if forget == 0 {
+                    return true;
+                }
+                forget -= 1;
+                false
+            });
+        }
+        self.topics.insert(topic.clone(), sid);
     }
 
     /// The id of the state for the sorted set `nodes`, adding it (with its finals and whether
@@ -273,10 +320,14 @@ impl Dfa {
         }
     }
 
-    /// Number of states and of steps (for tests).
+    /// Number of states, of steps and of remembered topics (for tests).
     #[cfg(test)]
-    pub(super) fn len(&self) -> (usize, usize) {
-        (self.states.len(), self.short.len() + self.transitions.len())
+    pub(super) fn len(&self) -> (usize, usize, usize) {
+        (
+            self.states.len(),
+            self.short.len() + self.transitions.len(),
+            self.topics.len(),
+        )
     }
 }
 
@@ -330,13 +381,14 @@ pub(super) fn with<R>(uid: u64, epoch: u64, f: impl FnOnce(&mut Dfa) -> R) -> Op
 
 /// Test hook: this thread's caches get these limits (existing ones are dropped).
 #[cfg(test)]
-pub(super) fn set_limits_for_this_thread(states: usize, transitions: usize) {
+pub(super) fn set_limits_for_this_thread(states: usize, transitions: usize, topics: usize) {
     SLOTS_TLS.with(|s| {
         let mut s = s.borrow_mut();
         s.dfas.clear();
         s.limits = Limits {
             states,
             transitions,
+            topics,
         };
     });
 }

@@ -28,8 +28,11 @@ use super::{HASH, MAX_WORDS, Pattern, STAR, Topic};
 ///   on this thread since the trie last changed costs one word-id lookup and one transition
 ///   lookup, whatever the number of live nodes. Any insert or remove of a wildcard pattern
 ///   bumps the trie's epoch, which empties the memo before its next use, so answers are always
-///   those of the walk on the trie as it is. The memo is bounded (a few MiB per thread at the
-///   very worst, two tries per thread); when full, matching walks the steps it does not know.
+///   those of the walk on the trie as it is. The memo also remembers whole topics (up to 8,192
+///   per trie and thread) and the state they end in: a topic matched again on this thread since
+///   the trie last changed costs one lookup of the topic, whatever its number of words. The
+///   memo is bounded (a few MiB per thread at the very worst, two tries per thread); when full,
+///   matching walks the steps it does not know, and forgets some topics to take new ones.
 /// * Matching reuses two per-thread buffers for the live nodes (they grow to the largest live
 ///   set seen on the thread, and a match nested in a callback gets fresh ones), and allocates
 ///   only when more than 8 distinct patterns' entry lists must be merged.
@@ -681,6 +684,12 @@ impl<V> TopicTrie<V> {
         bufs: &mut Option<(Vec<u32>, Vec<u32>)>,
         lists: &mut Buf<&'a [(u64, V)], 8>,
     ) {
+        if let Some(end) = d.topic(topic.as_str()) {
+            for &i in d.state(end).finals.iter() {
+                lists.push(&self.nodes[i as usize].entries);
+            }
+            return;
+        }
         let mut words = topic.words();
         let start = match d.start() {
             Some(s) => Some(s),
@@ -697,7 +706,9 @@ impl<V> TopicTrie<V> {
         };
         while let Some(word) = words.next() {
             if state.is_dead() {
-                return; // nothing can match any more
+                // Nothing can match any more.
+                d.learn_topic(topic, state);
+                return;
             }
             let id = || self.words.get(word).map_or(NO_WORD, |&(w, _)| w);
             let key = if state.needs_word() {
@@ -725,6 +736,9 @@ impl<V> TopicTrie<V> {
                 }
             }
         }
+        // Every step was known or learnt: no state id went stale, and the topic may be
+        // remembered whole.
+        d.learn_topic(topic, state);
         for &i in d.state(state).finals.iter() {
             lists.push(&self.nodes[i as usize].entries);
         }
@@ -1212,7 +1226,7 @@ mod tests {
         /// The memoised walk agrees with the naive matcher across inserts and removes (R-RT-1).
         #[test]
         fn memoised_walk_agrees_with_naive_matcher(steps in memo_steps()) {
-            dfa::set_limits_for_this_thread(dfa::MAX_STATES, dfa::MAX_TRANSITIONS);
+            dfa::set_limits_for_this_thread(dfa::MAX_STATES, dfa::MAX_TRANSITIONS, dfa::MAX_TOPICS);
             check_memo(steps)?;
         }
 
@@ -1220,7 +1234,15 @@ mod tests {
         /// mid-topic, and the memo is emptied and refilled (R-RT-1).
         #[test]
         fn full_memo_falls_back_to_the_walk(steps in memo_steps()) {
-            dfa::set_limits_for_this_thread(3, 4);
+            dfa::set_limits_for_this_thread(3, 4, 2);
+            check_memo(steps)?;
+        }
+
+        /// Room for every step but only two whole topics: remembered topics are forgotten and
+        /// learnt again while the steps stay (R-RT-1).
+        #[test]
+        fn small_topic_table_agrees_with_naive_matcher(steps in memo_steps()) {
+            dfa::set_limits_for_this_thread(dfa::MAX_STATES, dfa::MAX_TRANSITIONS, 2);
             check_memo(steps)?;
         }
     }
@@ -1228,7 +1250,7 @@ mod tests {
     /// The memo never grows past its limits, and answers stay right once it is full.
     #[test]
     fn memo_stays_within_its_limits() {
-        dfa::set_limits_for_this_thread(5, 7);
+        dfa::set_limits_for_this_thread(5, 7, 3);
         let mut trie = TopicTrie::new();
         for i in 0..20u64 {
             trie.insert(&p(&format!("w{i}.*.#")), i, ());
@@ -1236,11 +1258,43 @@ mod tests {
         for round in 0..3 {
             for i in 0..20u64 {
                 assert_eq!(ids(&trie, &format!("w{i}.x.y")), [i], "round {round}"); // R-RT-1
-                let (states, steps) = dfa::with(trie.uid, trie.epoch, |d| d.len()).unwrap();
-                assert!(states <= 5 && steps <= 7, "{states} states, {steps} steps");
+                let (states, steps, topics) = dfa::with(trie.uid, trie.epoch, |d| d.len()).unwrap();
+                assert!(
+                    states <= 5 && steps <= 7 && topics <= 3,
+                    "{states} states, {steps} steps, {topics} topics"
+                );
             }
         }
-        dfa::set_limits_for_this_thread(dfa::MAX_STATES, dfa::MAX_TRANSITIONS);
+        dfa::set_limits_for_this_thread(dfa::MAX_STATES, dfa::MAX_TRANSITIONS, dfa::MAX_TOPICS);
+    }
+
+    /// A topic matched again is answered from the remembered whole topic, and a change of the
+    /// wildcard side (insert or remove) is seen by the next match of that same topic (R-RT-1).
+    #[test]
+    fn remembered_topics_follow_changes() {
+        dfa::set_limits_for_this_thread(dfa::MAX_STATES, dfa::MAX_TRANSITIONS, dfa::MAX_TOPICS);
+        let mut trie = TopicTrie::new();
+        trie.insert(&p("a.*"), 1, ());
+        trie.insert(&p("a.b"), 5, ());
+        let remembered = |trie: &TopicTrie<()>| {
+            dfa::with(trie.uid, trie.epoch, |d| d.topic("a.b").is_some()).unwrap()
+        };
+        assert_eq!(ids(&trie, "a.b"), [1, 5]); // R-RT-1
+        assert!(remembered(&trie));
+        assert_eq!(ids(&trie, "a.b"), [1, 5]); // R-RT-1
+        trie.insert(&p("#.b"), 2, ());
+        assert!(!remembered(&trie));
+        assert_eq!(ids(&trie, "a.b"), [1, 2, 5]); // R-RT-1
+        assert_eq!(ids(&trie, "a.b"), [1, 2, 5]); // R-RT-1
+        trie.remove(&p("a.*"), 1);
+        assert_eq!(ids(&trie, "a.b"), [2, 5]); // R-RT-1
+        trie.remove(&p("#.b"), 2);
+        assert_eq!(ids(&trie, "a.b"), [5]); // R-RT-1
+        // A topic no wildcard pattern can match is remembered too (the dead state).
+        trie.insert(&p("q.*"), 3, ());
+        assert_eq!(ids(&trie, "a.b"), [5]); // R-RT-1
+        assert!(remembered(&trie));
+        assert_eq!(ids(&trie, "a.b"), [5]); // R-RT-1
     }
 
     /// Tries matched alternately on one thread each keep their own memo; more tries than
