@@ -264,5 +264,7 @@ impl SubscribeOptions {
     }
 }
 
+mod settings;
 mod summary;
+pub(crate) use settings::{Settings, SharedSummary};
 pub use summary::OptionsSummary;

@@ -12,6 +12,11 @@
 //! ordered map: push is O(1) (O(log k) when a key becomes non-empty), pop and "evict the
 //! oldest of the lowest level" are O(log k) for k keys waiting. The capacity is enforced by
 //! the subscription core, which owns the overflow policy; this type only orders.
+//!
+//! # Memory
+//! An empty queue that was never pushed to is one null pointer: its levels, key map and
+//! head index (~200 bytes before any message) are allocated on the first push and kept,
+//! so an idle subscription does not carry them (issue 12).
 
 use std::borrow::Borrow;
 use std::cmp::Reverse;
@@ -89,6 +94,12 @@ type Rank = (Reverse<u8>, u64);
 
 #[derive(Debug, Default)]
 pub(crate) struct PriorityQueue {
+    /// `None` until the first push.
+    inner: Option<Box<Inner>>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
     /// Unkeyed messages, one FIFO per level, with their sequence numbers.
     levels: [VecDeque<(u64, Queued)>; Priority::LEVELS],
     /// Bit `i` set ⇔ `levels[i]` is non-empty.
@@ -107,14 +118,55 @@ fn rank(seq: u64, q: &Queued) -> Rank {
 
 impl PriorityQueue {
     pub(crate) fn len(&self) -> usize {
-        self.len
+        self.inner.as_ref().map_or(0, |q| q.len)
     }
 
     pub(crate) fn is_empty(&self) -> bool {
-        self.len == 0
+        self.len() == 0
     }
 
     pub(crate) fn push(&mut self, item: Queued) {
+        self.inner.get_or_insert_default().push(item);
+    }
+
+    /// Highest priority first, publish order within a level, per-key order always.
+    pub(crate) fn pop(&mut self) -> Option<Queued> {
+        self.inner.as_mut()?.pop()
+    }
+
+    /// The oldest message of the lowest priority: the one `DropOldest` evicts. For keyed
+    /// messages, the head of a key (evicting it keeps the key's order).
+    pub(crate) fn pop_oldest_lowest(&mut self) -> Option<Queued> {
+        self.inner.as_mut()?.pop_oldest_lowest()
+    }
+
+    /// Messages waiting at each priority level, lowest first, keyed ones included
+    /// (R-OPS-1 snapshot).
+    pub(crate) fn depth_by_level(&self, out: &mut [u64; Priority::LEVELS]) {
+        if let Some(q) = &self.inner {
+            q.depth_by_level(out);
+        }
+    }
+
+    /// Enqueue time of the longest-waiting message, whatever its level or key.
+    pub(crate) fn oldest_enqueued(&self) -> Option<Instant> {
+        self.inner.as_ref()?.oldest_enqueued()
+    }
+
+    /// Some message waiting here has a lower priority than `p` (keyed ones by their key's
+    /// head, which is what competes with other messages).
+    pub(crate) fn has_below(&self, p: Priority) -> bool {
+        self.inner.as_ref().is_some_and(|q| q.has_below(p))
+    }
+
+    /// Remove everything, in delivery order.
+    pub(crate) fn drain(&mut self) -> Vec<Queued> {
+        self.inner.as_mut().map(|q| q.drain()).unwrap_or_default()
+    }
+}
+
+impl Inner {
+    fn push(&mut self, item: Queued) {
         let seq = self.seq;
         self.seq += 1;
         self.len += 1;
@@ -133,8 +185,7 @@ impl PriorityQueue {
         self.keys.insert(map_key, VecDeque::from([(seq, item)]));
     }
 
-    /// Highest priority first, publish order within a level, per-key order always.
-    pub(crate) fn pop(&mut self) -> Option<Queued> {
+    fn pop(&mut self) -> Option<Queued> {
         let unkeyed = (self.occupied != 0).then(|| {
             let level = 7 - self.occupied.leading_zeros() as usize;
             (self.level_rank(level), level)
@@ -151,9 +202,7 @@ impl PriorityQueue {
         }
     }
 
-    /// The oldest message of the lowest priority: the one `DropOldest` evicts. For keyed
-    /// messages, the head of a key (evicting it keeps the key's order).
-    pub(crate) fn pop_oldest_lowest(&mut self) -> Option<Queued> {
+    fn pop_oldest_lowest(&mut self) -> Option<Queued> {
         let unkeyed = (self.occupied != 0).then(|| {
             let level = self.occupied.trailing_zeros() as usize;
             (self.level_rank(level), level)
@@ -172,9 +221,7 @@ impl PriorityQueue {
         }
     }
 
-    /// Messages waiting at each priority level, lowest first, keyed ones included
-    /// (R-OPS-1 snapshot).
-    pub(crate) fn depth_by_level(&self, out: &mut [u64; Priority::LEVELS]) {
+    fn depth_by_level(&self, out: &mut [u64; Priority::LEVELS]) {
         for (slot, level) in out.iter_mut().zip(&self.levels) {
             *slot += level.len() as u64;
         }
@@ -185,9 +232,7 @@ impl PriorityQueue {
         }
     }
 
-    /// Some message waiting here has a lower priority than `p` (keyed ones by their key's
-    /// head, which is what competes with other messages).
-    pub(crate) fn has_below(&self, p: Priority) -> bool {
+    fn has_below(&self, p: Priority) -> bool {
         let lower_levels = (1u8 << p.index()) - 1;
         self.occupied & lower_levels != 0
             || self
@@ -196,8 +241,7 @@ impl PriorityQueue {
                 .is_some_and(|(&(Reverse(prio), _), _)| prio < p as u8)
     }
 
-    /// Enqueue time of the longest-waiting message, whatever its level or key.
-    pub(crate) fn oldest_enqueued(&self) -> Option<Instant> {
+    fn oldest_enqueued(&self) -> Option<Instant> {
         let unkeyed = self
             .levels
             .iter()
@@ -209,8 +253,7 @@ impl PriorityQueue {
         unkeyed.chain(keyed).min()
     }
 
-    /// Remove everything, in delivery order.
-    pub(crate) fn drain(&mut self) -> Vec<Queued> {
+    fn drain(&mut self) -> Vec<Queued> {
         let mut out = Vec::with_capacity(self.len);
         while let Some(q) = self.pop() {
             out.push(q);

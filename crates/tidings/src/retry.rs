@@ -273,6 +273,52 @@ impl Retry {
     }
 }
 
+impl Retry {
+    /// True when `other` makes exactly the same decisions: equal built-in parameters (floats
+    /// compared bit for bit), or the same custom policy object. Lets subscriptions with
+    /// equal options share one copy of their settings (`crate::options::Settings`).
+    pub(crate) fn same_as(&self, other: &Retry) -> bool {
+        match (self, other) {
+            (Retry::None, Retry::None) => true,
+            (
+                Retry::Fixed {
+                    delay: d1,
+                    max_attempts: m1,
+                },
+                Retry::Fixed {
+                    delay: d2,
+                    max_attempts: m2,
+                },
+            ) => d1 == d2 && m1 == m2,
+            (
+                Retry::Exponential {
+                    initial: i1,
+                    multiplier: x1,
+                    max: c1,
+                    max_attempts: m1,
+                    jitter: j1,
+                },
+                Retry::Exponential {
+                    initial: i2,
+                    multiplier: x2,
+                    max: c2,
+                    max_attempts: m2,
+                    jitter: j2,
+                },
+            ) => {
+                i1 == i2
+                    && x1.to_bits() == x2.to_bits()
+                    && c1 == c2
+                    && m1 == m2
+                    && j1.to_bits() == j2.to_bits()
+            }
+            (Retry::Custom(a), Retry::Custom(b)) => Arc::ptr_eq(a, b),
+            // Refused at subscribe: never shared.
+            _ => false,
+        }
+    }
+}
+
 fn check_attempts(max_attempts: u32) -> Result<(), ConfigError> {
     if max_attempts == 0 {
         return Err(ConfigError::invalid(

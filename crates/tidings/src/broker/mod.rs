@@ -519,6 +519,14 @@ impl std::fmt::Debug for Broker {
     }
 }
 
+/// The sink of subscriptions without a dead-letter topic (never called: the shell forwards
+/// only to a topic it has), one for the process.
+fn no_dead_letter_topic() -> crate::subscription::shell::DeadLetterSink {
+    static NONE: std::sync::LazyLock<crate::subscription::shell::DeadLetterSink> =
+        std::sync::LazyLock::new(|| Arc::new(|_: &str, _: &_, _: &str| false));
+    NONE.clone()
+}
+
 impl BrokerInner {
     pub(crate) fn subscribe(
         &self,
@@ -563,7 +571,13 @@ impl BrokerInner {
             options,
             handler,
             self.clock.clone(),
-            self.dead_letter_sink(),
+            // Only a subscription with a dead-letter topic forwards: the others share one
+            // sink that is never called, instead of allocating one each.
+            if options.dead_letter.topic.is_some() {
+                self.dead_letter_sink()
+            } else {
+                no_dead_letter_topic()
+            },
         ));
         // With a transport, a routed subscription receives through it, not the router.
         let remote = routed && self.has_transport();

@@ -87,22 +87,29 @@ fn may_block() -> bool {
     MAY_BLOCK.with(Cell::get) || Handle::try_current().is_err()
 }
 
-/// One notify per dispatcher slot.
+/// One subscription's dispatcher slots: each slot's notify, and its task's done flag.
+/// One allocation per subscription, shared by its tasks and its waker.
 struct Slots {
-    slots: Box<[Notify]>,
+    slots: Box<[Slot]>,
+}
+
+struct Slot {
+    notify: Notify,
+    /// Set when the slot's task body ended (see [`LiveGuard`]).
+    done: AtomicBool,
 }
 
 impl Wake for Slots {
     fn wake(&self, worker: usize) {
-        if let Some(n) = self.slots.get(worker) {
-            n.notify_one();
+        if let Some(s) = self.slots.get(worker) {
+            s.notify.notify_one();
         }
     }
     fn wake_all(&self) {
         // `notify_one` (not `notify_waiters`) so a slot between its poll and its await
         // still finds the permit.
-        for n in self.slots.iter() {
-            n.notify_one();
+        for s in self.slots.iter() {
+            s.notify.notify_one();
         }
     }
 }
@@ -113,21 +120,39 @@ impl Wake for Slots {
 /// the task's output is stored, so close asks this flag instead.)
 struct LiveGuard {
     live: Arc<LiveCount>,
-    done: Arc<AtomicBool>,
+    slots: Arc<Slots>,
+    worker: usize,
 }
 
 impl Drop for LiveGuard {
     fn drop(&mut self) {
-        self.done.store(true, Ordering::Release);
+        self.slots.slots[self.worker]
+            .done
+            .store(true, Ordering::Release);
         self.live.exit();
     }
 }
 
-/// A spawned dispatcher task.
+/// A spawned dispatcher task. Its name (for the close report) is made only when it is
+/// reported, so a live task does not carry a string.
 struct Task {
-    name: String,
-    done: Arc<AtomicBool>,
+    sub: std::sync::Weak<SubscriptionShell>,
+    slots: Arc<Slots>,
+    worker: usize,
     handle: JoinHandle<()>,
+}
+
+impl Task {
+    fn is_done(&self) -> bool {
+        self.slots.slots[self.worker].done.load(Ordering::Acquire)
+    }
+
+    fn name(&self) -> String {
+        match self.sub.upgrade() {
+            Some(sub) => format!("tidings-{}-{}", sub.name, self.worker),
+            None => format!("tidings-?-{}", self.worker),
+        }
+    }
 }
 
 pub(crate) struct TokioExecutor {
@@ -203,26 +228,34 @@ impl Executor for TokioExecutor {
 
     fn start(&self, sub: &Arc<SubscriptionShell>) -> Result<(), SubscribeError> {
         let slots = Arc::new(Slots {
-            slots: (0..sub.workers()).map(|_| Notify::new()).collect(),
+            slots: (0..sub.workers())
+                .map(|_| Slot {
+                    notify: Notify::new(),
+                    done: AtomicBool::new(false),
+                })
+                .collect(),
         });
         sub.set_waker(slots.clone());
         let mut tasks = self.tasks.lock();
         for worker in 0..sub.workers() {
-            let name = format!("tidings-{}-{worker}", sub.name);
             self.live.enter(1);
-            let done = Arc::new(AtomicBool::new(false));
             let guard = LiveGuard {
                 live: self.live.clone(),
-                done: done.clone(),
+                slots: slots.clone(),
+                worker,
             };
-            let (sub, slots) = (sub.clone(), slots.clone());
+            let task_sub = sub.clone();
             let handle = self.handle.spawn(async move {
-                let _guard = guard;
-                dispatch(&sub, &slots, worker).await;
+                dispatch(&task_sub, &guard.slots, worker).await;
+                drop(guard);
             });
-            tasks.push(Task { name, done, handle }, |t| {
-                t.done.load(Ordering::Acquire)
-            });
+            let task = Task {
+                sub: Arc::downgrade(sub),
+                slots: slots.clone(),
+                worker,
+                handle,
+            };
+            tasks.push(task, Task::is_done);
         }
         Ok(())
     }
@@ -241,8 +274,8 @@ impl Executor for TokioExecutor {
             .lock()
             .take()
             .into_iter()
-            .filter(|t| !t.done.load(Ordering::Acquire) && Some(t.handle.id()) != me)
-            .map(|t| t.name)
+            .filter(|t| !t.is_done() && Some(t.handle.id()) != me)
+            .map(|t| t.name())
             .collect()
     }
 
@@ -252,8 +285,12 @@ impl Executor for TokioExecutor {
 }
 
 /// One dispatcher slot's loop (the thread driver's loop, awaiting instead of blocking).
+///
+/// Its future is what an idle slot's task holds, so only the idle wait (a `Notified`) is
+/// inline; an async handler's delivery and a timed wait are boxed when taken, not carried
+/// by every task (issue 12).
 async fn dispatch(sub: &SubscriptionShell, slots: &Slots, worker: usize) {
-    let notify = &slots.slots[worker];
+    let notify = &slots.slots[worker].notify;
     let mut batch = 0u32;
     let mut idle_polls = 0u32;
     loop {
@@ -264,24 +301,7 @@ async fn dispatch(sub: &SubscriptionShell, slots: &Slots, worker: usize) {
                 let mut locked = sub.lock();
                 locked.step(worker, announce)
             }
-            // The same step around an await: poll, await the handler, report.
-            Some(handler) => match sub.poll(worker, announce) {
-                Poll::Deliver(delivery) => {
-                    // R-OPS-3 span, R-OPS-2 duration histogram (src/ops/trace.rs).
-                    let outcome = crate::telemetry::trace::in_process_span_async(
-                        &delivery.message,
-                        &sub.name,
-                        delivery.attempt,
-                        run_async(handler, delivery.message.clone()),
-                    )
-                    .await;
-                    sub.complete(delivery, outcome);
-                    Step::Delivered
-                }
-                Poll::WakeAt(t) => Step::WakeAt(t),
-                Poll::Idle => Step::Idle,
-                Poll::Stopped => Step::Stopped,
-            },
+            Some(handler) => Box::pin(step_async(sub, handler, worker, announce)).await,
         };
         match step {
             Step::Delivered => {
@@ -306,16 +326,45 @@ async fn dispatch(sub: &SubscriptionShell, slots: &Slots, worker: usize) {
                 batch = 0;
                 match sub.clock.wait_hint(t) {
                     Some(d) if d.is_zero() => ::tokio::task::yield_now().await,
-                    Some(d) => {
-                        ::tokio::select! {
-                            () = notify.notified() => {}
-                            () = ::tokio::time::sleep(d) => {}
-                        }
-                    }
+                    Some(d) => Box::pin(notified_or_after(notify, d)).await,
                     None => notify.notified().await,
                 }
             }
         }
+    }
+}
+
+/// The delivery step around an await: poll, await the async handler, report.
+async fn step_async(
+    sub: &SubscriptionShell,
+    handler: &Arc<dyn AsyncHandler>,
+    worker: usize,
+    announce: bool,
+) -> Step {
+    match sub.poll(worker, announce) {
+        Poll::Deliver(delivery) => {
+            // R-OPS-3 span, R-OPS-2 duration histogram (src/ops/trace.rs).
+            let outcome = crate::telemetry::trace::in_process_span_async(
+                &delivery.message,
+                &sub.name,
+                delivery.attempt,
+                run_async(handler, delivery.message.clone()),
+            )
+            .await;
+            sub.complete(delivery, outcome);
+            Step::Delivered
+        }
+        Poll::WakeAt(t) => Step::WakeAt(t),
+        Poll::Idle => Step::Idle,
+        Poll::Stopped => Step::Stopped,
+    }
+}
+
+/// Wait for a wake or for `d`, whichever comes first (a retry's due time).
+async fn notified_or_after(notify: &Notify, d: std::time::Duration) {
+    ::tokio::select! {
+        () = notify.notified() => {}
+        () = ::tokio::time::sleep(d) => {}
     }
 }
 

@@ -24,14 +24,13 @@ use crate::clock::{Now, deadline_after};
 use crate::dlq::DeadLetterReason;
 use crate::handler::{HandlerError, panic_text};
 use crate::message::Message;
-use crate::options::{Concurrency, DeliveryMode, Overflow, SubscribeOptions};
+use crate::options::{Concurrency, DeliveryMode, Overflow, Settings};
 use crate::queue::Queued;
-use crate::retry::Retry;
 use crate::stats::SubscriptionStats;
 
 use super::effects::Effects;
 use super::lanes::Lanes;
-use super::ledger::Ledger;
+use super::ledger::{Counts, Ledger};
 use super::per_key::PerKey;
 
 /// A message handed to a driver for one handler call.
@@ -107,53 +106,58 @@ enum State {
 
 enum Flavor {
     Lanes(Lanes),
-    PerKey(PerKey),
+    /// Boxed: its maps are ~100 bytes, and most subscriptions are serial or laned.
+    PerKey(Box<PerKey>),
 }
 
+/// The state of one subscription (see the module docs).
+///
+/// # Memory
+/// What never changes after subscribe is one shared [`Settings`]; the books beyond the
+/// delivery counters are allocated on first use ([`Ledger`]), and the queues on the first
+/// message, so an idle subscription's core is about 130 bytes (issue 12).
 pub(crate) struct Core {
+    settings: Arc<Settings>,
     flavor: Flavor,
-    ledger: Ledger,
+    counts: Counts,
+    /// `None` until the first refusal, failure, dead letter, close report or durable
+    /// completion hook needs it.
+    ledger: Option<Box<Ledger>>,
     queued: usize,
-    capacity: usize,
-    overflow: Overflow,
-    retry: Retry,
-    delivery: DeliveryMode,
-    ttl: Option<Duration>,
-    max_in_flight: usize,
-    running: usize,
-    idle: Vec<bool>,
+    /// Handler calls running: at most the number of slots (≤ 1024).
+    running: u32,
+    /// Publishers waiting for room; each is a blocked thread, so far below `u32::MAX`.
+    blocked_publishers: u32,
+    idle: Box<[bool]>,
     state: State,
-    blocked_publishers: usize,
     space_freed: bool,
 }
 
 impl Core {
-    pub(crate) fn new(options: &SubscribeOptions) -> Self {
-        let workers = options.concurrency.workers();
-        let flavor = match options.concurrency {
-            Concurrency::PerKey { .. } => Flavor::PerKey(PerKey::default()),
+    pub(crate) fn new(settings: Arc<Settings>) -> Self {
+        let workers = settings.concurrency.workers();
+        let flavor = match settings.concurrency {
+            Concurrency::PerKey { .. } => Flavor::PerKey(Box::default()),
             _ => Flavor::Lanes(Lanes::new(workers)),
         };
         Self {
+            settings,
             flavor,
-            ledger: Ledger::new(
-                options.dead_letter.capacity,
-                options.dead_letter.topic.is_some(),
-                options.dead_letter.keep_shutdown,
-            ),
+            counts: Counts::default(),
+            ledger: None,
             queued: 0,
-            capacity: options.capacity,
-            overflow: options.overflow,
-            retry: options.retry.clone(),
-            delivery: options.delivery,
-            ttl: options.ttl,
-            max_in_flight: workers,
             running: 0,
-            idle: vec![false; workers],
-            state: State::Open,
             blocked_publishers: 0,
+            idle: vec![false; workers].into_boxed_slice(),
+            state: State::Open,
             space_freed: false,
         }
+    }
+
+    /// The books beyond the delivery counters, allocated on first use.
+    fn books(&mut self) -> &mut Ledger {
+        self.ledger
+            .get_or_insert_with(|| Box::new(Ledger::new(&self.settings)))
     }
 
     pub(crate) fn workers(&self) -> usize {
@@ -163,13 +167,13 @@ impl Core {
     /// An open subscription whose queue is at capacity: an offer now would overflow.
     /// Durable feeders check this under the lock and wait instead (R-BP-2).
     pub(crate) fn is_full(&self) -> bool {
-        self.state == State::Open && self.queued >= self.capacity
+        self.state == State::Open && self.queued >= self.settings.capacity
     }
 
     /// Count an offer the filter refused (the filter runs outside the lock).
     pub(crate) fn handle_filtered(&mut self) {
-        self.ledger.offered += 1;
-        self.ledger.refused.filtered += 1;
+        self.counts.offered += 1;
+        self.books().refused.filtered += 1;
     }
 
     /// The filter panicked on this message (R-DEL-1): it is accepted and dead-lettered at
@@ -180,9 +184,9 @@ impl Core {
         error: String,
         now: &Now<'_>,
     ) -> Effects {
-        self.ledger.offered += 1;
-        self.ledger.accepted += 1;
-        self.ledger.dead_letter(
+        self.counts.offered += 1;
+        self.counts.accepted += 1;
+        self.books().dead_letter(
             message.clone(),
             DeadLetterReason::Rejected { error },
             0,
@@ -207,17 +211,18 @@ impl Core {
 
     fn offer(&mut self, message: &Arc<Message>, now: &Now<'_>, may_wait: bool) -> Offered {
         if self.state != State::Open {
-            self.ledger.offered += 1;
-            self.ledger.refused.closed += 1;
+            self.counts.offered += 1;
+            self.books().refused.closed += 1;
             return Offered::Refused(Refusal::Closed);
         }
-        if self.queued >= self.capacity {
-            match self.overflow {
+        if self.queued >= self.settings.capacity {
+            match self.settings.overflow {
                 Overflow::Block { .. } if may_wait => return Offered::Full,
                 Overflow::Reject | Overflow::Block { .. } => {
-                    self.ledger.offered += 1;
-                    self.ledger.refused.overflow += 1;
-                    self.ledger.dead_letter(
+                    self.counts.offered += 1;
+                    let books = self.books();
+                    books.refused.overflow += 1;
+                    books.dead_letter(
                         message.clone(),
                         DeadLetterReason::Overflow,
                         0,
@@ -233,7 +238,7 @@ impl Core {
                     };
                     if let Some(v) = victim {
                         self.queued -= 1;
-                        self.ledger.dead_letter(
+                        self.books().dead_letter(
                             v.message,
                             DeadLetterReason::DroppedOldest,
                             0,
@@ -244,8 +249,8 @@ impl Core {
                 }
             }
         }
-        self.ledger.offered += 1;
-        self.ledger.accepted += 1;
+        self.counts.offered += 1;
+        self.counts.accepted += 1;
         self.queued += 1;
         let item = Queued {
             message: message.clone(),
@@ -284,7 +289,7 @@ impl Core {
                 State::Draining { deadline: Some(d) } if now.mono() >= d => return Poll::Stopped,
                 _ => {}
             }
-            if self.running >= self.max_in_flight {
+            if self.running as usize >= self.idle.len() {
                 self.idle[worker] = true;
                 return Poll::Idle;
             }
@@ -297,16 +302,17 @@ impl Core {
                     self.queued -= 1;
                     // Wake blocked publishers once a quarter of the queue is free, so a
                     // publisher refills in a batch instead of one futex round trip per slot.
+                    let capacity = self.settings.capacity;
                     if self.blocked_publishers > 0
-                        && self.capacity - self.queued >= (self.capacity / 4).max(1)
+                        && capacity - self.queued >= (capacity / 4).max(1)
                     {
                         self.space_freed = true;
                     }
-                    self.ledger.in_flight += 1;
+                    self.counts.in_flight += 1;
                     if self.is_expired(&q.message, now) {
                         self.finish_take(worker, &q.message, None);
-                        self.ledger.finished();
-                        self.ledger.dead_letter(
+                        self.counts.finished();
+                        self.books().dead_letter(
                             q.message,
                             DeadLetterReason::Expired,
                             0,
@@ -321,8 +327,8 @@ impl Core {
                     // R-TIME-1: expiry is checked before every attempt, retries included.
                     if self.is_expired(&p.message, now) {
                         self.finish_take(worker, &p.message, None);
-                        self.ledger.finished();
-                        self.ledger.dead_letter(
+                        self.counts.finished();
+                        self.books().dead_letter(
                             p.message,
                             DeadLetterReason::Expired,
                             p.attempts,
@@ -354,8 +360,8 @@ impl Core {
     /// R-TIME-1: its own expiry or the subscription's default TTL has passed. Reads the
     /// wall clock only when the message can expire.
     fn is_expired(&self, message: &Message, now: &Now<'_>) -> bool {
-        (message.expires_at.is_some() || self.ttl.is_some())
-            && message.is_expired(now.wall(), self.ttl)
+        let ttl = self.settings.ttl;
+        (message.expires_at.is_some() || ttl.is_some()) && message.is_expired(now.wall(), ttl)
     }
 
     /// Ask the retry policy, containing a panic in a custom one (R-DEL-1): a panicking
@@ -366,10 +372,10 @@ impl Core {
         error: &HandlerError,
         message: &Message,
     ) -> Result<Option<Duration>, String> {
-        match self.delivery {
+        match self.settings.delivery {
             DeliveryMode::AtMostOnce => Ok(None),
             DeliveryMode::AtLeastOnce => catch_unwind(AssertUnwindSafe(|| {
-                self.retry.decide(attempt, error, message)
+                self.settings.retry.decide(attempt, error, message)
             }))
             .map_err(|payload| {
                 format!(
@@ -383,7 +389,7 @@ impl Core {
 
     fn start(&mut self, worker: usize, message: Arc<Message>, attempt: u32) -> Poll {
         self.running += 1;
-        self.ledger.attempts += 1;
+        self.counts.attempts += 1;
         Poll::Deliver(Delivery {
             message,
             attempt,
@@ -419,14 +425,16 @@ impl Core {
         let error = match outcome {
             Ok(()) => {
                 self.finish_take(worker, &message, None);
-                self.ledger.finished();
-                self.ledger.delivered += 1;
-                self.ledger.completed(&message);
+                self.counts.finished();
+                self.counts.delivered += 1;
+                if let Some(books) = &mut self.ledger {
+                    books.completed(&message);
+                }
                 return;
             }
             Err(e) => e,
         };
-        self.ledger.failures += 1;
+        self.books().failures += 1;
         let reason = if !error.is_retryable() {
             DeadLetterReason::Rejected {
                 error: error.message().to_owned(),
@@ -436,12 +444,12 @@ impl Core {
                 Ok(wait) => wait,
                 Err(last_error) => {
                     self.finish_take(worker, &message, None);
-                    self.ledger.finished();
+                    self.counts.finished();
                     let reason = DeadLetterReason::RetriesExhausted {
                         attempts: attempt,
                         last_error,
                     };
-                    self.ledger
+                    self.books()
                         .dead_letter(message, reason, attempt, now.wall(), true);
                     return;
                 }
@@ -452,8 +460,8 @@ impl Core {
             match due {
                 Some(_) if self.state != State::Open => {
                     self.finish_take(worker, &message, None);
-                    self.ledger.finished();
-                    self.ledger.abandon(message, attempt, now.wall());
+                    self.counts.finished();
+                    self.books().abandon(message, attempt, now.wall());
                     return;
                 }
                 Some(due) => {
@@ -472,8 +480,8 @@ impl Core {
             }
         };
         self.finish_take(worker, &message, None);
-        self.ledger.finished();
-        self.ledger
+        self.counts.finished();
+        self.books()
             .dead_letter(message, reason, attempt, now.wall(), true);
     }
 
@@ -497,12 +505,16 @@ impl Core {
         };
         for q in queued {
             self.queued -= 1;
-            self.ledger.in_flight += 1;
-            self.ledger.finished();
-            self.ledger.abandon(q.message, 0, now.wall());
+            self.counts.in_flight += 1;
+            self.counts.finished();
+            self.books().abandon(q.message, 0, now.wall());
         }
         self.space_freed = true;
-        let abandoned = std::mem::take(&mut self.ledger.shutdown);
+        let abandoned = self
+            .ledger
+            .as_mut()
+            .map(|books| std::mem::take(&mut books.shutdown))
+            .unwrap_or_default();
         (abandoned, self.effects())
     }
 
@@ -512,8 +524,8 @@ impl Core {
             Flavor::PerKey(p) => p.take_parked(),
         };
         for p in parked {
-            self.ledger.finished();
-            self.ledger.abandon(p.message, p.attempts, now.wall());
+            self.counts.finished();
+            self.books().abandon(p.message, p.attempts, now.wall());
         }
     }
 
@@ -536,15 +548,21 @@ impl Core {
 
     /// The effects of the step that just ran (everything it left for the shell).
     fn effects(&mut self) -> Effects {
+        let room = std::mem::take(&mut self.space_freed);
+        let Some(books) = &mut self.ledger else {
+            return Effects {
+                room,
+                ..Effects::default()
+            };
+        };
         Effects {
-            forward: std::mem::take(&mut self.ledger.to_forward),
-            finished: self
-                .ledger
+            forward: std::mem::take(&mut books.to_forward),
+            finished: books
                 .completions
                 .as_mut()
                 .map(std::mem::take)
                 .unwrap_or_default(),
-            room: std::mem::take(&mut self.space_freed),
+            room,
         }
     }
 
@@ -552,8 +570,8 @@ impl Core {
     /// `super::ingress`): accepted already, in offer order, so no overflow policy applies.
     pub(crate) fn accept_ingress(&mut self, items: &mut Vec<Queued>) {
         for item in items.drain(..) {
-            self.ledger.offered += 1;
-            self.ledger.accepted += 1;
+            self.counts.offered += 1;
+            self.counts.accepted += 1;
             self.queued += 1;
             match &mut self.flavor {
                 Flavor::Lanes(l) => {
@@ -567,7 +585,7 @@ impl Core {
     /// Room the ingress may reserve: what the capacity leaves while open, else none.
     pub(crate) fn ingress_room(&self) -> usize {
         match self.state {
-            State::Open => self.capacity.saturating_sub(self.queued),
+            State::Open => self.settings.capacity.saturating_sub(self.queued),
             _ => 0,
         }
     }
@@ -593,30 +611,33 @@ impl Core {
         out
     }
 
+    /// The books beyond the delivery counters (dead-letter queue, close report, durable
+    /// completions), allocated by this call if nothing needed them before.
     pub(crate) fn ledger_mut(&mut self) -> &mut Ledger {
-        &mut self.ledger
+        self.books()
     }
 
     pub(crate) fn stats(&self, now: Instant) -> SubscriptionStats {
-        let l = &self.ledger;
+        let c = &self.counts;
+        let l = self.ledger.as_deref();
         let oldest = match &self.flavor {
             Flavor::Lanes(x) => x.oldest_enqueued(),
             Flavor::PerKey(x) => x.oldest_enqueued(),
         };
         SubscriptionStats {
-            offered: l.offered,
-            accepted: l.accepted,
-            refused: l.refused,
-            delivered: l.delivered,
-            dead_lettered: l.dead_lettered,
+            offered: c.offered,
+            accepted: c.accepted,
+            refused: l.map(|l| l.refused).unwrap_or_default(),
+            delivered: c.delivered,
+            dead_lettered: l.map(|l| l.dead_lettered).unwrap_or_default(),
             queued: self.queued as u64,
-            in_flight: l.in_flight,
-            attempts: l.attempts,
-            failures: l.failures,
-            dlq_len: l.dlq.len() as u64,
-            dlq_evicted: l.dlq.evicted(),
-            dlq_forward_failures: l.forward_failures,
-            blocked_publishers: self.blocked_publishers as u64,
+            in_flight: c.in_flight,
+            attempts: c.attempts,
+            failures: l.map_or(0, |l| l.failures),
+            dlq_len: l.map_or(0, |l| l.dlq.len() as u64),
+            dlq_evicted: l.map_or(0, |l| l.dlq.evicted()),
+            dlq_forward_failures: l.map_or(0, |l| l.forward_failures),
+            blocked_publishers: u64::from(self.blocked_publishers),
             oldest_age: oldest.map(|t| now.saturating_duration_since(t)),
         }
     }

@@ -6,6 +6,10 @@
 //! different keys and unkeyed ones (see [`PriorityQueue`]).
 //! `Serial` is one lane. With `n` lanes a message goes to lane `fnv1a(key) % n`; messages
 //! without a key go to lane 0, so order holds per key and lanes run in parallel.
+//!
+//! # Memory
+//! An idle lane is 24 bytes: its queue allocates on the first push, and a parked retry is
+//! boxed (a retry is the rare path; an idle subscription holds none).
 
 use std::time::Instant;
 
@@ -18,12 +22,12 @@ use super::core::{Parked, Take};
 struct Lane {
     queue: PriorityQueue,
     running: bool,
-    parked: Option<Parked>,
+    parked: Option<Box<Parked>>,
 }
 
 #[derive(Debug)]
 pub(crate) struct Lanes {
-    lanes: Vec<Lane>,
+    lanes: Box<[Lane]>,
 }
 
 impl Lanes {
@@ -57,7 +61,7 @@ impl Lanes {
                 return Take::WakeAt(parked.due);
             }
             lane.running = true;
-            return lane.parked.take().map_or(Take::Empty, Take::Retry);
+            return lane.parked.take().map_or(Take::Empty, |p| Take::Retry(*p));
         }
         match lane.queue.pop() {
             Some(q) => {
@@ -71,7 +75,7 @@ impl Lanes {
     pub(crate) fn finish(&mut self, worker: usize, parked: Option<Parked>) {
         let lane = &mut self.lanes[worker];
         lane.running = false;
-        lane.parked = parked;
+        lane.parked = parked.map(Box::new);
     }
 
     /// `DropOldest`: evict from the lane the newcomer goes to, else from the fullest lane.
@@ -89,7 +93,7 @@ impl Lanes {
     pub(crate) fn take_parked(&mut self) -> Vec<Parked> {
         self.lanes
             .iter_mut()
-            .filter_map(|l| l.parked.take())
+            .filter_map(|l| l.parked.take().map(|p| *p))
             .collect()
     }
 

@@ -1,24 +1,45 @@
 //! The books of one subscription: counters, dead-letter queue, what close must report.
 //!
-//! Every path that ends a message's life goes through [`Ledger`], which is what makes
-//! conservation (R-DEL-6) hold by construction rather than by care at each call site.
+//! Every path that ends a message's life goes through [`Counts`] and [`Ledger`], which is
+//! what makes conservation (R-DEL-6) hold by construction rather than by care at each call
+//! site.
+//!
+//! # Memory
+//! The books are split by use: [`Counts`], which every delivery touches, lives inline in the
+//! core; the [`Ledger`] — refusals and dead letters by reason, failures, the dead-letter
+//! queue, forwards, the close report, durable completions — is allocated on its first use,
+//! so a subscription that has only ever delivered (or is idle) does not carry it (issue 12).
 
 use std::sync::Arc;
 use std::time::SystemTime;
 
 use crate::dlq::{DeadLetter, DeadLetterQueue, DeadLetterReason};
 use crate::message::Message;
+use crate::options::Settings;
 use crate::stats::{DeadLetterCounts, RefusedCounts};
 
-#[derive(Debug)]
-pub(crate) struct Ledger {
+/// The counters of the delivery path.
+#[derive(Debug, Default)]
+pub(crate) struct Counts {
     pub(crate) offered: u64,
     pub(crate) accepted: u64,
-    pub(crate) refused: RefusedCounts,
     pub(crate) delivered: u64,
-    pub(crate) dead_lettered: DeadLetterCounts,
     pub(crate) in_flight: u64,
     pub(crate) attempts: u64,
+}
+
+impl Counts {
+    /// A message taken off the queue finished (delivered or dead-lettered).
+    pub(crate) fn finished(&mut self) {
+        self.in_flight -= 1;
+    }
+}
+
+/// The rest of the books, allocated on first use (see the module docs).
+#[derive(Debug)]
+pub(crate) struct Ledger {
+    pub(crate) refused: RefusedCounts,
+    pub(crate) dead_lettered: DeadLetterCounts,
     pub(crate) failures: u64,
     pub(crate) dlq: DeadLetterQueue,
     /// Dead letters to publish to the dead-letter topic, handed out with the step's
@@ -38,22 +59,17 @@ pub(crate) struct Ledger {
 pub(crate) use super::effects::Finished;
 
 impl Ledger {
-    pub(crate) fn new(dlq_capacity: usize, forward: bool, keep_shutdown: bool) -> Self {
+    pub(crate) fn new(settings: &Settings) -> Self {
         Self {
-            offered: 0,
-            accepted: 0,
             refused: RefusedCounts::default(),
-            delivered: 0,
             dead_lettered: DeadLetterCounts::default(),
-            in_flight: 0,
-            attempts: 0,
             failures: 0,
-            dlq: DeadLetterQueue::new(dlq_capacity),
+            dlq: DeadLetterQueue::new(settings.dlq_capacity),
             to_forward: Vec::new(),
             shutdown: Vec::new(),
             forward_failures: 0,
-            forward,
-            keep_shutdown,
+            forward: settings.dlq_topic.is_some(),
+            keep_shutdown: settings.keep_shutdown,
             completions: None,
         }
     }
@@ -106,10 +122,5 @@ impl Ledger {
         self.shutdown.push(message.clone());
         let keep = self.keep_shutdown;
         self.dead_letter(message, DeadLetterReason::Shutdown, attempts, at, keep);
-    }
-
-    /// A message taken off the queue finished (delivered or dead-lettered).
-    pub(crate) fn finished(&mut self) {
-        self.in_flight -= 1;
     }
 }

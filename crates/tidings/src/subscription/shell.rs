@@ -24,7 +24,7 @@ use crate::dlq::{DeadLetter, DeadLetterQueue};
 use crate::filter::HeaderFilter;
 use crate::handler::{Handler, HandlerError, invoke, panic_text};
 use crate::message::Message;
-use crate::options::{Overflow, Predicate, SubscribeOptions};
+use crate::options::{Overflow, Predicate, Settings, SharedSummary, SubscribeOptions};
 use crate::stats::SubscriptionStats;
 use crate::sync::{Condvar, Mutex, MutexGuard, protocol_thread_local, wait_until};
 use crate::topic::Pattern;
@@ -147,10 +147,12 @@ pub(crate) struct SubscriptionShell {
     /// Locked only with the core's lock held.
     spare: Mutex<Vec<Queued>>,
     pub(crate) handler: HandlerKind,
-    predicate: Option<Predicate>,
-    header_filter: Option<HeaderFilter>,
+    /// Boxed, like the header filter: most subscriptions have none, and then pay 8 bytes.
+    predicate: Option<Box<Predicate>>,
+    header_filter: Option<Box<HeaderFilter>>,
     overflow: Overflow,
-    dlq_topic: Option<String>,
+    /// Shared with every subscription of equal options ([`Settings`]).
+    dlq_topic: Option<Arc<str>>,
     pub(crate) clock: Arc<dyn Clock>,
     waker: OnceLock<Arc<dyn Wake>>,
     /// Offers may take the ingress (see `super::ingress`).
@@ -161,8 +163,9 @@ pub(crate) struct SubscriptionShell {
     workers: usize,
     /// Durable subscriptions' completion hook, set once; see `set_on_finished`.
     on_finished: OnceLock<FinishedHook>,
-    /// What it was configured with, for the snapshot (src/ops/snapshot.rs, R-OPS-1).
-    pub(crate) summary: crate::options::OptionsSummary,
+    /// What it was configured with, for the snapshot (src/ops/snapshot.rs, R-OPS-1):
+    /// read through the settings it shares with subscriptions of equal options.
+    pub(crate) summary: SharedSummary,
 }
 
 /// The subscription's lock, held by a driver's dispatcher slot. Every core step taken
@@ -280,7 +283,8 @@ impl SubscriptionShell {
         clock: Arc<dyn Clock>,
         dead_letter_sink: DeadLetterSink,
     ) -> Self {
-        let core = Core::new(options);
+        let settings = Settings::shared(options);
+        let core = Core::new(settings.clone());
         // One dispatcher slot, lanes (not per-key) dispatch: the case the ingress serves.
         let fast = core.workers() == 1
             && !matches!(
@@ -299,16 +303,16 @@ impl SubscriptionShell {
             workers: core.workers(),
             core: CachePadded::new(Mutex::new(core)),
             handler,
-            predicate: options.predicate.clone(),
-            header_filter: options.header_filter.clone(),
+            predicate: options.predicate.clone().map(Box::new),
+            header_filter: options.header_filter.clone().map(Box::new),
             overflow: options.overflow,
-            dlq_topic: options.dead_letter.topic.clone(),
+            dlq_topic: settings.dlq_topic.clone(),
             clock,
             waker: OnceLock::new(),
             space: Condvar::new(),
             dead_letter_sink,
             on_finished: OnceLock::new(),
-            summary: crate::options::OptionsSummary::of(options),
+            summary: SharedSummary::new(settings),
         }
     }
 
