@@ -36,7 +36,6 @@ impl DriverKind {
         match self {
             DriverKind::Thread => Ok(Driver::Thread),
             DriverKind::Pool => Ok(Driver::Pool { workers: env.cores }),
-            // → Ok(Driver::Tokio(env.tokio.handle().clone()))  (or whatever the variant is)
             DriverKind::Tokio => Ok(Driver::Tokio(env.tokio.handle().clone())),
         }
     }
