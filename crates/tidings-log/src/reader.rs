@@ -88,32 +88,67 @@ fn read_segment(
     max: usize,
     out: &mut Vec<StoredRecord>,
 ) -> Result<(), ReadError> {
-    let (mut off, mut pos) = seg.index.read().floor(seg.base, from);
-    let mut trust_index = pos != HEADER_LEN;
+    let mut walk = Walk::start(seg, from);
     let mut chunk = Chunk::default();
-    while off < until {
+    while walk.off < until {
+        let pos = walk.pos;
         let len = chunk.verified_len(sh, seg, pos)?;
         let at = (pos - chunk.start) as usize;
         let rec = record::decode_at(&chunk.bytes, at, len).map_err(|r| corrupt(seg, pos, r))?;
-        if rec.offset != off {
-            if trust_index {
-                trust_index = false;
-                (off, pos) = (seg.base, HEADER_LEN);
-                continue;
-            }
-            return Err(corrupt(seg, pos, "record offset out of sequence"));
+        if !walk.in_sequence(seg, rec.offset)? {
+            continue;
         }
-        trust_index = false;
-        if off >= from {
+        if walk.off >= from {
             out.push(rec);
             if out.len() >= max {
                 return Ok(());
             }
         }
-        pos += len as u64;
-        off += 1;
+        walk.advance(len);
     }
     Ok(())
+}
+
+/// Where a walk over a segment's frames stands: the offset and byte position expected next,
+/// and whether they still come from the sparse index (a checked cache: when the frame found
+/// there is not the one expected, the walk starts over from the segment's first frame).
+struct Walk {
+    off: u64,
+    pos: u64,
+    trust_index: bool,
+}
+
+impl Walk {
+    /// Starts at the indexed frame at or before `from`.
+    fn start(seg: &Segment, from: u64) -> Self {
+        let (off, pos) = seg.index.read().floor(seg.base, from);
+        Self {
+            off,
+            pos,
+            trust_index: pos != HEADER_LEN,
+        }
+    }
+
+    /// Checks the offset stored in the frame at `self.pos`: `Ok(true)` when it is the one
+    /// expected; `Ok(false)` when the index misled the walk, which now restarts from the
+    /// segment's first frame; `Corrupt` when the frames themselves are out of sequence.
+    fn in_sequence(&mut self, seg: &Segment, stored: u64) -> Result<bool, ReadError> {
+        if stored == self.off {
+            self.trust_index = false;
+            return Ok(true);
+        }
+        if std::mem::take(&mut self.trust_index) {
+            (self.off, self.pos) = (seg.base, HEADER_LEN);
+            return Ok(false);
+        }
+        Err(corrupt(seg, self.pos, "record offset out of sequence"))
+    }
+
+    /// Moves past the frame just checked, `len` bytes long.
+    fn advance(&mut self, len: usize) {
+        self.pos += len as u64;
+        self.off += 1;
+    }
 }
 
 pub(crate) fn offset_for_time(sh: &Shared, t: u64) -> Result<u64, ReadError> {
@@ -165,10 +200,10 @@ pub(crate) fn for_each_frame(
     until: u64,
     f: &mut dyn FnMut(FrameRef) -> Result<bool, ReadError>,
 ) -> Result<(), ReadError> {
-    let (mut off, mut pos) = seg.index.read().floor(seg.base, from);
-    let mut trust_index = pos != HEADER_LEN;
+    let mut walk = Walk::start(seg, from);
     let mut chunk = Chunk::default();
-    while off < until {
+    while walk.off < until {
+        let pos = walk.pos;
         let (len, stored, ts) = match chunk.frame(sh, seg, pos)? {
             Frame::Good {
                 len,
@@ -184,25 +219,18 @@ pub(crate) fn for_each_frame(
                 ));
             }
         };
-        if stored != off {
-            if trust_index {
-                trust_index = false;
-                (off, pos) = (seg.base, HEADER_LEN);
-                continue;
-            }
-            return Err(corrupt(seg, pos, "record offset out of sequence"));
+        if !walk.in_sequence(seg, stored)? {
+            continue;
         }
-        trust_index = false;
-        if off >= from
+        if walk.off >= from
             && !f(FrameRef {
-                offset: off,
+                offset: walk.off,
                 timestamp_ms: ts,
             })?
         {
             return Ok(());
         }
-        pos += len as u64;
-        off += 1;
+        walk.advance(len);
     }
     Ok(())
 }

@@ -70,6 +70,19 @@ impl Gated {
     }
 }
 
+/// A broker on `driver` with one subscription to "t" whose handler holds its first message
+/// ("first", published here) until the gate opens.
+fn held_subscription(driver: Driver, options: SubscribeOptions) -> (Broker, Gated, Subscription) {
+    let broker = Broker::builder().driver(driver).build().unwrap();
+    let gated = Gated::new();
+    let sub = broker.subscribe("t", options, gated.handler()).unwrap();
+    broker.publish(Message::to("t").payload("first")).unwrap();
+    wait_until("the handler holds the first message", PATIENCE, || {
+        sub.stats().in_flight == 1
+    });
+    (broker, gated, sub)
+}
+
 fn publish_from_threads(broker: &Broker, topic: &str) -> (usize, usize) {
     let start = Arc::new(Barrier::new(PUBLISHERS));
     let counts: Vec<(usize, usize)> = std::thread::scope(|s| {
@@ -102,18 +115,12 @@ fn publish_from_threads(broker: &Broker, topic: &str) -> (usize, usize) {
 #[test]
 fn concurrent_publishers_never_overfill_the_queue() {
     for (name, driver) in drivers() {
-        let broker = Broker::builder().driver(driver).build().unwrap();
-        let gated = Gated::new();
         let options = SubscribeOptions {
             capacity: 16,
             overflow: Overflow::Reject,
             ..Default::default()
         };
-        let sub = broker.subscribe("t", options, gated.handler()).unwrap();
-        broker.publish(Message::to("t").payload("first")).unwrap();
-        wait_until("the handler holds the first message", PATIENCE, || {
-            sub.stats().in_flight == 1
-        });
+        let (broker, gated, sub) = held_subscription(driver, options);
         let (accepted, refused) = publish_from_threads(&broker, "t");
         let total = PUBLISHERS * PER_PUBLISHER;
         assert_eq!(accepted, 16, "{name}: accepted exactly the capacity");
@@ -143,17 +150,11 @@ fn concurrent_publishers_never_overfill_the_queue() {
 #[test]
 fn fast_offers_keep_priority_and_publisher_order() {
     for (name, driver) in drivers() {
-        let broker = Broker::builder().driver(driver).build().unwrap();
-        let gated = Gated::new();
         let options = SubscribeOptions {
             capacity: 4096,
             ..Default::default()
         };
-        let sub = broker.subscribe("t", options, gated.handler()).unwrap();
-        broker.publish(Message::to("t").payload("first")).unwrap();
-        wait_until("the handler holds the first message", PATIENCE, || {
-            sub.stats().in_flight == 1
-        });
+        let (broker, gated, _sub) = held_subscription(driver, options);
         for (payload, priority) in [("low", Priority::Low), ("urgent", Priority::Urgent)] {
             broker
                 .publish(Message::to("t").payload(payload).priority(priority))
@@ -201,15 +202,7 @@ fn fast_offers_keep_priority_and_publisher_order() {
 #[test]
 fn unsubscribe_during_fast_offers_accounts_for_every_message() {
     for (name, driver) in drivers() {
-        let broker = Broker::builder().driver(driver).build().unwrap();
-        let gated = Gated::new();
-        let sub = broker
-            .subscribe("t", SubscribeOptions::default(), gated.handler())
-            .unwrap();
-        broker.publish(Message::to("t").payload("first")).unwrap();
-        wait_until("the handler holds the first message", PATIENCE, || {
-            sub.stats().in_flight == 1
-        });
+        let (broker, gated, sub) = held_subscription(driver, SubscribeOptions::default());
         let (accepted, abandoned) = std::thread::scope(|s| {
             let publishing = s.spawn(|| publish_from_threads(&broker, "t"));
             // Let some offers land, then unsubscribe under the publishers.

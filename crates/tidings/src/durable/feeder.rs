@@ -487,12 +487,8 @@ mod tests {
         fn wake(&self) {}
     }
 
-    /// R-LOG-3: an idle feeder stores the position at once, then at most once per gap
-    /// while it keeps running dry, asking to run again when the gap is over.
-    #[test]
-    fn idle_stores_are_paced_by_the_gap() {
-        let t0 = Instant::now();
-        let clock = Arc::new(SteppedClock(Mutex::new(t0)));
+    /// A started feeder over an empty cursor on `clock`, and the cursor's idle-store count.
+    fn idle_feeder(clock: Arc<dyn Clock>) -> (Arc<CursorFeeder>, Arc<AtomicUsize>) {
         let cursor = EmptyCursor::default();
         let idles = cursor.idles.clone();
         let feeder = CursorFeeder::new(
@@ -502,9 +498,19 @@ mod tests {
             Box::new(cursor),
             Arc::new(NoSink),
             8,
-            clock.clone(),
+            clock,
         );
         feeder.started(Box::new(NoHandle));
+        (feeder, idles)
+    }
+
+    /// R-LOG-3: an idle feeder stores the position at once, then at most once per gap
+    /// while it keeps running dry, asking to run again when the gap is over.
+    #[test]
+    fn idle_stores_are_paced_by_the_gap() {
+        let t0 = Instant::now();
+        let clock = Arc::new(SteppedClock(Mutex::new(t0)));
+        let (feeder, idles) = idle_feeder(clock.clone());
         assert_eq!(feeder.step_once(), FeedStep::Idle);
         assert_eq!(idles.load(Ordering::SeqCst), 1);
         // Dry again within the gap: no store, run again at its end.
@@ -520,19 +526,7 @@ mod tests {
     /// On a clock that moves only when told, every idle step stores (no pacing).
     #[test]
     fn a_manual_clock_stores_on_every_idle_step() {
-        let clock = crate::ManualClock::new();
-        let cursor = EmptyCursor::default();
-        let idles = cursor.idles.clone();
-        let feeder = CursorFeeder::new(
-            "bill",
-            "orders",
-            SubscriptionId(1),
-            Box::new(cursor),
-            Arc::new(NoSink),
-            8,
-            Arc::new(clock),
-        );
-        feeder.started(Box::new(NoHandle));
+        let (feeder, idles) = idle_feeder(Arc::new(crate::ManualClock::new()));
         for n in 1..=3 {
             assert_eq!(feeder.step_once(), FeedStep::Idle);
             assert_eq!(idles.load(Ordering::SeqCst), n);

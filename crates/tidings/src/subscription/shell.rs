@@ -294,7 +294,7 @@ impl SubscriptionShell {
         ingress.lock().open = fast;
         Self {
             fast,
-            ingress: ingress,
+            ingress,
             spare: Mutex::new(Vec::new()),
             id,
             name: options.name.clone().unwrap_or_else(|| id.to_string()),
