@@ -426,12 +426,21 @@ impl FanoutSystem for TidingsFanout {
         if self.refused > 0 {
             notes.push(format!("{} refusals", self.refused));
         }
-        let bad: Vec<_> = self
-            .subs
-            .iter()
-            .map(Subscription::stats)
-            .filter(|s| s.delivered != self.per_sub || !s.is_conserved())
-            .collect();
+        // The tally counts a message when its handler runs; the delivery is booked when the
+        // handler has returned, a moment later. Give the last ones that moment (bounded).
+        let settle_by = Instant::now() + Duration::from_secs(10);
+        let bad = loop {
+            let bad: Vec<_> = self
+                .subs
+                .iter()
+                .map(Subscription::stats)
+                .filter(|s| s.delivered != self.per_sub || !s.is_conserved())
+                .collect();
+            if bad.is_empty() || Instant::now() >= settle_by {
+                break bad;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        };
         if let Some(s) = bad.first() {
             notes.push(format!(
                 "{} subscriptions off their counts (expected {} delivered), e.g. {s:?}",

@@ -86,7 +86,7 @@ pub(crate) fn table(report: &Report) -> String {
 }
 
 /// Case families, in report order, with the heading and the analysis prompt for each.
-const FAMILIES: [(&str, &str, &str); 6] = [
+const FAMILIES: [(&str, &str, &str); 7] = [
     (
         "fanout",
         "Fan-out",
@@ -122,6 +122,12 @@ const FAMILIES: [(&str, &str, &str); 6] = [
         "Durable log",
         "Append throughput by fsync policy against raw writes and raw fdatasync; how much group \
          commit recovers with many publishers; read throughput against a raw sequential read.",
+    ),
+    (
+        "jetstream",
+        "JetStream backend",
+        "The JetStream backend against raw async-nats doing the same work on one local \
+         nats-server: publish with acknowledgement, consume, and both through the broker.",
     ),
 ];
 
