@@ -347,6 +347,7 @@ async fn step_async(
             let outcome = crate::telemetry::trace::in_process_span_async(
                 &delivery.message,
                 &sub.name,
+                &sub.process_metric,
                 delivery.attempt,
                 run_async(handler, delivery.message.clone()),
             )

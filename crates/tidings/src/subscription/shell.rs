@@ -25,6 +25,7 @@ use crate::message::Message;
 use crate::options::{Overflow, Predicate, Settings, SharedSummary, SubscribeOptions};
 use crate::stats::SubscriptionStats;
 use crate::sync::{Condvar, Mutex, MutexGuard, protocol_thread_local, wait_until};
+use crate::telemetry::ProcessMetric;
 use crate::topic::Pattern;
 
 use super::core::{Core, Delivery, Offered, Poll, Refusal};
@@ -165,6 +166,8 @@ pub(crate) struct SubscriptionShell {
     /// What it was configured with, for the snapshot (src/ops/snapshot.rs, R-OPS-1):
     /// read through the settings it shares with subscriptions of equal options.
     pub(crate) summary: SharedSummary,
+    /// Its handler-duration series (R-OPS-2), labels built once; empty without `metrics`.
+    pub(crate) process_metric: ProcessMetric,
 }
 
 /// The subscription's lock, held by a driver's dispatcher slot. Every core step taken
@@ -284,6 +287,8 @@ impl SubscriptionShell {
     ) -> Self {
         let settings = Settings::shared(options);
         let core = Core::new(settings.clone());
+        let name = options.name.clone().unwrap_or_else(|| id.to_string());
+        let process_metric = ProcessMetric::new(&name);
         // One dispatcher slot, lanes (not per-key) dispatch: the case the ingress serves.
         let fast = core.workers() == 1
             && !matches!(
@@ -297,7 +302,8 @@ impl SubscriptionShell {
             ingress,
             spare: Mutex::new(Vec::new()),
             id,
-            name: options.name.clone().unwrap_or_else(|| id.to_string()),
+            name,
+            process_metric,
             pattern,
             workers: core.workers(),
             core: Box::new(Mutex::new(core)),
@@ -547,7 +553,11 @@ impl SubscriptionShell {
                 &delivery.message,
                 &self.name,
                 delivery.attempt,
-                || crate::telemetry::timed(&self.name, || invoke(h.as_ref(), &delivery.message)),
+                || {
+                    crate::telemetry::timed(&self.process_metric, || {
+                        invoke(h.as_ref(), &delivery.message)
+                    })
+                },
             ),
             // Unreachable: refused at subscribe under non-tokio drivers, and the tokio
             // driver awaits it via `async_handler`. Dead-letter rather than panic.

@@ -142,6 +142,7 @@ pub(crate) fn in_process_span(
 pub(crate) async fn in_process_span_async(
     message: &Message,
     subscription: &str,
+    metric: &super::ProcessMetric,
     attempt: u32,
     call: impl std::future::Future<Output = Result<(), HandlerError>>,
 ) -> Result<(), HandlerError> {
@@ -155,7 +156,7 @@ pub(crate) async fn in_process_span_async(
         call.as_mut().poll(cx)
     })
     .await;
-    started.record(subscription);
+    started.record(metric);
     if !span.is_disabled() {
         span.record("outcome", outcome_name(&outcome));
     }
