@@ -266,5 +266,5 @@ impl SubscribeOptions {
 
 mod settings;
 mod summary;
-pub(crate) use settings::{Settings, SharedSummary};
+pub(crate) use settings::Settings;
 pub use summary::OptionsSummary;

@@ -291,7 +291,7 @@ fn subscription_snapshot(
         } else {
             SubscriptionKind::Buffered
         },
-        options: s.summary.clone(),
+        options: s.settings.summary.clone(),
         counters: Counters::of(&stats),
         depth_by_priority: depth.to_vec(),
         oldest_age_ms: stats.oldest_age.map(|a| a.as_millis() as u64),

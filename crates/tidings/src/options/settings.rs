@@ -9,7 +9,6 @@
 //! rather than ~400 bytes (issue 12).
 
 use std::cell::RefCell;
-use std::ops::Deref;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -90,25 +89,6 @@ impl Settings {
     }
 }
 
-/// A subscription's [`OptionsSummary`], read through its shared [`Settings`].
-///
-/// Derefs to the summary and is deliberately not `Clone`: `summary.clone()` goes through
-/// the deref and copies the [`OptionsSummary`] itself, which is what a snapshot wants.
-pub(crate) struct SharedSummary(Arc<Settings>);
-
-impl SharedSummary {
-    pub(crate) fn new(settings: Arc<Settings>) -> Self {
-        Self(settings)
-    }
-}
-
-impl Deref for SharedSummary {
-    type Target = OptionsSummary;
-    fn deref(&self) -> &OptionsSummary {
-        &self.0.summary
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -163,7 +143,6 @@ mod tests {
         assert!(weak.upgrade().is_none());
         let again = Settings::shared(&opts);
         assert_eq!(again.capacity, 3);
-        // The summary reads through the shared settings.
-        assert_eq!(SharedSummary::new(again).clone().capacity, 3);
+        assert_eq!(again.summary.capacity, 3);
     }
 }

@@ -131,6 +131,9 @@ pub(crate) struct Core {
     idle: Box<[bool]>,
     state: State,
     space_freed: bool,
+    /// The buffer the next ingress move swaps in (see `super::ingress`): the one emptied by
+    /// the last move, kept so that moving allocates nothing.
+    ingress_spare: Vec<Queued>,
 }
 
 impl Core {
@@ -151,6 +154,7 @@ impl Core {
             idle: vec![false; workers].into_boxed_slice(),
             state: State::Open,
             space_freed: false,
+            ingress_spare: Vec::new(),
         }
     }
 
@@ -566,9 +570,16 @@ impl Core {
         }
     }
 
+    /// The empty buffer to swap with the ingress's items; hand it back, filled, to
+    /// [`Core::accept_ingress`].
+    pub(crate) fn take_ingress_spare(&mut self) -> Vec<Queued> {
+        std::mem::take(&mut self.ingress_spare)
+    }
+
     /// Book and queue messages the ingress took with room reserved for them (see
     /// `super::ingress`): accepted already, in offer order, so no overflow policy applies.
-    pub(crate) fn accept_ingress(&mut self, items: &mut Vec<Queued>) {
+    /// The emptied buffer is kept for the next move.
+    pub(crate) fn accept_ingress(&mut self, mut items: Vec<Queued>) {
         for item in items.drain(..) {
             self.counts.offered += 1;
             self.counts.accepted += 1;
@@ -580,6 +591,7 @@ impl Core {
                 Flavor::PerKey(p) => p.push(item),
             }
         }
+        self.ingress_spare = items;
     }
 
     /// Room the ingress may reserve: what the capacity leaves while open, else none.

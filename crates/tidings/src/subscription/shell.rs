@@ -22,7 +22,7 @@ use crate::dlq::{DeadLetter, DeadLetterQueue};
 use crate::filter::HeaderFilter;
 use crate::handler::{Handler, HandlerError, invoke, panic_text};
 use crate::message::Message;
-use crate::options::{Overflow, Predicate, Settings, SharedSummary, SubscribeOptions};
+use crate::options::{Overflow, Predicate, Settings, SubscribeOptions};
 use crate::stats::SubscriptionStats;
 use crate::sync::{Condvar, Mutex, MutexGuard, protocol_thread_local, wait_until};
 use crate::telemetry::ProcessMetric;
@@ -143,16 +143,10 @@ pub(crate) struct SubscriptionShell {
     /// Publishers' fast path into a single-dispatcher subscription (see `super::ingress`);
     /// moved into the core under its lock before anything reads or changes it.
     ingress: Ingress,
-    /// The spare buffer the ingress is swapped with, so moving it in allocates nothing.
-    /// Locked only with the core's lock held.
-    spare: Mutex<Vec<Queued>>,
     pub(crate) handler: HandlerKind,
     /// Boxed, like the header filter: most subscriptions have none, and then pay 8 bytes.
     predicate: Option<Box<Predicate>>,
     header_filter: Option<Box<HeaderFilter>>,
-    overflow: Overflow,
-    /// Shared with every subscription of equal options ([`Settings`]).
-    dlq_topic: Option<Arc<str>>,
     pub(crate) clock: Arc<dyn Clock>,
     waker: OnceLock<Arc<dyn Wake>>,
     /// Offers may take the ingress (see `super::ingress`).
@@ -163,9 +157,10 @@ pub(crate) struct SubscriptionShell {
     workers: usize,
     /// Durable subscriptions' completion hook, set once; see `set_on_finished`.
     on_finished: OnceLock<FinishedHook>,
-    /// What it was configured with, for the snapshot (src/ops/snapshot.rs, R-OPS-1):
-    /// read through the settings it shares with subscriptions of equal options.
-    pub(crate) summary: SharedSummary,
+    /// What never changes after subscribe (overflow policy, dead-letter topic, the options
+    /// summary for the snapshot, R-OPS-1): shared with its core and with every
+    /// subscription of equal options.
+    pub(crate) settings: Arc<Settings>,
     /// Its handler-duration series (R-OPS-2), labels built once; empty without `metrics`.
     pub(crate) process_metric: ProcessMetric,
 }
@@ -300,7 +295,6 @@ impl SubscriptionShell {
         Self {
             fast,
             ingress,
-            spare: Mutex::new(Vec::new()),
             id,
             name,
             process_metric,
@@ -310,14 +304,12 @@ impl SubscriptionShell {
             handler,
             predicate: options.predicate.clone().map(Box::new),
             header_filter: options.header_filter.clone().map(Box::new),
-            overflow: options.overflow,
-            dlq_topic: settings.dlq_topic.clone(),
             clock,
             waker: OnceLock::new(),
             space: Condvar::new(),
             dead_letter_sink,
             on_finished: OnceLock::new(),
-            summary: SharedSummary::new(settings),
+            settings,
         }
     }
 
@@ -516,7 +508,7 @@ impl SubscriptionShell {
         message: &Arc<Message>,
         effects: &mut Effects,
     ) -> Offered {
-        let Overflow::Block { timeout } = self.overflow else {
+        let Overflow::Block { timeout } = self.settings.overflow else {
             return Offered::Full;
         };
         // A timeout too long to be a deadline (`Duration::MAX`) waits until room is made or
@@ -693,7 +685,7 @@ impl SubscriptionShell {
         if !self.fast {
             return;
         }
-        let mut items = std::mem::take(&mut *self.spare.lock());
+        let mut items = core.take_ingress_spare();
         {
             let mut ingress = self.ingress.lock();
             std::mem::swap(&mut items, &mut ingress.items);
@@ -703,10 +695,7 @@ impl SubscriptionShell {
                 core.ingress_room().saturating_sub(items.len())
             };
         }
-        if !items.is_empty() {
-            core.accept_ingress(&mut items);
-        }
-        *self.spare.lock() = items;
+        core.accept_ingress(items);
     }
 
     /// After an offer through the core: reserve what room is left for fast offers.
@@ -746,7 +735,7 @@ impl SubscriptionShell {
         {
             hook(finished);
         }
-        let (Some(topic), false) = (&self.dlq_topic, forward.is_empty()) else {
+        let (Some(topic), false) = (&self.settings.dlq_topic, forward.is_empty()) else {
             return;
         };
         let mut failed = 0u64;
