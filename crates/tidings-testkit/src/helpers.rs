@@ -109,3 +109,41 @@ impl Activity {
         self.max.load(Ordering::SeqCst)
     }
 }
+
+/// A subscription to `topic` on `broker` whose handler, on each of its first `rounds - 1`
+/// calls, publishes two messages back into its own topic (so with a small capacity the
+/// second often finds the queue full), and on a later call unsubscribes itself. Returns the
+/// subscription and the number of refusals its publishes were told about.
+///
+/// The re-entrancy case every driver must survive: publishing into one's own full queue
+/// from inside the handler, then leaving from inside it too.
+pub fn self_publishing_subscription(
+    broker: &Broker,
+    topic: &'static str,
+    options: tidings::SubscribeOptions,
+    rounds: u32,
+) -> (tidings::Subscription, Arc<AtomicUsize>) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let refused = Arc::new(AtomicUsize::new(0));
+    let me: Arc<Mutex<Option<tidings::SubscriptionId>>> = Arc::default();
+    let (weak, r, slot) = (broker.downgrade(), refused.clone(), me.clone());
+    let sub = broker
+        .subscribe(topic, options, move |_m: &Message| {
+            let Some(b) = weak.upgrade() else {
+                return Ok(());
+            };
+            if calls.fetch_add(1, Ordering::SeqCst) + 1 < rounds as usize {
+                for _ in 0..2 {
+                    if let Ok(report) = b.publish(Message::to(topic)) {
+                        r.fetch_add(report.refused.len(), Ordering::SeqCst);
+                    }
+                }
+            } else if let Some(id) = *slot.lock() {
+                b.unsubscribe(id);
+            }
+            Ok::<(), HandlerError>(())
+        })
+        .expect("subscribe");
+    *me.lock() = Some(sub.id());
+    (sub, refused)
+}

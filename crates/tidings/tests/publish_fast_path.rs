@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use tidings::*;
-use tidings_testkit::helpers::wait_until;
+use tidings_testkit::helpers::{self_publishing_subscription, wait_until};
 
 const PATIENCE: Duration = Duration::from_secs(30);
 const PUBLISHERS: usize = 4;
@@ -244,46 +244,12 @@ fn self_publishing_handler_into_a_full_queue_loses_nothing() {
     for (name, driver) in drivers() {
         for overflow in policies {
             let broker = Broker::builder().driver(driver.clone()).build().unwrap();
-            let calls = Arc::new(Mutex::new(0u32));
-            let refused = Arc::new(Mutex::new(0usize));
-            let id_slot: Arc<Mutex<Option<SubscriptionId>>> = Arc::default();
-            let (weak, c, r, slot) = (
-                broker.downgrade(),
-                calls.clone(),
-                refused.clone(),
-                id_slot.clone(),
-            );
-            let sub = broker
-                .subscribe(
-                    "loop",
-                    SubscribeOptions {
-                        capacity: 1,
-                        overflow,
-                        ..Default::default()
-                    },
-                    move |_m: &Message| {
-                        let Some(b) = weak.upgrade() else {
-                            return Ok(());
-                        };
-                        let n = {
-                            let mut c = c.lock();
-                            *c += 1;
-                            *c
-                        };
-                        if n < 50 {
-                            for _ in 0..2 {
-                                if let Ok(report) = b.publish(Message::to("loop")) {
-                                    *r.lock() += report.refused.len();
-                                }
-                            }
-                        } else if let Some(id) = *slot.lock() {
-                            b.unsubscribe(id);
-                        }
-                        Ok::<(), HandlerError>(())
-                    },
-                )
-                .unwrap();
-            *id_slot.lock() = Some(sub.id());
+            let options = SubscribeOptions {
+                capacity: 1,
+                overflow,
+                ..Default::default()
+            };
+            let (sub, refused) = self_publishing_subscription(&broker, "loop", options, 50);
             broker.publish(Message::to("loop")).unwrap();
             // The handler unsubscribes from inside its last call, which is booked when it
             // returns, a moment later.
@@ -297,7 +263,7 @@ fn self_publishing_handler_into_a_full_queue_loses_nothing() {
             assert_eq!(s.queued + s.in_flight, 0, "{name} {overflow:?}: {s:?}");
             assert_eq!(
                 s.refused.overflow,
-                *refused.lock() as u64,
+                refused.load(Ordering::SeqCst) as u64,
                 "{name} {overflow:?}: each refusal reported to its publisher and counted"
             ); // R-BP-1
             assert!(s.delivered >= 50, "{name} {overflow:?}: {s:?}");

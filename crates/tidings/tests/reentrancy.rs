@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use tidings::*;
-use tidings_testkit::helpers::{manual, text};
+use tidings_testkit::helpers::{manual, self_publishing_subscription, text};
 
 const PATIENCE: Duration = Duration::from_secs(30);
 
@@ -247,36 +247,13 @@ fn self_publish_under_every_overflow_policy_then_self_unsubscribe() {
     ];
     for overflow in policies {
         let (broker, _clock) = manual();
-        let calls = Arc::new(Mutex::new(0u32));
-        let id_slot: Arc<Mutex<Option<SubscriptionId>>> = Arc::default();
-        let (weak, c, slot) = (broker.downgrade(), calls.clone(), id_slot.clone());
-        let sub = broker
-            .subscribe(
-                "loop",
-                SubscribeOptions {
-                    capacity: 1,
-                    overflow,
-                    ..Default::default()
-                },
-                move |_m: &Message| {
-                    let b = weak.upgrade().unwrap();
-                    let n = {
-                        let mut c = c.lock();
-                        *c += 1;
-                        *c
-                    };
-                    if n < 10 {
-                        // Two publishes into a queue of one: the second finds it full.
-                        let _ = b.publish(Message::to("loop"));
-                        let _ = b.publish(Message::to("loop"));
-                    } else if let Some(id) = *slot.lock() {
-                        b.unsubscribe(id);
-                    }
-                    Ok::<(), HandlerError>(())
-                },
-            )
-            .unwrap();
-        *id_slot.lock() = Some(sub.id());
+        let options = SubscribeOptions {
+            capacity: 1,
+            overflow,
+            ..Default::default()
+        };
+        // Two publishes into a queue of one per call: the second finds it full.
+        let (sub, _refused) = self_publishing_subscription(&broker, "loop", options, 10);
         broker.publish(Message::to("loop")).unwrap();
         let b = broker.clone();
         bounded("self-publish loop", move || b.run_until_idle());
