@@ -404,14 +404,16 @@ impl MessageBuilder {
     pub fn build_detached(self) -> Result<Message, PublishError> {
         static IDS: OnceLock<IdGenerator> = OnceLock::new();
         let ids = IDS.get_or_init(IdGenerator::new);
-        self.build(&Limits::default(), &Now::new(&SystemClock), ids)
+        self.build(None, &Limits::default(), &Now::new(&SystemClock), ids)
     }
 
     /// Validate against `limits` and stamp with `now` (R-LIM-1): what publish does before
     /// routing. The monotonic time is read only for a delay, to refuse one whose deadline
-    /// is not representable.
+    /// is not representable. `checked`: the builder's topic, already validated (publish
+    /// takes it from the route cache), shared instead of checked and allocated again.
     pub(crate) fn build(
         self,
+        checked: Option<Topic>,
         limits: &Limits,
         now: &Now<'_>,
         ids: &IdGenerator,
@@ -424,7 +426,15 @@ impl MessageBuilder {
             b.key.as_deref(),
             b.correlation_id.as_deref(),
         )?;
-        let topic = Topic::new(&b.topic).map_err(PublishError::InvalidTopic)?;
+        debug_assert!(
+            checked
+                .as_ref()
+                .is_none_or(|t| t.as_str() == b.topic.as_str())
+        );
+        let topic = match checked {
+            Some(topic) => topic,
+            None => Topic::new(&b.topic).map_err(PublishError::InvalidTopic)?,
+        };
         let reply_to = b
             .reply_to
             .as_deref()

@@ -3,6 +3,11 @@
 //! As in NATS' sublist cache, a topic published again costs one hash lookup and one `Arc`
 //! clone instead of a trie walk and one reference-count increment per matching subscription.
 //!
+//! The entry also keeps the validated [`Topic`] it was computed for, so a publish to a hot
+//! topic looks its route up *before* building the message ([`RouteCache::get`]) and shares
+//! that topic instead of checking and allocating the string again: the one lookup serves
+//! both (1 subscriber, manual driver: see `BrokerInner::publish_builder`).
+//!
 //! # Validity
 //! Every entry is stamped with the router's *generation*, which the broker bumps on every
 //! change of the router (subscribe, unsubscribe, close). An entry is used only while its
@@ -23,6 +28,7 @@ use std::sync::Arc;
 use parking_lot::RwLock;
 
 use crate::subscription::shell::SubscriptionShell;
+use crate::topic::Topic;
 use crate::topic::trie::FastState;
 
 /// Most topics cached at once.
@@ -34,7 +40,15 @@ pub(crate) type Targets = Arc<[Arc<SubscriptionShell>]>;
 /// A cached route and the router generation it was computed at.
 struct Entry {
     generation: u64,
+    /// The topic, validated when it was first published.
+    topic: Topic,
     targets: Targets,
+}
+
+/// A hot topic's validated name and its subscriptions (see [`RouteCache::get`]).
+pub(crate) struct Route {
+    pub(crate) topic: Topic,
+    pub(crate) targets: Targets,
 }
 
 /// What [`RouteCache::invalidate`] took out, to be dropped outside the registry lock.
@@ -66,21 +80,33 @@ impl RouteCache {
         self.generation
     }
 
+    /// The cached route of the topic spelled `name`, if it is current. Call with the
+    /// registry's shared lock held. A hit means `name` is a valid topic (it was checked
+    /// when the entry was made) and these are the subscriptions it matches now.
+    pub(crate) fn get(&self, name: &str) -> Option<Route> {
+        let map = self.map.read();
+        let e = map.get(name).filter(|e| e.generation == self.generation)?;
+        Some(Route {
+            topic: e.topic.clone(),
+            targets: e.targets.clone(),
+        })
+    }
+
     /// The cached targets of `topic`, or `compute()`'s, which are cached. Call with the
     /// registry's shared lock held, and `compute` reading the router under that same lock.
     pub(crate) fn get_or_compute(
         &self,
-        topic: &str,
+        topic: &Topic,
         compute: impl FnOnce() -> Vec<Arc<SubscriptionShell>>,
     ) -> Targets {
-        if let Some(e) = self.map.read().get(topic)
+        if let Some(e) = self.map.read().get(topic.as_str())
             && e.generation == self.generation
         {
             return e.targets.clone();
         }
         let targets: Targets = compute().into();
         let mut map = self.map.write();
-        if map.len() >= MAX_ROUTES && !map.contains_key(topic) {
+        if map.len() >= MAX_ROUTES && !map.contains_key(topic.as_str()) {
             let mut drop_n = MAX_ROUTES / 4;
             map.retain(|_, _| {
                 if drop_n == 0 {
@@ -91,9 +117,10 @@ impl RouteCache {
             });
         }
         map.insert(
-            topic.into(),
+            topic.as_str().into(),
             Entry {
                 generation: self.generation,
+                topic: topic.clone(),
                 targets: targets.clone(),
             },
         );
@@ -111,28 +138,36 @@ impl RouteCache {
 mod tests {
     use super::*;
 
+    fn topic(s: &str) -> Topic {
+        Topic::new(s).expect("valid")
+    }
+
     #[test]
     fn hit_miss_invalidate_and_bound() {
         let mut cache = RouteCache::default();
         let mut computed = 0;
+        assert!(cache.get("a.b").is_none(), "nothing cached yet");
         for _ in 0..3 {
-            cache.get_or_compute("a.b", || {
+            cache.get_or_compute(&topic("a.b"), || {
                 computed += 1;
                 Vec::new()
             });
         }
         assert_eq!(computed, 1, "a repeated topic is computed once");
+        let hit = cache.get("a.b").expect("cached");
+        assert_eq!(hit.topic.as_str(), "a.b");
         let g = cache.generation();
         drop(cache.invalidate());
         assert_eq!(cache.generation(), g + 1);
         assert_eq!(cache.len(), 0);
-        cache.get_or_compute("a.b", || {
+        assert!(cache.get("a.b").is_none(), "a change empties the cache");
+        cache.get_or_compute(&topic("a.b"), || {
             computed += 1;
             Vec::new()
         });
         assert_eq!(computed, 2, "a change forces a recompute");
         for i in 0..(3 * MAX_ROUTES) {
-            cache.get_or_compute(&format!("t.{i}"), Vec::new);
+            cache.get_or_compute(&topic(&format!("t.{i}")), Vec::new);
             assert!(cache.len() <= MAX_ROUTES);
         }
     }

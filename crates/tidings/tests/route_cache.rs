@@ -72,6 +72,81 @@ fn a_cached_topic_reaches_new_subscriptions_and_not_removed_ones() {
     broker.run_until_idle();
 }
 
+/// A hot topic's publish takes its checked topic from the cache: the message carries
+/// exactly that topic, and a spelling that is not a valid topic is still refused however
+/// close it is to a cached one (R-RT-1, R-CORE-4).
+#[test]
+fn a_cached_topic_is_shared_and_invalid_spellings_are_still_refused() {
+    let broker = manual();
+    let seen = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let log = seen.clone();
+    let _s = broker
+        .subscribe("orders.#", opts(), move |m: &Message| {
+            log.lock().push(m.topic().as_str().to_owned());
+            Ok(())
+        })
+        .unwrap();
+    for _ in 0..3 {
+        broker.publish(Message::to("orders.created")).unwrap();
+    }
+    for bad in [
+        "orders.created.",
+        "orders..created",
+        "orders.created ",
+        "orders.*",
+        "",
+    ] {
+        assert!(
+            matches!(
+                broker.publish(Message::to(bad)),
+                Err(tidings::PublishError::InvalidTopic(_))
+            ),
+            "{bad:?} was accepted after a cached look-alike"
+        );
+    }
+    broker.publish(Message::to("orders.created.eu")).unwrap();
+    broker.run_until_idle();
+    assert_eq!(
+        *seen.lock(),
+        [
+            "orders.created",
+            "orders.created",
+            "orders.created",
+            "orders.created.eu"
+        ]
+    );
+}
+
+/// A delayed message to a hot topic is routed when it is due, to the subscriptions there
+/// are then, not to the cached route it was published with (R-TIME-2, R-RT-1, R-CORE-6).
+#[test]
+fn a_delayed_publish_to_a_cached_topic_routes_when_due() {
+    let clock = ManualClock::new();
+    let broker = Broker::builder()
+        .driver(Driver::Manual)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let early = broker.subscribe("jobs.run", opts(), noop()).unwrap();
+    for _ in 0..2 {
+        assert_eq!(broker.publish(Message::to("jobs.run")).unwrap().accepted, 1);
+    }
+    let report = broker
+        .publish(Message::to("jobs.run").delay(Duration::from_secs(5)))
+        .unwrap();
+    assert!(report.scheduled);
+    // Before it is due: one subscription leaves, another arrives.
+    drop(early);
+    let late = broker.subscribe("jobs.*", opts(), noop()).unwrap();
+    clock.advance(Duration::from_secs(5));
+    broker.run_until_idle();
+    assert_eq!(
+        late.stats().delivered,
+        1,
+        "the due message reached the new subscription"
+    );
+}
+
 /// Publishers keep the cache busy (misses, inserts, hits) on other topics while the test
 /// thread subscribes and unsubscribes a probe subscription over and over; only the test
 /// thread publishes to the probe's topic, so every offer to it is one the test made.

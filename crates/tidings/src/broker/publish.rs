@@ -17,6 +17,7 @@ use crate::dlq::DeadLetter;
 use crate::error::PublishError;
 use crate::message::{Message, MessageBuilder};
 use crate::report::PublishReport;
+use crate::route_cache::{Route, Targets};
 use crate::scheduler::{Due, Scheduled, Target};
 use crate::subscription::shell::{DLQ_REASON_HEADER, RESERVED_HEADER_PREFIX, without_waiting};
 
@@ -36,17 +37,29 @@ impl BrokerInner {
         if self.closed.load(Ordering::Acquire) {
             return Err(PublishError::Closed);
         }
+        // A hot topic's route, looked up first: its topic is shared (no check, no
+        // allocation) and its subscriptions are offered to without a second lookup.
+        let (topic, targets) = match self.cached_route(&b.topic) {
+            Some(route) => (Some(route.topic), Some(route.targets)),
+            None => (None, None),
+        };
         let message = Arc::new(crate::telemetry::trace::stamped(
-            self.build_message(b)?,
+            b.build(
+                topic,
+                &self.limits,
+                &Now::new(self.clock.as_ref()),
+                &self.ids,
+            )?,
             &self.limits,
         ));
         crate::telemetry::trace::record_published(&span, &message);
         // Durable streams first: a failed append fails the publish (src/durable).
         let streams = self.durables.append(&message)?;
         let mut report = match self.due_time(&message) {
-            // With a transport a delayed message travels now; receivers hold it.
+            // With a transport a delayed message travels now; receivers hold it, and a
+            // held message is routed when due, to the subscriptions there are then.
             Some(due) if !self.has_transport() => self.schedule(due, message)?,
-            _ => self.dispatch(&message, !streams.is_empty())?,
+            _ => self.dispatch(&message, !streams.is_empty(), targets)?,
         };
         report.streams = streams;
         Ok(report)
@@ -109,7 +122,7 @@ impl BrokerInner {
         without_waiting(|| match target {
             Target::Route => {
                 // Only without a transport are delayed publishes held here (publish_builder).
-                self.route(&message);
+                self.route(&message, None);
             }
             Target::Only(_, offer) => offer(&message),
         });
@@ -184,30 +197,41 @@ impl BrokerInner {
             .insert("tidings-dlq-original-id", original.id().to_string());
         let message = Arc::new(message);
         let streams = self.durables.append(&message)?;
-        let mut report = self.dispatch(&message, !streams.is_empty())?;
+        let mut report = self.dispatch(&message, !streams.is_empty(), None)?;
         report.streams = streams;
         Ok(report)
     }
 
     /// Validate limits and stamp id and time (R-CORE-4, R-LIM-1).
     pub(super) fn build_message(&self, b: MessageBuilder) -> Result<Message, PublishError> {
-        b.build(&self.limits, &Now::new(self.clock.as_ref()), &self.ids)
+        b.build(
+            None,
+            &self.limits,
+            &Now::new(self.clock.as_ref()),
+            &self.ids,
+        )
+    }
+
+    /// The route cache's current entry for the topic spelled `name` (src/route_cache.rs).
+    fn cached_route(&self, name: &str) -> Option<Route> {
+        self.registry.read().routes.get(name)
     }
 
     /// Snapshot the matching subscriptions, release the lock, offer to each (R-CORE-2).
     /// A topic published before, with no subscribe or unsubscribe since, takes its
-    /// snapshot from the route cache: one hash lookup (src/route_cache.rs).
-    pub(super) fn route(&self, message: &Arc<Message>) -> PublishReport {
-        let targets = {
+    /// snapshot from the route cache: one hash lookup (src/route_cache.rs). `known`: that
+    /// snapshot, when the publish already looked it up.
+    pub(super) fn route(&self, message: &Arc<Message>, known: Option<Targets>) -> PublishReport {
+        let targets = known.unwrap_or_else(|| {
             let reg = self.registry.read();
             let topic = message.topic();
-            reg.routes.get_or_compute(topic.as_str(), || {
+            reg.routes.get_or_compute(topic, || {
                 let mut targets = Vec::new();
                 reg.router
                     .for_each_match(topic, |_, sub| targets.push(sub.clone()));
                 targets
             })
-        };
+        });
         let mut report = PublishReport {
             id: message.id(),
             accepted: 0,

@@ -16,6 +16,7 @@ use crate::error::{PublishError, SubscribeError};
 use crate::message::Message;
 use crate::report::PublishReport;
 use crate::request::{Inbox, RequestError};
+use crate::route_cache::Targets;
 use crate::scheduler::Target;
 use crate::subscription::shell::{SubscriptionShell, without_waiting};
 use crate::transport::{Deliver, Delivered, Received, Transport, TransportSubscription};
@@ -51,14 +52,16 @@ impl BrokerBuilder {
 
 impl BrokerInner {
     /// Where an undelayed (or due) message goes: the router, or the transport. `appended`:
-    /// the message is already in a durable stream.
+    /// the message is already in a durable stream; `targets`: its route, when the publish
+    /// already looked it up.
     pub(super) fn dispatch(
         &self,
         message: &Arc<Message>,
         appended: bool,
+        targets: Option<Targets>,
     ) -> Result<PublishReport, PublishError> {
         let Some(attached) = &self.transport else {
-            return Ok(self.route(message));
+            return Ok(self.route(message, targets));
         };
         if !(appended && attached.carries_appends) {
             attached
