@@ -553,21 +553,20 @@ impl Core {
     /// The effects of the step that just ran (everything it left for the shell).
     fn effects(&mut self) -> Effects {
         let room = std::mem::take(&mut self.space_freed);
-        let Some(books) = &mut self.ledger else {
-            return Effects {
-                room,
-                ..Effects::default()
-            };
+        let Some(books) = self.ledger.as_mut().filter(|b| {
+            !b.to_forward.is_empty() || b.completions.as_ref().is_some_and(|c| !c.is_empty())
+        }) else {
+            return Effects::only_room(room);
         };
-        Effects {
-            forward: std::mem::take(&mut books.to_forward),
-            finished: books
+        Effects::new(
+            room,
+            std::mem::take(&mut books.to_forward),
+            books
                 .completions
                 .as_mut()
                 .map(std::mem::take)
                 .unwrap_or_default(),
-            room,
-        }
+        )
     }
 
     /// The empty buffer to swap with the ingress's items; hand it back, filled, to

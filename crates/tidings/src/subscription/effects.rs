@@ -21,36 +21,71 @@ pub(crate) struct Finished {
 }
 
 /// What the shell must do, outside the lock, after a core step.
+///
+/// Almost every step on the delivery path has nothing to do, so an empty `Effects` is one
+/// flag and a null pointer: made, absorbed, checked and dropped in a few instructions (the
+/// lists were 2 `Vec`s, and absorbing and dropping them on every poll and completion cost
+/// ~300 instructions per delivery under callgrind).
 #[derive(Debug, Default)]
 #[must_use = "the shell must apply a core step's effects"]
 pub(crate) struct Effects {
+    /// Room was made: wake the publishers blocked under `Overflow::Block`.
+    pub(crate) room: bool,
+    /// Dead letters to forward and finished reports; `None` when both are empty.
+    lists: Option<Box<Lists>>,
+}
+
+/// The effects that carry messages.
+#[derive(Debug, Default)]
+pub(crate) struct Lists {
     /// Publish these dead letters to the subscription's dead-letter topic (R-DEL-4).
     pub(crate) forward: Vec<DeadLetter>,
     /// Report these finished messages to the finished hook (durable subscriptions only).
     pub(crate) finished: Vec<Finished>,
-    /// Room was made: wake the publishers blocked under `Overflow::Block`.
-    pub(crate) room: bool,
 }
 
 impl Effects {
+    /// The effects of one step: `room`, and the two lists (allocated only when one is not
+    /// empty).
+    #[inline]
+    pub(crate) fn new(room: bool, forward: Vec<DeadLetter>, finished: Vec<Finished>) -> Self {
+        let lists = (!forward.is_empty() || !finished.is_empty())
+            .then(|| Box::new(Lists { forward, finished }));
+        Self { room, lists }
+    }
+
+    /// At most the room flag: the delivery path's common case.
+    #[inline]
+    pub(crate) fn only_room(room: bool) -> Self {
+        Self { room, lists: None }
+    }
+
     /// Nothing to do.
+    #[inline]
     pub(crate) fn is_empty(&self) -> bool {
-        self.forward.is_empty() && self.finished.is_empty() && !self.room
+        self.lists.is_none() && !self.room
+    }
+
+    /// The lists, taken (the shell applies them).
+    pub(crate) fn into_lists(self) -> (bool, Lists) {
+        (self.room, self.lists.map(|l| *l).unwrap_or_default())
     }
 
     /// Add `later`'s effects after these (order is kept: finished reports stay in the order
     /// the messages finished).
+    #[inline]
     pub(crate) fn absorb(&mut self, later: Effects) {
-        // The common case on the delivery path: a step with nothing to do.
-        if later.is_empty() {
-            return;
-        }
-        if self.is_empty() {
-            *self = later;
-            return;
-        }
-        self.forward.extend(later.forward);
-        self.finished.extend(later.finished);
         self.room |= later.room;
+        let Some(more) = later.lists else {
+            return;
+        };
+        match &mut self.lists {
+            None => self.lists = Some(more),
+            Some(lists) => {
+                let Lists { forward, finished } = *more;
+                lists.forward.extend(forward);
+                lists.finished.extend(finished);
+            }
+        }
     }
 }

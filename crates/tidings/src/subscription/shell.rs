@@ -29,7 +29,7 @@ use crate::telemetry::ProcessMetric;
 use crate::topic::Pattern;
 
 use super::core::{Core, Delivery, Offered, Poll, Refusal};
-use super::effects::Effects;
+use super::effects::{Effects, Lists};
 use super::handle::SubscriptionId;
 use super::ingress::Ingress;
 use crate::message::Priority;
@@ -722,11 +722,10 @@ impl SubscriptionShell {
     /// or a durable stream's append failed) is counted in the subscription's
     /// `dlq_forward_failures`; the entry itself stays in the DLQ.
     fn apply(&self, effects: Effects) {
-        let Effects {
-            forward,
-            finished,
-            room,
-        } = effects;
+        if effects.is_empty() {
+            return;
+        }
+        let (room, Lists { forward, finished }) = effects.into_lists();
         if room {
             self.space.notify_all();
         }
