@@ -284,7 +284,7 @@ fn subscription_snapshot(
     debug_assert_eq!(depth.len(), Priority::LEVELS);
     SubscriptionSnapshot {
         id: s.id.get(),
-        name: s.name.clone(),
+        name: s.name.to_string(),
         pattern: s.pattern.as_str().to_owned(),
         kind: if durable.is_some() {
             SubscriptionKind::Durable

@@ -28,10 +28,11 @@ use crate::options::{Concurrency, DeliveryMode, Overflow, Settings};
 use crate::queue::Queued;
 use crate::stats::SubscriptionStats;
 
-use super::effects::Effects;
+use super::effects::{Effects, Lists};
 use super::lanes::Lanes;
 use super::ledger::{Counts, Ledger};
 use super::per_key::PerKey;
+use super::slots::Slots;
 
 /// A message handed to a driver for one handler call.
 #[derive(Debug)]
@@ -128,7 +129,8 @@ pub(crate) struct Core {
     running: u32,
     /// Publishers waiting for room; each is a blocked thread, so far below `u32::MAX`.
     blocked_publishers: u32,
-    idle: Box<[bool]>,
+    /// Per slot: found nothing to do, may be claimed by an offer.
+    idle: Slots<bool>,
     state: State,
     space_freed: bool,
     /// The buffer the next ingress move swaps in (see `super::ingress`): the one emptied by
@@ -151,7 +153,7 @@ impl Core {
             queued: 0,
             running: 0,
             blocked_publishers: 0,
-            idle: vec![false; workers].into_boxed_slice(),
+            idle: Slots::new(workers, || false),
             state: State::Open,
             space_freed: false,
             ingress_spare: Vec::new(),
@@ -554,18 +556,21 @@ impl Core {
     fn effects(&mut self) -> Effects {
         let room = std::mem::take(&mut self.space_freed);
         let Some(books) = self.ledger.as_mut().filter(|b| {
-            !b.to_forward.is_empty() || b.completions.as_ref().is_some_and(|c| !c.is_empty())
+            !b.to_forward.is_empty() || b.completions.as_ref().is_some_and(|c| !c.items.is_empty())
         }) else {
             return Effects::only_room(room);
         };
+        let (finished, on_finished) = match &mut books.completions {
+            Some(c) if !c.items.is_empty() => (std::mem::take(&mut c.items), Some(c.hook.clone())),
+            _ => (Vec::new(), None),
+        };
         Effects::new(
             room,
-            std::mem::take(&mut books.to_forward),
-            books
-                .completions
-                .as_mut()
-                .map(std::mem::take)
-                .unwrap_or_default(),
+            Lists {
+                forward: std::mem::take(&mut books.to_forward),
+                finished,
+                on_finished,
+            },
         )
     }
 

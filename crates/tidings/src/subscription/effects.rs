@@ -20,6 +20,9 @@ pub(crate) struct Finished {
     pub(crate) dead_letter: Option<(DeadLetterReason, u32)>,
 }
 
+/// Called (outside the subscription lock) with messages that finished for good.
+pub(crate) type FinishedHook = Arc<dyn Fn(Vec<Finished>) + Send + Sync>;
+
 /// What the shell must do, outside the lock, after a core step.
 ///
 /// Almost every step on the delivery path has nothing to do, so an empty `Effects` is one
@@ -36,21 +39,32 @@ pub(crate) struct Effects {
 }
 
 /// The effects that carry messages.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub(crate) struct Lists {
     /// Publish these dead letters to the subscription's dead-letter topic (R-DEL-4).
     pub(crate) forward: Vec<DeadLetter>,
-    /// Report these finished messages to the finished hook (durable subscriptions only).
+    /// Report these finished messages to `on_finished` (durable subscriptions only).
     pub(crate) finished: Vec<Finished>,
+    /// The durable subscription's finished hook, when `finished` is not empty.
+    pub(crate) on_finished: Option<FinishedHook>,
+}
+
+impl std::fmt::Debug for Lists {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lists")
+            .field("forward", &self.forward)
+            .field("finished", &self.finished)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Effects {
-    /// The effects of one step: `room`, and the two lists (allocated only when one is not
+    /// The effects of one step: `room`, and the lists (allocated only when one is not
     /// empty).
     #[inline]
-    pub(crate) fn new(room: bool, forward: Vec<DeadLetter>, finished: Vec<Finished>) -> Self {
-        let lists = (!forward.is_empty() || !finished.is_empty())
-            .then(|| Box::new(Lists { forward, finished }));
+    pub(crate) fn new(room: bool, lists: Lists) -> Self {
+        let lists =
+            (!lists.forward.is_empty() || !lists.finished.is_empty()).then(|| Box::new(lists));
         Self { room, lists }
     }
 
@@ -82,9 +96,16 @@ impl Effects {
         match &mut self.lists {
             None => self.lists = Some(more),
             Some(lists) => {
-                let Lists { forward, finished } = *more;
+                let Lists {
+                    forward,
+                    finished,
+                    on_finished,
+                } = *more;
                 lists.forward.extend(forward);
                 lists.finished.extend(finished);
+                if lists.on_finished.is_none() {
+                    lists.on_finished = on_finished;
+                }
             }
         }
     }

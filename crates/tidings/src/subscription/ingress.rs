@@ -39,12 +39,20 @@ use crate::sync::Mutex;
 pub(crate) struct IngressState {
     /// Offered and accepted, not yet in the core, in offer order.
     pub(crate) items: Vec<Queued>,
-    /// How many more messages the fast path may take before the core must be consulted.
-    pub(crate) room: usize,
+    /// How many more messages the fast path may take before the core must be consulted
+    /// (32 bits keep the state in half a cache line; see [`room_for`]).
+    pub(crate) room: u32,
     /// The subscription takes fast offers at all (open, one dispatcher slot).
     pub(crate) open: bool,
     /// The dispatcher found nothing to do and waits for a wake.
     pub(crate) idle: bool,
+}
+
+/// The room to reserve when the core has `free` places left: all of it, up to `u32::MAX`.
+/// Reserving less than the core could take is always safe: an offer that finds no room
+/// goes through the core, which decides it and reserves again.
+pub(crate) fn room_for(free: usize) -> u32 {
+    u32::try_from(free).unwrap_or(u32::MAX)
 }
 
 /// The buffer itself (see the module docs).

@@ -9,7 +9,8 @@
 //!
 //! # Memory
 //! An idle lane is 24 bytes: its queue allocates on the first push, and a parked retry is
-//! boxed (a retry is the rare path; an idle subscription holds none).
+//! boxed (a retry is the rare path; an idle subscription holds none). A serial
+//! subscription's one lane is inline ([`Slots`]).
 
 use std::time::Instant;
 
@@ -17,6 +18,7 @@ use crate::clock::Now;
 use crate::queue::{PriorityQueue, Queued};
 
 use super::core::{Parked, Take};
+use super::slots::Slots;
 
 #[derive(Debug, Default)]
 struct Lane {
@@ -27,13 +29,13 @@ struct Lane {
 
 #[derive(Debug)]
 pub(crate) struct Lanes {
-    lanes: Box<[Lane]>,
+    lanes: Slots<Lane>,
 }
 
 impl Lanes {
     pub(crate) fn new(n: usize) -> Self {
         Self {
-            lanes: (0..n).map(|_| Lane::default()).collect(),
+            lanes: Slots::new(n, Lane::default),
         }
     }
 
@@ -113,7 +115,7 @@ impl Lanes {
 
     /// Queued messages per priority level, lowest first (R-OPS-1 snapshot).
     pub(crate) fn depth_by_priority(&self, out: &mut [u64; crate::message::Priority::LEVELS]) {
-        for lane in &self.lanes {
+        for lane in self.lanes.iter() {
             lane.queue.depth_by_level(out);
         }
     }

@@ -53,10 +53,27 @@ pub(crate) struct Ledger {
     keep_shutdown: bool,
     /// Completion record for durable subscriptions (`None` = disabled, zero cost): every
     /// message that finished by delivery or dead-lettering (never `Shutdown`).
-    pub(crate) completions: Option<Vec<Finished>>,
+    pub(crate) completions: Option<Completions>,
 }
 
 pub(crate) use super::effects::Finished;
+use super::effects::FinishedHook;
+
+/// A durable subscription's finished messages, not yet reported, and who they go to. Kept
+/// in the ledger rather than beside the core so that a subscription without one pays
+/// nothing for it.
+pub(crate) struct Completions {
+    pub(crate) items: Vec<Finished>,
+    pub(crate) hook: FinishedHook,
+}
+
+impl std::fmt::Debug for Completions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Completions")
+            .field("items", &self.items)
+            .finish_non_exhaustive()
+    }
+}
 
 impl Ledger {
     pub(crate) fn new(settings: &Settings) -> Self {
@@ -77,7 +94,7 @@ impl Ledger {
     /// Note a successful delivery for the completion hook, when enabled.
     pub(crate) fn completed(&mut self, message: &Arc<Message>) {
         if let Some(c) = &mut self.completions {
-            c.push(Finished {
+            c.items.push(Finished {
                 message: message.clone(),
                 dead_letter: None,
             });
@@ -97,7 +114,7 @@ impl Ledger {
         if let Some(c) = &mut self.completions
             && !matches!(reason, DeadLetterReason::Shutdown)
         {
-            c.push(Finished {
+            c.items.push(Finished {
                 message: message.clone(),
                 dead_letter: Some((reason.clone(), attempts)),
             });

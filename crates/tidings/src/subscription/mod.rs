@@ -11,6 +11,7 @@ mod ledger;
 pub(crate) mod loom_models;
 mod per_key;
 pub(crate) mod shell;
+mod slots;
 
 pub use self::core::Refusal;
 pub use handle::{Subscription, SubscriptionId};

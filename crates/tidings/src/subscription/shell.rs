@@ -31,7 +31,8 @@ use crate::topic::Pattern;
 use super::core::{Core, Delivery, Offered, Poll, Refusal};
 use super::effects::{Effects, Lists};
 use super::handle::SubscriptionId;
-use super::ingress::Ingress;
+use super::ingress::{Ingress, room_for};
+use super::ledger::Completions;
 use crate::message::Priority;
 use crate::queue::Queued;
 
@@ -97,9 +98,7 @@ pub(crate) trait Wake: Send + Sync {
 /// name)`, true when published. Injected by the broker, so the shell does not know it.
 pub(crate) type DeadLetterSink = Arc<dyn Fn(&str, &DeadLetter, &str) -> bool + Send + Sync>;
 
-/// Called (outside the subscription lock) with messages that finished for good.
-pub(crate) type FinishedHook = Arc<dyn Fn(Vec<Finished>) + Send + Sync>;
-pub(crate) use super::effects::Finished;
+use super::effects::FinishedHook;
 
 /// What offering one durable stream message did (see
 /// [`SubscriptionShell::offer_from_stream`]).
@@ -131,7 +130,7 @@ pub(crate) enum Step {
 /// One subscription as every driver runs it (see the module docs).
 pub(crate) struct SubscriptionShell {
     pub(crate) id: SubscriptionId,
-    pub(crate) name: String,
+    pub(crate) name: Box<str>,
     pub(crate) pattern: Pattern,
     /// The sans-IO core; locked only here, and through [`Locked`]. Written by the
     /// dispatcher at every delivery, so it lives in an allocation of its own: publishers
@@ -155,8 +154,6 @@ pub(crate) struct SubscriptionShell {
     space: Condvar,
     dead_letter_sink: DeadLetterSink,
     workers: usize,
-    /// Durable subscriptions' completion hook, set once; see `set_on_finished`.
-    on_finished: OnceLock<FinishedHook>,
     /// What never changes after subscribe (overflow policy, dead-letter topic, the options
     /// summary for the snapshot, R-OPS-1): shared with its core and with every
     /// subscription of equal options.
@@ -282,7 +279,10 @@ impl SubscriptionShell {
     ) -> Self {
         let settings = Settings::shared(options);
         let core = Core::new(settings.clone());
-        let name = options.name.clone().unwrap_or_else(|| id.to_string());
+        let name: Box<str> = match &options.name {
+            Some(name) => name.as_str().into(),
+            None => id.to_string().into(),
+        };
         let process_metric = ProcessMetric::new(&name);
         // One dispatcher slot, lanes (not per-key) dispatch: the case the ingress serves.
         let fast = core.workers() == 1
@@ -308,7 +308,6 @@ impl SubscriptionShell {
             waker: OnceLock::new(),
             space: Condvar::new(),
             dead_letter_sink,
-            on_finished: OnceLock::new(),
             settings,
         }
     }
@@ -325,12 +324,16 @@ impl SubscriptionShell {
     /// Durable subscriptions: record completions in the ledger and hand them to `hook`
     /// after each operation, outside the lock. Set before the first offer.
     pub(crate) fn set_on_finished(&self, hook: FinishedHook) {
-        if self.on_finished.set(hook).is_ok() {
-            let mut core = self.core_synced();
+        let mut core = self.core_synced();
+        let ledger = core.ledger_mut();
+        if ledger.completions.is_none() {
             // A durable subscription's offers come from its feeder, one at a time, through
             // the core (which checks room for it): no fast path.
             self.ingress.lock().open = false;
-            core.ledger_mut().completions = Some(Vec::new());
+            ledger.completions = Some(Completions {
+                items: Vec::new(),
+                hook,
+            });
         }
     }
 
@@ -692,7 +695,7 @@ impl SubscriptionShell {
             ingress.room = if pause {
                 0
             } else {
-                core.ingress_room().saturating_sub(items.len())
+                room_for(core.ingress_room().saturating_sub(items.len()))
             };
         }
         core.accept_ingress(items);
@@ -702,7 +705,7 @@ impl SubscriptionShell {
     fn reserve_ingress_room(&self, core: &Core) {
         if self.fast {
             let mut ingress = self.ingress.lock();
-            ingress.room = core.ingress_room().saturating_sub(ingress.items.len());
+            ingress.room = room_for(core.ingress_room().saturating_sub(ingress.items.len()));
         }
     }
 
@@ -725,12 +728,19 @@ impl SubscriptionShell {
         if effects.is_empty() {
             return;
         }
-        let (room, Lists { forward, finished }) = effects.into_lists();
+        let (
+            room,
+            Lists {
+                forward,
+                finished,
+                on_finished,
+            },
+        ) = effects.into_lists();
         if room {
             self.space.notify_all();
         }
         if !finished.is_empty()
-            && let Some(hook) = self.on_finished.get()
+            && let Some(hook) = on_finished
         {
             hook(finished);
         }
