@@ -42,6 +42,7 @@ use std::sync::{Arc, OnceLock, Weak};
 use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
+use crossbeam_utils::CachePadded;
 use parking_lot::{Condvar, Mutex, RwLock};
 
 use crate::clock::{Clock, ClockWaiter, ManualClock, SystemClock, deadline_after};
@@ -137,11 +138,11 @@ impl BrokerBuilder {
         });
         let executor = executor_for(&self.driver, &self.clock)?;
         let inner = Arc::new_cyclic(|weak| BrokerInner {
-            registry: RwLock::new(Registry::default()),
+            registry: CachePadded::new(RwLock::new(Registry::default())),
             executor,
             clock: self.clock,
             limits: self.limits,
-            ids: IdGenerator::new(),
+            ids: CachePadded::new(IdGenerator::new()),
             next_sub: AtomicU64::new(1),
             closed: AtomicBool::new(false),
             weak: weak.clone(),
@@ -201,11 +202,15 @@ impl WeakBroker {
 }
 
 pub(crate) struct BrokerInner {
-    registry: RwLock<Registry>,
+    /// Read-locked by every publish, and `ids` is incremented by every publish: each on a
+    /// cache line of its own, so that concurrent publishers' atomic writes to them do not
+    /// also evict the fields every publish only reads (limits, clock, flags) from the
+    /// others' caches.
+    registry: CachePadded<RwLock<Registry>>,
     pub(crate) executor: Box<dyn Executor>,
     pub(crate) clock: Arc<dyn Clock>,
     limits: Limits,
-    ids: IdGenerator,
+    ids: CachePadded<IdGenerator>,
     next_sub: AtomicU64,
     closed: AtomicBool,
     weak: Weak<BrokerInner>,
