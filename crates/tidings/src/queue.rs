@@ -25,13 +25,15 @@ use std::hash::{BuildHasherDefault, Hash, Hasher};
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::clock::MonoStamp;
 use crate::message::{Message, Priority};
 
 /// A queued message and when it entered the queue (for oldest-age visibility).
 #[derive(Debug, Clone)]
 pub(crate) struct Queued {
     pub(crate) message: Arc<Message>,
-    pub(crate) enqueued: Instant,
+    /// 8 bytes, not an `Instant`'s 16: see [`MonoStamp`].
+    pub(crate) enqueued: MonoStamp,
 }
 
 /// FNV-1a for the key map: keys are short and hashing is on every push and pop. Flooding
@@ -250,7 +252,7 @@ impl Inner {
             .keys
             .values()
             .filter_map(|f| f.front().map(|(_, q)| q.enqueued));
-        unkeyed.chain(keyed).min()
+        unkeyed.chain(keyed).min().map(MonoStamp::instant)
     }
 
     fn drain(&mut self) -> Vec<Queued> {
@@ -312,7 +314,7 @@ mod tests {
         }
         Queued {
             message: Arc::new(b.build_detached().unwrap()),
-            enqueued: Instant::now(),
+            enqueued: MonoStamp::of(Instant::now()),
         }
     }
 
@@ -396,7 +398,7 @@ mod tests {
                         }
                         pq.push(Queued {
                             message: Arc::new(b.build_detached().unwrap()),
-                            enqueued: Instant::now(),
+                            enqueued: MonoStamp::of(Instant::now()),
                         });
                         model.push((seq, key, p));
                         (None, None)

@@ -164,7 +164,7 @@ impl PerKey {
     pub(crate) fn oldest_enqueued(&self) -> Option<Instant> {
         self.keys
             .values()
-            .filter_map(|k| k.pending.front().map(|(_, q)| q.enqueued))
+            .filter_map(|k| k.pending.front().map(|(_, q)| q.enqueued.instant()))
             .min()
     }
 }
