@@ -20,6 +20,7 @@ use crate::report::PublishReport;
 use crate::route_cache::{Route, Targets};
 use crate::scheduler::{Due, Scheduled, Target};
 use crate::subscription::shell::{DLQ_REASON_HEADER, RESERVED_HEADER_PREFIX, without_waiting};
+use crate::topic::Topic;
 
 use super::BrokerInner;
 
@@ -44,12 +45,7 @@ impl BrokerInner {
             None => (None, None),
         };
         let message = Arc::new(crate::telemetry::trace::stamped(
-            b.build(
-                topic,
-                &self.limits,
-                &Now::new(self.clock.as_ref()),
-                &self.ids,
-            )?,
+            self.build_message(b, topic)?,
             &self.limits,
         ));
         crate::telemetry::trace::record_published(&span, &message);
@@ -176,7 +172,7 @@ impl BrokerInner {
         if let Some(k) = original.key() {
             b = b.key(k);
         }
-        let mut message = self.build_message(b)?;
+        let mut message = self.build_message(b, None)?;
         let mut reason = entry.reason.to_string();
         if reason.len() > MAX_REASON_HEADER_BYTES {
             let mut cut = MAX_REASON_HEADER_BYTES;
@@ -202,10 +198,15 @@ impl BrokerInner {
         Ok(report)
     }
 
-    /// Validate limits and stamp id and time (R-CORE-4, R-LIM-1).
-    pub(super) fn build_message(&self, b: MessageBuilder) -> Result<Message, PublishError> {
+    /// Validate limits and stamp id and time (R-CORE-4, R-LIM-1). `checked`: the builder's
+    /// topic, already validated (from the route cache).
+    pub(super) fn build_message(
+        &self,
+        b: MessageBuilder,
+        checked: Option<Topic>,
+    ) -> Result<Message, PublishError> {
         b.build(
-            None,
+            checked,
             &self.limits,
             &Now::new(self.clock.as_ref()),
             &self.ids,

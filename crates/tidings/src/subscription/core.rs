@@ -555,9 +555,8 @@ impl Core {
     /// The effects of the step that just ran (everything it left for the shell).
     fn effects(&mut self) -> Effects {
         let room = std::mem::take(&mut self.space_freed);
-        let Some(books) = self.ledger.as_mut().filter(|b| {
-            !b.to_forward.is_empty() || b.completions.as_ref().is_some_and(|c| !c.items.is_empty())
-        }) else {
+        // The delivery path's common case: no books, nothing but the room flag.
+        let Some(books) = &mut self.ledger else {
             return Effects::only_room(room);
         };
         let (finished, on_finished) = match &mut books.completions {

@@ -29,7 +29,7 @@ use crate::telemetry::ProcessMetric;
 use crate::topic::Pattern;
 
 use super::core::{Core, Delivery, Offered, Poll, Refusal};
-use super::effects::{Effects, Lists};
+use super::effects::{Effects, FinishedHook, Lists};
 use super::handle::SubscriptionId;
 use super::ingress::{Ingress, room_for};
 use super::ledger::Completions;
@@ -97,8 +97,6 @@ pub(crate) trait Wake: Send + Sync {
 /// Publishes a dead letter to a dead-letter topic (R-DEL-4): `(topic, entry, subscription
 /// name)`, true when published. Injected by the broker, so the shell does not know it.
 pub(crate) type DeadLetterSink = Arc<dyn Fn(&str, &DeadLetter, &str) -> bool + Send + Sync>;
-
-use super::effects::FinishedHook;
 
 /// What offering one durable stream message did (see
 /// [`SubscriptionShell::offer_from_stream`]).
