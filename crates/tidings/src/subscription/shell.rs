@@ -125,6 +125,25 @@ pub(crate) enum Step {
     Stopped,
 }
 
+/// What a subscription lets through (R-RT-3): the header filter first, then the predicate.
+struct Filters {
+    header_filter: Option<HeaderFilter>,
+    predicate: Option<Predicate>,
+}
+
+impl Filters {
+    /// `None` when the options filter nothing.
+    fn of(options: &SubscribeOptions) -> Option<Box<Self>> {
+        let (header_filter, predicate) = (options.header_filter.clone(), options.predicate.clone());
+        (header_filter.is_some() || predicate.is_some()).then(|| {
+            Box::new(Self {
+                header_filter,
+                predicate,
+            })
+        })
+    }
+}
+
 /// One subscription as every driver runs it (see the module docs).
 pub(crate) struct SubscriptionShell {
     pub(crate) id: SubscriptionId,
@@ -141,9 +160,9 @@ pub(crate) struct SubscriptionShell {
     /// moved into the core under its lock before anything reads or changes it.
     ingress: Ingress,
     pub(crate) handler: HandlerKind,
-    /// Boxed, like the header filter: most subscriptions have none, and then pay 8 bytes.
-    predicate: Option<Box<Predicate>>,
-    header_filter: Option<Box<HeaderFilter>>,
+    /// The header filter and predicate, boxed together: most subscriptions have neither,
+    /// and then pay 8 bytes and one check per offer.
+    filters: Option<Box<Filters>>,
     pub(crate) clock: Arc<dyn Clock>,
     waker: OnceLock<Arc<dyn Wake>>,
     /// Offers may take the ingress (see `super::ingress`).
@@ -151,7 +170,6 @@ pub(crate) struct SubscriptionShell {
     /// Publishers blocked under `Overflow::Block` wait here for room.
     space: Condvar,
     dead_letter_sink: DeadLetterSink,
-    workers: usize,
     /// What never changes after subscribe (overflow policy, dead-letter topic, the options
     /// summary for the snapshot, R-OPS-1): shared with its core and with every
     /// subscription of equal options.
@@ -297,11 +315,9 @@ impl SubscriptionShell {
             name,
             process_metric,
             pattern,
-            workers: core.workers(),
             core: Box::new(Mutex::new(core)),
             handler,
-            predicate: options.predicate.clone().map(Box::new),
-            header_filter: options.header_filter.clone().map(Box::new),
+            filters: Filters::of(options),
             clock,
             waker: OnceLock::new(),
             space: Condvar::new(),
@@ -337,7 +353,7 @@ impl SubscriptionShell {
 
     /// Number of dispatcher slots (1, lanes, or per-key in-flight limit).
     pub(crate) fn workers(&self) -> usize {
-        self.workers
+        self.settings.concurrency.workers().max(1)
     }
 
     pub(crate) fn set_waker(&self, waker: Arc<dyn Wake>) {
@@ -486,14 +502,17 @@ impl SubscriptionShell {
     /// panicked (R-DEL-1): the caller dead-letters the message instead of unwinding into
     /// the publisher.
     pub(crate) fn passes_filter(&self, message: &Message) -> Result<bool, String> {
-        if !self
+        let Some(filters) = &self.filters else {
+            return Ok(true);
+        };
+        if !filters
             .header_filter
             .as_ref()
             .is_none_or(|f| f.matches(message))
         {
             return Ok(false);
         }
-        let Some(p) = &self.predicate else {
+        let Some(p) = &filters.predicate else {
             return Ok(true);
         };
         catch_unwind(AssertUnwindSafe(|| p.test(message)))
