@@ -19,6 +19,8 @@ pub(crate) mod pool;
 pub(crate) mod thread;
 #[cfg(feature = "tokio")]
 pub(crate) mod tokio;
+#[cfg(any(feature = "tokio", all(test, tidings_loom)))]
+mod wake_slot;
 
 /// Which driver runs the subscriptions' dispatchers (R-EXE-1).
 // Not `PartialEq`: a tokio `Handle` has no stable identity to compare.

@@ -7,8 +7,9 @@
 //! cannot starve the others. A retry wait occupies no worker: the slot is parked on the
 //! pool's timer thread, which re-schedules it when due.
 //!
-//! Memory per idle subscription is the subscription itself plus one flag per slot: no
-//! thread, no stack.
+//! Memory per idle subscription is the subscription itself plus one 64-byte mailbox (the
+//! first slot's flags inline, so scheduling and running a subscription touch no second
+//! allocation): no thread, no stack.
 //!
 //! A durable subscription's feeder is a schedulable unit too (R-EXE-4): woken by an append
 //! to its stream, room freed in its window, a seek or a stop; a worker runs one bounded
@@ -47,9 +48,9 @@ protocol_thread_local! {
 
 enum Task {
     /// A subscription's dispatcher slot.
+    /// The task keeps the mailbox alive; the worker takes the subscription from it.
     Slot {
         mailbox: Arc<Mailbox>,
-        sub: Arc<SubscriptionShell>,
         worker: usize,
     },
     /// A feeder's step.
@@ -159,56 +160,84 @@ pub(super) struct Shared {
     clock: Arc<dyn Clock>,
 }
 
-/// The mailbox flags of one subscription's slots.
-struct Mailbox {
+/// The flags of one dispatcher slot.
+#[derive(Default)]
+struct SlotFlags {
     /// Set while the slot is queued or running: only the waker that sets it queues it.
-    scheduled: Box<[AtomicBool]>,
+    scheduled: AtomicBool,
     /// Set while a worker runs the slot: the invariant the `scheduled` flag upholds
     /// (max active == 1 per slot), checked in debug and model-checking builds.
-    running: Box<[AtomicBool]>,
+    running: AtomicBool,
+}
+
+/// One subscription's mailbox: one allocation of 64 bytes, its first slot's flags inline
+/// (the others, for lanes and per-key slots, in `rest`; empty and unallocated for a
+/// single-slot subscription). A publisher's wake and a worker's run touch this and the
+/// subscription, nothing else of the driver's (issue 12: 100,000 subscriptions).
+struct Mailbox {
     /// This mailbox, for the tasks it queues.
     me: Weak<Mailbox>,
     sub: Weak<SubscriptionShell>,
     pool: Arc<Shared>,
+    rest: Box<[SlotFlags]>,
+    first: SlotFlags,
 }
 
 impl Mailbox {
     fn new(pool: &Arc<Shared>, sub: &Arc<SubscriptionShell>) -> Arc<Self> {
-        let flags = || (0..sub.workers()).map(|_| AtomicBool::new(false)).collect();
         Arc::new_cyclic(|me| Mailbox {
-            scheduled: flags(),
-            running: flags(),
             me: me.clone(),
             sub: Arc::downgrade(sub),
             pool: pool.clone(),
+            rest: (1..sub.workers()).map(|_| SlotFlags::default()).collect(),
+            first: SlotFlags::default(),
         })
     }
 
+    /// Slot `worker`'s flags (`None`: no such slot).
+    fn flags(&self, worker: usize) -> Option<&SlotFlags> {
+        match worker {
+            0 => Some(&self.first),
+            w => self.rest.get(w - 1),
+        }
+    }
+
+    /// Number of slots.
+    fn slots(&self) -> usize {
+        1 + self.rest.len()
+    }
+
     fn schedule(&self, worker: usize) {
-        let Some(flag) = self.scheduled.get(worker) else {
+        let Some(flags) = self.flags(worker) else {
             return;
         };
-        if flag.swap(true, Ordering::AcqRel) {
+        if flags.scheduled.swap(true, Ordering::AcqRel) {
             return; // already queued or running: it will see the new work
         }
-        let (Some(sub), Some(mailbox)) = (self.sub.upgrade(), self.me.upgrade()) else {
+        // The subscription is taken (and checked to exist) by the worker that runs it.
+        let Some(mailbox) = self.me.upgrade() else {
             return;
         };
-        self.pool.run_queue.lock().push_back(Task::Slot {
-            mailbox,
-            sub,
-            worker,
-        });
+        self.pool
+            .run_queue
+            .lock()
+            .push_back(Task::Slot { mailbox, worker });
         self.pool.work.notify_one();
     }
 
     /// A worker enters slot `worker` until the guard drops.
     fn enter(&self, worker: usize) -> Occupied<'_> {
-        let was = self.running[worker].swap(true, Ordering::AcqRel);
+        let running = &self.slot(worker).running;
+        let was = running.swap(true, Ordering::AcqRel);
         if cfg!(any(debug_assertions, tidings_loom)) {
             assert!(!was, "two pool workers inside one dispatcher slot");
         }
-        Occupied(&self.running[worker])
+        Occupied(running)
+    }
+
+    /// Slot `worker`'s flags; it was scheduled, so it exists.
+    fn slot(&self, worker: usize) -> &SlotFlags {
+        self.flags(worker).expect("a scheduled slot exists")
     }
 
     /// The slot goes idle: leave it, then clear its flag — in that order, so the worker the
@@ -220,7 +249,7 @@ impl Mailbox {
     /// between the swap's read and write), and one kind of access keeps the model exact.
     fn leave(&self, occupied: Occupied<'_>, worker: usize) {
         drop(occupied);
-        let was = self.scheduled[worker].swap(false, Ordering::AcqRel);
+        let was = self.slot(worker).scheduled.swap(false, Ordering::AcqRel);
         debug_assert!(was, "a running slot is scheduled");
     }
 }
@@ -239,7 +268,7 @@ impl Wake for Mailbox {
         self.schedule(worker);
     }
     fn wake_all(&self) {
-        for w in 0..self.scheduled.len() {
+        for w in 0..self.slots() {
             self.schedule(w);
         }
     }
@@ -406,11 +435,7 @@ pub(super) fn worker_loop(pool: &Arc<Shared>) {
             }
         };
         match task {
-            Task::Slot {
-                mailbox,
-                sub,
-                worker,
-            } => run_slot(pool, mailbox, sub, worker),
+            Task::Slot { mailbox, worker } => run_slot(pool, mailbox, worker),
             Task::Feeder(mailbox) => run_feeder(&mailbox),
         }
     }
@@ -442,7 +467,13 @@ fn run_feeder(mailbox: &Arc<FeederMailbox>) {
 }
 
 /// Run one slot for up to `BATCH` deliveries, then re-queue, park or retire it.
-fn run_slot(pool: &Arc<Shared>, mailbox: Arc<Mailbox>, sub: Arc<SubscriptionShell>, worker: usize) {
+fn run_slot(pool: &Arc<Shared>, mailbox: Arc<Mailbox>, worker: usize) {
+    let Some(sub) = mailbox.sub.upgrade() else {
+        // The subscription is gone (the mailbox outlived it only in this task): the slot
+        // can never run again. It stays scheduled, so this is its one report.
+        pool.live_slots.exit();
+        return;
+    };
     let occupied = mailbox.enter(worker);
     // Dropping `locked` releases the lock and applies the steps' effects.
     let mut locked = sub.lock();
@@ -469,11 +500,10 @@ fn run_slot(pool: &Arc<Shared>, mailbox: Arc<Mailbox>, sub: Arc<SubscriptionShel
     drop(locked);
     // Batch used up: yield the slot to the back of the run queue (fairness).
     drop(occupied);
-    pool.run_queue.lock().push_back(Task::Slot {
-        mailbox,
-        sub,
-        worker,
-    });
+    drop(sub);
+    pool.run_queue
+        .lock()
+        .push_back(Task::Slot { mailbox, worker });
     pool.work.notify_one();
 }
 
@@ -515,5 +545,124 @@ fn timer_loop(pool: &Arc<Shared>) {
         // A manual clock wakes every slot itself when it moves.
         let next = timers.0.peek().map(|Reverse(t)| t.due);
         wait_until(pool.clock.as_ref(), &pool.timer_changed, &mut timers, next);
+    }
+}
+
+#[cfg(all(test, not(tidings_loom)))]
+mod tests {
+    use std::sync::atomic::AtomicUsize;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::clock::SystemClock;
+    use crate::dlq::DeadLetter;
+    use crate::handler::handler_fn;
+    use crate::message::MessageBuilder;
+    use crate::options::{Concurrency, SubscribeOptions};
+    use crate::subscription::handle::SubscriptionId;
+    use crate::subscription::shell::HandlerKind;
+    use crate::topic::Pattern;
+
+    const PATIENCE: Duration = Duration::from_secs(60);
+
+    fn shell(options: &SubscribeOptions, seen: Arc<AtomicUsize>) -> Arc<SubscriptionShell> {
+        let handler = move |_: &crate::message::Message| {
+            seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok(())
+        };
+        Arc::new(SubscriptionShell::new(
+            SubscriptionId(1),
+            Pattern::new("t").expect("a valid pattern"),
+            options,
+            HandlerKind::Sync(Arc::new(handler_fn(handler))),
+            Arc::new(SystemClock),
+            Arc::new(|_: &str, _: &DeadLetter, _: &str| false),
+        ))
+    }
+
+    fn workers(pool: &Arc<Shared>, n: usize) -> Vec<std::thread::JoinHandle<()>> {
+        (0..n)
+            .map(|_| {
+                let pool = pool.clone();
+                std::thread::spawn(move || worker_loop(&pool))
+            })
+            .collect()
+    }
+
+    fn stop(pool: &Arc<Shared>, threads: Vec<std::thread::JoinHandle<()>>) {
+        pool.stop();
+        for t in threads {
+            t.join().unwrap();
+        }
+    }
+
+    // R-EXE-1, R-CORE-6: a subscription closed and dropped while its slot waits in the run
+    // queue (the queue holds only its mailbox) is reported stopped once, so close does not
+    // wait for a slot that can never run.
+    #[test]
+    fn a_subscription_dropped_while_queued_is_reported_stopped() {
+        let pool = Shared::new(Arc::new(SystemClock));
+        let seen = Arc::new(AtomicUsize::new(0));
+        let sub = shell(&SubscribeOptions::default(), seen);
+        pool.attach(&sub); // queues its one slot; no worker runs yet
+        sub.close();
+        drop(sub);
+        assert_eq!(pool.run_queue.lock().len(), 1, "the slot is still queued");
+        let threads = workers(&pool, 2);
+        let stopped = pool
+            .live_slots
+            .wait_at_most(0, Some(Instant::now() + PATIENCE));
+        stop(&pool, threads);
+        assert!(
+            stopped,
+            "the dropped subscription's slot was reported stopped"
+        );
+    }
+
+    // R-EXE-1, R-CORE-3: a subscription of several slots (lanes) gets one set of flags per
+    // slot — the first inline, the others beside it: a wake storm of every slot while
+    // messages flow delivers each message once, and each slot stops once at close.
+    #[test]
+    fn every_slot_of_a_lanes_subscription_is_scheduled_and_stops() {
+        const N: usize = 3_000;
+        let pool = Shared::new(Arc::new(SystemClock));
+        let seen = Arc::new(AtomicUsize::new(0));
+        let options = SubscribeOptions {
+            concurrency: Concurrency::Lanes(3),
+            capacity: N,
+            ..Default::default()
+        };
+        let sub = shell(&options, seen.clone());
+        assert_eq!(sub.workers(), 3);
+        pool.attach(&sub);
+        let threads = workers(&pool, 2);
+        let storm = {
+            let sub = sub.clone();
+            std::thread::spawn(move || {
+                for _ in 0..2_000 {
+                    sub.wake_all();
+                    std::thread::yield_now();
+                }
+            })
+        };
+        for i in 0..N {
+            let m = Arc::new(
+                MessageBuilder::new("t")
+                    .key(format!("k{}", i % 7))
+                    .build_detached()
+                    .unwrap(),
+            );
+            sub.offer(&m).expect("room for every message");
+        }
+        storm.join().unwrap();
+        let deadline = Instant::now() + PATIENCE;
+        while seen.load(std::sync::atomic::Ordering::SeqCst) < N && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        assert_eq!(seen.load(std::sync::atomic::Ordering::SeqCst), N);
+        sub.close();
+        let stopped = pool.live_slots.wait_at_most(0, Some(deadline));
+        stop(&pool, threads);
+        assert!(stopped, "every slot stopped");
     }
 }

@@ -3,9 +3,9 @@
 //!
 //! Each task runs the same loop as a thread-driver dispatcher, as an `async fn`: poll the
 //! subscription core, run the handler, report the outcome; when the core says the slot is
-//! idle, await the slot's [`Notify`] (whose `notify_one` stores a permit, so a wake-up that
-//! arrives before the task awaits is not lost); when a retry is due later, await the notify
-//! or a tokio sleep, whichever comes first. With a [`ManualClock`](crate::ManualClock) the
+//! idle, await the slot's wake-up (a [`WakeSlot`] stores a permit, like `Notify::notify_one`,
+//! so a wake-up that arrives before the task awaits is not lost); when a retry is due later,
+//! await the wake-up or a tokio sleep, whichever comes first. With a [`ManualClock`](crate::ManualClock) the
 //! clock's `wait_hint` says "until woken" and the broker wakes every slot when the clock is
 //! advanced.
 //!
@@ -48,10 +48,11 @@ use crate::handler::HandlerError;
 use crate::message::Message;
 use crate::subscription::core::Poll;
 use crate::subscription::shell::{Step, SubscriptionShell};
-use crate::sync::{AtomicBool, Mutex, Ordering};
+use crate::sync::Mutex;
 
 use super::handles::Handles;
 use super::live::LiveCount;
+use super::wake_slot::WakeSlot;
 use super::{Executor, FeedStep, Feeder, FeederHandle, Wake};
 
 /// Deliveries a slot makes before yielding to the runtime, so a busy subscription cannot
@@ -87,29 +88,26 @@ fn may_block() -> bool {
     MAY_BLOCK.with(Cell::get) || Handle::try_current().is_err()
 }
 
-/// One subscription's dispatcher slots: each slot's notify, and its task's done flag.
-/// One allocation per subscription, shared by its tasks and its waker.
+/// One subscription's dispatcher slots: each slot's wake-up and done flag, and the
+/// driver's live count. One allocation per subscription, shared by its tasks and its waker.
 struct Slots {
     slots: Box<[Slot]>,
+    live: Arc<LiveCount>,
 }
 
-struct Slot {
-    notify: Notify,
-    /// Set when the slot's task body ended (see [`LiveGuard`]).
-    done: AtomicBool,
-}
+/// One dispatcher slot: its task's wake-up, retired when the task's body ends.
+type Slot = WakeSlot;
 
 impl Wake for Slots {
     fn wake(&self, worker: usize) {
         if let Some(s) = self.slots.get(worker) {
-            s.notify.notify_one();
+            s.wake();
         }
     }
     fn wake_all(&self) {
-        // `notify_one` (not `notify_waiters`) so a slot between its poll and its await
-        // still finds the permit.
+        // A permit each, so a slot between its poll and its await still finds it.
         for s in self.slots.iter() {
-            s.notify.notify_one();
+            s.wake();
         }
     }
 }
@@ -119,17 +117,20 @@ impl Wake for Slots {
 /// that no longer exists. (`JoinHandle::is_finished` lags behind: it turns true only after
 /// the task's output is stored, so close asks this flag instead.)
 struct LiveGuard {
-    live: Arc<LiveCount>,
     slots: Arc<Slots>,
     worker: usize,
 }
 
+impl LiveGuard {
+    fn slot(&self) -> &Slot {
+        &self.slots.slots[self.worker]
+    }
+}
+
 impl Drop for LiveGuard {
     fn drop(&mut self) {
-        self.slots.slots[self.worker]
-            .done
-            .store(true, Ordering::Release);
-        self.live.exit();
+        self.slot().retire();
+        self.slots.live.exit();
     }
 }
 
@@ -144,7 +145,7 @@ struct Task {
 
 impl Task {
     fn is_done(&self) -> bool {
-        self.slots.slots[self.worker].done.load(Ordering::Acquire)
+        self.slots.slots[self.worker].is_retired()
     }
 
     fn name(&self) -> String {
@@ -228,27 +229,18 @@ impl Executor for TokioExecutor {
 
     fn start(&self, sub: &Arc<SubscriptionShell>) -> Result<(), SubscribeError> {
         let slots = Arc::new(Slots {
-            slots: (0..sub.workers())
-                .map(|_| Slot {
-                    notify: Notify::new(),
-                    done: AtomicBool::new(false),
-                })
-                .collect(),
+            slots: (0..sub.workers()).map(|_| Slot::new()).collect(),
+            live: self.live.clone(),
         });
         sub.set_waker(slots.clone());
         let mut tasks = self.tasks.lock();
         for worker in 0..sub.workers() {
             self.live.enter(1);
             let guard = LiveGuard {
-                live: self.live.clone(),
                 slots: slots.clone(),
                 worker,
             };
-            let task_sub = sub.clone();
-            let handle = self.handle.spawn(async move {
-                dispatch(&task_sub, &guard.slots, worker).await;
-                drop(guard);
-            });
+            let handle = self.handle.spawn(dispatch(sub.clone(), guard));
             let task = Task {
                 sub: Arc::downgrade(sub),
                 slots: slots.clone(),
@@ -284,54 +276,75 @@ impl Executor for TokioExecutor {
     }
 }
 
-/// One dispatcher slot's loop (the thread driver's loop, awaiting instead of blocking).
+/// What a dispatcher slot waits for before its next step.
+enum Wait {
+    /// Nothing: step again.
+    No,
+    /// Let other tasks run first.
+    Yield,
+    /// A wake-up.
+    Woken,
+    /// A wake-up or this long, whichever comes first.
+    WokenOr(std::time::Duration),
+}
+
+/// One dispatcher slot's task (the thread driver's loop, awaiting instead of blocking).
 ///
-/// Its future is what an idle slot's task holds, so only the idle wait (a `Notified`) is
-/// inline; an async handler's delivery and a timed wait are boxed when taken, not carried
-/// by every task (issue 12).
-async fn dispatch(sub: &SubscriptionShell, slots: &Slots, worker: usize) {
-    let notify = &slots.slots[worker].notify;
+/// Its future is what an idle slot's task holds, and its size decides the task's (tokio
+/// rounds a task up to a multiple of 128 bytes): it owns the subscription and the guard,
+/// keeps two counters, and awaits one thing at a time — a one-reference wake-up
+/// ([`WakeSlot::woken`]) or a yield inline; an async handler's delivery and a timed wait are
+/// boxed when taken, not carried by every task (issue 12). No borrow of either is held
+/// across an await.
+async fn dispatch(sub: Arc<SubscriptionShell>, guard: LiveGuard) {
+    let worker = guard.worker;
     let mut batch = 0u32;
     let mut idle_polls = 0u32;
     loop {
         let announce = idle_polls >= IDLE_YIELDS;
         let step = match sub.async_handler() {
             // The shell's delivery step, as every driver runs it.
-            None => {
-                let mut locked = sub.lock();
-                locked.step(worker, announce)
-            }
-            Some(handler) => Box::pin(step_async(sub, handler, worker, announce)).await,
+            None => sub.lock().step(worker, announce),
+            Some(handler) => Box::pin(step_async(&sub, handler, worker, announce)).await,
         };
-        match step {
+        let wait = match step {
             Step::Delivered => {
                 idle_polls = 0;
                 batch += 1;
                 if batch >= BATCH {
                     batch = 0;
-                    ::tokio::task::yield_now().await;
+                    Wait::Yield
+                } else {
+                    Wait::No
                 }
             }
             Step::Stopped => break,
             Step::Idle if !announce => {
                 idle_polls += 1;
-                ::tokio::task::yield_now().await;
+                Wait::Yield
             }
             Step::Idle => {
                 idle_polls = 0;
                 batch = 0;
-                notify.notified().await;
+                Wait::Woken
             }
             Step::WakeAt(t) => {
                 batch = 0;
                 match sub.clock.wait_hint(t) {
-                    Some(d) if d.is_zero() => ::tokio::task::yield_now().await,
-                    Some(d) => Box::pin(notified_or_after(notify, d)).await,
-                    None => notify.notified().await,
+                    Some(d) if d.is_zero() => Wait::Yield,
+                    Some(d) => Wait::WokenOr(d),
+                    None => Wait::Woken,
                 }
             }
+        };
+        match wait {
+            Wait::No => {}
+            Wait::Yield => ::tokio::task::yield_now().await,
+            Wait::Woken => guard.slot().woken().await,
+            Wait::WokenOr(d) => Box::pin(woken_or_after(guard.slot(), d)).await,
         }
     }
+    drop(guard);
 }
 
 /// The delivery step around an await: poll, await the async handler, report.
@@ -362,9 +375,9 @@ async fn step_async(
 }
 
 /// Wait for a wake or for `d`, whichever comes first (a retry's due time).
-async fn notified_or_after(notify: &Notify, d: std::time::Duration) {
+async fn woken_or_after(slot: &Slot, d: std::time::Duration) {
     ::tokio::select! {
-        () = notify.notified() => {}
+        () = slot.woken() => {}
         () = ::tokio::time::sleep(d) => {}
     }
 }
