@@ -58,7 +58,7 @@ use crate::route_cache::RouteCache;
 use crate::scheduler::Scheduler;
 use crate::subscription::Subscription;
 use crate::subscription::handle::SubscriptionId;
-use crate::subscription::shell::{HandlerKind, SubscriptionShell};
+use crate::subscription::shell::{HandlerKind, ShellEnv, SubscriptionShell};
 use crate::topic::Pattern;
 use crate::topic::trie::TopicTrie;
 
@@ -140,7 +140,7 @@ impl BrokerBuilder {
         let inner = Arc::new_cyclic(|weak| BrokerInner {
             registry: CachePadded::new(RwLock::new(Registry::default())),
             executor,
-            clock: self.clock,
+            clock: self.clock.clone(),
             limits: self.limits,
             ids: CachePadded::new(IdGenerator::new()),
             next_sub: AtomicU64::new(1),
@@ -155,6 +155,10 @@ impl BrokerBuilder {
             durables: Arc::new(crate::durable::Durables::new(backend, data_dir)),
             driver_name: crate::driver::driver_name(&self.driver),
             transport,
+            shell_env: Arc::new(ShellEnv {
+                clock: self.clock.clone(),
+                dead_letter_sink: BrokerInner::dead_letter_sink(weak.clone()),
+            }),
         });
         let waiter: Weak<dyn ClockWaiter> = Arc::downgrade(&inner) as Weak<dyn ClockWaiter>;
         inner.clock.register_waiter(waiter);
@@ -228,6 +232,8 @@ pub(crate) struct BrokerInner {
     pub(crate) driver_name: &'static str,
     /// Where buffered publishes go; `None`: the in-process router (src/broker/transport.rs).
     transport: Option<transport::Attached>,
+    /// What its subscriptions share: the clock and the dead-letter sink.
+    shell_env: Arc<ShellEnv>,
 }
 
 impl Broker {
@@ -524,14 +530,6 @@ impl std::fmt::Debug for Broker {
     }
 }
 
-/// The sink of subscriptions without a dead-letter topic (never called: the shell forwards
-/// only to a topic it has), one for the process.
-fn no_dead_letter_topic() -> crate::subscription::shell::DeadLetterSink {
-    static NONE: std::sync::LazyLock<crate::subscription::shell::DeadLetterSink> =
-        std::sync::LazyLock::new(|| Arc::new(|_: &str, _: &_, _: &str| false));
-    NONE.clone()
-}
-
 impl BrokerInner {
     pub(crate) fn subscribe(
         &self,
@@ -575,14 +573,7 @@ impl BrokerInner {
             pattern.clone(),
             options,
             handler,
-            self.clock.clone(),
-            // Only a subscription with a dead-letter topic forwards: the others share one
-            // sink that is never called, instead of allocating one each.
-            if options.dead_letter.topic.is_some() {
-                self.dead_letter_sink()
-            } else {
-                no_dead_letter_topic()
-            },
+            self.shell_env.clone(),
         ));
         // With a transport, a routed subscription receives through it, not the router.
         let remote = routed && self.has_transport();
@@ -626,11 +617,11 @@ impl BrokerInner {
     }
 
     /// How a subscription publishes its dead letters to its dead-letter topic (R-DEL-4).
-    fn dead_letter_sink(&self) -> crate::subscription::shell::DeadLetterSink {
-        let broker = self.weak.clone();
+    /// The sink every subscription's dead letters are forwarded through when it has a
+    /// dead-letter topic (R-DEL-4).
+    fn dead_letter_sink(weak: Weak<BrokerInner>) -> crate::subscription::shell::DeadLetterSink {
         Arc::new(move |topic, entry, name| {
-            broker
-                .upgrade()
+            weak.upgrade()
                 .is_some_and(|b| b.forward_dead_letter(topic, entry, name).is_ok())
         })
     }

@@ -555,13 +555,8 @@ mod tests {
 
     use super::*;
     use crate::clock::SystemClock;
-    use crate::dlq::DeadLetter;
-    use crate::handler::handler_fn;
     use crate::message::MessageBuilder;
     use crate::options::{Concurrency, SubscribeOptions};
-    use crate::subscription::handle::SubscriptionId;
-    use crate::subscription::shell::HandlerKind;
-    use crate::topic::Pattern;
 
     const PATIENCE: Duration = Duration::from_secs(60);
 
@@ -570,14 +565,7 @@ mod tests {
             seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             Ok(())
         };
-        Arc::new(SubscriptionShell::new(
-            SubscriptionId(1),
-            Pattern::new("t").expect("a valid pattern"),
-            options,
-            HandlerKind::Sync(Arc::new(handler_fn(handler))),
-            Arc::new(SystemClock),
-            Arc::new(|_: &str, _: &DeadLetter, _: &str| false),
-        ))
+        crate::subscription::shell::detached(options, handler)
     }
 
     fn workers(pool: &Arc<Shared>, n: usize) -> Vec<std::thread::JoinHandle<()>> {

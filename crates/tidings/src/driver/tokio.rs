@@ -330,7 +330,7 @@ async fn dispatch(sub: Arc<SubscriptionShell>, guard: LiveGuard) {
             }
             Step::WakeAt(t) => {
                 batch = 0;
-                match sub.clock.wait_hint(t) {
+                match sub.clock().wait_hint(t) {
                     Some(d) if d.is_zero() => Wait::Yield,
                     Some(d) => Wait::WokenOr(d),
                     None => Wait::Woken,

@@ -22,7 +22,7 @@ use crate::topic::Pattern;
 
 use super::core::Refusal;
 use super::handle::SubscriptionId;
-use super::shell::{HandlerKind, SubscriptionShell};
+use super::shell::{HandlerKind, ShellEnv, SubscriptionShell};
 
 /// True when the longer bounds were asked for (`TIDINGS_LONG=1`).
 pub(crate) fn long() -> bool {
@@ -67,14 +67,7 @@ pub(crate) fn shell(
     options: &SubscribeOptions,
     handler: impl Fn(&Message) -> Result<(), HandlerError> + Send + Sync + 'static,
 ) -> Arc<SubscriptionShell> {
-    Arc::new(SubscriptionShell::new(
-        SubscriptionId(1),
-        Pattern::new("t").expect("a valid pattern"),
-        options,
-        HandlerKind::Sync(Arc::new(handler_fn(handler))),
-        Arc::new(SystemClock),
-        Arc::new(|_: &str, _: &DeadLetter, _: &str| false),
-    ))
+    super::shell::detached(options, handler)
 }
 
 /// Events counted by a model, which waits for a count: if a wake-up is lost elsewhere the

@@ -98,6 +98,14 @@ pub(crate) trait Wake: Send + Sync {
 /// name)`, true when published. Injected by the broker, so the shell does not know it.
 pub(crate) type DeadLetterSink = Arc<dyn Fn(&str, &DeadLetter, &str) -> bool + Send + Sync>;
 
+/// What every subscription of one broker shares: its clock and where dead letters are
+/// forwarded (called only for a subscription with a dead-letter topic). One allocation per
+/// broker instead of two fat pointers in every subscription.
+pub(crate) struct ShellEnv {
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) dead_letter_sink: DeadLetterSink,
+}
+
 /// What offering one durable stream message did (see
 /// [`SubscriptionShell::offer_from_stream`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -163,19 +171,38 @@ pub(crate) struct SubscriptionShell {
     /// The header filter and predicate, boxed together: most subscriptions have neither,
     /// and then pay 8 bytes and one check per offer.
     filters: Option<Box<Filters>>,
-    pub(crate) clock: Arc<dyn Clock>,
+    /// The broker's clock and dead-letter sink, shared by its subscriptions.
+    env: Arc<ShellEnv>,
     waker: OnceLock<Arc<dyn Wake>>,
     /// Offers may take the ingress (see `super::ingress`).
     fast: bool,
     /// Publishers blocked under `Overflow::Block` wait here for room.
     space: Condvar,
-    dead_letter_sink: DeadLetterSink,
     /// What never changes after subscribe (overflow policy, dead-letter topic, the options
     /// summary for the snapshot, R-OPS-1): shared with its core and with every
     /// subscription of equal options.
     pub(crate) settings: Arc<Settings>,
     /// Its handler-duration series (R-OPS-2), labels built once; empty without `metrics`.
     pub(crate) process_metric: ProcessMetric,
+}
+
+/// A subscription shell on the system clock, attached to no broker or driver, whose dead
+/// letters are forwarded nowhere: for the drivers' unit tests and the loom models.
+#[cfg(test)]
+pub(crate) fn detached(
+    options: &SubscribeOptions,
+    handler: impl Fn(&Message) -> Result<(), HandlerError> + Send + Sync + 'static,
+) -> Arc<SubscriptionShell> {
+    Arc::new(SubscriptionShell::new(
+        SubscriptionId(1),
+        Pattern::new("t").expect("a valid pattern"),
+        options,
+        HandlerKind::Sync(Arc::new(crate::handler::handler_fn(handler))),
+        Arc::new(ShellEnv {
+            clock: Arc::new(crate::clock::SystemClock),
+            dead_letter_sink: Arc::new(|_: &str, _: &DeadLetter, _: &str| false),
+        }),
+    ))
 }
 
 /// The subscription's lock, held by a driver's dispatcher slot. Every core step taken
@@ -269,7 +296,7 @@ impl<'a> Locked<'a> {
             self.unlocked(|| ());
             return;
         }
-        let clock = self.shell.clock.clone();
+        let clock = self.shell.env.clock.clone();
         wait_until(clock.as_ref(), cv, self.guard(), deadline);
     }
 }
@@ -290,8 +317,7 @@ impl SubscriptionShell {
         pattern: Pattern,
         options: &SubscribeOptions,
         handler: HandlerKind,
-        clock: Arc<dyn Clock>,
-        dead_letter_sink: DeadLetterSink,
+        env: Arc<ShellEnv>,
     ) -> Self {
         let settings = Settings::shared(options);
         let core = Core::new(settings.clone());
@@ -318,10 +344,9 @@ impl SubscriptionShell {
             core: Box::new(Mutex::new(core)),
             handler,
             filters: Filters::of(options),
-            clock,
+            env,
             waker: OnceLock::new(),
             space: Condvar::new(),
-            dead_letter_sink,
             settings,
         }
     }
@@ -360,8 +385,14 @@ impl SubscriptionShell {
         let _ = self.waker.set(waker);
     }
 
+    /// The broker's clock (the tokio driver asks it how long to wait).
+    #[cfg(feature = "tokio")]
+    pub(crate) fn clock(&self) -> &Arc<dyn Clock> {
+        &self.env.clock
+    }
+
     pub(crate) fn now(&self) -> Now<'_> {
-        Now::new(self.clock.as_ref())
+        Now::new(self.env.clock.as_ref())
     }
 
     /// Offer a message (R-CORE-2: runs filters on the caller's thread, holds only this
@@ -536,7 +567,7 @@ impl SubscriptionShell {
         let deadline = deadline_after(self.now().mono(), timeout);
         core.set_blocked(true);
         let outcome = loop {
-            let timed_out = wait_until(self.clock.as_ref(), &self.space, core, deadline);
+            let timed_out = wait_until(self.env.clock.as_ref(), &self.space, core, deadline);
             self.move_ingress_in(core, true);
             let now = self.now();
             let in_time = !timed_out && deadline.is_none_or(|d| now.mono() < d);
@@ -631,7 +662,7 @@ impl SubscriptionShell {
 
     /// Counters and gauges now (R-DEL-6, R-BP-3).
     pub(crate) fn stats(&self) -> SubscriptionStats {
-        let now = self.clock.now();
+        let now = self.env.clock.now();
         self.core_synced().stats(now)
     }
 
@@ -771,7 +802,7 @@ impl SubscriptionShell {
             if e.message.header(DLQ_REASON_HEADER).is_some() {
                 continue;
             }
-            if !(self.dead_letter_sink)(topic, &e, &self.name) {
+            if !(self.env.dead_letter_sink)(topic, &e, &self.name) {
                 failed += 1;
             }
         }
