@@ -214,6 +214,8 @@ pub(crate) struct Now<'a> {
     clock: &'a dyn Clock,
     mono: Cell<Option<Instant>>,
     wall: Cell<Option<SystemTime>>,
+    /// `mono` as a queue stamp: converted once for all the subscriptions a publish reaches.
+    stamp: Cell<Option<MonoStamp>>,
 }
 
 impl<'a> Now<'a> {
@@ -222,7 +224,18 @@ impl<'a> Now<'a> {
             clock,
             mono: Cell::new(None),
             wall: Cell::new(None),
+            stamp: Cell::new(None),
         }
+    }
+
+    /// [`mono`](Self::mono) as a [`MonoStamp`], converted on first use.
+    pub(crate) fn stamp(&self) -> MonoStamp {
+        if let Some(s) = self.stamp.get() {
+            return s;
+        }
+        let s = MonoStamp::of(self.mono());
+        self.stamp.set(Some(s));
+        s
     }
 
     pub(crate) fn mono(&self) -> Instant {

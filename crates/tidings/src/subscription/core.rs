@@ -20,7 +20,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::clock::{MonoStamp, Now, deadline_after};
+use crate::clock::{Now, deadline_after};
 use crate::dlq::DeadLetterReason;
 use crate::handler::{HandlerError, panic_text};
 use crate::message::Message;
@@ -260,7 +260,7 @@ impl Core {
         self.queued += 1;
         let item = Queued {
             message: message.clone(),
-            enqueued: MonoStamp::of(now.mono()),
+            enqueued: now.stamp(),
         };
         let target = match &mut self.flavor {
             Flavor::Lanes(l) => Some(l.push(item)),

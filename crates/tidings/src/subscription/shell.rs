@@ -17,7 +17,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
-use crate::clock::{Clock, MonoStamp, Now, deadline_after};
+use crate::clock::{Clock, Now, deadline_after};
 use crate::dlq::{DeadLetter, DeadLetterQueue};
 use crate::filter::HeaderFilter;
 use crate::handler::{Handler, HandlerError, invoke, panic_text};
@@ -436,7 +436,7 @@ impl SubscriptionShell {
         if self.fast && message.priority() == Priority::Normal {
             let item = Queued {
                 message: message.clone(),
-                enqueued: MonoStamp::of(now.mono()),
+                enqueued: now.stamp(),
             };
             if let Some(wake) = self.ingress.offer(item) {
                 if wake {
