@@ -8,7 +8,9 @@
 //! (`fdatasync`) and publishes `durable = end` — covering every record written before it started,
 //! including those of threads now waiting. Callers whose target is not yet covered wait on a
 //! condition variable and re-check; one of them leads the next round. Sealed segments were synced
-//! when they were rolled, so syncing the active segment is enough. Before capturing `end`, a
+//! when they were rolled, so syncing the active segment is enough — once it is published: a
+//! leader that finds the active segment's [asynchronous seal](crate::writeback#asynchronous-seal)
+//! still running waits for it first. Before capturing `end`, a
 //! leader yields while other appenders are in the middle of writing (at most 200 µs, not at all
 //! for a lone appender) so that their records join the batch.
 //!
@@ -121,13 +123,16 @@ fn sync_once(sh: &Shared) -> Result<u64, AppendError> {
             std::thread::yield_now();
         }
     }
-    let (end, file, path) = {
+    let (end, seg) = {
         let mut w = sh.writer.lock();
         w.flush(sh)?;
-        (w.next, w.active.file.clone(), w.active.path.clone())
+        (w.next, w.active.clone())
     };
-    file.sync_data()
-        .map_err(|e| sh.commit.poison_with(&path, e))?;
+    // Records of a segment whose seal is still running are durable only once it is published.
+    crate::writeback::wait_published(sh, &seg)?;
+    seg.file
+        .sync_data()
+        .map_err(|e| sh.commit.poison_with(&seg.path, e))?;
     Ok(end)
 }
 

@@ -119,7 +119,13 @@
 //!   written before it started).
 //! * Rolling: flush, `fdatasync` the old segment (under every policy, so sealed segments are
 //!   always complete on disk), write its index files, create the new segment, write and
-//!   `fdatasync` its header, fsync the directory, then append into it.
+//!   `fdatasync` its header, fsync the directory, then append into it. Under `Never` and
+//!   `Interval` the roll is *asynchronous*: the new segment is created as `<name>.seg.tmp` and
+//!   appended into at once, and the background thread does those steps, then renames it to its
+//!   name and fsyncs the directory; until then nothing in it counts as durable, and the next
+//!   roll waits for it. The name `k+1.seg` still exists only once segment `k` and the new
+//!   header are synced, so recovery is unchanged (a crash before leaves a `*.tmp` file, removed
+//!   on open).
 //! * Writeback (`Never` and `Interval`): every `segment_bytes / 8` bytes (at most 8 MiB) handed
 //!   to the storage, a background thread `fdatasync`s the active segment and raises the durable
 //!   offset to the records written before it started; a failure poisons the writer. It only

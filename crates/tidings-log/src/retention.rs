@@ -9,7 +9,9 @@
 //! # Rules
 //!
 //! Only sealed segments are removed, always a prefix (oldest first, so offsets stay contiguous),
-//! never the active segment. A segment is removed while either
+//! never the active segment, nor the segment whose [seal](crate::writeback#asynchronous-seal)
+//! is still pending (the next one is not on disk under its name yet). A segment is removed while
+//! either
 //! * the total size of all segments (active included) exceeds `max_bytes`, or
 //! * its newest record is older than `max_age`: `max_timestamp + max_age < now_ms` (a sealed
 //!   segment without records counts as expired).
@@ -86,7 +88,10 @@ pub(crate) fn apply(sh: &Shared, now_ms: u64) -> Result<RetentionReport, Retenti
         let mut segs = sh.segments.write();
         let mut total: u64 = segs.iter().map(|s| s.size()).sum();
         let mut k = 0;
-        while k + 1 < segs.len() {
+        // Never a segment whose successor is not published yet (its seal is pending): it is
+        // the last segment on disk, and removing it would leave a directory without the
+        // offsets after it.
+        while k + 1 < segs.len() && segs[k + 1].is_published() {
             let s = &segs[k];
             let by_size = policy.max_bytes.is_some_and(|m| total > m);
             let by_age = max_age_ms

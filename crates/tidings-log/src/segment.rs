@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use parking_lot::RwLock;
 
@@ -151,6 +151,8 @@ pub(crate) fn is_interrupted_roll(content: &[u8], base: u64) -> bool {
 #[derive(Debug)]
 pub(crate) struct Segment {
     pub(crate) base: u64,
+    /// The segment's name. A segment started by an asynchronous roll is written under
+    /// [`pending_path`] until its predecessor's seal publishes it (see [`crate::writeback`]).
     pub(crate) path: PathBuf,
     pub(crate) file: Arc<dyn StorageFile>,
     pub(crate) index: RwLock<SegmentIndex>,
@@ -162,6 +164,19 @@ pub(crate) struct Segment {
     pub(crate) flushed: AtomicU64,
     /// Largest timestamp of the segment's records (meaningless while it has none).
     pub(crate) max_ts: AtomicU64,
+    /// Whether the file is under its name `path`, durably (the directory was synced since).
+    /// Only then can a sync of the file make its records durable. False only for the segment
+    /// an asynchronous roll started, until the seal of the segment before it publishes it.
+    pub(crate) published: AtomicBool,
+}
+
+/// The name an unpublished segment is written under: `<name>.seg.tmp`, a temporary file that
+/// recovery removes, so a crash before the publication leaves the directory as it was before
+/// the roll.
+pub(crate) fn pending_path(path: &Path) -> PathBuf {
+    let mut p = path.as_os_str().to_owned();
+    p.push(".tmp");
+    PathBuf::from(p)
 }
 
 impl Segment {
@@ -183,7 +198,28 @@ impl Segment {
             size: AtomicU64::new(size),
             flushed: AtomicU64::new(size),
             max_ts: AtomicU64::new(max_ts),
+            published: AtomicBool::new(true),
         }
+    }
+
+    /// An empty segment whose file (at [`pending_path`]) holds only the header, not yet
+    /// published.
+    pub(crate) fn unpublished(base: u64, path: PathBuf, file: Arc<dyn StorageFile>) -> Self {
+        let seg = Self::new(
+            base,
+            path,
+            file,
+            SegmentIndex::default(),
+            base,
+            HEADER_LEN,
+            0,
+        );
+        seg.published.store(false, Ordering::Release);
+        seg
+    }
+
+    pub(crate) fn is_published(&self) -> bool {
+        self.published.load(Ordering::Acquire)
     }
 
     pub(crate) fn end(&self) -> u64 {

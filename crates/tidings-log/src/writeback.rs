@@ -1,4 +1,5 @@
-//! Background writeback of the active segment under [`Fsync::Never`] and [`Fsync::Interval`].
+//! Background writeback of the active segment, and asynchronous seals, under [`Fsync::Never`]
+//! and [`Fsync::Interval`].
 //!
 //! # Why
 //!
@@ -19,17 +20,61 @@
 //! roll). A sync that fails poisons the writer, exactly like a failed group commit: the kernel
 //! may have dropped the dirty pages, so no later sync may claim them.
 //!
+//! # Asynchronous seal
+//!
+//! Writeback alone still leaves the append that rolls waiting for the old segment's last dirty
+//! step, its index files, the new segment's creation and three syncs. Under `Never` and
+//! `Interval` the roll hands all of that to this thread instead:
+//!
+//! 1. The writer (under its lock) flushes the old segment `k`, creates the new segment `k+1`
+//!    under a temporary name (`<name>.seg.tmp`, see [`pending_path`]) with its header, not
+//!    synced, makes it the active segment (readers see it at once, as after any roll) and queues
+//!    the seal. Appends go on into the temporary file.
+//! 2. This thread, before any other request: `fdatasync` of `k` (then everything below `k`'s
+//!    end is durable and is marked so); `k`'s index files (best effort, as before); `fdatasync`
+//!    of `k+1` (its header and whatever was appended so far); `rename` to its real name;
+//!    `fsync` of the directory. Only then is `k+1` *published*.
+//!
+//! So the rule recovery relies on — *segment k+1 exists ⇒ segment k is synced*, and a segment
+//! file that exists starts with a durable header — holds exactly as with the synchronous roll:
+//! the name `k+1.seg` appears only after both syncs. A crash before it leaves a `*.tmp` file,
+//! which recovery removes (with it the records appended since the roll, none of which was
+//! reported durable), and `k` as the last segment, complete on disk. Recovery is unchanged.
+//!
+//! * **Durability.** A sync of an unpublished file proves nothing (its name may not survive):
+//!   [`wait_published`] holds every sync that must make `k+1`'s records durable (group commit,
+//!   so [`Log::sync`], close and the `Interval` flusher) until the seal is done, and the
+//!   writeback below raises the durable offset only for a published segment. `Fsync::Always`
+//!   rolls synchronously as before (each of its appends syncs anyway, so the old segment has
+//!   nothing dirty left at a roll).
+//! * **Back-pressure.** At most one seal is pending: a segment is rolled only once it is
+//!   published, so the append that fills `k+1` waits for `k`'s seal. The records written meanwhile
+//!   sit in the temporary file (the page cache), not in memory: the writer's memory stays bounded
+//!   by its write buffer, and the unpublished data by one segment.
+//! * **Failure.** A failed step poisons the writer, like a failed writeback: the next append,
+//!   sync or close returns [`AppendError::Poisoned`], and waiters for the seal are woken with it.
+//! * **Close.** Stopping this thread finishes a queued seal first (only plain writeback requests
+//!   are dropped), so a clean close always leaves the segment published.
+//!
+//! [`pending_path`]: crate::segment::pending_path
+//! [`Log::sync`]: crate::Log::sync
+//! [`AppendError::Poisoned`]: crate::AppendError::Poisoned
 //! [`Fsync::Never`]: crate::Fsync::Never
 //! [`Fsync::Interval`]: crate::Fsync::Interval
 //! [`Log::durable_offset`]: crate::Log::durable_offset
 
+use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::thread::JoinHandle;
 
 use parking_lot::{Condvar, Mutex};
 
 use crate::config::LogConfig;
+use crate::error::AppendError;
+use crate::index::SealedInfo;
 use crate::log::Shared;
+use crate::recovery::write_index_files;
 use crate::segment::Segment;
 
 /// Largest writeback step: the most a roll's sync has to write when the disk keeps up.
@@ -42,18 +87,34 @@ pub(crate) fn threshold(config: &LogConfig) -> u64 {
     (config.segment_bytes / 8).clamp(1, MAX_STEP)
 }
 
-/// The request slot shared by the writer (which fills it) and the thread (which empties it).
+/// The request slots shared by the writer (which fills them) and the thread (which empties
+/// them).
 #[derive(Debug, Default)]
 pub(crate) struct Requests {
     slot: Mutex<Slot>,
+    /// Wakes the thread.
     cv: Condvar,
+    /// Wakes [`wait_published`] callers when a seal ends (published or failed).
+    sealed: Condvar,
 }
 
 #[derive(Debug, Default)]
 struct Slot {
     /// The segment to sync and the offset below which every record is in it or before it.
     job: Option<(Arc<Segment>, u64)>,
+    /// The seal queued by a roll, run before any `job`.
+    seal: Option<Seal>,
     stop: bool,
+    /// The thread has ended: no queued seal will run any more.
+    stopped: bool,
+}
+
+/// The old segment `k`, complete in its file, and the unpublished `k+1`.
+#[derive(Debug)]
+struct Seal {
+    old: Arc<Segment>,
+    new: Arc<Segment>,
+    tmp: PathBuf,
 }
 
 impl Requests {
@@ -63,6 +124,38 @@ impl Requests {
         let mut slot = self.slot.lock();
         slot.job = Some((seg.clone(), end));
         self.cv.notify_one();
+    }
+
+    /// Queues the seal of `old` that publishes `new` (written at `tmp`). The caller made sure
+    /// no other seal is pending (`old` is published).
+    pub(crate) fn seal(&self, old: Arc<Segment>, new: Arc<Segment>, tmp: PathBuf) {
+        let mut slot = self.slot.lock();
+        debug_assert!(slot.seal.is_none(), "one seal at a time");
+        slot.seal = Some(Seal { old, new, tmp });
+        self.cv.notify_one();
+    }
+}
+
+/// Returns once `seg` is published (at once for every segment but one whose seal is pending);
+/// [`AppendError::Poisoned`] if the seal failed or the writer was poisoned meanwhile.
+pub(crate) fn wait_published(sh: &Shared, seg: &Segment) -> Result<(), AppendError> {
+    if seg.is_published() {
+        return Ok(());
+    }
+    let reqs = &sh.writeback;
+    let mut slot = reqs.slot.lock();
+    loop {
+        if seg.is_published() {
+            return Ok(());
+        }
+        if sh.commit.is_poisoned() {
+            return Err(AppendError::Poisoned);
+        }
+        if slot.stopped {
+            // Unreachable in practice: the thread runs a queued seal before it stops.
+            return Err(AppendError::Closed);
+        }
+        reqs.sealed.wait(&mut slot);
     }
 }
 
@@ -85,8 +178,8 @@ impl Writeback {
         })
     }
 
-    /// Stops the thread after the sync it is running, if any, and joins it. A request not yet
-    /// started is dropped: close performs its own flush or sync.
+    /// Stops the thread after the sync it is running and the seal queued, if any, and joins it.
+    /// A writeback request not yet started is dropped: close performs its own flush or sync.
     pub(crate) fn stop(&mut self) {
         let reqs = &self.sh.writeback;
         reqs.slot.lock().stop = true;
@@ -97,29 +190,86 @@ impl Writeback {
     }
 }
 
+enum Work {
+    Seal(Seal),
+    Sync(Arc<Segment>, u64),
+}
+
 fn run(sh: &Shared) {
     let reqs = &sh.writeback;
     loop {
-        let (seg, end) = {
+        let work = {
             let mut slot = reqs.slot.lock();
             loop {
+                if let Some(seal) = slot.seal.take() {
+                    break Work::Seal(seal);
+                }
                 if slot.stop {
+                    slot.stopped = true;
+                    reqs.sealed.notify_all();
                     return;
                 }
-                if let Some(job) = slot.job.take() {
-                    break job;
+                if let Some((seg, end)) = slot.job.take() {
+                    break Work::Sync(seg, end);
                 }
                 reqs.cv.wait(&mut slot);
             }
         };
-        if sh.commit.is_poisoned() {
-            continue;
-        }
-        match seg.file.sync_data() {
-            Ok(()) => sh.commit.mark_durable(sh, end),
-            Err(e) => {
-                let _ = sh.commit.poison_with(&seg.path, e);
+        match work {
+            Work::Seal(seal) => {
+                if let Err(e) = run_seal(sh, &seal) {
+                    drop(e); // poisoned: the next append or sync reports it
+                }
+                // Under the lock, so that a waiter cannot miss the wake-up between its check
+                // and its wait.
+                let _slot = reqs.slot.lock();
+                reqs.sealed.notify_all();
+            }
+            Work::Sync(seg, end) => {
+                if sh.commit.is_poisoned() {
+                    continue;
+                }
+                match seg.file.sync_data() {
+                    // Durable only under its real name: an unpublished segment waits for its
+                    // seal (queued before this request, so run before it; this is a safeguard).
+                    Ok(()) if seg.is_published() => sh.commit.mark_durable(sh, end),
+                    Ok(()) => {}
+                    Err(e) => {
+                        let _ = sh.commit.poison_with(&seg.path, e);
+                    }
+                }
             }
         }
     }
+}
+
+/// The seal's steps (see the [module docs](self)); a failure poisons the writer.
+fn run_seal(sh: &Shared, s: &Seal) -> Result<(), AppendError> {
+    if sh.commit.is_poisoned() {
+        return Err(AppendError::Poisoned);
+    }
+    let old = &s.old;
+    old.file
+        .sync_data()
+        .map_err(|e| sh.commit.poison_with(&old.path, e))?;
+    sh.commit.mark_durable(sh, old.end());
+    let info = SealedInfo {
+        covered_len: old.size(),
+        end: old.end(),
+        max_ts: old.max_ts.load(Ordering::Acquire),
+    };
+    // Best effort: index files are checked on load and rebuilt when missing or bad.
+    let _ = write_index_files(&*sh.storage, &sh.dir, old.base, &info, &old.index.read());
+    let new = &s.new;
+    new.file
+        .sync_data()
+        .map_err(|e| sh.commit.poison_with(&s.tmp, e))?;
+    sh.storage
+        .rename(&s.tmp, &new.path)
+        .map_err(|e| sh.commit.poison_with(&new.path, e))?;
+    sh.storage
+        .sync_dir(&sh.dir)
+        .map_err(|e| sh.commit.poison_with(&sh.dir, e))?;
+    new.published.store(true, Ordering::Release);
+    Ok(())
 }

@@ -4,13 +4,20 @@
 //! # Roll
 //!
 //! When the next record would push the active segment past `segment_bytes` (and the segment
-//! already holds a record), the writer: flushes its buffer; syncs the old segment (whatever the
-//! fsync policy, so a sealed segment is always complete on disk; under `Never` and `Interval`
-//! the [writeback](crate::writeback) thread has synced most of it already); writes the old segment's index
-//! files (best effort: they are a checked cache); creates the new segment, writes and syncs its
-//! header; syncs the directory; and only then appends into it. A failure at any step poisons the
-//! writer. After the append that rolled releases the lock, the log applies its retention
-//! policy.
+//! already holds a record), the writer flushes its buffer and, if the active segment is not yet
+//! published (its own roll's seal is still running), waits for that (back-pressure). Then:
+//!
+//! * under `Always`, on the append path: syncs the old segment (so a sealed segment is always
+//!   complete on disk); writes its index files (best effort: they are a checked cache); creates
+//!   the new segment, writes and syncs its header; syncs the directory; and only then appends
+//!   into it;
+//! * under `Never` and `Interval`: creates the new segment under a temporary name with its
+//!   header and appends into it at once, while the [writeback](crate::writeback) thread does the
+//!   same steps (sync, index files, header sync, then rename to the real name and directory
+//!   sync) in the background — the [asynchronous seal](crate::writeback#asynchronous-seal).
+//!
+//! A failure at any step poisons the writer. After the append that rolled releases the lock,
+//! the log applies its retention policy.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -20,7 +27,7 @@ use crate::index::{IndexBuilder, SealedInfo};
 use crate::log::Shared;
 use crate::record::{self, Record};
 use crate::recovery::{create_segment, write_index_files};
-use crate::segment::{HEADER_LEN, Segment};
+use crate::segment::{FileKind, HEADER_LEN, Segment, file_path, header_bytes, pending_path};
 use crate::storage::write_all_at;
 
 /// State owned by whoever holds the writer lock.
@@ -121,9 +128,49 @@ impl Writer {
         }
     }
 
+    /// Starts the next segment; see the [module docs](self).
     fn roll(&mut self, sh: &Shared) -> Result<(), AppendError> {
         self.flush(sh)?;
+        // Back-pressure: the active segment may still be waiting for the seal of the one before
+        // it. Sealing only published segments keeps at most one seal pending.
+        crate::writeback::wait_published(sh, &self.active)?;
         let old = self.active.clone();
+        let seg = if self.writeback_step.is_some() {
+            self.start_unpublished(sh, old)?
+        } else {
+            self.seal_inline(sh, &old)?
+        };
+        sh.segments.write().push(seg.clone());
+        self.active = seg;
+        self.requested = HEADER_LEN;
+        self.builder = IndexBuilder::new(sh.config.index_interval_bytes);
+        self.rolled = true;
+        Ok(())
+    }
+
+    /// The asynchronous roll (`Never`, `Interval`): the next segment under its temporary name,
+    /// header written but not synced; the writeback thread seals `old` and publishes it.
+    fn start_unpublished(
+        &mut self,
+        sh: &Shared,
+        old: Arc<Segment>,
+    ) -> Result<Arc<Segment>, AppendError> {
+        let path = file_path(&sh.dir, self.next, FileKind::Segment);
+        let tmp = pending_path(&path);
+        let file: Arc<dyn crate::storage::StorageFile> = sh
+            .storage
+            .create(&tmp)
+            .map_err(|e| sh.commit.poison_with(&tmp, e))?
+            .into();
+        write_all_at(&*file, &header_bytes(self.next), 0)
+            .map_err(|e| sh.commit.poison_with(&tmp, e))?;
+        let seg = Arc::new(Segment::unpublished(self.next, path, file));
+        sh.writeback.seal(old, seg.clone(), tmp);
+        Ok(seg)
+    }
+
+    /// The synchronous roll (`Always`): seal `old`, create the next segment, sync the directory.
+    fn seal_inline(&mut self, sh: &Shared, old: &Segment) -> Result<Arc<Segment>, AppendError> {
         if let Err(e) = old.file.sync_data() {
             return Err(sh.commit.poison_with(&old.path, e));
         }
@@ -140,7 +187,7 @@ impl Writer {
         if let Err(e) = sh.storage.sync_dir(&sh.dir) {
             return Err(sh.commit.poison_with(&sh.dir, e));
         }
-        let seg = Arc::new(Segment::new(
+        Ok(Arc::new(Segment::new(
             self.next,
             path,
             file,
@@ -148,12 +195,6 @@ impl Writer {
             self.next,
             HEADER_LEN,
             0,
-        ));
-        sh.segments.write().push(seg.clone());
-        self.active = seg;
-        self.requested = HEADER_LEN;
-        self.builder = IndexBuilder::new(sh.config.index_interval_bytes);
-        self.rolled = true;
-        Ok(())
+        )))
     }
 }

@@ -21,8 +21,9 @@ fn build() -> (SimStorage, std::path::PathBuf, Vec<u8>, u64) {
     let (log, _) = sim_open(&sim, config()).unwrap();
     fill(&log, 12);
     loop {
-        let last = sim_segments(&sim).pop().unwrap();
+        // After the sync: until its seal is done, a new last segment is not under its name.
         log.sync().unwrap();
+        let last = sim_segments(&sim).pop().unwrap();
         if frame_bounds(&sim.read_file(&last).unwrap()).len() > 3 {
             break;
         }

@@ -20,7 +20,9 @@
 //! gone, nothing more reaches the "disk"); [`SimStorage::fail_nth`] and
 //! [`SimStorage::fail_from`] inject I/O errors on chosen operation kinds;
 //! [`SimStorage::set_short_writes`] makes `write_at` take a random prefix of its buffer;
-//! [`SimStorage::set_sync_delay`] makes syncs slow (to exercise group commit).
+//! [`SimStorage::set_sync_delay`] makes syncs slow (to exercise group commit);
+//! [`SimStorage::pause_syncs`] holds syncs until [`SimStorage::resume_syncs`] (to freeze a
+//! background sync at a chosen point, deterministically).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io;
@@ -28,7 +30,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 
 use super::{DirEntry, OpenMode, Storage, StorageFile};
 use crate::testing::TestRng;
@@ -76,6 +78,8 @@ pub enum SimOp {
 #[derive(Debug, Clone, Default)]
 pub struct SimStorage {
     state: Arc<Mutex<State>>,
+    /// Signalled when [`SimStorage::resume_syncs`] opens the sync gate.
+    gate: Arc<Condvar>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -114,6 +118,12 @@ struct State {
     fault: Option<Fault>,
     short_writes: Option<TestRng>,
     sync_delay: Option<Duration>,
+    /// `sync_data` calls block while set (see [`SimStorage::pause_syncs`]).
+    pause_files: bool,
+    /// `sync_dir` calls block while set.
+    pause_dirs: bool,
+    /// Syncs blocked at the gate right now.
+    paused: usize,
 }
 
 fn power_gone() -> io::Error {
@@ -159,9 +169,25 @@ impl State {
     }
 }
 
+/// Blocks while the gate for this kind of sync is closed (before the sync counts as an
+/// operation, so faults and crash points apply to it once it goes through).
+fn pass_gate(state: &Mutex<State>, gate: &Condvar, dir: bool) {
+    let mut st = state.lock();
+    let closed = |st: &State| if dir { st.pause_dirs } else { st.pause_files };
+    if !closed(&st) {
+        return;
+    }
+    st.paused += 1;
+    while closed(&st) {
+        gate.wait(&mut st);
+    }
+    st.paused -= 1;
+}
+
 #[derive(Debug)]
 struct SimFile {
     state: Arc<Mutex<State>>,
+    gate: Arc<Condvar>,
     ino: u64,
     generation: u64,
     writable: bool,
@@ -252,6 +278,7 @@ impl StorageFile for SimFile {
     }
 
     fn sync_data(&self) -> io::Result<()> {
+        pass_gate(&self.state, &self.gate, false);
         let delay = self.with(SimOp::Sync, |st, ino| {
             st.syncs += 1;
             let node = inode(st, ino);
@@ -329,6 +356,7 @@ impl Storage for SimStorage {
         };
         Ok(Box::new(SimFile {
             state: self.state.clone(),
+            gate: self.gate.clone(),
             ino,
             generation: st.generation,
             writable: true,
@@ -347,6 +375,7 @@ impl Storage for SimStorage {
             .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no such file"))?;
         Ok(Box::new(SimFile {
             state: self.state.clone(),
+            gate: self.gate.clone(),
             ino,
             generation: st.generation,
             writable: mode == OpenMode::ReadWrite,
@@ -375,6 +404,7 @@ impl Storage for SimStorage {
     }
 
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        pass_gate(&self.state, &self.gate, true);
         let mut st = self.state.lock();
         st.op(SimOp::Sync)?;
         st.dir_syncs += 1;
@@ -439,6 +469,29 @@ impl SimStorage {
         self.state.lock().sync_delay = delay;
     }
 
+    /// From now on, every `sync_data` (with `files`) and every `sync_dir` (with `dirs`) blocks,
+    /// without taking effect, until [`resume_syncs`](Self::resume_syncs). Lets a test hold a
+    /// background sync at a known point; [`paused_syncs`](Self::paused_syncs) tells when one is
+    /// waiting. Resume before dropping anything that waits for those syncs.
+    pub fn pause_syncs(&self, files: bool, dirs: bool) {
+        let mut st = self.state.lock();
+        st.pause_files = files;
+        st.pause_dirs = dirs;
+    }
+
+    /// Opens the gate closed by [`pause_syncs`](Self::pause_syncs): blocked syncs go ahead.
+    pub fn resume_syncs(&self) {
+        let mut st = self.state.lock();
+        st.pause_files = false;
+        st.pause_dirs = false;
+        self.gate.notify_all();
+    }
+
+    /// How many syncs are blocked by [`pause_syncs`](Self::pause_syncs) right now.
+    pub fn paused_syncs(&self) -> usize {
+        self.state.lock().paused
+    }
+
     /// Simulates a power cut and reboot: keeps what `mode` says survives, clears faults and the
     /// crash point, and invalidates every handle opened before.
     pub fn power_cut(&self, mode: CrashMode) {
@@ -501,8 +554,12 @@ impl SimStorage {
         copy.crash_in = None;
         copy.crashed = false;
         copy.fault = None;
+        copy.pause_files = false;
+        copy.pause_dirs = false;
+        copy.paused = 0;
         SimStorage {
             state: Arc::new(Mutex::new(copy)),
+            gate: Arc::default(),
         }
     }
 
