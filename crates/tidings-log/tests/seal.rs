@@ -521,3 +521,39 @@ fn power_cut_at_random_points_with_tiny_segments() {
         reopen_checked(&sim, &cfg, acked, written, &what);
     }
 }
+
+#[test]
+fn process_killed_during_a_pending_seal() {
+    // A kill leaves the page cache: `fork` copies the storage as it stands, with the seal held
+    // at every point it can stop. R-LOG-2: the copy opens to a prefix holding everything reported
+    // durable; a temporary segment left behind is removed and reported, never read as records.
+    for (files, dirs) in [(true, true), (false, true)] {
+        let sim = SimStorage::new();
+        let cfg = tiny(Fsync::Never);
+        let (log, _) = sim_open(&sim, cfg.clone()).unwrap();
+        common::fill(&log, 6);
+        log.sync().unwrap();
+        let _resume = ResumeOnDrop(sim.clone());
+        sim.pause_syncs(files, dirs);
+        let base = append_until_pending_seal(&sim, &log);
+        append_next(&log);
+        eventually("the seal to block", || sim.paused_syncs() > 0);
+        let acked = log.durable_offset();
+        let written = log.next_offset();
+        let killed = sim.fork();
+        let left = tmps(&killed);
+        let (copy, report) = sim_open(&killed, cfg.clone()).unwrap();
+        for t in &left {
+            assert!(report.removed_files.contains(t), "{report}");
+        }
+        let end = copy.end_offset();
+        assert!(end >= acked.max(6), "recovered {end} < durable {acked}");
+        // Held before the rename, the new segment is still temporary: the old one ends the log.
+        // Held at the directory sync, the rename is visible: its records are there too.
+        assert_eq!(end, if files { base } else { written }, "{report}");
+        read_all(&copy).iter().for_each(assert_intact);
+        drop(copy);
+        sim.resume_syncs();
+        log.close().unwrap();
+    }
+}
