@@ -30,12 +30,12 @@ pub const MIN_SEGMENT_BYTES: u64 = 128;
 ///
 /// Under `Interval` and `Never`, records still in the in-process write buffer are lost if the
 /// process is killed; set [`LogConfig::write_buffer_bytes`] to 0 to hand every append to the OS.
-/// So are records appended after a segment roll while that roll's background seal is still
-/// running: they are in the new segment's temporary file, which becomes part of the log only once
-/// the old segment is synced (recovery removes it). That is at most one segment, for as long as
-/// the disk takes to sync what the writeback had not yet synced of the old one.
-/// [`Log::sync`](crate::Log::sync) and [`Log::durable_offset`](crate::Log::durable_offset) take
-/// this into account: nothing they report is lost.
+/// Records appended after a segment roll whose background seal is still running are in the new
+/// segment's temporary file: a process kill keeps them (the next open adopts the file, because
+/// the segment before it is complete in the page cache), a power cut may not (like any unsynced
+/// data). [`Log::sync`](crate::Log::sync) and
+/// [`Log::durable_offset`](crate::Log::durable_offset) count them only once the seal has
+/// published the file: nothing they report is lost.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fsync {
     /// Sync before acknowledging every append (with group commit).

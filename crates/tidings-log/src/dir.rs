@@ -29,6 +29,8 @@ pub(crate) enum BadEntry {
 pub(crate) struct Listing {
     pub(crate) files: BTreeMap<u64, SegFiles>,
     pub(crate) temps: Vec<PathBuf>,
+    /// Segments an asynchronous roll left unpublished (`<base>.seg.tmp`), by base offset.
+    pub(crate) pending: BTreeMap<u64, PathBuf>,
     pub(crate) foreign: Vec<PathBuf>,
     pub(crate) bad: Vec<BadEntry>,
 }
@@ -69,7 +71,12 @@ pub(crate) fn list(storage: &dyn Storage, dir: &Path) -> io::Result<Listing> {
             None => NameKind::Foreign,
         };
         match kind {
-            NameKind::Log(..) | NameKind::Unparseable | NameKind::Temp if !e.is_file => {
+            NameKind::Log(..)
+            | NameKind::Unparseable
+            | NameKind::Temp
+            | NameKind::PendingSegment(_)
+                if !e.is_file =>
+            {
                 out.bad.push(BadEntry::NotAFile(path));
             }
             NameKind::Log(kind, base) => {
@@ -82,6 +89,9 @@ pub(crate) fn list(storage: &dyn Storage, dir: &Path) -> io::Result<Listing> {
             }
             NameKind::Unparseable => out.bad.push(BadEntry::Unparseable(path)),
             NameKind::Temp => out.temps.push(path),
+            NameKind::PendingSegment(base) => {
+                out.pending.insert(base, path);
+            }
             NameKind::Foreign => out.foreign.push(path),
             NameKind::Lock => {}
         }

@@ -42,7 +42,8 @@
 //! | `BBBBBBBBBBBBBBBBBBBB.seg` | segment: header, then records |
 //! | `BBBBBBBBBBBBBBBBBBBB.idx` | sparse offset index (sealed segments only) |
 //! | `BBBBBBBBBBBBBBBBBBBB.tix` | time index (sealed segments only) |
-//! | `*.tmp` | index file being written; removed on open |
+//! | `BBBBBBBBBBBBBBBBBBBB.seg.tmp` | segment started by an asynchronous roll, not yet published (see the commit rules); adopted or removed on open (see the recovery rules) |
+//! | other `*.tmp` | index file being written; removed on open |
 //! | `LOCK` | empty; an advisory exclusive lock (`File::try_lock`) is held on it from open to close, so a second handle, in this or another process, gets [`OpenError::Locked`] |
 //!
 //! Segments are contiguous: each one's base is the previous one's end offset. The last segment is
@@ -122,10 +123,10 @@
 //!   `fdatasync` its header, fsync the directory, then append into it. Under `Never` and
 //!   `Interval` the roll is *asynchronous*: the new segment is created as `<name>.seg.tmp` and
 //!   appended into at once, and the background thread does those steps, then renames it to its
-//!   name and fsyncs the directory; until then nothing in it counts as durable, and the next
-//!   roll waits for it. The name `k+1.seg` still exists only once segment `k` and the new
-//!   header are synced, so recovery is unchanged (a crash before leaves a `*.tmp` file, removed
-//!   on open).
+//!   name (*publishes* it) and fsyncs the directory; until then nothing in it counts as durable.
+//!   At most 4 rolls wait for their seal; the next waits for the oldest. The name `k+1.seg`
+//!   still exists only once segment `k` and the new header are synced; a crash before leaves
+//!   `k+1.seg.tmp`, which the next open adopts or removes (recovery rule 6).
 //! * Writeback (`Never` and `Interval`): every `segment_bytes / 8` bytes (at most 8 MiB) handed
 //!   to the storage, a background thread `fdatasync`s the active segment and raises the durable
 //!   offset to the records written before it started; a failure poisons the writer. It only
@@ -138,7 +139,8 @@
 //! [`Log::open`] first validates without writing anything, then repairs:
 //!
 //! 1. Names: foreign files are ignored and reported; log extensions with bad names are errors.
-//!    Leftover `*.tmp` files and index files without their segment are removed.
+//!    Leftover `*.tmp` files (other than the unpublished segments of rule 6) and index files
+//!    without their segment are removed.
 //! 2. Interrupted roll: if the last segment's whole content is a prefix of the header it should
 //!    have, or only zeros, it is removed ([`RecoveryReport::removed_incomplete_segment`]).
 //! 3. Headers: every segment header must be valid ([`OpenError::BadHeader`],
@@ -169,7 +171,18 @@
 //!    The scan reads through a bounded window (256 KiB; larger records are checked by streaming
 //!    them), so recovery needs bounded memory whatever the file length, a sparse or zero-filled
 //!    multi-GiB tail included.
-//! 6. Segments must be contiguous ([`OpenError::Gap`]).
+//! 6. Unpublished segments (`<base>.seg.tmp`, left by a crash during an asynchronous roll), in
+//!    offset order: one is *adopted* when the recovered log so far has no torn tail and ends
+//!    exactly at its base — then the segment before it holds every record up to the roll,
+//!    intact, as after a process kill (the page cache survives it) — and its header is intact.
+//!    It is then recovered like a last segment (rule 5, except that damage of any kind is a torn
+//!    tail: nothing in an unpublished segment was ever reported durable), and published as the
+//!    seal would have: the segment before it synced, then its file, then the rename, then the
+//!    directory ([`RecoveryReport::adopted_segments`]). The first that cannot be adopted (after a
+//!    power cut took part of what came before it, or its header) is removed with every later
+//!    one ([`RecoveryReport::removed_files`]). So a process kill loses only the write buffer,
+//!    whether or not a seal was pending.
+//! 7. Segments must be contiguous ([`OpenError::Gap`]).
 //!
 //! A consequence: damage to the *last* record of the last segment is indistinguishable from a
 //! torn write and is truncated (and reported); anywhere else it stops the open.

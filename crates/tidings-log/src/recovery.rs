@@ -42,7 +42,12 @@ pub struct RecoveryReport {
     pub removed_incomplete_segment: Option<PathBuf>,
     /// Index files that were missing, stale or invalid and were rebuilt from their segment.
     pub rebuilt_indexes: Vec<PathBuf>,
-    /// Leftover temporary files and index files without a segment, removed.
+    /// Segments an interrupted asynchronous roll left under a temporary name, whose
+    /// predecessor turned out complete: published under their names (in offset order) and
+    /// recovered like the last segment. See [the recovery rules](crate#recovery-rules).
+    pub adopted_segments: Vec<PathBuf>,
+    /// Leftover temporary files (unpublished segments that could not be adopted included) and
+    /// index files without a segment, removed.
     pub removed_files: Vec<PathBuf>,
     /// Files that do not belong to the log (not `*.seg`, `*.idx`, `*.tix`, `*.tmp`), left alone.
     pub ignored_files: Vec<PathBuf>,
@@ -66,6 +71,7 @@ impl RecoveryReport {
     pub fn is_clean(&self) -> bool {
         self.truncated.is_none()
             && self.removed_incomplete_segment.is_none()
+            && self.adopted_segments.is_empty()
             && self.rebuilt_indexes.is_empty()
             && self.removed_files.is_empty()
     }
@@ -97,6 +103,9 @@ impl fmt::Display for RecoveryReport {
         if let Some(p) = &self.removed_incomplete_segment {
             write!(f, "\n  removed incomplete segment {}", p.display())?;
         }
+        for p in &self.adopted_segments {
+            write!(f, "\n  adopted unpublished segment {}", p.display())?;
+        }
         for p in &self.rebuilt_indexes {
             write!(f, "\n  rebuilt index {}", p.display())?;
         }
@@ -126,6 +135,8 @@ struct Loaded {
     size: u64,
     max_ts: u64,
     rebuild_files: bool,
+    /// The temporary name of an adopted unpublished segment, renamed to `path` in phase 2.
+    adopted_from: Option<PathBuf>,
 }
 
 fn io_at(path: &Path) -> impl FnOnce(io::Error) -> OpenError + '_ {
@@ -225,6 +236,7 @@ pub(crate) fn recover(
                 size: len,
                 max_ts: info.max_ts,
                 rebuild_files,
+                adopted_from: None,
             });
             continue;
         }
@@ -264,7 +276,12 @@ pub(crate) fn recover(
             size: sc.valid_len,
             max_ts: sc.max_ts.unwrap_or(0),
             rebuild_files,
+            adopted_from: None,
         });
+    }
+    if incomplete.is_none() && report.truncated.is_none() {
+        builder = adopt_pending(storage, dir, config, &listing, &mut loaded, &mut report)?
+            .unwrap_or(builder);
     }
     for w in loaded.windows(2) {
         if w[0].end != w[1].base {
@@ -278,6 +295,13 @@ pub(crate) fn recover(
 
     // Phase 2: repair.
     let mut leftovers = listing.temps.clone();
+    leftovers.extend(
+        listing
+            .pending
+            .values()
+            .filter(|p| !loaded.iter().any(|l| l.adopted_from.as_ref() == Some(*p)))
+            .cloned(),
+    );
     leftovers.extend(listing.orphans(dir));
     for p in leftovers {
         storage.remove(&p).map_err(io_at(&p))?;
@@ -294,6 +318,20 @@ pub(crate) fn recover(
         // The previous process may have left unsynced data in the page cache: sync it, so that
         // everything recovered is durable (`durable_offset` starts at the recovered end).
         l.file.sync_data().map_err(io_at(&l.path))?;
+    }
+    // Publish adopted segments as the seal would have: the segment before each one synced,
+    // then its own file, then its name (made durable by the directory sync below). A crash
+    // in between leaves what an interrupted seal leaves, and the next open decides again.
+    for i in 1..loaded.len() {
+        let Some(tmp) = &loaded[i].adopted_from else {
+            continue;
+        };
+        let prev = &loaded[i - 1];
+        prev.file.sync_data().map_err(io_at(&prev.path))?;
+        let l = &loaded[i];
+        l.file.sync_data().map_err(io_at(tmp))?;
+        storage.rename(tmp, &l.path).map_err(io_at(&l.path))?;
+        report.adopted_segments.push(l.path.clone());
     }
     for l in loaded.iter().filter(|l| l.rebuild_files) {
         let info = SealedInfo {
@@ -319,6 +357,7 @@ pub(crate) fn recover(
             size: HEADER_LEN,
             max_ts: 0,
             rebuild_files: false,
+            adopted_from: None,
         });
     }
     // Always, even with nothing repaired: names the previous process created may be unsynced.
@@ -339,6 +378,77 @@ pub(crate) fn recover(
         builder,
         report,
     })
+}
+
+/// Phase 1 (read-only) for the segments an interrupted asynchronous roll left unpublished
+/// (`<base>.seg.tmp`): takes them into `loaded`, in offset order, while each one starts exactly
+/// where the recovered log ends (so the segment before it is complete: every record up to the
+/// roll is there and intact, as after a process kill, whose page cache survives) and has an
+/// intact header. The first that does not is dropped with every later one (a power cut took
+/// part of what came before it, or its header). An adopted segment is recovered like a last
+/// segment, except that damage of any kind is a torn tail: nothing in it was ever reported
+/// durable. Returns the index builder of the new last segment, if any was adopted.
+fn adopt_pending(
+    storage: &dyn Storage,
+    dir: &Path,
+    config: &LogConfig,
+    listing: &dir::Listing,
+    loaded: &mut Vec<Loaded>,
+    report: &mut RecoveryReport,
+) -> Result<Option<IndexBuilder>, OpenError> {
+    let mut builder = None;
+    for (&base, tmp) in &listing.pending {
+        let Some(prev) = loaded.last() else {
+            break;
+        };
+        if base <= prev.base || base != prev.end || report.truncated.is_some() {
+            break;
+        }
+        let file: Arc<dyn StorageFile> = storage
+            .open(tmp, OpenMode::ReadWrite)
+            .map_err(io_at(tmp))?
+            .into();
+        let len = file.len().map_err(io_at(tmp))?;
+        let head = read_header(&*file, len, tmp)?;
+        if check_header(&head, base).is_err() {
+            break;
+        }
+        let sc = scan(
+            &*file,
+            len,
+            HEADER_LEN,
+            base,
+            config.index_interval_bytes,
+            &mut |_| true,
+        )
+        .map_err(io_at(tmp))?;
+        let path = file_path(dir, base, FileKind::Segment);
+        if let Some(d) = &sc.damage {
+            report.truncated = Some(Truncation {
+                path: path.clone(),
+                byte_offset: d.pos,
+                bytes_dropped: len - d.pos,
+                reason: d.reason,
+            });
+        }
+        // The segment before it is sealed now: its index files are written in phase 2.
+        if let Some(prev) = loaded.last_mut() {
+            prev.rebuild_files = true;
+        }
+        builder = Some(sc.builder);
+        loaded.push(Loaded {
+            base,
+            path,
+            file,
+            index: sc.index,
+            end: sc.end,
+            size: sc.valid_len,
+            max_ts: sc.max_ts.unwrap_or(0),
+            rebuild_files: false,
+            adopted_from: Some(tmp.clone()),
+        });
+    }
+    Ok(builder)
 }
 
 /// Loads both index files of a sealed segment; `None` if anything is missing or fails a check,

@@ -50,7 +50,10 @@ pub(crate) enum NameKind {
     Log(FileKind, u64),
     /// A log extension with an unparseable stem.
     Unparseable,
-    /// A leftover temporary file (`*.tmp`).
+    /// A segment an asynchronous roll started and whose predecessor's seal had not published
+    /// yet (`<base>.seg.tmp`, see [`pending_path`]).
+    PendingSegment(u64),
+    /// A leftover temporary file (any other `*.tmp`).
     Temp,
     /// The directory's lock file.
     Lock,
@@ -59,8 +62,11 @@ pub(crate) enum NameKind {
 }
 
 pub(crate) fn classify(name: &str) -> NameKind {
-    if name.ends_with(".tmp") {
-        return NameKind::Temp;
+    if let Some(stem) = name.strip_suffix(".tmp") {
+        return match classify(stem) {
+            NameKind::Log(FileKind::Segment, base) => NameKind::PendingSegment(base),
+            _ => NameKind::Temp,
+        };
     }
     if name == crate::storage::LOCK_FILE {
         return NameKind::Lock;
@@ -170,9 +176,9 @@ pub(crate) struct Segment {
     pub(crate) published: AtomicBool,
 }
 
-/// The name an unpublished segment is written under: `<name>.seg.tmp`, a temporary file that
-/// recovery removes, so a crash before the publication leaves the directory as it was before
-/// the roll.
+/// The name an unpublished segment is written under: `<name>.seg.tmp`. Recovery adopts it only
+/// when the segment before it is complete, and removes it otherwise, so a crash before the
+/// publication never leaves a gap or a segment after a torn one.
 pub(crate) fn pending_path(path: &Path) -> PathBuf {
     let mut p = path.as_os_str().to_owned();
     p.push(".tmp");
@@ -251,6 +257,12 @@ mod tests {
         assert_eq!(classify("9999999999999999999x.idx"), NameKind::Unparseable);
         assert_eq!(classify("99999999999999999999.seg"), NameKind::Unparseable); // > u64::MAX
         assert_eq!(classify("00000000000000000042.idx.tmp"), NameKind::Temp);
+        assert_eq!(
+            classify("00000000000000000042.seg.tmp"),
+            NameKind::PendingSegment(42)
+        );
+        assert_eq!(classify("42.seg.tmp"), NameKind::Temp);
+        assert_eq!(classify("00000000000000000042.seg.tmp.tmp"), NameKind::Temp);
         assert_eq!(classify("README"), NameKind::Foreign);
         assert_eq!(classify("notes.txt"), NameKind::Foreign);
     }

@@ -30,16 +30,18 @@
 //!    under a temporary name (`<name>.seg.tmp`, see [`pending_path`]) with its header, not
 //!    synced, makes it the active segment (readers see it at once, as after any roll) and queues
 //!    the seal. Appends go on into the temporary file.
-//! 2. This thread, before any other request: `fdatasync` of `k` (then everything below `k`'s
+//! 2. This thread, before any other request and in roll order: `fdatasync` of `k` (then everything below `k`'s
 //!    end is durable and is marked so); `k`'s index files (best effort, as before); `fdatasync`
 //!    of `k+1` (its header and whatever was appended so far); `rename` to its real name;
 //!    `fsync` of the directory. Only then is `k+1` *published*.
 //!
 //! So the rule recovery relies on — *segment k+1 exists ⇒ segment k is synced*, and a segment
 //! file that exists starts with a durable header — holds exactly as with the synchronous roll:
-//! the name `k+1.seg` appears only after both syncs. A crash before it leaves a `*.tmp` file,
-//! which recovery removes (with it the records appended since the roll, none of which was
-//! reported durable), and `k` as the last segment, complete on disk. Recovery is unchanged.
+//! the name `k+1.seg` appears only after both syncs. A crash before it leaves `k+1.seg.tmp` and
+//! `k` as the last segment. Recovery adopts the temporary file when `k` turns out complete (a
+//! process kill: the page cache survives, so nothing but the write buffer is lost) and removes
+//! it otherwise (a power cut took part of `k`: then the records after the cut, none of which
+//! was reported durable, go with it); see [the recovery rules](crate#recovery-rules).
 //!
 //! * **Durability.** A sync of an unpublished file proves nothing (its name may not survive):
 //!   [`wait_published`] holds every sync that must make `k+1`'s records durable (group commit,
@@ -47,14 +49,14 @@
 //!   writeback below raises the durable offset only for a published segment. `Fsync::Always`
 //!   rolls synchronously as before (each of its appends syncs anyway, so the old segment has
 //!   nothing dirty left at a roll).
-//! * **Back-pressure.** At most one seal is pending: a segment is rolled only once it is
-//!   published, so the append that fills `k+1` waits for `k`'s seal. The records written meanwhile
-//!   sit in the temporary file (the page cache), not in memory: the writer's memory stays bounded
-//!   by its write buffer, and the unpublished data by one segment.
+//! * **Back-pressure.** At most [`MAX_PENDING_SEALS`] seals are pending: the roll that would
+//!   start one more waits until the oldest is done. The records written meanwhile sit in the
+//!   temporary files (the page cache), not in memory: the writer's memory stays bounded by its
+//!   write buffer, and the unpublished data by that many segments.
 //! * **Failure.** A failed step poisons the writer, like a failed writeback: the next append,
 //!   sync or close returns [`AppendError::Poisoned`], and waiters for the seal are woken with it.
-//! * **Close.** Stopping this thread finishes a queued seal first (only plain writeback requests
-//!   are dropped), so a clean close always leaves the segment published.
+//! * **Close.** Stopping this thread finishes the queued seals first (only plain writeback
+//!   requests are dropped), so a clean close always leaves every segment published.
 //!
 //! [`pending_path`]: crate::segment::pending_path
 //! [`Log::sync`]: crate::Log::sync
@@ -63,6 +65,7 @@
 //! [`Fsync::Interval`]: crate::Fsync::Interval
 //! [`Log::durable_offset`]: crate::Log::durable_offset
 
+use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -76,6 +79,12 @@ use crate::index::SealedInfo;
 use crate::log::Shared;
 use crate::recovery::write_index_files;
 use crate::segment::Segment;
+
+/// How many rolls may wait for their seal at once. The append that would start one more waits
+/// for the oldest (back-pressure); the unpublished data is then at most this many segments, in
+/// the page cache, not in memory. More than one lets a burst of rolls (small segments, a disk
+/// slower than the appender for a moment) go on appending while the seals catch up.
+pub(crate) const MAX_PENDING_SEALS: usize = 4;
 
 /// Largest writeback step: the most a roll's sync has to write when the disk keeps up.
 const MAX_STEP: u64 = 8 << 20;
@@ -102,8 +111,8 @@ pub(crate) struct Requests {
 struct Slot {
     /// The segment to sync and the offset below which every record is in it or before it.
     job: Option<(Arc<Segment>, u64)>,
-    /// The seal queued by a roll, run before any `job`.
-    seal: Option<Seal>,
+    /// The seals queued by rolls, oldest first, run before any `job`.
+    seals: VecDeque<Seal>,
     stop: bool,
     /// The thread has ended: no queued seal will run any more.
     stopped: bool,
@@ -126,12 +135,16 @@ impl Requests {
         self.cv.notify_one();
     }
 
-    /// Queues the seal of `old` that publishes `new` (written at `tmp`). The caller made sure
-    /// no other seal is pending (`old` is published).
+    /// Queues the seal of `old` that publishes `new` (written at `tmp`), after those queued
+    /// before (each publishes the segment the next one seals). The caller bounds how many are
+    /// pending ([`MAX_PENDING_SEALS`]).
     pub(crate) fn seal(&self, old: Arc<Segment>, new: Arc<Segment>, tmp: PathBuf) {
         let mut slot = self.slot.lock();
-        debug_assert!(slot.seal.is_none(), "one seal at a time");
-        slot.seal = Some(Seal { old, new, tmp });
+        debug_assert!(
+            slot.seals.len() < MAX_PENDING_SEALS,
+            "too many seals pending"
+        );
+        slot.seals.push_back(Seal { old, new, tmp });
         self.cv.notify_one();
     }
 }
@@ -201,7 +214,7 @@ fn run(sh: &Shared) {
         let work = {
             let mut slot = reqs.slot.lock();
             loop {
-                if let Some(seal) = slot.seal.take() {
+                if let Some(seal) = slot.seals.pop_front() {
                     break Work::Seal(seal);
                 }
                 if slot.stop {

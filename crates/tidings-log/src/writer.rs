@@ -131,9 +131,18 @@ impl Writer {
     /// Starts the next segment; see the [module docs](self).
     fn roll(&mut self, sh: &Shared) -> Result<(), AppendError> {
         self.flush(sh)?;
-        // Back-pressure: the active segment may still be waiting for the seal of the one before
-        // it. Sealing only published segments keeps at most one seal pending.
-        crate::writeback::wait_published(sh, &self.active)?;
+        // Back-pressure: the segments started by the last rolls may still wait for their seals.
+        // Starting one more only once the oldest of those is published keeps at most
+        // `MAX_PENDING_SEALS` pending.
+        let oldest = {
+            let segs = sh.segments.read();
+            segs.len()
+                .checked_sub(crate::writeback::MAX_PENDING_SEALS)
+                .map(|i| segs[i].clone())
+        };
+        if let Some(seg) = oldest {
+            crate::writeback::wait_published(sh, &seg)?;
+        }
         let old = self.active.clone();
         let seg = if self.writeback_step.is_some() {
             self.start_unpublished(sh, old)?

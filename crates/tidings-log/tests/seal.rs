@@ -1,11 +1,12 @@
 //! The asynchronous seal under `Never` and `Interval`: a roll starts the next segment under a
 //! temporary name and a background thread syncs the old one, then publishes the new one. These
 //! tests freeze that thread at chosen points (`SimStorage::pause_syncs`) and check that nothing
-//! weakens: the new name appears only after the old segment is synced (R-LOG-2), a crash during a
-//! pending seal recovers a prefix holding everything reported durable (R-LOG-2), `sync` and close
-//! wait for the seal (R-LOG-2), a second roll waits (bounded back-pressure), a failed seal poisons
-//! the writer (R-LOG-2: nothing claims durability it does not have), retention never removes the
-//! last published segment (R-LOG-1), and readers see every record in order throughout (R-LOG-4).
+//! weakens: the new name appears only after the old segment is synced (R-LOG-2), a power cut
+//! during a pending seal recovers a prefix holding everything reported durable (R-LOG-2), a
+//! process kill loses nothing (R-LOG-2), `sync` and close wait for the seal (R-LOG-2), rolls wait
+//! once four seals are pending (bounded back-pressure), a failed seal poisons the writer
+//! (R-LOG-2: nothing claims durability it does not have), retention never removes the last
+//! published segment (R-LOG-1), and readers see every record in order throughout (R-LOG-4).
 
 mod common;
 
@@ -252,8 +253,11 @@ fn sync_waits_for_the_pending_seal() {
     assert_eq!(end, written);
 }
 
+/// How many rolls may wait for their seal at once (`writeback::MAX_PENDING_SEALS`).
+const MAX_PENDING_SEALS: usize = 4;
+
 #[test]
-fn a_second_roll_waits_for_the_pending_seal() {
+fn rolls_wait_once_the_most_seals_are_pending() {
     let sim = SimStorage::new();
     let cfg = tiny(Fsync::Never);
     let (log, _) = sim_open(&sim, cfg.clone()).unwrap();
@@ -261,7 +265,7 @@ fn a_second_roll_waits_for_the_pending_seal() {
     let _resume = ResumeOnDrop(sim.clone());
     sim.pause_syncs(true, true);
     let base = append_until_pending_seal(&sim, &log);
-    const MORE: u64 = 30; // several segments' worth
+    const MORE: u64 = 300; // many segments' worth
     let done = Arc::new(AtomicU64::new(0));
     let appender = {
         let (log, done) = (log.clone(), done.clone());
@@ -272,22 +276,36 @@ fn a_second_roll_waits_for_the_pending_seal() {
             }
         })
     };
+    eventually("the appender to roll as far as it may", || {
+        tmps(&sim).len() == MAX_PENDING_SEALS
+    });
     std::thread::sleep(GRACE);
-    // Back-pressure: the append that fills the unpublished segment waits for its seal; there
-    // is never more than one unpublished segment.
-    assert!(!appender.is_finished(), "appends went past a pending seal");
-    assert_eq!(tmps(&sim).len(), 1);
+    // Back-pressure: the append that would start one more unpublished segment waits for the
+    // oldest seal; there are never more than `MAX_PENDING_SEALS`.
+    assert!(
+        !appender.is_finished(),
+        "appends went past the pending seals"
+    );
+    assert_eq!(tmps(&sim).len(), MAX_PENDING_SEALS);
     assert_eq!(segs(&sim).len(), 1);
     let held = done.load(Ordering::SeqCst);
     assert!(held < MORE);
-    // What waits is in the temporary file (the page cache), not in the writer's memory.
-    let tmp = sim.read_file(&tmps(&sim)[0]).unwrap();
-    assert!(
-        tmp.len() > 32 + held as usize * 20,
-        "records not in the file"
-    );
+    // What waits is in the temporary files (the page cache), not in the writer's memory.
+    let in_files: usize = tmps(&sim)
+        .iter()
+        .map(|t| sim.read_file(t).unwrap().len() - 32)
+        .sum();
+    assert!(in_files > held as usize * 20, "records not in the files");
     // R-LOG-4: the waiting append does not hide the records before it.
     assert_eq!(read_all(&log).len() as u64, base + 1 + held);
+    // R-LOG-2: a process killed now (the page cache survives) loses none of them: every
+    // unpublished segment continues a complete one and is adopted, in order.
+    let killed = sim.fork();
+    let (copy, report) = sim_open(&killed, cfg.clone()).unwrap();
+    assert_eq!(report.adopted_segments.len(), MAX_PENDING_SEALS, "{report}");
+    assert_eq!(copy.end_offset(), base + 1 + held, "{report}");
+    read_all(&copy).iter().for_each(assert_intact);
+    drop(copy);
     sim.resume_syncs();
     appender.join().unwrap();
     assert_eq!(log.next_offset(), base + 1 + MORE);
@@ -525,8 +543,8 @@ fn power_cut_at_random_points_with_tiny_segments() {
 #[test]
 fn process_killed_during_a_pending_seal() {
     // A kill leaves the page cache: `fork` copies the storage as it stands, with the seal held
-    // at every point it can stop. R-LOG-2: the copy opens to a prefix holding everything reported
-    // durable; a temporary segment left behind is removed and reported, never read as records.
+    // at every point it can stop. R-LOG-2: the copy opens with every record written (the old
+    // segment is complete, so the temporary one is adopted), nothing left temporary.
     for (files, dirs) in [(true, true), (false, true)] {
         let sim = SimStorage::new();
         let cfg = tiny(Fsync::Never);
@@ -543,14 +561,15 @@ fn process_killed_during_a_pending_seal() {
         let killed = sim.fork();
         let left = tmps(&killed);
         let (copy, report) = sim_open(&killed, cfg.clone()).unwrap();
-        for t in &left {
-            assert!(report.removed_files.contains(t), "{report}");
-        }
+        // Held before the rename, the new segment is still temporary and is adopted; held at
+        // the directory sync, the rename is visible and there is nothing to adopt.
+        assert_eq!(left.len(), usize::from(files));
+        assert_eq!(report.adopted_segments.len(), left.len(), "{report}");
+        assert!(tmps(&killed).is_empty());
         let end = copy.end_offset();
         assert!(end >= acked.max(6), "recovered {end} < durable {acked}");
-        // Held before the rename, the new segment is still temporary: the old one ends the log.
-        // Held at the directory sync, the rename is visible: its records are there too.
-        assert_eq!(end, if files { base } else { written }, "{report}");
+        assert_eq!(end, written, "{report}");
+        assert!(base < written);
         read_all(&copy).iter().for_each(assert_intact);
         drop(copy);
         sim.resume_syncs();

@@ -243,6 +243,7 @@ pub fn inspect_with_storage(storage: &dyn Storage, dir: &Path) -> Result<Inspect
         other_files: listing.foreign.clone(),
     };
     out.other_files.extend(listing.temps.iter().cloned());
+    out.other_files.extend(listing.pending.values().cloned());
     out.other_files.extend(listing.bad.iter().map(|b| match b {
         BadEntry::Unparseable(p) | BadEntry::NotAFile(p) => p.clone(),
     }));

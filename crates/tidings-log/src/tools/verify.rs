@@ -189,6 +189,17 @@ pub fn verify_with_progress(
             "leftover temporary file".into(),
         );
     }
+    for p in listing.pending.values() {
+        push(
+            &mut rep,
+            ProblemKind::Leftover,
+            p,
+            None,
+            "segment not yet published (an interrupted asynchronous roll): opening the log adopts \
+             it if the segment before it is complete, and removes it otherwise"
+                .into(),
+        );
+    }
     for p in listing.orphans(dir) {
         push(
             &mut rep,
