@@ -1,9 +1,12 @@
-//! R-LOG-2: kill -9 at random moments while appending under `Fsync::Always`; every acknowledged
-//! record survives intact, offsets stay contiguous, no corrupt record is returned.
+//! R-LOG-2: kill -9 at random moments while appending; every acknowledged record survives
+//! intact, offsets stay contiguous, no corrupt record is returned. Under `Fsync::Always` an
+//! append is acknowledged once synced; under `Fsync::Never` with no write buffer, once handed to
+//! the OS — which a process kill does not undo, even while the segment holding it waits for its
+//! asynchronous seal under a temporary name (recovery adopts it).
 //!
-//! The child is this test binary re-executed with `TIDINGS_KILL_CHILD_DIR` set; it appends and
-//! prints `ACK <offset>` after each acknowledged append. `TIDINGS_KILL_CYCLES` sets the number of
-//! cycles (default 50).
+//! The child is this test binary re-executed with `TIDINGS_KILL_CHILD_DIR` (and
+//! `TIDINGS_KILL_CHILD_FSYNC`) set; it appends and prints `ACK <offset>` after each acknowledged
+//! append. `TIDINGS_KILL_CYCLES` sets the number of cycles per policy (default 50).
 
 mod common;
 
@@ -16,10 +19,17 @@ use tidings_log::testing::TestRng;
 use tidings_log::{Fsync, Log, LogConfig};
 
 const CHILD_ENV: &str = "TIDINGS_KILL_CHILD_DIR";
+const CHILD_FSYNC_ENV: &str = "TIDINGS_KILL_CHILD_FSYNC";
 
-fn config() -> LogConfig {
+/// `always`, or `never` (every append handed to the OS at once).
+fn config(policy: &str) -> LogConfig {
+    let (fsync, write_buffer_bytes) = match policy {
+        "never" => (Fsync::Never, 0),
+        _ => (Fsync::Always, LogConfig::default().write_buffer_bytes),
+    };
     LogConfig {
-        fsync: Fsync::Always,
+        fsync,
+        write_buffer_bytes,
         segment_bytes: 2048,
         index_interval_bytes: 256,
         ..LogConfig::default()
@@ -27,7 +37,8 @@ fn config() -> LogConfig {
 }
 
 fn child(dir: &str) -> ! {
-    let (log, _) = Log::open(dir, config()).expect("child: open");
+    let policy = std::env::var(CHILD_FSYNC_ENV).unwrap_or_default();
+    let (log, _) = Log::open(dir, config(&policy)).expect("child: open");
     let mut out = std::io::stdout().lock();
     // Bounded so a lost child cannot run forever.
     for _ in 0..50_000 {
@@ -55,7 +66,16 @@ fn parse_ack(line: &str) -> Option<u64> {
 }
 
 #[test]
-fn kill_loop() {
+fn kill_loop_always() {
+    kill_loop("always", "kill_loop_always");
+}
+
+#[test]
+fn kill_loop_never() {
+    kill_loop("never", "kill_loop_never");
+}
+
+fn kill_loop(policy: &str, test_name: &str) {
     if let Ok(dir) = std::env::var(CHILD_ENV) {
         child(&dir);
     }
@@ -73,10 +93,12 @@ fn kill_loop() {
     let exe = std::env::current_exe().unwrap();
     let mut max_acked: Option<u64> = None;
     let mut truncations = 0;
+    let mut adopted = 0;
     for cycle in 0..cycles {
         let child = Command::new(&exe)
-            .args(["--exact", "kill_loop", "--nocapture", "--test-threads=1"])
+            .args(["--exact", test_name, "--nocapture", "--test-threads=1"])
             .env(CHILD_ENV, &dir)
+            .env(CHILD_FSYNC_ENV, policy)
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
@@ -109,9 +131,10 @@ fn kill_loop() {
         child.0.wait().unwrap();
         drop(child);
 
-        let (log, report) = Log::open(&dir, config())
-            .unwrap_or_else(|e| panic!("cycle {cycle}: reopen failed: {e}"));
+        let (log, report) = Log::open(&dir, config(policy))
+            .unwrap_or_else(|e| panic!("{policy}, cycle {cycle}: reopen failed: {e}"));
         truncations += usize::from(report.truncated.is_some());
+        adopted += report.adopted_segments.len();
         let all = read_all(&log); // contiguous offsets from 0 (asserted inside)
         for r in &all {
             assert_intact(r); // R-LOG-2: no corrupt record returned
@@ -120,13 +143,14 @@ fn kill_loop() {
             // R-LOG-2: every acknowledged record is present.
             assert!(
                 log.end_offset() > a,
-                "cycle {cycle}: acked {a} but log ends at {}",
+                "{policy}, cycle {cycle}: acked {a} but log ends at {} ({report})",
                 log.end_offset()
             );
         }
         assert_eq!(log.start_offset(), 0);
     }
     eprintln!(
-        "kill loop: {cycles} cycles, max acked {max_acked:?}, {truncations} torn tails truncated"
+        "kill loop ({policy}): {cycles} cycles, max acked {max_acked:?}, {truncations} torn \
+         tails truncated, {adopted} unpublished segments adopted"
     );
 }
