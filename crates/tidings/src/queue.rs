@@ -23,17 +23,16 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hash, Hasher};
 use std::sync::Arc;
-use std::time::Instant;
 
-use crate::clock::MonoStamp;
+use crate::clock::EnqueueStamp;
 use crate::message::{Message, Priority};
 
 /// A queued message and when it entered the queue (for oldest-age visibility).
 #[derive(Debug, Clone)]
 pub(crate) struct Queued {
     pub(crate) message: Arc<Message>,
-    /// 8 bytes, not an `Instant`'s 16: see [`MonoStamp`].
-    pub(crate) enqueued: MonoStamp,
+    /// 8 bytes, from the wall time the publish read anyway: see [`EnqueueStamp`].
+    pub(crate) enqueued: EnqueueStamp,
 }
 
 /// FNV-1a for the key map: keys are short and hashing is on every push and pop. Flooding
@@ -151,7 +150,7 @@ impl PriorityQueue {
     }
 
     /// Enqueue time of the longest-waiting message, whatever its level or key.
-    pub(crate) fn oldest_enqueued(&self) -> Option<Instant> {
+    pub(crate) fn oldest_enqueued(&self) -> Option<EnqueueStamp> {
         self.inner.as_ref()?.oldest_enqueued()
     }
 
@@ -243,7 +242,7 @@ impl Inner {
                 .is_some_and(|(&(Reverse(prio), _), _)| prio < p as u8)
     }
 
-    fn oldest_enqueued(&self) -> Option<Instant> {
+    fn oldest_enqueued(&self) -> Option<EnqueueStamp> {
         let unkeyed = self
             .levels
             .iter()
@@ -252,7 +251,7 @@ impl Inner {
             .keys
             .values()
             .filter_map(|f| f.front().map(|(_, q)| q.enqueued));
-        unkeyed.chain(keyed).min().map(MonoStamp::instant)
+        unkeyed.chain(keyed).min()
     }
 
     fn drain(&mut self) -> Vec<Queued> {
@@ -314,7 +313,7 @@ mod tests {
         }
         Queued {
             message: Arc::new(b.build_detached().unwrap()),
-            enqueued: MonoStamp::of(Instant::now()),
+            enqueued: EnqueueStamp::of(std::time::SystemTime::now()),
         }
     }
 
@@ -398,7 +397,7 @@ mod tests {
                         }
                         pq.push(Queued {
                             message: Arc::new(b.build_detached().unwrap()),
-                            enqueued: MonoStamp::of(Instant::now()),
+                            enqueued: EnqueueStamp::of(std::time::SystemTime::now()),
                         });
                         model.push((seq, key, p));
                         (None, None)

@@ -18,7 +18,7 @@
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use crate::clock::{Now, deadline_after};
 use crate::dlq::DeadLetterReason;
@@ -632,7 +632,7 @@ impl Core {
         self.books()
     }
 
-    pub(crate) fn stats(&self, now: Instant) -> SubscriptionStats {
+    pub(crate) fn stats(&self, now: SystemTime) -> SubscriptionStats {
         let c = &self.counts;
         let l = self.ledger.as_deref();
         let oldest = match &self.flavor {
@@ -653,7 +653,7 @@ impl Core {
             dlq_evicted: l.map_or(0, |l| l.dlq.evicted()),
             dlq_forward_failures: l.map_or(0, |l| l.forward_failures),
             blocked_publishers: u64::from(self.blocked_publishers),
-            oldest_age: oldest.map(|t| now.saturating_duration_since(t)),
+            oldest_age: oldest.map(|t| t.age_at(now)),
         }
     }
 }

@@ -14,7 +14,7 @@
 
 use std::time::Instant;
 
-use crate::clock::Now;
+use crate::clock::{EnqueueStamp, Now};
 use crate::queue::{PriorityQueue, Queued};
 
 use super::core::{Parked, Take};
@@ -125,7 +125,7 @@ impl Lanes {
         self.lanes.iter().any(|l| l.queue.has_below(p))
     }
 
-    pub(crate) fn oldest_enqueued(&self) -> Option<Instant> {
+    pub(crate) fn oldest_enqueued(&self) -> Option<EnqueueStamp> {
         self.lanes
             .iter()
             .filter_map(|l| l.queue.oldest_enqueued())

@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 
-use crate::clock::Now;
+use crate::clock::{EnqueueStamp, Now};
 use crate::queue::Queued;
 
 use super::core::{Parked, Take};
@@ -161,10 +161,10 @@ impl PerKey {
         }
     }
 
-    pub(crate) fn oldest_enqueued(&self) -> Option<Instant> {
+    pub(crate) fn oldest_enqueued(&self) -> Option<EnqueueStamp> {
         self.keys
             .values()
-            .filter_map(|k| k.pending.front().map(|(_, q)| q.enqueued.instant()))
+            .filter_map(|k| k.pending.front().map(|(_, q)| q.enqueued))
             .min()
     }
 }

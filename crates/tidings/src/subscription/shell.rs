@@ -662,7 +662,7 @@ impl SubscriptionShell {
 
     /// Counters and gauges now (R-DEL-6, R-BP-3).
     pub(crate) fn stats(&self) -> SubscriptionStats {
-        let now = self.env.clock.now();
+        let now = self.env.clock.wall();
         self.core_synced().stats(now)
     }
 
