@@ -44,8 +44,11 @@ impl BrokerInner {
             Some(route) => (Some(route.topic), Some(route.targets)),
             None => (None, None),
         };
+        // One clock reading for the whole publish: the message's time stamps it and its
+        // entry into every queue it reaches.
+        let now = Now::new(self.clock.as_ref());
         let message = Arc::new(crate::telemetry::trace::stamped(
-            self.build_message(b, topic)?,
+            self.build_message(b, topic, &now)?,
             &self.limits,
         ));
         crate::telemetry::trace::record_published(&span, &message);
@@ -55,7 +58,7 @@ impl BrokerInner {
             // With a transport a delayed message travels now; receivers hold it, and a
             // held message is routed when due, to the subscriptions there are then.
             Some(due) if !self.has_transport() => self.schedule(due, message)?,
-            _ => self.dispatch(&message, !streams.is_empty(), targets)?,
+            _ => self.dispatch(&message, !streams.is_empty(), targets, &now)?,
         };
         report.streams = streams;
         Ok(report)
@@ -118,7 +121,7 @@ impl BrokerInner {
         without_waiting(|| match target {
             Target::Route => {
                 // Only without a transport are delayed publishes held here (publish_builder).
-                self.route(&message, None);
+                self.route(&message, None, &Now::new(self.clock.as_ref()));
             }
             Target::Only(_, offer) => offer(&message),
         });
@@ -172,7 +175,8 @@ impl BrokerInner {
         if let Some(k) = original.key() {
             b = b.key(k);
         }
-        let mut message = self.build_message(b, None)?;
+        let now = Now::new(self.clock.as_ref());
+        let mut message = self.build_message(b, None, &now)?;
         let mut reason = entry.reason.to_string();
         if reason.len() > MAX_REASON_HEADER_BYTES {
             let mut cut = MAX_REASON_HEADER_BYTES;
@@ -193,7 +197,7 @@ impl BrokerInner {
             .insert("tidings-dlq-original-id", original.id().to_string());
         let message = Arc::new(message);
         let streams = self.durables.append(&message)?;
-        let mut report = self.dispatch(&message, !streams.is_empty(), None)?;
+        let mut report = self.dispatch(&message, !streams.is_empty(), None, &now)?;
         report.streams = streams;
         Ok(report)
     }
@@ -204,13 +208,9 @@ impl BrokerInner {
         &self,
         b: MessageBuilder,
         checked: Option<Topic>,
+        now: &Now<'_>,
     ) -> Result<Message, PublishError> {
-        b.build(
-            checked,
-            &self.limits,
-            &Now::new(self.clock.as_ref()),
-            &self.ids,
-        )
+        b.build(checked, &self.limits, now, &self.ids)
     }
 
     /// The route cache's current entry for the topic spelled `name` (src/route_cache.rs).
@@ -221,8 +221,14 @@ impl BrokerInner {
     /// Snapshot the matching subscriptions, release the lock, offer to each (R-CORE-2).
     /// A topic published before, with no subscribe or unsubscribe since, takes its
     /// snapshot from the route cache: one hash lookup (src/route_cache.rs). `known`: that
-    /// snapshot, when the publish already looked it up.
-    pub(super) fn route(&self, message: &Arc<Message>, known: Option<Targets>) -> PublishReport {
+    /// snapshot, when the publish already looked it up. `now`: the time the message enters
+    /// the queues it reaches (the publish's own reading, or when a delayed one became due).
+    pub(super) fn route(
+        &self,
+        message: &Arc<Message>,
+        known: Option<Targets>,
+        now: &Now<'_>,
+    ) -> PublishReport {
         let targets = known.unwrap_or_else(|| {
             let reg = self.registry.read();
             let topic = message.topic();
@@ -240,10 +246,8 @@ impl BrokerInner {
             scheduled: false,
             streams: Vec::new(),
         };
-        // One clock reading for every subscription this publish reaches.
-        let now = Now::new(self.clock.as_ref());
         for sub in targets.iter() {
-            match sub.offer_at(message, &now) {
+            match sub.offer_at(message, now) {
                 Ok(()) => report.accepted += 1,
                 Err(reason) => report.refused.push((sub.id, reason)),
             }

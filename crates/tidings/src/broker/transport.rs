@@ -11,7 +11,7 @@ use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::clock::deadline_after;
+use crate::clock::{Now, deadline_after};
 use crate::error::{PublishError, SubscribeError};
 use crate::message::Message;
 use crate::report::PublishReport;
@@ -53,15 +53,16 @@ impl BrokerBuilder {
 impl BrokerInner {
     /// Where an undelayed (or due) message goes: the router, or the transport. `appended`:
     /// the message is already in a durable stream; `targets`: its route, when the publish
-    /// already looked it up.
+    /// already looked it up; `now`: the publish's clock reading.
     pub(super) fn dispatch(
         &self,
         message: &Arc<Message>,
         appended: bool,
         targets: Option<Targets>,
+        now: &Now<'_>,
     ) -> Result<PublishReport, PublishError> {
         let Some(attached) = &self.transport else {
-            return Ok(self.route(message, targets));
+            return Ok(self.route(message, targets, now));
         };
         if !(appended && attached.carries_appends) {
             attached
