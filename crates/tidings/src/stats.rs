@@ -101,7 +101,10 @@ pub struct SubscriptionStats {
     pub dlq_forward_failures: u64,
     /// Publishers waiting for room under `Overflow::Block` right now (R-BP-3).
     pub blocked_publishers: u64,
-    /// How long the oldest queued message has waited (R-BP-3).
+    /// How long the oldest queued message has waited since it entered the queue (at publish,
+    /// or when a delayed message became due), on the broker clock's wall time, the one that
+    /// stamps messages; zero if that clock was stepped back since. `None` when nothing is
+    /// queued (R-BP-3).
     pub oldest_age: Option<Duration>,
 }
 

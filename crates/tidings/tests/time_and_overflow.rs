@@ -249,3 +249,48 @@ fn depth_and_oldest_age_are_visible() {
     let s = sub.stats();
     assert_eq!((s.queued, s.delivered, s.oldest_age), (0, 2, None));
 }
+
+/// A clock whose wall time the test sets by hand, independently of its monotonic time (which
+/// stands still): a wall clock stepped by an administrator or NTP.
+#[derive(Clone)]
+struct SteppedWall(std::sync::Arc<parking_lot::Mutex<std::time::SystemTime>>);
+
+impl Clock for SteppedWall {
+    fn now(&self) -> std::time::Instant {
+        static BASE: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+        *BASE.get_or_init(std::time::Instant::now)
+    }
+    fn wall(&self) -> std::time::SystemTime {
+        *self.0.lock()
+    }
+    fn wait_hint(&self, _deadline: std::time::Instant) -> Option<Duration> {
+        None
+    }
+}
+
+// R-BP-3: the oldest-message age is measured on the wall clock that stamped the message; a
+// wall clock stepped back reads as zero age (never a panic, never a negative or huge age), one
+// stepped forward as the step.
+#[test]
+fn oldest_age_survives_a_stepped_wall_clock() {
+    let t0 = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+    let wall = SteppedWall(std::sync::Arc::new(parking_lot::Mutex::new(t0)));
+    let broker = Broker::builder()
+        .driver(Driver::Manual)
+        .clock(wall.clone())
+        .build()
+        .unwrap();
+    let sub = broker
+        .subscribe("t", SubscribeOptions::default(), |_m: &Message| Ok(()))
+        .unwrap();
+    broker.publish(Message::to("t")).unwrap();
+    *wall.0.lock() = t0 + 5 * MS;
+    assert_eq!(sub.stats().oldest_age, Some(5 * MS));
+    *wall.0.lock() = t0 - Duration::from_secs(3_600);
+    assert_eq!(sub.stats().oldest_age, Some(Duration::ZERO));
+    *wall.0.lock() = std::time::SystemTime::UNIX_EPOCH - Duration::from_secs(1);
+    assert_eq!(sub.stats().oldest_age, Some(Duration::ZERO));
+    broker.run_until_idle();
+    let s = sub.stats();
+    assert_eq!((s.queued, s.delivered, s.oldest_age), (0, 1, None));
+}
