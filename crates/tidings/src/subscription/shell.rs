@@ -736,17 +736,28 @@ impl SubscriptionShell {
         if !self.fast {
             return;
         }
-        let mut items = core.take_ingress_spare();
-        {
+        let mut spare = core.take_ingress_spare();
+        let moved = {
             let mut ingress = self.ingress.lock();
-            std::mem::swap(&mut items, &mut ingress.items);
+            // Nothing to move (an idle dispatcher's every poll): swap nothing, so an idle
+            // subscription never makes the spare buffer.
+            let moved = (!ingress.items.is_empty()).then(|| {
+                let mut items = spare.take().unwrap_or_default();
+                std::mem::swap(&mut *items, &mut ingress.items);
+                items
+            });
+            let held = moved.as_ref().map_or(0, |items| items.len());
             ingress.room = if pause {
                 0
             } else {
-                room_for(core.ingress_room().saturating_sub(items.len()))
+                room_for(core.ingress_room().saturating_sub(held))
             };
+            moved
+        };
+        match moved {
+            Some(items) => core.accept_ingress(items),
+            None => core.keep_ingress_spare(spare),
         }
-        core.accept_ingress(items);
     }
 
     /// After an offer through the core: reserve what room is left for fast offers.
