@@ -568,13 +568,13 @@ impl BrokerInner {
         internal: bool,
     ) -> Result<Subscription, SubscribeError> {
         let id = SubscriptionId(self.next_sub.fetch_add(1, Ordering::Relaxed));
-        let shared = Arc::new(SubscriptionShell::new(
+        let shared = SubscriptionShell::new(
             id,
             pattern.clone(),
             options,
             handler,
             self.shell_env.clone(),
-        ));
+        );
         // With a transport, a routed subscription receives through it, not the router.
         let remote = routed && self.has_transport();
         let routed = routed && !remote;

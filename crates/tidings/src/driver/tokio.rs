@@ -99,12 +99,12 @@ struct Slots {
 type Slot = WakeSlot;
 
 impl Wake for Slots {
-    fn wake(&self, worker: usize) {
+    fn wake(&self, _sub: &SubscriptionShell, worker: usize) {
         if let Some(s) = self.slots.get(worker) {
             s.wake();
         }
     }
-    fn wake_all(&self) {
+    fn wake_all(&self, _sub: &SubscriptionShell) {
         // A permit each, so a slot between its poll and its await still finds it.
         for s in self.slots.iter() {
             s.wake();

@@ -10,6 +10,7 @@ mod ledger;
 #[cfg(all(test, tidings_loom))]
 pub(crate) mod loom_models;
 mod per_key;
+pub(crate) mod run_flags;
 pub(crate) mod shell;
 mod slots;
 
