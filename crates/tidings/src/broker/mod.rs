@@ -554,7 +554,22 @@ impl BrokerInner {
         if self.closed.load(Ordering::Acquire) {
             return Err(SubscribeError::Closed);
         }
+        let pattern = if routed {
+            self.shared_pattern(pattern)
+        } else {
+            pattern
+        };
         self.register(pattern, &options, handler, routed, false)
+    }
+
+    /// `pattern`, or an equal one a routed subscription already holds: the subscriptions
+    /// of one pattern (a fan-out) share one copy of its text instead of one each.
+    fn shared_pattern(&self, pattern: Pattern) -> Pattern {
+        let reg = self.registry.read();
+        match reg.router.first(&pattern) {
+            Some(sub) if sub.pattern == pattern => sub.pattern.clone(),
+            _ => pattern,
+        }
     }
 
     /// Create and start a subscription; `internal` ones (tidings' own, e.g. the reply
