@@ -64,12 +64,14 @@ use crate::topic::trie::TopicTrie;
 
 #[cfg(feature = "tokio")]
 mod r#async;
+mod by_id;
 mod close;
 mod durable;
 mod idle;
 mod publish;
 mod transport;
 
+use by_id::ById;
 use publish::refuse_reserved_headers;
 
 #[derive(Default)]
@@ -79,10 +81,10 @@ struct Registry {
     /// Every change of `router` calls [`RouteCache::invalidate`].
     routes: RouteCache,
     /// The user's subscriptions: listed, counted against `max_subscriptions`, removable.
-    all: BTreeMap<SubscriptionId, Arc<SubscriptionShell>>,
+    all: ById,
     /// tidings' own subscriptions (the reply inbox): run and closed like the others, but
     /// not listed, not counted, not removable by id.
-    internal: BTreeMap<SubscriptionId, Arc<SubscriptionShell>>,
+    internal: ById,
     /// With a transport: each routed subscription's receiving end (src/broker/transport.rs).
     remote: BTreeMap<SubscriptionId, Box<dyn crate::transport::TransportSubscription>>,
 }
@@ -618,7 +620,7 @@ impl BrokerInner {
             } else {
                 &mut reg.all
             };
-            map.insert(id, shared.clone());
+            map.insert(shared.clone());
         }
         drop(evicted);
         if remote {

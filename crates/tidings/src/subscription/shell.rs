@@ -203,8 +203,18 @@ pub(crate) fn detached(
     options: &SubscribeOptions,
     handler: impl Fn(&Message) -> Result<(), HandlerError> + Send + Sync + 'static,
 ) -> Arc<SubscriptionShell> {
+    detached_with_id(SubscriptionId(1), options, handler)
+}
+
+/// [`detached`], with this id.
+#[cfg(test)]
+pub(crate) fn detached_with_id(
+    id: SubscriptionId,
+    options: &SubscribeOptions,
+    handler: impl Fn(&Message) -> Result<(), HandlerError> + Send + Sync + 'static,
+) -> Arc<SubscriptionShell> {
     SubscriptionShell::new(
-        SubscriptionId(1),
+        id,
         Pattern::new("t").expect("a valid pattern"),
         options,
         HandlerKind::Sync(Arc::new(crate::handler::handler_fn(handler))),
