@@ -44,6 +44,14 @@ impl<T> Slots<T> {
         std::iter::once(&mut self.first).chain(self.rest.iter_mut().flat_map(|r| r.iter_mut()))
     }
 
+    /// Slot `i`, `None` past the end.
+    pub(crate) fn get(&self, i: usize) -> Option<&T> {
+        match i {
+            0 => Some(&self.first),
+            _ => self.rest.as_deref()?.get(i - 1),
+        }
+    }
+
     /// Slot `i ≥ 1`; panics past the end, like slice indexing.
     fn other(&self, i: usize) -> &T {
         &self.rest.as_deref().map_or(&[][..], Vec::as_slice)[i - 1]
@@ -96,6 +104,8 @@ mod tests {
             }
             s.iter_mut().for_each(|v| *v += 1);
             assert_eq!(s[s.len() - 1], n.max(1) as i32 * 10 + 1);
+            assert_eq!(s.get(s.len() - 1), Some(&s[s.len() - 1]));
+            assert_eq!(s.get(s.len()), None);
         }
     }
 
