@@ -36,12 +36,19 @@ impl<T> Slots<T> {
         1 + self.rest.as_ref().map_or(0, |r| r.len())
     }
 
+    // A plain slice after the first value, not a flattened option: `has_below` and the
+    // other scans run on every poll, and a flattened chain costs them ~30 instructions per
+    // delivery (manual driver, 16 subscribers, callgrind).
     pub(crate) fn iter(&self) -> impl Iterator<Item = &T> {
-        std::iter::once(&self.first).chain(self.rest.iter().flat_map(|r| r.iter()))
+        std::iter::once(&self.first).chain(self.rest.as_deref().map_or(&[][..], Vec::as_slice))
     }
 
     pub(crate) fn iter_mut(&mut self) -> impl Iterator<Item = &mut T> {
-        std::iter::once(&mut self.first).chain(self.rest.iter_mut().flat_map(|r| r.iter_mut()))
+        let rest = self
+            .rest
+            .as_deref_mut()
+            .map_or(&mut [][..], Vec::as_mut_slice);
+        std::iter::once(&mut self.first).chain(rest)
     }
 
     /// Slot `i`, `None` past the end.
