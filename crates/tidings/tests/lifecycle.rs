@@ -492,3 +492,34 @@ fn wait_idle_waits_for_live_drivers() {
     release_tx.send(()).unwrap();
     assert!(broker.wait_idle(PATIENCE));
 }
+
+// Issue 12: subscriptions of one pattern share one copy of its text; an equivalent but
+// differently written pattern keeps its own (each subscription reports what it was given),
+// and the sharing outlives the subscription it came from.
+#[test]
+fn subscriptions_of_one_pattern_share_its_text() {
+    let broker = Broker::builder().driver(Driver::Manual).build().unwrap();
+    let sub = |pattern: &str| {
+        broker
+            .subscribe(pattern, SubscribeOptions::default(), |_: &Message| {
+                Ok::<(), HandlerError>(())
+            })
+            .unwrap()
+    };
+    let same = |a: &Subscription, b: &Subscription| {
+        std::ptr::eq(a.pattern().as_str(), b.pattern().as_str())
+    };
+    let first = sub("orders.*.#");
+    let second = sub("orders.*.#");
+    let equivalent = sub("orders.#.*");
+    let literal = sub("orders.eu");
+    let literal_too = sub("orders.eu");
+    assert!(same(&first, &second));
+    assert!(same(&literal, &literal_too));
+    assert_eq!(equivalent.pattern().as_str(), "orders.#.*");
+    assert!(!same(&first, &equivalent));
+    drop(first.unsubscribe());
+    let third = sub("orders.*.#");
+    assert!(same(&second, &third));
+    assert_eq!(third.pattern().as_str(), "orders.*.#");
+}

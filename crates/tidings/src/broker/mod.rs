@@ -64,12 +64,14 @@ use crate::topic::trie::TopicTrie;
 
 #[cfg(feature = "tokio")]
 mod r#async;
+mod by_id;
 mod close;
 mod durable;
 mod idle;
 mod publish;
 mod transport;
 
+use by_id::ById;
 use publish::refuse_reserved_headers;
 
 #[derive(Default)]
@@ -79,10 +81,10 @@ struct Registry {
     /// Every change of `router` calls [`RouteCache::invalidate`].
     routes: RouteCache,
     /// The user's subscriptions: listed, counted against `max_subscriptions`, removable.
-    all: BTreeMap<SubscriptionId, Arc<SubscriptionShell>>,
+    all: ById,
     /// tidings' own subscriptions (the reply inbox): run and closed like the others, but
     /// not listed, not counted, not removable by id.
-    internal: BTreeMap<SubscriptionId, Arc<SubscriptionShell>>,
+    internal: ById,
     /// With a transport: each routed subscription's receiving end (src/broker/transport.rs).
     remote: BTreeMap<SubscriptionId, Box<dyn crate::transport::TransportSubscription>>,
 }
@@ -554,7 +556,22 @@ impl BrokerInner {
         if self.closed.load(Ordering::Acquire) {
             return Err(SubscribeError::Closed);
         }
+        let pattern = if routed {
+            self.shared_pattern(pattern)
+        } else {
+            pattern
+        };
         self.register(pattern, &options, handler, routed, false)
+    }
+
+    /// `pattern`, or an equal one a routed subscription already holds: the subscriptions
+    /// of one pattern (a fan-out) share one copy of its text instead of one each.
+    fn shared_pattern(&self, pattern: Pattern) -> Pattern {
+        let reg = self.registry.read();
+        match reg.router.first(&pattern) {
+            Some(sub) if sub.pattern == pattern => sub.pattern.clone(),
+            _ => pattern,
+        }
     }
 
     /// Create and start a subscription; `internal` ones (tidings' own, e.g. the reply
@@ -568,13 +585,13 @@ impl BrokerInner {
         internal: bool,
     ) -> Result<Subscription, SubscribeError> {
         let id = SubscriptionId(self.next_sub.fetch_add(1, Ordering::Relaxed));
-        let shared = Arc::new(SubscriptionShell::new(
+        let shared = SubscriptionShell::new(
             id,
             pattern.clone(),
             options,
             handler,
             self.shell_env.clone(),
-        ));
+        );
         // With a transport, a routed subscription receives through it, not the router.
         let remote = routed && self.has_transport();
         let routed = routed && !remote;
@@ -603,7 +620,7 @@ impl BrokerInner {
             } else {
                 &mut reg.all
             };
-            map.insert(id, shared.clone());
+            map.insert(shared.clone());
         }
         drop(evicted);
         if remote {

@@ -41,8 +41,8 @@ pub(crate) struct ManualExecutor;
 struct NoWake;
 
 impl Wake for NoWake {
-    fn wake(&self, _worker: usize) {}
-    fn wake_all(&self) {}
+    fn wake(&self, _sub: &SubscriptionShell, _worker: usize) {}
+    fn wake_all(&self, _sub: &SubscriptionShell) {}
 }
 
 impl Executor for ManualExecutor {

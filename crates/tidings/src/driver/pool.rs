@@ -7,9 +7,11 @@
 //! cannot starve the others. A retry wait occupies no worker: the slot is parked on the
 //! pool's timer thread, which re-schedules it when due.
 //!
-//! Memory per idle subscription is the subscription itself plus one 64-byte mailbox (the
-//! first slot's flags inline, so scheduling and running a subscription touch no second
-//! allocation): no thread, no stack.
+//! Memory per idle subscription is the subscription itself: its slots' mailbox flags live
+//! in the subscription's shell (`subscription::run_flags`), the run queue holds the
+//! subscription, and the waker every subscription is given is the pool itself. So
+//! scheduling and running a subscription touch no second allocation, and an idle one holds
+//! no thread, no stack, and nothing of the driver's.
 //!
 //! A durable subscription's feeder is a schedulable unit too (R-EXE-4): woken by an append
 //! to its stream, room freed in its window, a seek or a stop; a worker runs one bounded
@@ -26,6 +28,7 @@ use std::time::Instant;
 
 use crate::clock::Clock;
 use crate::error::SubscribeError;
+use crate::subscription::run_flags::RunFlags;
 use crate::subscription::shell::{Step, SubscriptionShell};
 use crate::sync::{
     AtomicBool, AtomicU8, Condvar, Mutex, MutexGuard, Ordering, protocol_thread_local, wait_until,
@@ -47,10 +50,10 @@ protocol_thread_local! {
 }
 
 enum Task {
-    /// A subscription's dispatcher slot.
-    /// The task keeps the mailbox alive; the worker takes the subscription from it.
+    /// A subscription's dispatcher slot. The task does not keep the subscription alive;
+    /// the worker takes it (and checks that it still exists) when it runs the slot.
     Slot {
-        mailbox: Arc<Mailbox>,
+        sub: Weak<SubscriptionShell>,
         worker: usize,
     },
     /// A feeder's step.
@@ -160,84 +163,43 @@ pub(super) struct Shared {
     clock: Arc<dyn Clock>,
 }
 
-/// The flags of one dispatcher slot.
-#[derive(Default)]
-struct SlotFlags {
-    /// Set while the slot is queued or running: only the waker that sets it queues it.
-    scheduled: AtomicBool,
-    /// Set while a worker runs the slot: the invariant the `scheduled` flag upholds
-    /// (max active == 1 per slot), checked in debug and model-checking builds.
-    running: AtomicBool,
-}
-
-/// One subscription's mailbox: one allocation of 64 bytes, its first slot's flags inline
-/// (the others, for lanes and per-key slots, in `rest`; empty and unallocated for a
-/// single-slot subscription). A publisher's wake and a worker's run touch this and the
+/// A dispatcher slot's mailbox: its run flags, in the subscription's shell (see
+/// `subscription::run_flags`). A publisher's wake and a worker's run touch these and the
 /// subscription, nothing else of the driver's (issue 12: 100,000 subscriptions).
-struct Mailbox {
-    /// This mailbox, for the tasks it queues.
-    me: Weak<Mailbox>,
-    sub: Weak<SubscriptionShell>,
-    pool: Arc<Shared>,
-    rest: Box<[SlotFlags]>,
-    first: SlotFlags,
+struct Mailbox<'a> {
+    sub: &'a SubscriptionShell,
+    worker: usize,
+    flags: &'a RunFlags,
 }
 
-impl Mailbox {
-    fn new(pool: &Arc<Shared>, sub: &Arc<SubscriptionShell>) -> Arc<Self> {
-        Arc::new_cyclic(|me| Mailbox {
-            me: me.clone(),
-            sub: Arc::downgrade(sub),
-            pool: pool.clone(),
-            rest: (1..sub.workers()).map(|_| SlotFlags::default()).collect(),
-            first: SlotFlags::default(),
-        })
+impl<'a> Mailbox<'a> {
+    /// Slot `worker` of `sub` (`None`: no such slot).
+    fn of(sub: &'a SubscriptionShell, worker: usize) -> Option<Self> {
+        let flags = sub.run_flags(worker)?;
+        Some(Self { sub, worker, flags })
     }
 
-    /// Slot `worker`'s flags (`None`: no such slot).
-    fn flags(&self, worker: usize) -> Option<&SlotFlags> {
-        match worker {
-            0 => Some(&self.first),
-            w => self.rest.get(w - 1),
-        }
-    }
-
-    /// Number of slots.
-    fn slots(&self) -> usize {
-        1 + self.rest.len()
-    }
-
-    fn schedule(&self, worker: usize) {
-        let Some(flags) = self.flags(worker) else {
-            return;
-        };
-        if flags.scheduled.swap(true, Ordering::AcqRel) {
+    /// Queue the slot on `pool` unless it is queued or running already.
+    fn schedule(&self, pool: &Shared) {
+        if self.flags.scheduled.swap(true, Ordering::AcqRel) {
             return; // already queued or running: it will see the new work
         }
         // The subscription is taken (and checked to exist) by the worker that runs it.
-        let Some(mailbox) = self.me.upgrade() else {
-            return;
-        };
-        self.pool
-            .run_queue
-            .lock()
-            .push_back(Task::Slot { mailbox, worker });
-        self.pool.work.notify_one();
+        pool.run_queue.lock().push_back(Task::Slot {
+            sub: self.sub.weak(),
+            worker: self.worker,
+        });
+        pool.work.notify_one();
     }
 
-    /// A worker enters slot `worker` until the guard drops.
-    fn enter(&self, worker: usize) -> Occupied<'_> {
-        let running = &self.slot(worker).running;
+    /// A worker enters the slot until the guard drops.
+    fn enter(&self) -> Occupied<'a> {
+        let running = &self.flags.running;
         let was = running.swap(true, Ordering::AcqRel);
         if cfg!(any(debug_assertions, tidings_loom)) {
             assert!(!was, "two pool workers inside one dispatcher slot");
         }
         Occupied(running)
-    }
-
-    /// Slot `worker`'s flags; it was scheduled, so it exists.
-    fn slot(&self, worker: usize) -> &SlotFlags {
-        self.flags(worker).expect("a scheduled slot exists")
     }
 
     /// The slot goes idle: leave it, then clear its flag — in that order, so the worker the
@@ -247,9 +209,9 @@ impl Mailbox {
     /// The flag is cleared by a read-modify-write, like every other change to it: a plain
     /// store racing `schedule`'s swap is a pattern loom mis-models (it lets the store slip
     /// between the swap's read and write), and one kind of access keeps the model exact.
-    fn leave(&self, occupied: Occupied<'_>, worker: usize) {
+    fn leave(&self, occupied: Occupied<'_>) {
         drop(occupied);
-        let was = self.slot(worker).scheduled.swap(false, Ordering::AcqRel);
+        let was = self.flags.scheduled.swap(false, Ordering::AcqRel);
         debug_assert!(was, "a running slot is scheduled");
     }
 }
@@ -263,13 +225,16 @@ impl Drop for Occupied<'_> {
     }
 }
 
-impl Wake for Mailbox {
-    fn wake(&self, worker: usize) {
-        self.schedule(worker);
+/// The pool is every subscription's waker: a wake queues the subscription's slot.
+impl Wake for Shared {
+    fn wake(&self, sub: &SubscriptionShell, worker: usize) {
+        if let Some(mailbox) = Mailbox::of(sub, worker) {
+            mailbox.schedule(self);
+        }
     }
-    fn wake_all(&self) {
-        for w in 0..self.slots() {
-            self.schedule(w);
+    fn wake_all(&self, sub: &SubscriptionShell) {
+        for w in 0..sub.workers() {
+            self.wake(sub, w);
         }
     }
 }
@@ -381,13 +346,12 @@ impl Shared {
         })
     }
 
-    /// Give a new subscription's slots a mailbox and run each once, so it reaches its
-    /// idle state (and sees anything already queued).
+    /// Make the pool the new subscription's waker and run each of its slots once, so it
+    /// reaches its idle state (and sees anything already queued).
     pub(super) fn attach(self: &Arc<Self>, sub: &Arc<SubscriptionShell>) {
-        let mailbox = Mailbox::new(self, sub);
         self.live_slots.enter(sub.workers());
-        sub.set_waker(mailbox.clone());
-        mailbox.wake_all();
+        sub.set_waker(self.clone());
+        self.wake_all(sub);
     }
 
     /// Give a feeder a mailbox and queue its first step (it reads what the stream already
@@ -435,7 +399,7 @@ pub(super) fn worker_loop(pool: &Arc<Shared>) {
             }
         };
         match task {
-            Task::Slot { mailbox, worker } => run_slot(pool, mailbox, worker),
+            Task::Slot { sub, worker } => run_slot(pool, sub, worker),
             Task::Feeder(mailbox) => run_feeder(&mailbox),
         }
     }
@@ -467,25 +431,26 @@ fn run_feeder(mailbox: &Arc<FeederMailbox>) {
 }
 
 /// Run one slot for up to `BATCH` deliveries, then re-queue, park or retire it.
-fn run_slot(pool: &Arc<Shared>, mailbox: Arc<Mailbox>, worker: usize) {
-    let Some(sub) = mailbox.sub.upgrade() else {
-        // The subscription is gone (the mailbox outlived it only in this task): the slot
-        // can never run again. It stays scheduled, so this is its one report.
+fn run_slot(pool: &Arc<Shared>, weak: Weak<SubscriptionShell>, worker: usize) {
+    let Some(sub) = weak.upgrade() else {
+        // The subscription is gone (this task outlived it): the slot can never run again.
+        // Its flags went with it, so this is its one report.
         pool.live_slots.exit();
         return;
     };
-    let occupied = mailbox.enter(worker);
+    let mailbox = Mailbox::of(&sub, worker).expect("a scheduled slot exists");
+    let occupied = mailbox.enter();
     // Dropping `locked` releases the lock and applies the steps' effects.
     let mut locked = sub.lock();
     for _ in 0..BATCH {
         match locked.step(worker, true) {
             Step::Delivered => {}
             Step::Idle => {
-                mailbox.leave(occupied, worker);
+                mailbox.leave(occupied);
                 return;
             }
             Step::WakeAt(due) => {
-                mailbox.leave(occupied, worker);
+                mailbox.leave(occupied);
                 drop(locked);
                 park(pool, due, TimerTarget::Slot(Arc::downgrade(&sub), worker));
                 return;
@@ -503,7 +468,7 @@ fn run_slot(pool: &Arc<Shared>, mailbox: Arc<Mailbox>, worker: usize) {
     drop(sub);
     pool.run_queue
         .lock()
-        .push_back(Task::Slot { mailbox, worker });
+        .push_back(Task::Slot { sub: weak, worker });
     pool.work.notify_one();
 }
 
@@ -585,7 +550,7 @@ mod tests {
     }
 
     // R-EXE-1, R-CORE-6: a subscription closed and dropped while its slot waits in the run
-    // queue (the queue holds only its mailbox) is reported stopped once, so close does not
+    // queue (the queue holds it only weakly) is reported stopped once, so close does not
     // wait for a slot that can never run.
     #[test]
     fn a_subscription_dropped_while_queued_is_reported_stopped() {
@@ -608,7 +573,7 @@ mod tests {
     }
 
     // R-EXE-1, R-CORE-3: a subscription of several slots (lanes) gets one set of flags per
-    // slot — the first inline, the others beside it: a wake storm of every slot while
+    // slot — the first inline in its shell, the others beside it: a wake storm of every slot while
     // messages flow delivers each message once, and each slot stops once at close.
     #[test]
     fn every_slot_of_a_lanes_subscription_is_scheduled_and_stops() {

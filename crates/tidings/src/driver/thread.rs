@@ -47,12 +47,12 @@ impl Parking {
 }
 
 impl Wake for Parking {
-    fn wake(&self, worker: usize) {
+    fn wake(&self, _sub: &SubscriptionShell, worker: usize) {
         if let Some(cv) = self.slots.get(worker) {
             cv.notify_one();
         }
     }
-    fn wake_all(&self) {
+    fn wake_all(&self, _sub: &SubscriptionShell) {
         for cv in self.slots.iter() {
             cv.notify_all();
         }

@@ -89,9 +89,11 @@ fn may_block() -> bool {
 }
 
 /// One subscription's dispatcher slots: each slot's wake-up and done flag, and the
-/// driver's live count. One allocation per subscription, shared by its tasks and its waker.
+/// driver's live count. One allocation per subscription, shared by its tasks and its waker;
+/// the first slot is inline in it (a serial subscription's only one), the others behind
+/// one thin pointer.
 struct Slots {
-    slots: Box<[Slot]>,
+    slots: crate::subscription::slots::Slots<Slot>,
     live: Arc<LiveCount>,
 }
 
@@ -99,12 +101,12 @@ struct Slots {
 type Slot = WakeSlot;
 
 impl Wake for Slots {
-    fn wake(&self, worker: usize) {
+    fn wake(&self, _sub: &SubscriptionShell, worker: usize) {
         if let Some(s) = self.slots.get(worker) {
             s.wake();
         }
     }
-    fn wake_all(&self) {
+    fn wake_all(&self, _sub: &SubscriptionShell) {
         // A permit each, so a slot between its poll and its await still finds it.
         for s in self.slots.iter() {
             s.wake();
@@ -229,7 +231,7 @@ impl Executor for TokioExecutor {
 
     fn start(&self, sub: &Arc<SubscriptionShell>) -> Result<(), SubscribeError> {
         let slots = Arc::new(Slots {
-            slots: (0..sub.workers()).map(|_| Slot::new()).collect(),
+            slots: crate::subscription::slots::Slots::new(sub.workers(), Slot::new),
             live: self.live.clone(),
         });
         sub.set_waker(slots.clone());
@@ -400,4 +402,14 @@ async fn run_async(
         },
     )
     .await
+}
+
+#[cfg(all(test, target_pointer_width = "64", not(tidings_loom)))]
+mod tests {
+    // Issue 12: one of these per subscription; a serial one's slot is inline (32 bytes),
+    // the others' pointer and the live count one word each.
+    #[test]
+    fn a_subscriptions_slot_record_stays_small() {
+        assert_eq!(std::mem::size_of::<super::Slots>(), 48);
+    }
 }

@@ -32,7 +32,7 @@ use super::effects::{Effects, Lists};
 use super::lanes::Lanes;
 use super::ledger::{Counts, Ledger};
 use super::per_key::PerKey;
-use super::slots::Slots;
+use super::slots::{Slots, ThinVec};
 
 /// A message handed to a driver for one handler call.
 #[derive(Debug)]
@@ -101,7 +101,8 @@ pub enum Refusal {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
     Open,
-    Draining { deadline: Option<Instant> },
+    /// Its deadline, if any, is in the ledger ([`Ledger::drain_deadline`]).
+    Draining,
     Closed,
 }
 
@@ -116,7 +117,8 @@ enum Flavor {
 /// # Memory
 /// What never changes after subscribe is one shared [`Settings`]; the books beyond the
 /// delivery counters are allocated on first use ([`Ledger`]), and the queues on the first
-/// message, so an idle subscription's core is about 130 bytes (issue 12).
+/// message, so an idle subscription's core is 136 bytes (issue 12; a unit test below keeps it
+/// from growing back unnoticed).
 pub(crate) struct Core {
     settings: Arc<Settings>,
     flavor: Flavor,
@@ -134,8 +136,10 @@ pub(crate) struct Core {
     state: State,
     space_freed: bool,
     /// The buffer the next ingress move swaps in (see `super::ingress`): the one emptied by
-    /// the last move, kept so that moving allocates nothing.
-    ingress_spare: Vec<Queued>,
+    /// the last move, kept so that moving allocates nothing. Boxed, and made by the first
+    /// move that finds messages: an idle subscription pays one pointer for it, not three
+    /// words.
+    ingress_spare: Option<ThinVec<Queued>>,
 }
 
 impl Core {
@@ -156,8 +160,13 @@ impl Core {
             idle: Slots::new(workers, || false),
             state: State::Open,
             space_freed: false,
-            ingress_spare: Vec::new(),
+            ingress_spare: None,
         }
+    }
+
+    /// When a drain gives up (`None`: not draining, or no deadline).
+    fn drain_deadline(&self) -> Option<Instant> {
+        self.ledger.as_ref().and_then(|l| l.drain_deadline)
     }
 
     /// The books beyond the delivery counters, allocated on first use.
@@ -292,7 +301,9 @@ impl Core {
         loop {
             match self.state {
                 State::Closed => return Poll::Stopped,
-                State::Draining { deadline: Some(d) } if now.mono() >= d => return Poll::Stopped,
+                State::Draining if self.drain_deadline().is_some_and(|d| now.mono() >= d) => {
+                    return Poll::Stopped;
+                }
                 _ => {}
             }
             if self.running as usize >= self.idle.len() {
@@ -353,7 +364,7 @@ impl Core {
                     return Poll::WakeAt(t);
                 }
                 Take::Empty => {
-                    if matches!(self.state, State::Draining { .. }) {
+                    if self.state == State::Draining {
                         return Poll::Stopped;
                     }
                     self.idle[worker] = true;
@@ -494,7 +505,10 @@ impl Core {
     /// Stop accepting; deliver what is queued until `deadline`; abandon retries at once.
     pub(crate) fn begin_drain(&mut self, deadline: Option<Instant>, now: &Now<'_>) -> Effects {
         if self.state == State::Open {
-            self.state = State::Draining { deadline };
+            self.state = State::Draining;
+            if deadline.is_some() {
+                self.books().drain_deadline = deadline;
+            }
         }
         self.abandon_parked(now);
         self.effects()
@@ -573,16 +587,22 @@ impl Core {
         )
     }
 
-    /// The empty buffer to swap with the ingress's items; hand it back, filled, to
-    /// [`Core::accept_ingress`].
-    pub(crate) fn take_ingress_spare(&mut self) -> Vec<Queued> {
-        std::mem::take(&mut self.ingress_spare)
+    /// The empty buffer to swap with the ingress's items (`None` before the first move
+    /// that found any); hand it back, filled, to [`Core::accept_ingress`], or unused to
+    /// [`Core::keep_ingress_spare`].
+    pub(crate) fn take_ingress_spare(&mut self) -> Option<ThinVec<Queued>> {
+        self.ingress_spare.take()
+    }
+
+    /// Keep a buffer [`Core::take_ingress_spare`] gave out that was not needed.
+    pub(crate) fn keep_ingress_spare(&mut self, spare: Option<ThinVec<Queued>>) {
+        self.ingress_spare = spare;
     }
 
     /// Book and queue messages the ingress took with room reserved for them (see
     /// `super::ingress`): accepted already, in offer order, so no overflow policy applies.
     /// The emptied buffer is kept for the next move.
-    pub(crate) fn accept_ingress(&mut self, mut items: Vec<Queued>) {
+    pub(crate) fn accept_ingress(&mut self, mut items: ThinVec<Queued>) {
         for item in items.drain(..) {
             self.counts.offered += 1;
             self.counts.accepted += 1;
@@ -594,7 +614,7 @@ impl Core {
                 Flavor::PerKey(p) => p.push(item),
             }
         }
-        self.ingress_spare = items;
+        self.ingress_spare = Some(items);
     }
 
     /// Room the ingress may reserve: what the capacity leaves while open, else none.
@@ -655,5 +675,15 @@ impl Core {
             blocked_publishers: u64::from(self.blocked_publishers),
             oldest_age: oldest.map(|t| t.age_at(now)),
         }
+    }
+}
+
+#[cfg(all(test, target_pointer_width = "64"))]
+mod tests {
+    // Issue 12: every idle subscription holds one core. Growing it is a deliberate choice:
+    // update this figure and the `bytes-per-sub` benchmark notes together.
+    #[test]
+    fn an_idle_core_stays_small() {
+        assert_eq!(std::mem::size_of::<super::Core>(), 136);
     }
 }

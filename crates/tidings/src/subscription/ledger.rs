@@ -11,7 +11,7 @@
 //! so a subscription that has only ever delivered (or is idle) does not carry it (issue 12).
 
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Instant, SystemTime};
 
 use crate::dlq::{DeadLetter, DeadLetterQueue, DeadLetterReason};
 use crate::message::Message;
@@ -54,6 +54,9 @@ pub(crate) struct Ledger {
     /// Completion record for durable subscriptions (`None` = disabled, zero cost): every
     /// message that finished by delivery or dead-lettering (never `Shutdown`).
     pub(crate) completions: Option<Completions>,
+    /// While draining: when the drain gives up on what is still queued. Kept here, not in
+    /// the core's state, so that an open subscription's state is one byte.
+    pub(crate) drain_deadline: Option<Instant>,
 }
 
 pub(crate) use super::effects::Finished;
@@ -88,6 +91,7 @@ impl Ledger {
             forward: settings.dlq_topic.is_some(),
             keep_shutdown: settings.keep_shutdown,
             completions: None,
+            drain_deadline: None,
         }
     }
 

@@ -10,8 +10,9 @@ mod ledger;
 #[cfg(all(test, tidings_loom))]
 pub(crate) mod loom_models;
 mod per_key;
+pub(crate) mod run_flags;
 pub(crate) mod shell;
-mod slots;
+pub(crate) mod slots;
 
 pub use self::core::Refusal;
 pub use handle::{Subscription, SubscriptionId};

@@ -14,7 +14,7 @@
 
 use std::cell::Cell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::Instant;
 
 use crate::clock::{Clock, Now, deadline_after};
@@ -33,6 +33,7 @@ use super::effects::{Effects, FinishedHook, Lists};
 use super::handle::SubscriptionId;
 use super::ingress::{Ingress, room_for};
 use super::ledger::Completions;
+use super::run_flags::{OtherRunFlags, RunFlags};
 use crate::message::Priority;
 use crate::queue::Queued;
 
@@ -85,13 +86,15 @@ pub(crate) enum HandlerKind {
     Async(Arc<dyn crate::async_handler::AsyncHandler>),
 }
 
-/// How a publisher (or a clock jump, or close) wakes an idle dispatcher slot. Each driver
-/// implements it its own way (a condition variable, a pool mailbox, a tokio `Notify`).
+/// How a publisher (or a clock jump, or close) wakes an idle dispatcher slot of `sub`. Each
+/// driver implements it its own way (a condition variable, the pool's run queue, a tokio
+/// task's wake-up). A waker is told which subscription it wakes, so one waker may serve
+/// many (the pool's is the pool itself).
 pub(crate) trait Wake: Send + Sync {
-    /// Slot `worker` has work.
-    fn wake(&self, worker: usize);
-    /// Every slot should re-check its state (close, clock jump).
-    fn wake_all(&self);
+    /// Slot `worker` of `sub` has work.
+    fn wake(&self, sub: &SubscriptionShell, worker: usize);
+    /// Every slot of `sub` should re-check its state (close, clock jump).
+    fn wake_all(&self, sub: &SubscriptionShell);
 }
 
 /// Publishes a dead letter to a dead-letter topic (R-DEL-4): `(topic, entry, subscription
@@ -174,8 +177,15 @@ pub(crate) struct SubscriptionShell {
     /// The broker's clock and dead-letter sink, shared by its subscriptions.
     env: Arc<ShellEnv>,
     waker: OnceLock<Arc<dyn Wake>>,
+    /// This subscription, for a driver that queues its slots (the pool's run queue holds
+    /// this, not an allocation of its own per subscription).
+    me: Weak<SubscriptionShell>,
     /// Offers may take the ingress (see `super::ingress`).
     fast: bool,
+    /// Slot 0's run flags (see `super::run_flags`), beside `fast`: no byte of its own.
+    first_run_flags: RunFlags,
+    /// The other slots' run flags.
+    other_run_flags: OtherRunFlags,
     /// Publishers blocked under `Overflow::Block` wait here for room.
     space: Condvar,
     /// What never changes after subscribe (overflow policy, dead-letter topic, the options
@@ -193,8 +203,18 @@ pub(crate) fn detached(
     options: &SubscribeOptions,
     handler: impl Fn(&Message) -> Result<(), HandlerError> + Send + Sync + 'static,
 ) -> Arc<SubscriptionShell> {
-    Arc::new(SubscriptionShell::new(
-        SubscriptionId(1),
+    detached_with_id(SubscriptionId(1), options, handler)
+}
+
+/// [`detached`], with this id.
+#[cfg(test)]
+pub(crate) fn detached_with_id(
+    id: SubscriptionId,
+    options: &SubscribeOptions,
+    handler: impl Fn(&Message) -> Result<(), HandlerError> + Send + Sync + 'static,
+) -> Arc<SubscriptionShell> {
+    SubscriptionShell::new(
+        id,
         Pattern::new("t").expect("a valid pattern"),
         options,
         HandlerKind::Sync(Arc::new(crate::handler::handler_fn(handler))),
@@ -202,7 +222,7 @@ pub(crate) fn detached(
             clock: Arc::new(crate::clock::SystemClock),
             dead_letter_sink: Arc::new(|_: &str, _: &DeadLetter, _: &str| false),
         }),
-    ))
+    )
 }
 
 /// The subscription's lock, held by a driver's dispatcher slot. Every core step taken
@@ -318,6 +338,17 @@ impl SubscriptionShell {
         options: &SubscribeOptions,
         handler: HandlerKind,
         env: Arc<ShellEnv>,
+    ) -> Arc<Self> {
+        Arc::new_cyclic(|me| Self::with_self(me.clone(), id, pattern, options, handler, env))
+    }
+
+    fn with_self(
+        me: Weak<Self>,
+        id: SubscriptionId,
+        pattern: Pattern,
+        options: &SubscribeOptions,
+        handler: HandlerKind,
+        env: Arc<ShellEnv>,
     ) -> Self {
         let settings = Settings::shared(options);
         let core = Core::new(settings.clone());
@@ -334,7 +365,11 @@ impl SubscriptionShell {
             );
         let ingress = Ingress::default();
         ingress.lock().open = fast;
+        let other_run_flags = OtherRunFlags::new(core.workers());
         Self {
+            me,
+            first_run_flags: RunFlags::default(),
+            other_run_flags,
             fast,
             ingress,
             id,
@@ -383,6 +418,19 @@ impl SubscriptionShell {
 
     pub(crate) fn set_waker(&self, waker: Arc<dyn Wake>) {
         let _ = self.waker.set(waker);
+    }
+
+    /// This subscription, while it lives (for a driver's run queue).
+    pub(crate) fn weak(&self) -> Weak<Self> {
+        self.me.clone()
+    }
+
+    /// Slot `worker`'s run flags (see `super::run_flags`); `None`: no such slot.
+    pub(crate) fn run_flags(&self, worker: usize) -> Option<&RunFlags> {
+        match worker {
+            0 => Some(&self.first_run_flags),
+            w => self.other_run_flags.get(w),
+        }
     }
 
     /// The broker's clock (the tokio driver asks it how long to wait).
@@ -634,7 +682,7 @@ impl SubscriptionShell {
 
     pub(crate) fn wake(&self, worker: usize) {
         if let Some(w) = self.waker.get() {
-            w.wake(worker);
+            w.wake(self, worker);
         }
     }
 
@@ -644,7 +692,7 @@ impl SubscriptionShell {
         drop(self.core.lock());
         self.space.notify_all();
         if let Some(w) = self.waker.get() {
-            w.wake_all();
+            w.wake_all(self);
         }
     }
 
@@ -736,17 +784,28 @@ impl SubscriptionShell {
         if !self.fast {
             return;
         }
-        let mut items = core.take_ingress_spare();
-        {
+        let mut spare = core.take_ingress_spare();
+        let moved = {
             let mut ingress = self.ingress.lock();
-            std::mem::swap(&mut items, &mut ingress.items);
+            // Nothing to move (an idle dispatcher's every poll): swap nothing, so an idle
+            // subscription never makes the spare buffer.
+            let moved = (!ingress.items.is_empty()).then(|| {
+                let mut items = spare.take().unwrap_or_default();
+                std::mem::swap(&mut *items, &mut ingress.items);
+                items
+            });
+            let held = moved.as_ref().map_or(0, |items| items.len());
             ingress.room = if pause {
                 0
             } else {
-                room_for(core.ingress_room().saturating_sub(items.len()))
+                room_for(core.ingress_room().saturating_sub(held))
             };
+            moved
+        };
+        match moved {
+            Some(items) => core.accept_ingress(items),
+            None => core.keep_ingress_spare(spare),
         }
-        core.accept_ingress(items);
     }
 
     /// After an offer through the core: reserve what room is left for fast offers.

@@ -560,6 +560,19 @@ impl<V> TopicTrie<V> {
         Some(&list[i].1)
     }
 
+    /// The value with the lowest id stored under `pattern` (up to pattern equivalence), if
+    /// any: what a caller holding many values per pattern can share between them.
+    #[must_use]
+    pub fn first(&self, pattern: &Pattern) -> Option<&V> {
+        let list = if pattern.is_literal() {
+            self.literal.get(pattern.as_str())?
+        } else {
+            let (segs, n) = canonical(pattern);
+            &self.nodes[self.find(&segs[..n])? as usize].entries
+        };
+        list.first().map(|(_, v)| v)
+    }
+
     /// Mutable access to the value stored for `(pattern, id)`, if any.
     pub fn get_mut(&mut self, pattern: &Pattern, id: u64) -> Option<&mut V> {
         let list = if pattern.is_literal() {
@@ -840,6 +853,26 @@ mod tests {
     fn t(s: &str) -> Topic {
         Topic::new(s).unwrap()
     }
+    #[test]
+    fn first_is_the_lowest_id_under_a_pattern_or_an_equivalent_one() {
+        let mut trie = TopicTrie::new();
+        assert_eq!(trie.first(&p("a.b")), None);
+        trie.insert(&p("a.b"), 7, "seven");
+        trie.insert(&p("a.b"), 3, "three");
+        trie.insert(&p("a.*.#"), 5, "five");
+        assert_eq!(trie.first(&p("a.b")), Some(&"three"));
+        assert_eq!(trie.first(&p("a.*.#")), Some(&"five"));
+        assert_eq!(
+            trie.first(&p("a.#.*")),
+            Some(&"five"),
+            "an equivalent pattern"
+        );
+        assert_eq!(trie.first(&p("a.*")), None);
+        assert_eq!(trie.first(&p("a.c")), None);
+        trie.remove(&p("a.b"), 3);
+        assert_eq!(trie.first(&p("a.b")), Some(&"seven"));
+    }
+
     fn ids<V>(trie: &TopicTrie<V>, topic: &str) -> Vec<u64> {
         let mut out = Vec::new();
         trie.for_each_match(&t(topic), |id, _| out.push(id));
