@@ -16,7 +16,7 @@ use crate::dir::{self, BadEntry};
 use crate::error::OpenError;
 use crate::index::{self, IndexBuilder, SealedInfo, SegmentIndex};
 use crate::record::{FRAME_PREFIX, u64_at};
-use crate::scan::{is_interrupted_roll_file, scan};
+use crate::scan::{Damage, ScanOutcome, is_interrupted_roll_file, scan};
 use crate::segment::{
     FileKind, HEADER_LEN, HeaderProblem, Segment, check_header, file_path, header_bytes,
 };
@@ -139,6 +139,61 @@ struct Loaded {
     adopted_from: Option<PathBuf>,
 }
 
+impl Loaded {
+    /// A segment as its scan found it; the scan's index builder is returned apart (only the
+    /// last segment's is kept).
+    fn scanned(
+        base: u64,
+        path: PathBuf,
+        file: Arc<dyn StorageFile>,
+        sc: ScanOutcome,
+        rebuild_files: bool,
+        adopted_from: Option<PathBuf>,
+    ) -> (Self, IndexBuilder) {
+        let loaded = Loaded {
+            base,
+            path,
+            file,
+            index: sc.index,
+            end: sc.end,
+            size: sc.valid_len,
+            max_ts: sc.max_ts.unwrap_or(0),
+            rebuild_files,
+            adopted_from,
+        };
+        (loaded, sc.builder)
+    }
+}
+
+/// Scans a segment file that may end in a torn tail (the last one, or an adopted one).
+fn scan_segment(
+    file: &dyn StorageFile,
+    len: u64,
+    base: u64,
+    config: &LogConfig,
+    path: &Path,
+) -> Result<ScanOutcome, OpenError> {
+    scan(
+        file,
+        len,
+        HEADER_LEN,
+        base,
+        config.index_interval_bytes,
+        &mut |_| true,
+    )
+    .map_err(io_at(path))
+}
+
+/// The cut recovery makes at `d` in a file of `len` bytes.
+fn torn_tail(path: &Path, len: u64, d: &Damage) -> Truncation {
+    Truncation {
+        path: path.to_path_buf(),
+        byte_offset: d.pos,
+        bytes_dropped: len - d.pos,
+        reason: d.reason,
+    }
+}
+
 fn io_at(path: &Path) -> impl FnOnce(io::Error) -> OpenError + '_ {
     move |source| OpenError::Io {
         path: path.to_path_buf(),
@@ -240,15 +295,7 @@ pub(crate) fn recover(
             });
             continue;
         }
-        let sc = scan(
-            &*file,
-            len,
-            HEADER_LEN,
-            base,
-            config.index_interval_bytes,
-            &mut |_| true,
-        )
-        .map_err(io_at(&path))?;
+        let sc = scan_segment(&*file, len, base, config, &path)?;
         if let Some(d) = &sc.damage {
             if !last || d.resync.is_some() {
                 return Err(OpenError::Corrupt {
@@ -257,27 +304,13 @@ pub(crate) fn recover(
                     reason: d.reason,
                 });
             }
-            report.truncated = Some(Truncation {
-                path: path.clone(),
-                byte_offset: d.pos,
-                bytes_dropped: len - d.pos,
-                reason: d.reason,
-            });
+            report.truncated = Some(torn_tail(&path, len, d));
         }
+        let (l, scanned_builder) = Loaded::scanned(base, path, file, sc, rebuild_files, None);
         if last {
-            builder = sc.builder;
+            builder = scanned_builder;
         }
-        loaded.push(Loaded {
-            base,
-            path,
-            file,
-            index: sc.index,
-            end: sc.end,
-            size: sc.valid_len,
-            max_ts: sc.max_ts.unwrap_or(0),
-            rebuild_files,
-            adopted_from: None,
-        });
+        loaded.push(l);
     }
     if incomplete.is_none() && report.truncated.is_none() {
         builder = adopt_pending(storage, dir, config, &listing, &mut loaded, &mut report)?
@@ -413,40 +446,18 @@ fn adopt_pending(
         if check_header(&head, base).is_err() {
             break;
         }
-        let sc = scan(
-            &*file,
-            len,
-            HEADER_LEN,
-            base,
-            config.index_interval_bytes,
-            &mut |_| true,
-        )
-        .map_err(io_at(tmp))?;
+        let sc = scan_segment(&*file, len, base, config, tmp)?;
         let path = file_path(dir, base, FileKind::Segment);
         if let Some(d) = &sc.damage {
-            report.truncated = Some(Truncation {
-                path: path.clone(),
-                byte_offset: d.pos,
-                bytes_dropped: len - d.pos,
-                reason: d.reason,
-            });
+            report.truncated = Some(torn_tail(&path, len, d));
         }
         // The segment before it is sealed now: its index files are written in phase 2.
         if let Some(prev) = loaded.last_mut() {
             prev.rebuild_files = true;
         }
-        builder = Some(sc.builder);
-        loaded.push(Loaded {
-            base,
-            path,
-            file,
-            index: sc.index,
-            end: sc.end,
-            size: sc.valid_len,
-            max_ts: sc.max_ts.unwrap_or(0),
-            rebuild_files: false,
-            adopted_from: Some(tmp.clone()),
-        });
+        let (l, scanned_builder) = Loaded::scanned(base, path, file, sc, false, Some(tmp.clone()));
+        builder = Some(scanned_builder);
+        loaded.push(l);
     }
     Ok(builder)
 }
