@@ -17,7 +17,9 @@ use crate::sync::{AtomicBool, Mutex, Ordering};
 pub(crate) struct WakeSlot {
     woken: AtomicBool,
     /// Set when the waiting task's body ended ([`retire`](Self::retire)); beside the
-    /// permit, where it costs no byte.
+    /// permit, where it costs no byte. (Read by the tokio driver, which the loom models do not
+    /// build.)
+    #[cfg_attr(tidings_loom, allow(dead_code))]
     retired: AtomicBool,
     /// The waiting task's waker, if it waits.
     waker: Mutex<Option<Waker>>,

@@ -12,17 +12,14 @@
 
 use std::sync::Arc;
 
-use crate::clock::SystemClock;
-use crate::dlq::{DeadLetter, DeadLetterReason};
-use crate::handler::{HandlerError, handler_fn};
+use crate::dlq::DeadLetterReason;
+use crate::handler::HandlerError;
 use crate::message::{Message, MessageBuilder};
 use crate::options::{Overflow, SubscribeOptions};
 use crate::sync::{Condvar, Mutex, thread};
-use crate::topic::Pattern;
 
 use super::core::Refusal;
-use super::handle::SubscriptionId;
-use super::shell::{HandlerKind, ShellEnv, SubscriptionShell};
+use super::shell::SubscriptionShell;
 
 /// True when the longer bounds were asked for (`TIDINGS_LONG=1`).
 pub(crate) fn long() -> bool {

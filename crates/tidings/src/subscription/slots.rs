@@ -51,7 +51,8 @@ impl<T> Slots<T> {
         std::iter::once(&mut self.first).chain(rest)
     }
 
-    /// Slot `i`, `None` past the end.
+    /// Slot `i`, `None` past the end. (Only the tokio driver looks a slot up by index.)
+    #[cfg(any(feature = "tokio", test))]
     pub(crate) fn get(&self, i: usize) -> Option<&T> {
         match i {
             0 => Some(&self.first),
