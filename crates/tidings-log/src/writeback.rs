@@ -230,9 +230,8 @@ fn run(sh: &Shared) {
         };
         match work {
             Work::Seal(seal) => {
-                if let Err(e) = run_seal(sh, &seal) {
-                    drop(e); // poisoned: the next append or sync reports it
-                }
+                // A failure poisoned the writer: the next append or sync reports it.
+                let _ = run_seal(sh, &seal);
                 // Under the lock, so that a waiter cannot miss the wake-up between its check
                 // and its wait.
                 let _slot = reqs.slot.lock();

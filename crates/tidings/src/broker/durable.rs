@@ -11,6 +11,7 @@ use std::sync::{Arc, OnceLock, Weak};
 
 use tidings_log::Storage;
 
+use crate::clock::Now;
 use crate::dedup::DedupStore;
 use crate::durable::feeder::{CursorFeeder, FeedSink, Held, Offered, OnDue};
 use crate::durable::{
@@ -121,7 +122,7 @@ impl FeedSink for SubscriptionSink {
         let (Some(broker), Some(sub)) = (self.broker.upgrade(), self.sub.upgrade()) else {
             return Held::Closed;
         };
-        let Some(due) = broker.due_time(message) else {
+        let Some(due) = broker.due_time(message, &Now::new(broker.clock.as_ref())) else {
             return Held::NotDelayed;
         };
         if broker.schedule_for(due, message.clone(), Target::Only(sub.id, on_due)) {

@@ -54,7 +54,7 @@ impl BrokerInner {
         crate::telemetry::trace::record_published(&span, &message);
         // Durable streams first: a failed append fails the publish (src/durable).
         let streams = self.durables.append(&message)?;
-        let mut report = match self.due_time(&message) {
+        let mut report = match self.due_time(&message, &now) {
             // With a transport a delayed message travels now; receivers hold it, and a
             // held message is routed when due, to the subscriptions there are then.
             Some(due) if !self.has_transport() => self.schedule(due, message)?,
@@ -64,10 +64,10 @@ impl BrokerInner {
         Ok(report)
     }
 
-    /// The monotonic due time of a message delivered in the future (R-TIME-2).
-    pub(crate) fn due_time(&self, message: &Message) -> Option<Instant> {
+    /// The monotonic due time of a message delivered in the future (R-TIME-2), from the
+    /// clock reading `now` (the publish's own, when it is the publish that asks).
+    pub(crate) fn due_time(&self, message: &Message, now: &Now<'_>) -> Option<Instant> {
         let at = message.deliver_at()?;
-        let now = Now::new(self.clock.as_ref());
         let wait = at
             .duration_since(now.wall())
             .ok()

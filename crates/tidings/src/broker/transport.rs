@@ -154,7 +154,7 @@ impl BrokerInner {
             let message = Arc::new(message);
             if message.deliver_at().is_some()
                 && let Some(broker) = broker.upgrade()
-                && let Some(due) = broker.due_time(&message)
+                && let Some(due) = broker.due_time(&message, &Now::new(broker.clock.as_ref()))
             {
                 let later = Arc::downgrade(&sub);
                 let offer = Box::new(move |m: &Arc<Message>| {
