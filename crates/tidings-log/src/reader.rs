@@ -76,10 +76,11 @@ pub(crate) fn read(sh: &Shared, from: u64, max: usize) -> Result<Vec<StoredRecor
 
 /// Decodes the records of `seg` with offsets in `from..until` into `out` until it holds `max`.
 ///
-/// The read loop of [`for_each_frame`], specialised: each record is checked and decoded in one
-/// walk over its body ([`record::decode_at`] checks the whole structure; the checksum was
-/// verified three frames at a time by [`Chunk::verified_len`]), and key and payload are slices
-/// of the chunk (no copy).
+/// The read loop of [`for_each_frame`], specialised: the frames already in the chunk are
+/// checksummed three at a time ([`Chunk::verified_run`]) and each is checked and decoded in one
+/// walk over its body ([`record::decode_at`] checks the whole structure); key and payload are
+/// slices of the chunk (no copy). A frame the run stops at (not complete in the chunk, or a
+/// failed checksum) goes through [`Chunk::frame`], which reads more or says what is wrong.
 fn read_segment(
     sh: &Shared,
     seg: &Segment,
@@ -91,20 +92,30 @@ fn read_segment(
     let mut walk = Walk::start(seg, from);
     let mut chunk = Chunk::default();
     while walk.off < until {
-        let pos = walk.pos;
-        let len = chunk.verified_len(sh, seg, pos)?;
-        let at = (pos - chunk.start) as usize;
-        let rec = record::decode_at(&chunk.bytes, at, len).map_err(|r| corrupt(seg, pos, r))?;
-        if !walk.in_sequence(seg, rec.offset)? {
-            continue;
-        }
-        if walk.off >= from {
-            out.push(rec);
-            if out.len() >= max {
-                return Ok(());
+        let run = chunk.verified_run(walk.pos, until - walk.off);
+        let frames = if run.is_empty() {
+            let len = chunk.checked_len(sh, seg, walk.pos)?;
+            Run::one((walk.pos - chunk.start) as usize, len)
+        } else {
+            run
+        };
+        for &(at, len) in frames.frames() {
+            let pos = walk.pos;
+            let frame = &chunk.bytes[at..at + len];
+            if !walk.in_sequence(seg, record::stored_offset(frame))? {
+                break;
             }
+            if walk.off >= from {
+                record::decode_into(&chunk.bytes, at, len, out)
+                    .map_err(|r| corrupt(seg, pos, r))?;
+                if out.len() >= max {
+                    return Ok(());
+                }
+            } else if let Frame::Bad(reason) = check_frame_crc_verified(frame) {
+                return Err(corrupt(seg, pos, reason));
+            }
+            walk.advance(len);
         }
-        walk.advance(len);
     }
     Ok(())
 }
@@ -203,34 +214,37 @@ pub(crate) fn for_each_frame(
     let mut walk = Walk::start(seg, from);
     let mut chunk = Chunk::default();
     while walk.off < until {
-        let pos = walk.pos;
-        let (len, stored, ts) = match chunk.frame(sh, seg, pos)? {
-            Frame::Good {
-                len,
-                offset,
-                timestamp_ms,
-            } => (len, offset, timestamp_ms),
-            Frame::Bad(reason) => return Err(corrupt(seg, pos, reason)),
-            Frame::Incomplete { .. } => {
-                return Err(corrupt(
-                    seg,
-                    pos,
-                    "record extends past the end of the segment",
-                ));
-            }
+        let run = chunk.verified_run(walk.pos, until - walk.off);
+        let frames = if run.is_empty() {
+            let len = chunk.checked_len(sh, seg, walk.pos)?;
+            Run::one((walk.pos - chunk.start) as usize, len)
+        } else {
+            run
         };
-        if !walk.in_sequence(seg, stored)? {
-            continue;
+        for &(at, len) in frames.frames() {
+            let pos = walk.pos;
+            let (stored, ts) = match check_frame_crc_verified(&chunk.bytes[at..at + len]) {
+                Frame::Good {
+                    offset,
+                    timestamp_ms,
+                    ..
+                } => (offset, timestamp_ms),
+                Frame::Bad(reason) => return Err(corrupt(seg, pos, reason)),
+                Frame::Incomplete { .. } => past_segment_end(seg, pos)?,
+            };
+            if !walk.in_sequence(seg, stored)? {
+                break;
+            }
+            if walk.off >= from
+                && !f(FrameRef {
+                    offset: walk.off,
+                    timestamp_ms: ts,
+                })?
+            {
+                return Ok(());
+            }
+            walk.advance(len);
         }
-        if walk.off >= from
-            && !f(FrameRef {
-                offset: walk.off,
-                timestamp_ms: ts,
-            })?
-        {
-            return Ok(());
-        }
-        walk.advance(len);
     }
     Ok(())
 }
@@ -281,17 +295,73 @@ impl ChunkPool {
 #[derive(Default)]
 struct Chunk {
     bytes: Bytes,
+    /// File position of `bytes[0]`.
     start: u64,
-    /// Positions (in the file) of frames of `bytes` whose checksum was verified ahead, three at
-    /// a time (see [`crate::crc`]); `NOT_VERIFIED` in unused slots.
-    verified: [u64; 3],
 }
 
-const NOT_VERIFIED: u64 = u64::MAX;
+/// Up to three frames of a chunk, `(position in the chunk, length)`, in file order.
+#[derive(Default)]
+struct Run {
+    frames: [(usize, usize); 3],
+    n: usize,
+}
+
+impl Run {
+    fn one(at: usize, len: usize) -> Self {
+        Self {
+            frames: [(at, len), (0, 0), (0, 0)],
+            n: 1,
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.n == 0
+    }
+
+    fn frames(&self) -> &[(usize, usize)] {
+        &self.frames[..self.n]
+    }
+}
 
 impl Chunk {
     fn covers(&self, pos: u64, need: u64) -> bool {
         pos >= self.start && pos + need <= self.start + self.bytes.len() as u64
+    }
+
+    /// The frames at `pos` and after it (at most three, at most `limit`) that are complete in
+    /// this chunk and pass their checksum, which is computed for the three together (see
+    /// [`crate::crc`]). Stops before the first that is incomplete or fails: empty when that is
+    /// the first, or when the chunk does not hold `pos`. The structure is left to the caller.
+    fn verified_run(&self, pos: u64, limit: u64) -> Run {
+        let mut run = Run::default();
+        if !self.covers(pos, 0) {
+            return run;
+        }
+        let b = &self.bytes[..];
+        let mut at = (pos - self.start) as usize;
+        let mut parts = [([0u8; 4], &[][..]); 3];
+        let mut stored = [0u32; 3];
+        let mut n = 0;
+        while n < 3 && (n as u64) < limit {
+            let Some(len) = record::complete_frame_len(&b[at..]) else {
+                break;
+            };
+            let frame = &b[at..at + len];
+            parts[n] = (
+                [frame[0], frame[1], frame[2], frame[3]],
+                &frame[FRAME_PREFIX..],
+            );
+            stored[n] = record::u32_at(frame, 4);
+            run.frames[n] = (at, len);
+            at += len;
+            n += 1;
+        }
+        if n == 0 {
+            return run;
+        }
+        let crcs = crate::crc::frame_crc3(parts);
+        run.n = (0..n).take_while(|&i| crcs[i] == stored[i]).count();
+        run
     }
 
     /// Makes `pos..pos + need` available, flushing the writer if those bytes are still buffered.
@@ -316,43 +386,26 @@ impl Chunk {
         self.bytes = buf.freeze();
         sh.chunks.give(&self.bytes);
         self.start = pos;
-        self.verified = [NOT_VERIFIED; 3];
         Ok(true)
     }
 
-    /// The length of the complete frame at `pos`, with its checksum verified (the structure is
-    /// left to the decoder); `Corrupt` when it is incomplete or fails a check.
-    fn verified_len(&mut self, sh: &Shared, seg: &Segment, pos: u64) -> Result<usize, ReadError> {
-        if self.covers(pos, FRAME_PREFIX as u64) {
-            let at = (pos - self.start) as usize;
-            if let Some(len) = record::complete_frame_len(&self.bytes[at..])
-                && (self.verified.contains(&pos) || self.verify_ahead(at))
-            {
-                return Ok(len);
-            }
-        }
+    /// The length of the complete frame at `pos`, read into the chunk if needed, with its
+    /// checksum verified (the structure is left to the caller); `Corrupt` when it is
+    /// incomplete or fails a check.
+    fn checked_len(&mut self, sh: &Shared, seg: &Segment, pos: u64) -> Result<usize, ReadError> {
         match self.frame(sh, seg, pos)? {
             Frame::Good { len, .. } => Ok(len),
             Frame::Bad(reason) => Err(corrupt(seg, pos, reason)),
-            Frame::Incomplete { .. } => Err(corrupt(
-                seg,
-                pos,
-                "record extends past the end of the segment",
-            )),
+            Frame::Incomplete { .. } => past_segment_end(seg, pos),
         }
     }
 
+    /// The fully checked frame at `pos`, reading it into the chunk first if needed.
     fn frame(&mut self, sh: &Shared, seg: &Segment, pos: u64) -> Result<Frame, ReadError> {
         if !self.fill(sh, seg, pos, FRAME_PREFIX as u64)? {
             return Ok(Frame::Incomplete { need: FRAME_PREFIX });
         }
         let at = (pos - self.start) as usize;
-        if self.verified.contains(&pos) {
-            return Ok(check_frame_crc_verified(&self.bytes[at..]));
-        }
-        if self.verify_ahead(at) {
-            return Ok(check_frame_crc_verified(&self.bytes[at..]));
-        }
         match check_frame(&self.bytes[at..]) {
             Frame::Incomplete { need } if need > FRAME_PREFIX => {
                 if !self.fill(sh, seg, pos, need as u64)? {
@@ -366,29 +419,13 @@ impl Chunk {
     }
 }
 
-impl Chunk {
-    /// Checksums the frame at `bytes[at..]` and the two after it, if complete in this chunk,
-    /// together; remembers which passed. Returns whether the first did (when not, the full
-    /// check runs and says why).
-    fn verify_ahead(&mut self, at: usize) -> bool {
-        let b = &self.bytes[..];
-        let rest = |from: Option<usize>| from.map_or(&[][..], |f| &b[f..]);
-        let len0 = record::complete_frame_len(&b[at..]);
-        let at1 = len0.map(|l| at + l);
-        let len1 = at1.and_then(|a| record::complete_frame_len(&b[a..]));
-        let at2 = at1.zip(len1).map(|(a, l)| a + l);
-        let ok = record::crc3_ahead([rest(Some(at)), rest(at1), rest(at2)]);
-        let to_pos = |a: Option<usize>, ok: bool| match a {
-            Some(a) if ok => self.start + a as u64,
-            _ => NOT_VERIFIED,
-        };
-        self.verified = [
-            to_pos(Some(at), ok[0]),
-            to_pos(at1, ok[1]),
-            to_pos(at2, ok[2]),
-        ];
-        ok[0]
-    }
+/// A frame below the visible end that does not fit in its segment's written bytes.
+fn past_segment_end<T>(seg: &Segment, pos: u64) -> Result<T, ReadError> {
+    Err(corrupt(
+        seg,
+        pos,
+        "record extends past the end of the segment",
+    ))
 }
 
 fn flush_for_read(sh: &Shared, seg: &Segment) -> Result<(), ReadError> {

@@ -248,8 +248,8 @@ pub(crate) fn check_frame(buf: &[u8]) -> Frame {
     check_frame_inner(buf, false)
 }
 
-/// [`check_frame`] for a frame whose checksum the caller has just verified (with
-/// [`crc3_ahead`]): every other check still runs.
+/// [`check_frame`] for a frame whose checksum the caller has just verified (the reader checks
+/// three frames' checksums together): every other check still runs.
 pub(crate) fn check_frame_crc_verified(buf: &[u8]) -> Frame {
     check_frame_inner(buf, true)
 }
@@ -264,28 +264,6 @@ pub(crate) fn complete_frame_len(buf: &[u8]) -> Option<usize> {
     }
     let len = FRAME_PREFIX + body_len;
     (len <= buf.len()).then_some(len)
-}
-
-/// The complete, length-plausible frames at the starts of `bufs` (each slice begins at a frame
-/// and runs to the end of the buffered bytes), checksummed three at a time: for each, whether
-/// its stored CRC matches. `false` for a frame that is incomplete or of implausible length (the
-/// caller's full check reports why).
-pub(crate) fn crc3_ahead(bufs: [&[u8]; 3]) -> [bool; 3] {
-    fn split(buf: &[u8]) -> Option<([u8; 4], u32, &[u8])> {
-        let len = complete_frame_len(buf)?;
-        let body = &buf[FRAME_PREFIX..len];
-        let mut len_bytes = [0; 4];
-        len_bytes.copy_from_slice(&buf[..4]);
-        Some((len_bytes, u32_at(buf, 4), body))
-    }
-    let parts = bufs.map(split);
-    let frames = parts.map(|p| p.map_or(([0; 4], &[][..]), |(len, _, body)| (len, body)));
-    let crcs = crate::crc::frame_crc3(frames);
-    let mut ok = [false; 3];
-    for i in 0..3 {
-        ok[i] = parts[i].is_some_and(|(_, stored, _)| stored == crcs[i]);
-    }
-    ok
 }
 
 fn check_frame_inner(buf: &[u8], crc_verified: bool) -> Frame {
@@ -324,6 +302,24 @@ pub(crate) fn decode(frame: &Bytes) -> Result<StoredRecord, &'static str> {
 /// Decodes the frame at `buf[at..at + len]` (already accepted by [`check_frame`]); key, header
 /// values and payload are slices of `buf` itself (one reference count each, no copy).
 pub(crate) fn decode_at(buf: &Bytes, at: usize, len: usize) -> Result<StoredRecord, &'static str> {
+    let mut one = Vec::with_capacity(1);
+    decode_into(buf, at, len, &mut one)?;
+    one.pop().ok_or("malformed record body")
+}
+
+/// [`decode_at`], pushing the record onto `out`.
+///
+/// Inlined, and building the common shape (no key, no headers) right in the push: a record
+/// returned through a `Result` was stored 8 bytes at a time and loaded back 16 at a time by
+/// each move, and those loads stalled on store forwarding (the reader's largest cost after
+/// the checksum).
+#[inline]
+pub(crate) fn decode_into(
+    buf: &Bytes,
+    at: usize,
+    len: usize,
+    out: &mut Vec<StoredRecord>,
+) -> Result<(), &'static str> {
     let end = at
         .checked_add(len)
         .filter(|&e| e <= buf.len())
@@ -333,14 +329,23 @@ pub(crate) fn decode_at(buf: &Bytes, at: usize, len: usize) -> Result<StoredReco
     if body.len() >= MIN_BODY && body[16] == 0 && u32_at(body, 17) == 0 {
         // No key, no headers (the common shape): the walk below would find exactly this, and
         // the rest of the body is the payload.
-        return Ok(StoredRecord {
+        out.push(StoredRecord {
             offset: u64_at(body, 0),
             timestamp_ms: u64_at(body, 8),
             key: None,
             headers: Vec::new(),
             payload: buf.slice(start + MIN_BODY..end),
         });
+        return Ok(());
     }
+    out.push(decode_walked(buf, start, end)?);
+    Ok(())
+}
+
+/// [`decode_into`] for a body with a key or headers, `buf[start..end]`.
+#[inline(never)]
+fn decode_walked(buf: &Bytes, start: usize, end: usize) -> Result<StoredRecord, &'static str> {
+    let body = &buf[start..end];
     let part = |r: Range<usize>| buf.slice(start + r.start..start + r.end);
     let mut headers = Vec::new();
     let mut bad_name = false;
@@ -493,6 +498,11 @@ pub(crate) fn frame_crc_with_len(body_len: u32, body_crc: u32, body_bytes: usize
         body_crc,
         body_bytes,
     )
+}
+
+/// The offset stored in a complete frame (at least [`MIN_FRAME`] bytes long).
+pub(crate) fn stored_offset(frame: &[u8]) -> u64 {
+    u64_at(frame, FRAME_PREFIX)
 }
 
 pub(crate) fn u32_at(b: &[u8], at: usize) -> u32 {

@@ -75,10 +75,19 @@ fn kill_loop_never() {
     kill_loop("never", "kill_loop_never");
 }
 
+/// One kill loop at a time in this test process. A directory lock is an `flock` on an open
+/// file, and a child being spawned holds a copy of every open file of its parent until it
+/// execs: while one loop spawns its child, the other loop's freshly closed log could stay
+/// locked by that copy for a moment, and its next open would fail with `Locked`.
+static ONE_LOOP_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn kill_loop(policy: &str, test_name: &str) {
     if let Ok(dir) = std::env::var(CHILD_ENV) {
         child(&dir);
     }
+    let _alone = ONE_LOOP_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let cycles: u64 = std::env::var("TIDINGS_KILL_CYCLES")
         .ok()
         .and_then(|v| v.parse().ok())

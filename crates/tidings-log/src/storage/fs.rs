@@ -22,7 +22,9 @@ impl Storage for FsStorage {
     }
 
     /// `flock`-style advisory lock on `dir/LOCK` ([`File::try_lock`]): exclusive between
-    /// processes and between two opens in one process; released when the process dies.
+    /// processes and between two opens in one process; released when the process dies. A child
+    /// process being spawned shares the lock's open file until it execs (`fork` semantics), so
+    /// a log closed during a concurrent spawn stays locked for that moment.
     fn lock_dir(&self, dir: &Path) -> io::Result<DirLock> {
         let file = OpenOptions::new()
             .read(true)
