@@ -39,6 +39,14 @@ impl EnqueueStamp {
         }
     }
 
+    /// Whole milliseconds since the UNIX epoch, 0 before it: what the message id's
+    /// `millis_since_epoch` gives for the same time (up to 2262, where the stamp
+    /// saturates), so a publish converts its one wall reading once for both its message
+    /// id and its queue stamps.
+    pub(crate) fn epoch_millis(self) -> u64 {
+        u64::try_from(self.0 / 1_000_000).unwrap_or(0)
+    }
+
     /// How long before `now` this stamp was taken; zero if after it (a clock stepped back).
     pub(crate) fn age_at(self, now: SystemTime) -> Duration {
         let now = Self::of(now).0;
@@ -278,6 +286,13 @@ mod tests {
                 );
                 assert_eq!(EnqueueStamp::of(later).age_at(t), Duration::ZERO);
                 assert!(EnqueueStamp::of(t) < EnqueueStamp::of(later));
+                // The id's milliseconds come from the stamp: the same as from the time.
+                for u in [t, later] {
+                    let millis = u
+                        .duration_since(SystemTime::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_millis() as u64);
+                    assert_eq!(EnqueueStamp::of(u).epoch_millis(), millis);
+                }
             }
         }
         let far = Duration::from_secs(400 * 365 * 86_400);

@@ -90,7 +90,19 @@ impl IdGenerator {
     }
 
     pub(crate) fn next(&self, wall: SystemTime) -> MessageId {
-        let ms = millis_since_epoch(wall) & ((1 << 48) - 1);
+        self.next_at_millis(millis_since_epoch(wall))
+    }
+
+    /// The next id, stamped with the publish's own clock reading. Its milliseconds come
+    /// from the queue stamp `now` converts once for the whole publish, instead of a
+    /// second conversion of the same wall time (`SystemTime::duration_since` and a
+    /// 128-bit division, every publish).
+    pub(crate) fn next_at(&self, now: &Now<'_>) -> MessageId {
+        self.next_at_millis(now.stamp().epoch_millis())
+    }
+
+    fn next_at_millis(&self, ms: u64) -> MessageId {
+        let ms = ms & ((1 << 48) - 1);
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
         MessageId((u128::from(ms) << 80) | (u128::from(self.nonce) << 64) | u128::from(seq))
     }
@@ -457,7 +469,7 @@ impl MessageBuilder {
             (None, None) => None,
         };
         Ok(Message {
-            id: ids.next(wall),
+            id: ids.next_at(now),
             topic,
             payload: b.payload,
             headers: b.headers,
