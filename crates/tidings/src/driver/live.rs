@@ -31,12 +31,6 @@ impl LiveCount {
         self.changed.notify_all();
     }
 
-    /// How many are running now.
-    #[cfg(feature = "tokio")]
-    pub(crate) fn running(&self) -> usize {
-        *self.running.lock()
-    }
-
     /// Wait until at most `allowed` are running (`allowed` > 0 when the caller is one of
     /// them), or until `deadline` (`None`: no deadline). True when the count got there.
     pub(crate) fn wait_at_most(&self, allowed: usize, deadline: Option<Instant>) -> bool {

@@ -19,8 +19,6 @@ pub(crate) mod pool;
 pub(crate) mod thread;
 #[cfg(feature = "tokio")]
 pub(crate) mod tokio;
-#[cfg(any(feature = "tokio", all(test, tidings_loom)))]
-mod wake_slot;
 
 /// Which driver runs the subscriptions' dispatchers (R-EXE-1).
 // Not `PartialEq`: a tokio `Handle` has no stable identity to compare.
@@ -46,7 +44,8 @@ pub enum Driver {
         /// Number of worker threads (≥ 1).
         workers: usize,
     },
-    /// One tokio task per dispatcher slot, spawned on this runtime (R-EXE-1). The only
+    /// Dispatcher slots run as tokio tasks on this runtime, a slot's task existing only
+    /// while the slot has work (so an idle subscription holds no task) (R-EXE-1). The only
     /// driver that runs async handlers ([`Broker::subscribe_async`](crate::Broker::subscribe_async),
     /// R-EXE-3). Sync handlers run inline on the runtime's worker threads and must not
     /// block. From inside the runtime, close with

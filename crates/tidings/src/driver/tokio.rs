@@ -1,13 +1,33 @@
-//! The tokio driver: one task per dispatcher slot on a caller-supplied runtime (R-EXE-1,
+//! The tokio driver: a dispatcher slot's task exists only while the slot has work (R-EXE-1,
 //! R-EXE-3).
 //!
-//! Each task runs the same loop as a thread-driver dispatcher, as an `async fn`: poll the
-//! subscription core, run the handler, report the outcome; when the core says the slot is
-//! idle, await the slot's wake-up (a [`WakeSlot`] stores a permit, like `Notify::notify_one`,
-//! so a wake-up that arrives before the task awaits is not lost); when a retry is due later,
-//! await the wake-up or a tokio sleep, whichever comes first. With a [`ManualClock`](crate::ManualClock) the
-//! clock's `wait_hint` says "until woken" and the broker wakes every slot when the clock is
-//! advanced.
+//! # A slot's task
+//! Like the pool, the driver is every subscription's waker, and a slot's run flags (in the
+//! subscription's shell, `subscription::run_flags`) are its mailbox: the wake that finds the
+//! slot's `scheduled` flag clear sets it and spawns the slot's task on the runtime; a wake
+//! that finds it set does nothing more, because that task polls again. So there is at most
+//! one task per slot (max active == 1), and an idle subscription holds no task, no future,
+//! and nothing of the driver's (issue 12: a task is 256 bytes).
+//!
+//! The task runs the thread driver's loop as an `async fn`: poll the subscription core, run
+//! the handler, report the outcome, and yield to the runtime every [`BATCH`] deliveries.
+//! When the core says the slot is idle it yields and polls again a few times (a publisher
+//! that keeps up finds it still polling, and pays neither a wake-up nor a new task), then
+//! polls once more announcing the slot idle and — under the subscription's lock, after
+//! that poll — clears `scheduled` and ends. An offer after that poll finds the slot idle
+//! and wakes it, which spawns a new task; an offer before it is found by that poll. So no
+//! wake-up is lost.
+//!
+//! While a retry is due later the task stays and sleeps until the due time or a wake-up,
+//! whichever comes first: a wake that finds the slot scheduled leaves a permit in the
+//! task's registry entry and wakes it (a close, a per-key offer, a manual clock's move —
+//! whose `wait_hint` says "until woken", and the broker wakes every slot when it is
+//! advanced). When the core says the subscription stopped, the task ends leaving
+//! `scheduled` set, so the slot is never run again.
+//!
+//! The driver keeps a registry of the tasks that exist (its size follows the busy slots,
+//! not the subscriptions): for the permits above, for close to wait on, and for naming the
+//! tasks still running at close's deadline.
 //!
 //! # Handlers on the runtime
 //! * Async handlers ([`AsyncHandler`](crate::AsyncHandler)) are awaited inside the slot's
@@ -25,7 +45,8 @@
 //! instead of being committed on the worker ([`FeederHandle::defers_io`]).
 //!
 //! # Waiting for tasks at close
-//! Close waits for the tasks with a real-time deadline. From a thread that is inside a
+//! Close wakes every slot, so each one with work left has a task that sees the close, and
+//! waits with a real-time deadline until no task is left. From a thread that is inside a
 //! tokio runtime context (a task, `block_on`, `spawn_blocking`), blocking could deadlock the
 //! runtime the tasks need, so the sync [`Broker::close`](crate::Broker::close) does not wait
 //! there: tasks still running are reported in `CloseReport::unjoined`.
@@ -33,26 +54,24 @@
 //! worker threads and so does wait.
 
 use std::cell::Cell;
+use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::Arc;
-use std::task::Poll as TaskPoll;
+use std::sync::{Arc, Weak};
+use std::task::{Context, Poll as TaskPoll, Waker};
 use std::time::Instant;
 
 use ::tokio::runtime::Handle;
 use ::tokio::sync::Notify;
-use ::tokio::task::JoinHandle;
 
 use crate::async_handler::{AsyncHandler, HandlerFuture};
 use crate::error::SubscribeError;
 use crate::handler::HandlerError;
 use crate::message::Message;
 use crate::subscription::core::Poll;
+use crate::subscription::run_flags::RunFlags;
 use crate::subscription::shell::{Step, SubscriptionShell};
-use crate::sync::Mutex;
+use crate::sync::{Condvar, Mutex, Ordering};
 
-use super::handles::Handles;
-use super::live::LiveCount;
-use super::wake_slot::WakeSlot;
 use super::{Executor, FeedStep, Feeder, FeederHandle, Wake};
 
 /// Deliveries a slot makes before yielding to the runtime, so a busy subscription cannot
@@ -60,8 +79,8 @@ use super::{Executor, FeedStep, Feeder, FeederHandle, Wake};
 const BATCH: u32 = 64;
 
 /// Quiet re-polls, each after yielding to the runtime, before an idle slot announces itself
-/// and waits: a publisher that keeps up finds it polling and skips the wake-up (a task
-/// wake-up may cost a parked worker's futex round trip).
+/// and its task ends: a publisher that keeps up finds it polling and skips the wake-up and
+/// the new task (a spawn allocates a task and may cost a parked worker's futex round trip).
 const IDLE_YIELDS: u32 = 8;
 
 thread_local! {
@@ -88,88 +107,202 @@ fn may_block() -> bool {
     MAY_BLOCK.with(Cell::get) || Handle::try_current().is_err()
 }
 
-/// One subscription's dispatcher slots: each slot's wake-up and done flag, and the
-/// driver's live count. One allocation per subscription, shared by its tasks and its waker;
-/// the first slot is inline in it (a serial subscription's only one), the others behind
-/// one thin pointer.
-struct Slots {
-    slots: crate::subscription::slots::Slots<Slot>,
-    live: Arc<LiveCount>,
+/// The driver's shared state, and every tokio subscription's waker (like the pool, one
+/// waker serves all): the runtime, and the registry of the slot tasks that exist now.
+struct Shared {
+    handle: Handle,
+    tasks: Mutex<Tasks>,
+    /// Signalled when a task leaves the registry (close waits for none to be left).
+    changed: Condvar,
+    /// This, for the tasks' guards (`Wake` is called on a plain reference).
+    me: Weak<Shared>,
 }
 
-/// One dispatcher slot: its task's wake-up, retired when the task's body ends.
-type Slot = WakeSlot;
+impl Shared {
+    fn me(&self) -> Arc<Self> {
+        self.me
+            .upgrade()
+            .expect("a waker is reached through its Arc")
+    }
+}
 
-impl Wake for Slots {
-    fn wake(&self, _sub: &SubscriptionShell, worker: usize) {
-        if let Some(s) = self.slots.get(worker) {
-            s.wake();
+/// The slot tasks that exist now, by slot. An idle slot has none, so it has no entry: the
+/// registry's size follows the busy slots, not the subscriptions.
+#[derive(Default)]
+struct Tasks {
+    by_slot: HashMap<SlotKey, Entry>,
+    next_gen: u64,
+}
+
+/// A slot: its subscription's address (stable while the slot's task holds the
+/// subscription) and the slot's index.
+type SlotKey = (usize, usize);
+
+fn key_of(sub: &SubscriptionShell, worker: usize) -> SlotKey {
+    (std::ptr::from_ref(sub) as usize, worker)
+}
+
+/// One slot task, from its spawn to its end.
+struct Entry {
+    /// Tells this task's entry from a successor's: a task that left its slot is replaced
+    /// by the next one spawned for it before it has removed its own entry.
+    generation: u64,
+    /// For the close report's name, made only when reported.
+    sub: Weak<SubscriptionShell>,
+    /// Set by the task on its first poll, so close called from the task itself does not
+    /// report it.
+    id: Option<::tokio::task::Id>,
+    /// A wake-up left for the task while it waits for a retry's due time (or, under a
+    /// manual clock, for the clock to move): a stored permit, so a wake that comes before
+    /// the task waits is not lost. At worst a stale one costs the task one more poll.
+    woken: bool,
+    /// The task's waker while it waits.
+    waker: Option<Waker>,
+}
+
+impl Shared {
+    /// Wake slot `worker` of `sub` (the pool's mailbox protocol, with a task for a worker):
+    /// the waker that sets the slot's `scheduled` flag spawns its task; a slot already
+    /// scheduled has a task that will poll again — or waits for a due time, and is given a
+    /// permit.
+    fn schedule(&self, sub: &SubscriptionShell, worker: usize) {
+        let Some(flags) = sub.run_flags(worker) else {
+            return;
+        };
+        if flags.scheduled.swap(true, Ordering::AcqRel) {
+            let mut tasks = self.tasks.lock();
+            if let Some(e) = tasks.by_slot.get_mut(&key_of(sub, worker)) {
+                e.woken = true;
+                if let Some(w) = e.waker.take() {
+                    drop(tasks);
+                    w.wake();
+                }
+            }
+            return;
+        }
+        let Some(sub) = sub.weak().upgrade() else {
+            // Being dropped: nothing is left to deliver, and the slot is never run again.
+            return;
+        };
+        let generation = {
+            let mut tasks = self.tasks.lock();
+            let generation = tasks.next_gen;
+            tasks.next_gen += 1;
+            tasks.by_slot.insert(
+                key_of(&sub, worker),
+                Entry {
+                    generation,
+                    sub: Arc::downgrade(&sub),
+                    id: None,
+                    woken: false,
+                    waker: None,
+                },
+            );
+            generation
+        };
+        let guard = TaskGuard {
+            shared: self.me(),
+            key: key_of(&sub, worker),
+            generation,
+        };
+        // Not under the registry's lock: a runtime that is shut down drops the future (and
+        // so the guard, which takes the lock) inside `spawn`.
+        drop(self.handle.spawn(run_slot(sub, worker, guard)));
+    }
+}
+
+impl Wake for Shared {
+    fn wake(&self, sub: &SubscriptionShell, worker: usize) {
+        self.schedule(sub, worker);
+    }
+    fn wake_all(&self, sub: &SubscriptionShell) {
+        for w in 0..sub.workers() {
+            self.wake(sub, w);
         }
     }
-    fn wake_all(&self, _sub: &SubscriptionShell) {
-        // A permit each, so a slot between its poll and its await still finds it.
-        for s in self.slots.iter() {
-            s.wake();
+}
+
+/// Removes its task's registry entry when the task's body ends — also when the runtime
+/// drops it unfinished (runtime shutdown), so close never waits for a task that no longer
+/// exists.
+struct TaskGuard {
+    shared: Arc<Shared>,
+    key: SlotKey,
+    generation: u64,
+}
+
+impl TaskGuard {
+    /// Record the running task's id (see [`Entry::id`]).
+    fn set_id(&self) {
+        if let Some(e) = self.shared.tasks.lock().by_slot.get_mut(&self.key)
+            && e.generation == self.generation
+        {
+            e.id = ::tokio::task::try_id();
         }
     }
-}
 
-/// Marks its task done and decrements the live count when the task's body ends — also
-/// when the runtime drops it unfinished (runtime shutdown), so close never waits for a task
-/// that no longer exists. (`JoinHandle::is_finished` lags behind: it turns true only after
-/// the task's output is stored, so close asks this flag instead.)
-struct LiveGuard {
-    slots: Arc<Slots>,
-    worker: usize,
-}
+    /// Ready once a permit was left (taking it); otherwise the task's waker is stored for
+    /// the next [`Shared::schedule`] that finds the slot scheduled.
+    fn poll_woken(&self, cx: &Context<'_>) -> TaskPoll<()> {
+        let mut tasks = self.shared.tasks.lock();
+        match tasks.by_slot.get_mut(&self.key) {
+            Some(e) if e.generation == self.generation => {
+                if std::mem::take(&mut e.woken) {
+                    e.waker = None;
+                    TaskPoll::Ready(())
+                } else {
+                    match &mut e.waker {
+                        Some(w) if w.will_wake(cx.waker()) => {}
+                        w => *w = Some(cx.waker().clone()),
+                    }
+                    TaskPoll::Pending
+                }
+            }
+            // Cannot happen while the task holds the slot; poll again rather than hang.
+            _ => TaskPoll::Ready(()),
+        }
+    }
 
-impl LiveGuard {
-    fn slot(&self) -> &Slot {
-        &self.slots.slots[self.worker]
+    /// Wait for a permit. The future is one reference.
+    fn woken(&self) -> impl std::future::Future<Output = ()> + '_ {
+        std::future::poll_fn(move |cx| self.poll_woken(cx))
     }
 }
 
-impl Drop for LiveGuard {
+impl Drop for TaskGuard {
     fn drop(&mut self) {
-        self.slot().retire();
-        self.slots.live.exit();
-    }
-}
-
-/// A spawned dispatcher task. Its name (for the close report) is made only when it is
-/// reported, so a live task does not carry a string.
-struct Task {
-    sub: std::sync::Weak<SubscriptionShell>,
-    slots: Arc<Slots>,
-    worker: usize,
-    handle: JoinHandle<()>,
-}
-
-impl Task {
-    fn is_done(&self) -> bool {
-        self.slots.slots[self.worker].is_retired()
-    }
-
-    fn name(&self) -> String {
-        match self.sub.upgrade() {
-            Some(sub) => format!("tidings-{}-{}", sub.name, self.worker),
-            None => format!("tidings-?-{}", self.worker),
+        let mut tasks = self.shared.tasks.lock();
+        if tasks
+            .by_slot
+            .get(&self.key)
+            .is_some_and(|e| e.generation == self.generation)
+        {
+            tasks.by_slot.remove(&self.key);
+            // Give back the room a burst of tasks took (once it is mostly unused, so
+            // steady churn does not reallocate): idle subscriptions hold nothing here.
+            let (len, cap) = (tasks.by_slot.len(), tasks.by_slot.capacity());
+            if cap > 64 && len * 4 < cap {
+                tasks.by_slot.shrink_to(len * 2);
+            }
         }
+        drop(tasks);
+        self.shared.changed.notify_all();
     }
 }
 
 pub(crate) struct TokioExecutor {
-    handle: Handle,
-    live: Arc<LiveCount>,
-    tasks: Mutex<Handles<Task>>,
+    shared: Arc<Shared>,
 }
 
 impl TokioExecutor {
     pub(crate) fn new(handle: Handle) -> Self {
         Self {
-            handle,
-            live: Arc::default(),
-            tasks: Mutex::default(),
+            shared: Arc::new_cyclic(|me| Shared {
+                handle,
+                tasks: Mutex::default(),
+                changed: Condvar::new(),
+                me: me.clone(),
+            }),
         }
     }
 }
@@ -223,58 +356,62 @@ impl Executor for TokioExecutor {
     ) -> Result<Box<dyn FeederHandle>, SubscribeError> {
         let notify = Arc::new(Notify::new());
         drop(
-            self.handle
+            self.shared
+                .handle
                 .spawn(feed(Arc::downgrade(&feeder), notify.clone())),
         );
         Ok(Box::new(FeederTask(notify)))
     }
 
     fn start(&self, sub: &Arc<SubscriptionShell>) -> Result<(), SubscribeError> {
-        let slots = Arc::new(Slots {
-            slots: crate::subscription::slots::Slots::new(sub.workers(), Slot::new),
-            live: self.live.clone(),
-        });
-        sub.set_waker(slots.clone());
-        let mut tasks = self.tasks.lock();
-        for worker in 0..sub.workers() {
-            self.live.enter(1);
-            let guard = LiveGuard {
-                slots: slots.clone(),
-                worker,
-            };
-            let handle = self.handle.spawn(dispatch(sub.clone(), guard));
-            let task = Task {
-                sub: Arc::downgrade(sub),
-                slots: slots.clone(),
-                worker,
-                handle,
-            };
-            tasks.push(task, Task::is_done);
-        }
+        sub.set_waker(self.shared.clone());
+        // Run each slot once, so it sees anything already queued and reaches its idle
+        // state (then its task ends).
+        self.shared.wake_all(sub);
         Ok(())
     }
 
     fn wait_stopped(&self, deadline: Option<Instant>) -> bool {
+        let mut tasks = self.shared.tasks.lock();
         if !may_block() {
-            return self.live.running() == 0;
+            return tasks.by_slot.is_empty();
         }
-        self.live.wait_at_most(0, deadline)
+        while !tasks.by_slot.is_empty() {
+            match deadline {
+                Some(d) => {
+                    if self.shared.changed.wait_until(&mut tasks, d).timed_out() {
+                        return tasks.by_slot.is_empty();
+                    }
+                }
+                None => self.shared.changed.wait(&mut tasks),
+            }
+        }
+        true
     }
 
     fn join(&self, deadline: Instant) -> Vec<String> {
         self.wait_stopped(Some(deadline));
         let me = ::tokio::task::try_id();
-        self.tasks
-            .lock()
-            .take()
-            .into_iter()
-            .filter(|t| !t.is_done() && Some(t.handle.id()) != me)
-            .map(|t| t.name())
+        let tasks = self.shared.tasks.lock();
+        let left: Vec<_> = tasks
+            .by_slot
+            .iter()
+            .filter(|(_, e)| e.id.is_none() || e.id != me)
+            .map(|(&(_, worker), e)| (e.sub.clone(), worker))
+            .collect();
+        drop(tasks);
+        // Named with the lock released: upgrading and dropping a subscription may run
+        // its teardown.
+        left.into_iter()
+            .map(|(sub, worker)| match sub.upgrade() {
+                Some(sub) => format!("tidings-{}-{}", sub.name, worker),
+                None => format!("tidings-?-{worker}"),
+            })
             .collect()
     }
 
     fn tokio_handle(&self) -> Option<Handle> {
-        Some(self.handle.clone())
+        Some(self.shared.handle.clone())
     }
 }
 
@@ -290,24 +427,41 @@ enum Wait {
     WokenOr(std::time::Duration),
 }
 
-/// One dispatcher slot's task (the thread driver's loop, awaiting instead of blocking).
+/// One slot task: the thread driver's loop, awaiting instead of blocking, from the slot's
+/// idle→scheduled edge until it is idle again (or stopped).
 ///
-/// Its future is what an idle slot's task holds, and its size decides the task's (tokio
-/// rounds a task up to a multiple of 128 bytes): it owns the subscription and the guard,
-/// keeps two counters, and awaits one thing at a time — a one-reference wake-up
-/// ([`WakeSlot::woken`]) or a yield inline; an async handler's delivery and a timed wait are
-/// boxed when taken, not carried by every task (issue 12). No borrow of either is held
-/// across an await.
-async fn dispatch(sub: Arc<SubscriptionShell>, guard: LiveGuard) {
-    let worker = guard.worker;
+/// The task holds the slot's `scheduled` flag for its whole life, so no second task is
+/// spawned for the slot meanwhile (max active == 1). It gives the flag back only on an
+/// announced idle poll, under the subscription's lock (see [`leave`]). While a retry is
+/// due later it stays, waiting for the due time or a permit ([`TaskGuard::woken`]); on
+/// `Stopped` it ends keeping the flag, so the slot is never run again.
+async fn run_slot(sub: Arc<SubscriptionShell>, worker: usize, guard: TaskGuard) {
+    guard.set_id();
+    let flags = sub.run_flags(worker).expect("a scheduled slot exists");
+    let was = flags.running.swap(true, Ordering::AcqRel);
+    debug_assert!(!was, "two tasks inside one dispatcher slot");
     let mut batch = 0u32;
     let mut idle_polls = 0u32;
     loop {
         let announce = idle_polls >= IDLE_YIELDS;
         let step = match sub.async_handler() {
             // The shell's delivery step, as every driver runs it.
-            None => sub.lock().step(worker, announce),
-            Some(handler) => Box::pin(step_async(&sub, handler, worker, announce)).await,
+            None => {
+                let mut locked = sub.lock();
+                let step = locked.step(worker, announce);
+                if step == Step::Idle && announce {
+                    leave(flags);
+                    return;
+                }
+                step
+            }
+            Some(handler) => {
+                let step = Box::pin(step_async(&sub, handler, worker, announce)).await;
+                if step == Step::Idle && announce {
+                    return; // `step_async` left the slot
+                }
+                step
+            }
         };
         let wait = match step {
             Step::Delivered => {
@@ -320,18 +474,19 @@ async fn dispatch(sub: Arc<SubscriptionShell>, guard: LiveGuard) {
                     Wait::No
                 }
             }
-            Step::Stopped => break,
-            Step::Idle if !announce => {
+            Step::Stopped => {
+                flags.running.store(false, Ordering::Release);
+                break;
+            }
+            // A short grace before the task ends: a publisher that keeps up finds it still
+            // polling, and neither wakes it nor pays for a new task.
+            Step::Idle => {
                 idle_polls += 1;
                 Wait::Yield
             }
-            Step::Idle => {
-                idle_polls = 0;
-                batch = 0;
-                Wait::Woken
-            }
             Step::WakeAt(t) => {
                 batch = 0;
+                idle_polls = 0;
                 match sub.clock().wait_hint(t) {
                     Some(d) if d.is_zero() => Wait::Yield,
                     Some(d) => Wait::WokenOr(d),
@@ -342,21 +497,40 @@ async fn dispatch(sub: Arc<SubscriptionShell>, guard: LiveGuard) {
         match wait {
             Wait::No => {}
             Wait::Yield => ::tokio::task::yield_now().await,
-            Wait::Woken => guard.slot().woken().await,
-            Wait::WokenOr(d) => Box::pin(woken_or_after(guard.slot(), d)).await,
+            Wait::Woken => guard.woken().await,
+            Wait::WokenOr(d) => Box::pin(woken_or_after(&guard, d)).await,
         }
     }
     drop(guard);
 }
 
-/// The delivery step around an await: poll, await the async handler, report.
+/// The slot goes idle and its task ends: called with the subscription's lock held, right
+/// after a poll that announced the slot idle, so an offer after it finds the slot idle
+/// and schedules it again (a new task) — no wake-up is lost. The `running` flag is cleared
+/// first, so the task the cleared `scheduled` flag lets in finds it clear.
+fn leave(flags: &RunFlags) {
+    flags.running.store(false, Ordering::Release);
+    let was = flags.scheduled.swap(false, Ordering::AcqRel);
+    debug_assert!(was, "a running slot is scheduled");
+}
+
+/// The delivery step around an await: poll, await the async handler, report. An announced
+/// idle poll leaves the slot (see [`leave`]) under the same lock.
 async fn step_async(
     sub: &SubscriptionShell,
     handler: &Arc<dyn AsyncHandler>,
     worker: usize,
     announce: bool,
 ) -> Step {
-    match sub.poll(worker, announce) {
+    let poll = {
+        let mut locked = sub.lock();
+        let poll = locked.poll(worker, announce);
+        if matches!(poll, Poll::Idle) && announce {
+            leave(sub.run_flags(worker).expect("a scheduled slot exists"));
+        }
+        poll
+    };
+    match poll {
         Poll::Deliver(delivery) => {
             // R-OPS-3 span, R-OPS-2 duration histogram (src/ops/trace.rs).
             let outcome = crate::telemetry::trace::in_process_span_async(
@@ -377,9 +551,9 @@ async fn step_async(
 }
 
 /// Wait for a wake or for `d`, whichever comes first (a retry's due time).
-async fn woken_or_after(slot: &Slot, d: std::time::Duration) {
+async fn woken_or_after(guard: &TaskGuard, d: std::time::Duration) {
     ::tokio::select! {
-        () = slot.woken() => {}
+        () = guard.woken() => {}
         () = ::tokio::time::sleep(d) => {}
     }
 }
@@ -402,14 +576,4 @@ async fn run_async(
         },
     )
     .await
-}
-
-#[cfg(all(test, target_pointer_width = "64", not(tidings_loom)))]
-mod tests {
-    // Issue 12: one of these per subscription; a serial one's slot is inline (32 bytes),
-    // the others' pointer and the live count one word each.
-    #[test]
-    fn a_subscriptions_slot_record_stays_small() {
-        assert_eq!(std::mem::size_of::<super::Slots>(), 48);
-    }
 }

@@ -1,24 +1,26 @@
 //! The run flags of one dispatcher slot, kept in the subscription itself.
 //!
-//! A driver that runs slots on shared workers (the pool) must queue a slot only once
-//! however many wakes arrive, and never let two workers inside it. It needs two flags per
-//! slot for that. They live in the subscription's shell — slot 0's in what was padding
-//! beside the shell's own flags, the others in one thin box for a multi-slot subscription
-//! — so an idle subscription holds no driver allocation of its own for them (issue 12: the
-//! pool's 64-byte per-subscription mailbox). Drivers that do not queue slots never touch
-//! them.
+//! A driver that runs slots on shared workers (the pool) or in tasks spawned on demand (the
+//! tokio driver) must queue or spawn a slot only once however many wakes arrive, and never
+//! let two workers inside it. It needs two flags per slot for that. They live in the
+//! subscription's shell — slot 0's in what was padding beside the shell's own flags, the
+//! others in one thin box for a multi-slot subscription — so an idle subscription holds no
+//! driver allocation of its own for them (issue 12: the pool's 64-byte per-subscription
+//! mailbox, the tokio driver's 64-byte slot record). The thread and manual drivers never
+//! touch them.
 
 use crate::sync::AtomicBool;
 
 use super::slots::ThinVec;
 
 /// One dispatcher slot's run flags; what they mean is the driver's protocol (see the pool
-/// driver, which documents and model-checks it).
+/// driver, which documents and model-checks it, and the tokio driver, which follows it).
 #[derive(Default)]
 pub(crate) struct RunFlags {
-    /// Set while the slot is queued or running: only the waker that sets it queues it.
+    /// Set while the slot is queued or running: only the waker that sets it queues it (or
+    /// spawns its task).
     pub(crate) scheduled: AtomicBool,
-    /// Set while a worker runs the slot (max active == 1 per slot).
+    /// Set while a worker (or task) runs the slot (max active == 1 per slot).
     pub(crate) running: AtomicBool,
 }
 

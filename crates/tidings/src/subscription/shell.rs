@@ -629,13 +629,6 @@ impl SubscriptionShell {
         outcome
     }
 
-    /// Lock, poll slot `worker` (`announce` as in [`Locked::poll`]), unlock (the tokio
-    /// driver, around an async handler).
-    #[cfg(feature = "tokio")]
-    pub(crate) fn poll(&self, worker: usize, announce: bool) -> Poll {
-        self.lock().poll(worker, announce)
-    }
-
     /// Run the handler for one delivery: no lock held, panics caught (R-CORE-2, R-DEL-1).
     pub(crate) fn run(&self, delivery: &Delivery) -> Result<(), HandlerError> {
         match &self.handler {
