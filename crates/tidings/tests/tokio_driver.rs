@@ -388,3 +388,244 @@ fn async_handler_without_tokio_driver_is_refused() {
         assert!(broker.close(Duration::from_secs(1)).is_clean());
     }
 }
+
+// ---- A slot's task exists only while the slot has work ----
+
+/// A sync handler that counts its calls and checks that one runs at a time.
+fn counting(
+    broker: &Broker,
+    topic: &str,
+    options: SubscribeOptions,
+) -> (tidings::Subscription, Arc<AtomicU32>, Arc<Activity>) {
+    let delivered = Arc::new(AtomicU32::new(0));
+    let activity = Arc::new(Activity::default());
+    let (d, act) = (delivered.clone(), activity.clone());
+    let sub = broker
+        .subscribe(topic, options, move |_m: &Message| {
+            act.enter();
+            d.fetch_add(1, Ordering::SeqCst);
+            act.exit();
+            Ok::<(), HandlerError>(())
+        })
+        .unwrap();
+    (sub, delivered, activity)
+}
+
+// R-EXE-1: bursts separated by idle periods (long enough for the slot's task to end) are
+// each delivered in full, by a new task each time, one handler call at a time; between
+// bursts the runtime holds no task for the idle subscription.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_after_idle_is_delivered() {
+    let broker = tokio_broker();
+    let options = SubscribeOptions {
+        capacity: 1000,
+        ..Default::default()
+    };
+    let metrics = tokio::runtime::Handle::current().metrics();
+    let before = metrics.num_alive_tasks();
+    let (sub, delivered, activity) = counting(&broker, "burst", options);
+    for round in 1..=20u32 {
+        for i in 0..100 {
+            broker
+                .publish(Message::to("burst").payload(format!("{i}")))
+                .unwrap();
+        }
+        eventually("the burst delivered", || {
+            delivered.load(Ordering::SeqCst) == round * 100
+        })
+        .await;
+        // Idle: the slot's task ends.
+        eventually("the idle slot's task ended", || {
+            metrics.num_alive_tasks() == before
+        })
+        .await;
+    }
+    assert_eq!(activity.max(), 1); // R-EXE-1: max active == 1
+    let stats = sub.stats();
+    assert_eq!(stats.delivered, 2000);
+    assert!(stats.is_conserved()); // R-DEL-6
+    let report = broker.close_async(Duration::from_secs(5)).await;
+    assert!(report.is_clean(), "{report:?}"); // R-CORE-6
+}
+
+// R-EXE-1: no lost wake-up. A publisher thread outside the runtime offers one message at
+// a time, right after the previous one was delivered and after a varying pause, so offers
+// land on every step of the task's way out (grace polls, the announcing poll, the flag
+// cleared, the task's end); each one is delivered.
+#[test]
+fn a_message_offered_as_the_task_ends_is_delivered() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let broker = Broker::builder()
+        .driver(Driver::Tokio(rt.handle().clone()))
+        .build()
+        .unwrap();
+    let (sub, delivered, activity) = counting(&broker, "edge", SubscribeOptions::default());
+    for i in 0..3000u32 {
+        broker.publish(Message::to("edge")).unwrap();
+        let deadline = Instant::now() + PATIENCE;
+        while delivered.load(Ordering::SeqCst) <= i {
+            assert!(Instant::now() < deadline, "message {i} was never delivered");
+            std::hint::spin_loop();
+        }
+        for _ in 0..(i % 64) * 16 {
+            std::hint::spin_loop();
+        }
+        if i.is_multiple_of(97) {
+            std::thread::yield_now();
+        }
+    }
+    assert_eq!(activity.max(), 1); // R-EXE-1: max active == 1
+    assert!(sub.stats().is_conserved()); // R-DEL-6
+    let report = broker.close(Duration::from_secs(5));
+    assert!(report.is_clean(), "{report:?}"); // R-CORE-6
+}
+
+// R-CORE-6: close from outside the runtime while subscriptions' tasks come and go (a
+// publisher's bursts with pauses, just stopped: some slots still drain, some are idle)
+// waits for the tasks: nothing is unjoined, and every message published is either
+// delivered or reported undelivered — with a drain, and with none.
+#[test]
+fn close_while_tasks_come_and_go() {
+    for round in 0..10u64 {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let broker = Arc::new(
+            Broker::builder()
+                .driver(Driver::Tokio(rt.handle().clone()))
+                .build()
+                .unwrap(),
+        );
+        let subs: Vec<_> = (0..8)
+            .map(|_| {
+                counting(
+                    &broker,
+                    "churn",
+                    SubscribeOptions {
+                        capacity: 10_000,
+                        ..Default::default()
+                    },
+                )
+            })
+            .collect();
+        let published = Arc::new(AtomicU32::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let publisher = {
+            let (broker, published, stop) = (broker.clone(), published.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut i = 0u32;
+                while !stop.load(Ordering::SeqCst) {
+                    broker.publish(Message::to("churn")).unwrap();
+                    published.fetch_add(1, Ordering::SeqCst);
+                    i += 1;
+                    if i.is_multiple_of(50) {
+                        std::thread::sleep(Duration::from_micros(200));
+                    }
+                }
+            })
+        };
+        std::thread::sleep(Duration::from_millis(5 + round * 3));
+        stop.store(true, Ordering::SeqCst);
+        publisher.join().unwrap();
+        let drain = if round.is_multiple_of(2) {
+            Duration::from_secs(5)
+        } else {
+            Duration::ZERO
+        };
+        let report = broker.close(drain);
+        assert!(report.unjoined.is_empty(), "{report:?}"); // R-CORE-6
+        let published = published.load(Ordering::SeqCst) as usize;
+        for (sub, delivered, activity) in &subs {
+            let undelivered = report
+                .undelivered
+                .iter()
+                .filter(|u| u.subscription == Some(sub.id()))
+                .count();
+            assert_eq!(
+                delivered.load(Ordering::SeqCst) as usize + undelivered,
+                published
+            ); // R-CORE-6, R-DEL-6: each message delivered or reported
+            // R-EXE-1 (0 when close without a drain came before its first delivery)
+            assert!(activity.max() <= 1);
+            assert!(sub.stats().is_conserved()); // R-DEL-6
+        }
+    }
+}
+
+// R-DEL-1, R-EXE-1: a retry with backoff still fires after the queue went idle: the slot's
+// task stays, sleeping until the retry is due, and delivers it then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_with_backoff_fires_after_the_queue_went_idle() {
+    let broker = tokio_broker();
+    let calls = Arc::new(AtomicU32::new(0));
+    let c = calls.clone();
+    let sub = broker
+        .subscribe(
+            "later",
+            SubscribeOptions {
+                retry: Retry::fixed(Duration::from_millis(150), 3),
+                ..Default::default()
+            },
+            move |_m: &Message| {
+                if c.fetch_add(1, Ordering::SeqCst) == 0 {
+                    Err(HandlerError::retry("not yet"))
+                } else {
+                    Ok(())
+                }
+            },
+        )
+        .unwrap();
+    broker.publish(Message::to("later")).unwrap();
+    eventually("the retry delivered", || sub.stats().delivered == 1).await;
+    assert_eq!(calls.load(Ordering::SeqCst), 2); // R-DEL-1: first attempt, then the retry
+    let stats = sub.stats();
+    assert_eq!((stats.attempts, stats.failures), (2, 1));
+    assert!(stats.is_conserved()); // R-DEL-6
+    let report = broker.close_async(Duration::from_secs(5)).await;
+    assert!(report.is_clean(), "{report:?}"); // R-CORE-6
+}
+
+// R-TIME-3, R-EXE-1: under a manual clock a retry's task waits "until woken"; advancing
+// the clock wakes it and the retry is delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_manual_clock_advance_wakes_a_waiting_retry() {
+    let clock = tidings::ManualClock::new();
+    let broker = Broker::builder()
+        .driver(Driver::Tokio(tokio::runtime::Handle::current()))
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let calls = Arc::new(AtomicU32::new(0));
+    let c = calls.clone();
+    let sub = broker
+        .subscribe(
+            "manual",
+            SubscribeOptions {
+                retry: Retry::fixed(Duration::from_secs(60), 3),
+                ..Default::default()
+            },
+            move |_m: &Message| {
+                if c.fetch_add(1, Ordering::SeqCst) == 0 {
+                    Err(HandlerError::retry("not yet"))
+                } else {
+                    Ok(())
+                }
+            },
+        )
+        .unwrap();
+    broker.publish(Message::to("manual")).unwrap();
+    eventually("the first attempt", || calls.load(Ordering::SeqCst) == 1).await;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(sub.stats().delivered, 0, "the retry waits for the clock");
+    clock.advance(Duration::from_secs(61));
+    eventually("the retry delivered", || sub.stats().delivered == 1).await;
+    assert!(sub.stats().is_conserved()); // R-DEL-6
+    let report = broker.close_async(Duration::from_secs(5)).await;
+    assert!(report.is_clean(), "{report:?}"); // R-CORE-6
+}
