@@ -12,7 +12,7 @@ use crate::handler::HandlerError;
 use crate::options::SubscribeOptions;
 use crate::subscription::core::Refusal;
 use crate::subscription::loom_models::{Tally, check, message, messages, number, shell};
-use crate::subscription::shell::SubscriptionShell;
+use crate::subscription::shell::{Step, SubscriptionShell, Wake};
 use crate::sync::{AtomicBool, Mutex, Ordering, thread};
 
 use super::pool::{Shared, worker_loop};
@@ -273,5 +273,85 @@ fn finished_hook_reports_each_message_once() {
         sub.close();
         dispatcher.join().expect("the dispatcher stops at close");
         assert_eq!(finished.len(), n, "nothing reported twice");
+    });
+}
+
+/// The tokio driver's slot protocol, with a loom thread for each spawned task: the wake
+/// that sets a slot's `scheduled` flag spawns its task; the task delivers, then polls
+/// announcing the slot idle and leaves it under the same lock hold ([`RunFlags::leave`](crate::subscription::run_flags::RunFlags::leave)).
+struct Spawner(Mutex<Vec<thread::JoinHandle<()>>>);
+
+impl Wake for Spawner {
+    fn wake(&self, sub: &SubscriptionShell, worker: usize) {
+        let flags = sub.run_flags(worker).expect("a slot");
+        if flags.scheduled.swap(true, Ordering::AcqRel) {
+            return; // its task polls again
+        }
+        let Some(sub) = sub.weak().upgrade() else {
+            return;
+        };
+        self.0
+            .lock()
+            .push(thread::spawn(move || slot_task(&sub, worker)));
+    }
+    fn wake_all(&self, sub: &SubscriptionShell) {
+        for w in 0..sub.workers() {
+            self.wake(sub, w);
+        }
+    }
+}
+
+/// The body of `driver::tokio::run_slot` for a sync handler, without its grace: the quiet
+/// polls before the announcing one change no flag a waker reads, and a yield among them
+/// would spend the preemption that reaching the racy window needs.
+fn slot_task(sub: &SubscriptionShell, worker: usize) {
+    let flags = sub.run_flags(worker).expect("a slot");
+    assert!(
+        !flags.running.swap(true, Ordering::AcqRel),
+        "two tasks inside one dispatcher slot"
+    );
+    loop {
+        let mut locked = sub.lock();
+        match locked.step(worker, true) {
+            Step::Delivered => {}
+            Step::Idle => {
+                flags.leave();
+                return;
+            }
+            Step::Stopped => {
+                flags.running.store(false, Ordering::Release);
+                return;
+            }
+            Step::WakeAt(_) => unreachable!("no retries in this model"),
+        }
+    }
+}
+
+/// The tokio driver's slot task loses no wake-up and never runs twice at once (R-EXE-1):
+/// a message offered while the slot's task is on its way out (announcing poll, leaving) is
+/// delivered, by that task or a new one, and no second task is spawned inside
+/// the slot meanwhile (checked by each task's `running` assertion).
+///
+/// Guards against: clearing `scheduled` after releasing the subscription's lock — an offer
+/// in between sees the flag still set, spawns nothing, and the message waits for ever
+/// (loom reports the deadlock).
+#[test]
+fn tokio_slot_task_loses_no_wakeup() {
+    check(|| {
+        let (sub, delivered) = counting();
+        let spawner = Arc::new(Spawner(Mutex::new(Vec::new())));
+        sub.set_waker(spawner.clone());
+        sub.wake_all(); // the driver's `start`: each slot runs once and goes idle
+        // Loom's five threads: this one and at most three tasks (`start`'s, the offer's,
+        // the close's), so one message.
+        sub.offer(&message(0)).expect("accepted");
+        assert_eq!(delivered.wait_for(1), vec![0]);
+        sub.close();
+        loop {
+            let Some(task) = spawner.0.lock().pop() else {
+                break;
+            };
+            task.join().expect("a slot task ends");
+        }
     });
 }

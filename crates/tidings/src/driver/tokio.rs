@@ -68,7 +68,6 @@ use crate::error::SubscribeError;
 use crate::handler::HandlerError;
 use crate::message::Message;
 use crate::subscription::core::Poll;
-use crate::subscription::run_flags::RunFlags;
 use crate::subscription::shell::{Step, SubscriptionShell};
 use crate::sync::{Condvar, Mutex, Ordering};
 
@@ -432,7 +431,7 @@ enum Wait {
 ///
 /// The task holds the slot's `scheduled` flag for its whole life, so no second task is
 /// spawned for the slot meanwhile (max active == 1). It gives the flag back only on an
-/// announced idle poll, under the subscription's lock (see [`leave`]). While a retry is
+/// announced idle poll, under the subscription's lock (see [`RunFlags::leave`](crate::subscription::run_flags::RunFlags::leave)). While a retry is
 /// due later it stays, waiting for the due time or a permit ([`TaskGuard::woken`]); on
 /// `Stopped` it ends keeping the flag, so the slot is never run again.
 async fn run_slot(sub: Arc<SubscriptionShell>, worker: usize, guard: TaskGuard) {
@@ -450,7 +449,7 @@ async fn run_slot(sub: Arc<SubscriptionShell>, worker: usize, guard: TaskGuard) 
                 let mut locked = sub.lock();
                 let step = locked.step(worker, announce);
                 if step == Step::Idle && announce {
-                    leave(flags);
+                    flags.leave();
                     return;
                 }
                 step
@@ -504,18 +503,8 @@ async fn run_slot(sub: Arc<SubscriptionShell>, worker: usize, guard: TaskGuard) 
     drop(guard);
 }
 
-/// The slot goes idle and its task ends: called with the subscription's lock held, right
-/// after a poll that announced the slot idle, so an offer after it finds the slot idle
-/// and schedules it again (a new task) — no wake-up is lost. The `running` flag is cleared
-/// first, so the task the cleared `scheduled` flag lets in finds it clear.
-fn leave(flags: &RunFlags) {
-    flags.running.store(false, Ordering::Release);
-    let was = flags.scheduled.swap(false, Ordering::AcqRel);
-    debug_assert!(was, "a running slot is scheduled");
-}
-
 /// The delivery step around an await: poll, await the async handler, report. An announced
-/// idle poll leaves the slot (see [`leave`]) under the same lock.
+/// idle poll leaves the slot (see [`RunFlags::leave`](crate::subscription::run_flags::RunFlags::leave)) under the same lock.
 async fn step_async(
     sub: &SubscriptionShell,
     handler: &Arc<dyn AsyncHandler>,
@@ -526,7 +515,9 @@ async fn step_async(
         let mut locked = sub.lock();
         let poll = locked.poll(worker, announce);
         if matches!(poll, Poll::Idle) && announce {
-            leave(sub.run_flags(worker).expect("a scheduled slot exists"));
+            sub.run_flags(worker)
+                .expect("a scheduled slot exists")
+                .leave();
         }
         poll
     };

@@ -40,6 +40,22 @@ impl OtherRunFlags {
     }
 }
 
+impl RunFlags {
+    /// The tokio driver's slot task goes idle and ends: called with the subscription's lock
+    /// held, right after a poll that announced the slot idle, so an offer after it finds the
+    /// slot idle and schedules it again (a new task) — no wake-up is lost. `running` is
+    /// cleared first, so the task the cleared `scheduled` lets in finds it clear. A
+    /// read-modify-write clears `scheduled`, like every other change to it (see the pool's
+    /// `Mailbox::leave`: loom mis-models a plain store racing a swap).
+    #[cfg(any(feature = "tokio", all(test, tidings_loom)))]
+    pub(crate) fn leave(&self) {
+        use crate::sync::Ordering;
+        self.running.store(false, Ordering::Release);
+        let was = self.scheduled.swap(false, Ordering::AcqRel);
+        debug_assert!(was, "a running slot is scheduled");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
