@@ -92,13 +92,7 @@ fn read_segment(
     let mut walk = Walk::start(seg, from);
     let mut chunk = Chunk::default();
     while walk.off < until {
-        let run = chunk.verified_run(walk.pos, until - walk.off);
-        let frames = if run.is_empty() {
-            let len = chunk.checked_len(sh, seg, walk.pos)?;
-            Run::one((walk.pos - chunk.start) as usize, len)
-        } else {
-            run
-        };
+        let frames = chunk.next_run(sh, seg, walk.pos, until - walk.off)?;
         for &(at, len) in frames.frames() {
             let pos = walk.pos;
             let frame = &chunk.bytes[at..at + len];
@@ -214,13 +208,7 @@ pub(crate) fn for_each_frame(
     let mut walk = Walk::start(seg, from);
     let mut chunk = Chunk::default();
     while walk.off < until {
-        let run = chunk.verified_run(walk.pos, until - walk.off);
-        let frames = if run.is_empty() {
-            let len = chunk.checked_len(sh, seg, walk.pos)?;
-            Run::one((walk.pos - chunk.start) as usize, len)
-        } else {
-            run
-        };
+        let frames = chunk.next_run(sh, seg, walk.pos, until - walk.off)?;
         for &(at, len) in frames.frames() {
             let pos = walk.pos;
             let (stored, ts) = match check_frame_crc_verified(&chunk.bytes[at..at + len]) {
@@ -394,6 +382,25 @@ impl Chunk {
         let crcs = crate::crc::frame_crc3(parts);
         run.n = (0..n).take_while(|&i| crcs[i] == stored[i]).count();
         run
+    }
+
+    /// The checked frames from `pos` on (at most three, at most `limit`): the
+    /// [`verified_run`](Self::verified_run) already in the chunk, or else the one frame at
+    /// `pos`, read into the chunk if needed and fully checked; `Corrupt` when that frame is
+    /// incomplete or fails a check.
+    fn next_run(
+        &mut self,
+        sh: &Shared,
+        seg: &Segment,
+        pos: u64,
+        limit: u64,
+    ) -> Result<Run, ReadError> {
+        let run = self.verified_run(pos, limit);
+        if !run.is_empty() {
+            return Ok(run);
+        }
+        let len = self.checked_len(sh, seg, pos)?;
+        Ok(Run::one((pos - self.start) as usize, len))
     }
 
     /// Makes `pos..pos + need` available, flushing the writer if those bytes are still buffered.

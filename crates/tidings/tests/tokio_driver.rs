@@ -25,6 +25,21 @@ fn tokio_broker() -> Broker {
 }
 
 /// Await `cond` (checked every 2 ms of tokio time) for up to `PATIENCE` of real time.
+/// A two-worker runtime of the test's own (the test thread stays outside it) and a broker on
+/// the tokio driver over it.
+fn runtime_and_broker() -> (tokio::runtime::Runtime, Broker) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let broker = Broker::builder()
+        .driver(Driver::Tokio(rt.handle().clone()))
+        .build()
+        .unwrap();
+    (rt, broker)
+}
+
 async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
     let deadline = Instant::now() + PATIENCE;
     while !cond() {
@@ -281,15 +296,7 @@ async fn async_request_reply() {
 // Sync close from a thread outside the runtime drains and joins the tasks.
 #[test]
 fn close_from_outside_the_runtime_drains_and_joins() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let broker = Broker::builder()
-        .driver(Driver::Tokio(rt.handle().clone()))
-        .build()
-        .unwrap();
+    let (_rt, broker) = runtime_and_broker();
     let sub = broker
         .subscribe_async(
             "slow",
@@ -454,15 +461,7 @@ async fn a_burst_after_idle_is_delivered() {
 // cleared, the task's end); each one is delivered.
 #[test]
 fn a_message_offered_as_the_task_ends_is_delivered() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let broker = Broker::builder()
-        .driver(Driver::Tokio(rt.handle().clone()))
-        .build()
-        .unwrap();
+    let (_rt, broker) = runtime_and_broker();
     let (sub, delivered, activity) = counting(&broker, "edge", SubscribeOptions::default());
     for i in 0..3000u32 {
         broker.publish(Message::to("edge")).unwrap();
@@ -491,17 +490,8 @@ fn a_message_offered_as_the_task_ends_is_delivered() {
 #[test]
 fn close_while_tasks_come_and_go() {
     for round in 0..10u64 {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        let broker = Arc::new(
-            Broker::builder()
-                .driver(Driver::Tokio(rt.handle().clone()))
-                .build()
-                .unwrap(),
-        );
+        let (_rt, broker) = runtime_and_broker();
+        let broker = Arc::new(broker);
         let subs: Vec<_> = (0..8)
             .map(|_| {
                 counting(
