@@ -548,18 +548,20 @@ fn close_while_tasks_come_and_go() {
     }
 }
 
-// R-DEL-1, R-EXE-1: a retry with backoff still fires after the queue went idle: the slot's
-// task stays, sleeping until the retry is due, and delivers it then.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_retry_with_backoff_fires_after_the_queue_went_idle() {
-    let broker = tokio_broker();
+/// A subscription to `topic` whose handler asks for a retry (after `backoff`) on its first
+/// call and succeeds on every later one, with the count of its calls.
+fn failing_once(
+    broker: &Broker,
+    topic: &str,
+    backoff: Duration,
+) -> (tidings::Subscription, Arc<AtomicU32>) {
     let calls = Arc::new(AtomicU32::new(0));
     let c = calls.clone();
     let sub = broker
         .subscribe(
-            "later",
+            topic,
             SubscribeOptions {
-                retry: Retry::fixed(Duration::from_millis(150), 3),
+                retry: Retry::fixed(backoff, 3),
                 ..Default::default()
             },
             move |_m: &Message| {
@@ -571,6 +573,15 @@ async fn a_retry_with_backoff_fires_after_the_queue_went_idle() {
             },
         )
         .unwrap();
+    (sub, calls)
+}
+
+// R-DEL-1, R-EXE-1: a retry with backoff still fires after the queue went idle: the slot's
+// task stays, sleeping until the retry is due, and delivers it then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_with_backoff_fires_after_the_queue_went_idle() {
+    let broker = tokio_broker();
+    let (sub, calls) = failing_once(&broker, "later", Duration::from_millis(150));
     broker.publish(Message::to("later")).unwrap();
     eventually("the retry delivered", || sub.stats().delivered == 1).await;
     assert_eq!(calls.load(Ordering::SeqCst), 2); // R-DEL-1: first attempt, then the retry
@@ -591,24 +602,7 @@ async fn a_manual_clock_advance_wakes_a_waiting_retry() {
         .clock(clock.clone())
         .build()
         .unwrap();
-    let calls = Arc::new(AtomicU32::new(0));
-    let c = calls.clone();
-    let sub = broker
-        .subscribe(
-            "manual",
-            SubscribeOptions {
-                retry: Retry::fixed(Duration::from_secs(60), 3),
-                ..Default::default()
-            },
-            move |_m: &Message| {
-                if c.fetch_add(1, Ordering::SeqCst) == 0 {
-                    Err(HandlerError::retry("not yet"))
-                } else {
-                    Ok(())
-                }
-            },
-        )
-        .unwrap();
+    let (sub, calls) = failing_once(&broker, "manual", Duration::from_secs(60));
     broker.publish(Message::to("manual")).unwrap();
     eventually("the first attempt", || calls.load(Ordering::SeqCst) == 1).await;
     tokio::time::sleep(Duration::from_millis(20)).await;
