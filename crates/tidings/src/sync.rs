@@ -31,7 +31,7 @@
 #[cfg(not(tidings_loom))]
 pub(crate) use parking_lot::{Condvar, Mutex, MutexGuard};
 #[cfg(not(tidings_loom))]
-pub(crate) use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64};
+pub(crate) use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize};
 #[cfg(not(tidings_loom))]
 #[allow(unused_imports)] // used by the models only
 pub(crate) use std::thread;
@@ -40,7 +40,7 @@ pub(crate) use std::thread;
 #[allow(unused_imports)] // used by the models only
 pub(crate) use model::thread;
 #[cfg(tidings_loom)]
-pub(crate) use model::{AtomicBool, AtomicU8, AtomicU64, Condvar, Mutex, MutexGuard};
+pub(crate) use model::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Condvar, Mutex, MutexGuard};
 
 pub(crate) use std::sync::atomic::Ordering;
 
@@ -90,7 +90,7 @@ mod model {
     use std::sync::PoisonError;
     use std::time::{Duration, Instant};
 
-    pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU8, AtomicU64};
+    pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize};
     pub(crate) use loom::thread;
 
     /// A loom mutex.

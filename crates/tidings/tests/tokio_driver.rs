@@ -381,6 +381,46 @@ async fn sync_close_inside_the_runtime_does_not_deadlock() {
 }
 
 // Async handlers need a driver that can await them: any other driver refuses at subscribe.
+// The sync close called by a handler (on its slot's task) reports the other slot still
+// running a handler, and not its own.
+#[tokio::test]
+async fn close_from_a_handler_reports_the_others_not_itself() {
+    let broker = tokio_broker();
+    let started = Arc::new(AtomicBool::new(false));
+    let s = started.clone();
+    let stuck = SubscribeOptions {
+        name: Some("stuck".into()),
+        ..Default::default()
+    };
+    let _stuck = broker
+        .subscribe_async("stuck", stuck, move |_m: Arc<Message>| {
+            s.store(true, Ordering::SeqCst);
+            async move {
+                tokio::time::sleep(Duration::from_secs(3600)).await;
+                Ok(())
+            }
+        })
+        .unwrap();
+    let report = Arc::new(Mutex::new(None));
+    let (b, r) = (broker.clone(), report.clone());
+    let closer = SubscribeOptions {
+        name: Some("closer".into()),
+        ..Default::default()
+    };
+    let _closer = broker
+        .subscribe("close", closer, move |_m: &Message| {
+            *r.lock() = Some(b.close(Duration::ZERO));
+            Ok(())
+        })
+        .unwrap();
+    broker.publish(Message::to("stuck")).unwrap();
+    eventually("handler started", || started.load(Ordering::SeqCst)).await;
+    broker.publish(Message::to("close")).unwrap();
+    eventually("closed by the handler", || report.lock().is_some()).await;
+    let report = report.lock().take().unwrap();
+    assert_eq!(report.unjoined, vec!["tidings-stuck-0".to_string()]); // R-CORE-6
+}
+
 #[test]
 fn async_handler_without_tokio_driver_is_refused() {
     for driver in [Driver::Thread, Driver::Manual] {

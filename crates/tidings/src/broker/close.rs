@@ -76,7 +76,7 @@ impl BrokerInner {
                 });
             }
         }
-        report.unjoined = self.executor.join(Instant::now() + JOIN_GRACE);
+        report.unjoined = self.executor.join(Instant::now() + JOIN_GRACE, &subs);
         // Stop durable feeders, write durable positions, close streams (src/durable).
         self.durables.close();
         self.close_transport();

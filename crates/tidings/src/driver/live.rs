@@ -1,50 +1,74 @@
 //! How many dispatchers (threads, tasks or pool slots) are still running, so close can wait
 //! for them with a deadline instead of polling.
+//!
+//! The count is an atomic, so entering and leaving take no lock: the tokio driver enters
+//! and leaves once per slot task, and a task starts whenever an idle slot gets work (issue
+//! 12). Close waits only for "none left but possibly me", so a leaver takes the lock and
+//! signals only when the count drops to 1 or 0.
 
 use std::time::Instant;
 
-use crate::sync::{Condvar, Mutex};
+use crate::sync::{AtomicUsize, Condvar, Mutex, Ordering};
+
+/// The most a waiter may allow to be left running: itself.
+const MAX_ALLOWED: usize = 1;
 
 #[derive(Default)]
 pub(crate) struct LiveCount {
-    running: Mutex<usize>,
+    running: AtomicUsize,
+    /// Held to check the count before waiting, and by a leaver to signal: a leave that
+    /// drops the count to [`MAX_ALLOWED`] or below happens before the waiter's check, or
+    /// its signal reaches the waiting waiter.
+    lock: Mutex<()>,
     changed: Condvar,
 }
 
 impl LiveCount {
     /// `n` more are running.
     pub(crate) fn enter(&self, n: usize) {
-        *self.running.lock() += n;
+        self.running.fetch_add(n, Ordering::AcqRel);
     }
 
     /// One stopped. Each one stops once: a second report is a driver bug, caught in debug
     /// and model-checking builds; a release build does not let the count wrap (which would
     /// make close wait for ever).
     pub(crate) fn exit(&self) {
-        let mut running = self.running.lock();
-        let left = running.checked_sub(1);
+        let before = self
+            .running
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
         if cfg!(any(debug_assertions, tidings_loom)) {
-            assert!(left.is_some(), "a dispatcher reported stopping twice");
+            assert!(before.is_ok(), "a dispatcher reported stopping twice");
         }
-        *running = left.unwrap_or(0);
-        drop(running);
-        self.changed.notify_all();
+        if before.is_ok_and(|n| n - 1 <= MAX_ALLOWED) {
+            drop(self.lock.lock());
+            self.changed.notify_all();
+        }
     }
 
-    /// Wait until at most `allowed` are running (`allowed` > 0 when the caller is one of
-    /// them), or until `deadline` (`None`: no deadline). True when the count got there.
+    /// Wait until at most `allowed` (0, or 1 when the caller is one of them) are running,
+    /// or until `deadline` (`None`: no deadline). True when the count got there.
     pub(crate) fn wait_at_most(&self, allowed: usize, deadline: Option<Instant>) -> bool {
-        let mut running = self.running.lock();
-        while *running > allowed {
+        debug_assert!(
+            allowed <= MAX_ALLOWED,
+            "a leaver signals only at {MAX_ALLOWED} or below"
+        );
+        let mut lock = self.lock.lock();
+        while self.running.load(Ordering::Acquire) > allowed {
             match deadline {
                 Some(d) => {
-                    if self.changed.wait_until(&mut running, d).timed_out() {
-                        return *running <= allowed;
+                    if self.changed.wait_until(&mut lock, d).timed_out() {
+                        return self.running.load(Ordering::Acquire) <= allowed;
                     }
                 }
-                None => self.changed.wait(&mut running),
+                None => self.changed.wait(&mut lock),
             }
         }
         true
+    }
+
+    /// How many are running now.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn running(&self) -> usize {
+        self.running.load(Ordering::Acquire)
     }
 }

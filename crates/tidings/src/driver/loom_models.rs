@@ -355,3 +355,60 @@ fn tokio_slot_task_loses_no_wakeup() {
         }
     });
 }
+
+/// A waker that records it was woken (a slot task's waker, to the model).
+struct Recorded(AtomicBool);
+
+impl std::task::Wake for Recorded {
+    fn wake(self: Arc<Self>) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
+/// A slot task that goes to sleep until a wake-up (the tokio driver's wait for a retry's
+/// due time) loses no wake-up: when a waker makes a change and wakes the slot while the
+/// task, having seen no change, goes to sleep, either the task's sleep is ready at once
+/// and the change is visible to it, or the task's waker is woken.
+///
+/// Guards against: the waker's side skipping the sleeper when the task's registration is
+/// not yet visible, or the task going to sleep without checking for a wake-up left after
+/// it registered.
+#[test]
+fn a_sleeping_slot_task_loses_no_wakeup() {
+    use std::future::Future;
+    use std::task::{Context, Poll, Waker};
+
+    use super::sleepers::Sleepers;
+    use crate::subscription::run_flags::RunFlags;
+
+    check(|| {
+        let sleepers = Arc::new(Sleepers::default());
+        let flags = Arc::new(RunFlags::default());
+        let changed = Arc::new(AtomicBool::new(false));
+        let key = (1, 0);
+        let waker_side = {
+            let (sleepers, flags, changed) = (sleepers.clone(), flags.clone(), changed.clone());
+            thread::spawn(move || {
+                changed.store(true, Ordering::Release);
+                sleepers.wake(&flags, key);
+            })
+        };
+        let recorded = Arc::new(Recorded(AtomicBool::new(false)));
+        if !changed.load(Ordering::Acquire) {
+            let waker = Waker::from(recorded.clone());
+            let mut sleep = std::pin::pin!(sleepers.woken(&flags, key));
+            match sleep.as_mut().poll(&mut Context::from_waker(&waker)) {
+                Poll::Ready(()) => assert!(changed.load(Ordering::Acquire), "woken, sees it"),
+                Poll::Pending => {
+                    waker_side.join().expect("the waker returns");
+                    assert!(
+                        recorded.0.load(Ordering::Acquire),
+                        "a sleeping task is woken"
+                    );
+                    return;
+                }
+            }
+        }
+        waker_side.join().expect("the waker returns");
+    });
+}

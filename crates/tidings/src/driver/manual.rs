@@ -60,7 +60,7 @@ impl Executor for ManualExecutor {
     fn wait_stopped(&self, _deadline: Option<Instant>) -> bool {
         true
     }
-    fn join(&self, _deadline: Instant) -> Vec<String> {
+    fn join(&self, _deadline: Instant, _subs: &[Arc<SubscriptionShell>]) -> Vec<String> {
         Vec::new()
     }
     fn run_on_caller(&self, work: &mut dyn FnMut() -> usize) -> Option<usize> {

@@ -16,6 +16,8 @@ mod live;
 mod loom_models;
 pub(crate) mod manual;
 pub(crate) mod pool;
+#[cfg(any(feature = "tokio", all(test, tidings_loom)))]
+mod sleepers;
 pub(crate) mod thread;
 #[cfg(feature = "tokio")]
 pub(crate) mod tokio;
@@ -141,7 +143,9 @@ pub(crate) trait Executor: Send + Sync {
     /// waited for.
     fn wait_stopped(&self, deadline: Option<Instant>) -> bool;
     /// Join stopped dispatchers; names of those still running at `deadline` (detached).
-    fn join(&self, deadline: Instant) -> Vec<String>;
+    /// `subs` are the broker's subscriptions, for a driver that names what is left by
+    /// subscription.
+    fn join(&self, deadline: Instant, subs: &[Arc<SubscriptionShell>]) -> Vec<String>;
     /// Deliver on the caller's thread, for a driver whose deliveries happen only there (the
     /// manual driver): run `work` now and return what it returned. The other drivers
     /// return `None` at once: their own threads or tasks deliver, and a caller that needs

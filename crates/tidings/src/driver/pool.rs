@@ -306,7 +306,7 @@ impl Executor for PoolExecutor {
         self.shared.live_slots.wait_at_most(me, deadline)
     }
 
-    fn join(&self, deadline: Instant) -> Vec<String> {
+    fn join(&self, deadline: Instant, _subs: &[Arc<SubscriptionShell>]) -> Vec<String> {
         self.wait_stopped(Some(deadline));
         self.stop_threads();
         // A pool thread exits as soon as its current slot's handler returns; once the

@@ -140,7 +140,7 @@ impl Executor for ThreadExecutor {
         self.live.wait_at_most(self.on_this_thread(), deadline)
     }
 
-    fn join(&self, deadline: Instant) -> Vec<String> {
+    fn join(&self, deadline: Instant, _subs: &[Arc<SubscriptionShell>]) -> Vec<String> {
         // Once every dispatcher has decremented the live count it is only returning, so
         // joining it cannot block for long; `is_finished` may still lag behind the count.
         let all_stopped = self.wait_stopped(Some(deadline));

@@ -19,15 +19,16 @@
 //! wake-up is lost.
 //!
 //! While a retry is due later the task stays and sleeps until the due time or a wake-up,
-//! whichever comes first: a wake that finds the slot scheduled leaves a permit in the
-//! task's registry entry and wakes it (a close, a per-key offer, a manual clock's move —
-//! whose `wait_hint` says "until woken", and the broker wakes every slot when it is
-//! advanced). When the core says the subscription stopped, the task ends leaving
-//! `scheduled` set, so the slot is never run again.
+//! whichever comes first: a wake that finds the slot scheduled leaves a wake-up in the
+//! slot's flags and, if the task sleeps, wakes it (`super::sleepers`: a close, a per-key
+//! offer, a manual clock's move — whose `wait_hint` says "until woken", and the broker
+//! wakes every slot when it is advanced). A wake that finds the task running costs one
+//! read-modify-write of those flags, and no lock. When the core says the subscription
+//! stopped, the task ends leaving `scheduled` set, so the slot is never run again.
 //!
-//! The driver keeps a registry of the tasks that exist (its size follows the busy slots,
-//! not the subscriptions): for the permits above, for close to wait on, and for naming the
-//! tasks still running at close's deadline.
+//! The driver counts the tasks that exist (an atomic: starting and ending a task takes no
+//! lock), for close to wait on; the tasks still running at close's deadline are named
+//! from the subscriptions' `running` flags.
 //!
 //! # Handlers on the runtime
 //! * Async handlers ([`AsyncHandler`](crate::AsyncHandler)) are awaited inside the slot's
@@ -54,10 +55,9 @@
 //! worker threads and so does wait.
 
 use std::cell::Cell;
-use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Weak};
-use std::task::{Context, Poll as TaskPoll, Waker};
+use std::task::Poll as TaskPoll;
 use std::time::Instant;
 
 use ::tokio::runtime::Handle;
@@ -69,8 +69,10 @@ use crate::handler::HandlerError;
 use crate::message::Message;
 use crate::subscription::core::Poll;
 use crate::subscription::shell::{Step, SubscriptionShell};
-use crate::sync::{Condvar, Mutex, Ordering};
+use crate::sync::Ordering;
 
+use super::live::LiveCount;
+use super::sleepers::{Sleepers, SlotKey, Woken, key_of};
 use super::{Executor, FeedStep, Feeder, FeederHandle, Wake};
 
 /// Deliveries a slot makes before yielding to the runtime, so a busy subscription cannot
@@ -80,12 +82,19 @@ const BATCH: u32 = 64;
 /// Quiet re-polls, each after yielding to the runtime, before an idle slot announces itself
 /// and its task ends: a publisher that keeps up finds it polling and skips the wake-up and
 /// the new task (a spawn allocates a task and may cost a parked worker's futex round trip).
-const IDLE_YIELDS: u32 = 8;
+/// Few, because each one is a locked poll of the subscription, and with many busy
+/// subscriptions the run queue is long, so a yield rarely comes back in time: with 100,000
+/// subscriptions (`tidings-bench --quick scale/subs=100000/tokio`, two runs each) 8 gave
+/// 614k/641k deliveries/s, 2 gave 924k/846k, 0 gave 743k/793k; the fan-out cases moved
+/// within their noise.
+const IDLE_YIELDS: u32 = 2;
 
 thread_local! {
     /// Set on a thread that may block waiting for tasks even though it is inside a runtime
     /// context (the blocking-pool thread used by `Broker::close_async`).
     static MAY_BLOCK: Cell<bool> = const { Cell::new(false) };
+    /// The slot whose handler runs on this thread now (see [`in_slot`]).
+    static IN_SLOT: Cell<Option<SlotKey>> = const { Cell::new(None) };
 }
 
 /// Run `f` with blocking waits for tokio tasks allowed on this thread (which must not be
@@ -107,12 +116,14 @@ fn may_block() -> bool {
 }
 
 /// The driver's shared state, and every tokio subscription's waker (like the pool, one
-/// waker serves all): the runtime, and the registry of the slot tasks that exist now.
+/// waker serves all): the runtime, the count of slot tasks that exist now, and the wakers
+/// of those asleep.
 struct Shared {
     handle: Handle,
-    tasks: Mutex<Tasks>,
-    /// Signalled when a task leaves the registry (close waits for none to be left).
-    changed: Condvar,
+    /// Slot tasks spawned and not yet ended (close waits for none to be left).
+    live: LiveCount,
+    /// Slot tasks waiting for a retry's due time (or a manual clock's move).
+    sleepers: Sleepers,
     /// This, for the tasks' guards (`Wake` is called on a plain reference).
     me: Weak<Shared>,
 }
@@ -123,89 +134,27 @@ impl Shared {
             .upgrade()
             .expect("a waker is reached through its Arc")
     }
-}
 
-/// The slot tasks that exist now, by slot. An idle slot has none, so it has no entry: the
-/// registry's size follows the busy slots, not the subscriptions.
-#[derive(Default)]
-struct Tasks {
-    by_slot: HashMap<SlotKey, Entry>,
-    next_gen: u64,
-}
-
-/// A slot: its subscription's address (stable while the slot's task holds the
-/// subscription) and the slot's index.
-type SlotKey = (usize, usize);
-
-fn key_of(sub: &SubscriptionShell, worker: usize) -> SlotKey {
-    (std::ptr::from_ref(sub) as usize, worker)
-}
-
-/// One slot task, from its spawn to its end.
-struct Entry {
-    /// Tells this task's entry from a successor's: a task that left its slot is replaced
-    /// by the next one spawned for it before it has removed its own entry.
-    generation: u64,
-    /// For the close report's name, made only when reported.
-    sub: Weak<SubscriptionShell>,
-    /// Set by the task on its first poll, so close called from the task itself does not
-    /// report it.
-    id: Option<::tokio::task::Id>,
-    /// A wake-up left for the task while it waits for a retry's due time (or, under a
-    /// manual clock, for the clock to move): a stored permit, so a wake that comes before
-    /// the task waits is not lost. At worst a stale one costs the task one more poll.
-    woken: bool,
-    /// The task's waker while it waits.
-    waker: Option<Waker>,
-}
-
-impl Shared {
     /// Wake slot `worker` of `sub` (the pool's mailbox protocol, with a task for a worker):
     /// the waker that sets the slot's `scheduled` flag spawns its task; a slot already
-    /// scheduled has a task that will poll again — or waits for a due time, and is given a
-    /// permit.
+    /// scheduled has a task that will poll again — or sleeps until a due time, and is
+    /// woken ([`Sleepers::wake`]).
     fn schedule(&self, sub: &SubscriptionShell, worker: usize) {
         let Some(flags) = sub.run_flags(worker) else {
             return;
         };
         if flags.scheduled.swap(true, Ordering::AcqRel) {
-            let mut tasks = self.tasks.lock();
-            if let Some(e) = tasks.by_slot.get_mut(&key_of(sub, worker)) {
-                e.woken = true;
-                if let Some(w) = e.waker.take() {
-                    drop(tasks);
-                    w.wake();
-                }
-            }
+            self.sleepers.wake(flags, key_of(sub, worker));
             return;
         }
         let Some(sub) = sub.weak().upgrade() else {
             // Being dropped: nothing is left to deliver, and the slot is never run again.
             return;
         };
-        let generation = {
-            let mut tasks = self.tasks.lock();
-            let generation = tasks.next_gen;
-            tasks.next_gen += 1;
-            tasks.by_slot.insert(
-                key_of(&sub, worker),
-                Entry {
-                    generation,
-                    sub: Arc::downgrade(&sub),
-                    id: None,
-                    woken: false,
-                    waker: None,
-                },
-            );
-            generation
-        };
-        let guard = TaskGuard {
-            shared: self.me(),
-            key: key_of(&sub, worker),
-            generation,
-        };
-        // Not under the registry's lock: a runtime that is shut down drops the future (and
-        // so the guard, which takes the lock) inside `spawn`.
+        // Counted before the task can end (a shut-down runtime drops the future, and so the
+        // guard, inside `spawn`).
+        self.live.enter(1);
+        let guard = TaskGuard(self.me());
         drop(self.handle.spawn(run_slot(sub, worker, guard)));
     }
 }
@@ -221,72 +170,27 @@ impl Wake for Shared {
     }
 }
 
-/// Removes its task's registry entry when the task's body ends — also when the runtime
-/// drops it unfinished (runtime shutdown), so close never waits for a task that no longer
-/// exists.
-struct TaskGuard {
-    shared: Arc<Shared>,
-    key: SlotKey,
-    generation: u64,
-}
-
-impl TaskGuard {
-    /// Record the running task's id (see [`Entry::id`]).
-    fn set_id(&self) {
-        if let Some(e) = self.shared.tasks.lock().by_slot.get_mut(&self.key)
-            && e.generation == self.generation
-        {
-            e.id = ::tokio::task::try_id();
-        }
-    }
-
-    /// Ready once a permit was left (taking it); otherwise the task's waker is stored for
-    /// the next [`Shared::schedule`] that finds the slot scheduled.
-    fn poll_woken(&self, cx: &Context<'_>) -> TaskPoll<()> {
-        let mut tasks = self.shared.tasks.lock();
-        match tasks.by_slot.get_mut(&self.key) {
-            Some(e) if e.generation == self.generation => {
-                if std::mem::take(&mut e.woken) {
-                    e.waker = None;
-                    TaskPoll::Ready(())
-                } else {
-                    match &mut e.waker {
-                        Some(w) if w.will_wake(cx.waker()) => {}
-                        w => *w = Some(cx.waker().clone()),
-                    }
-                    TaskPoll::Pending
-                }
-            }
-            // Cannot happen while the task holds the slot; poll again rather than hang.
-            _ => TaskPoll::Ready(()),
-        }
-    }
-
-    /// Wait for a permit. The future is one reference.
-    fn woken(&self) -> impl std::future::Future<Output = ()> + '_ {
-        std::future::poll_fn(move |cx| self.poll_woken(cx))
-    }
-}
+/// Counts its task out when the task's body ends — also when the runtime drops it
+/// unfinished (runtime shutdown), so close never waits for a task that no longer exists.
+struct TaskGuard(Arc<Shared>);
 
 impl Drop for TaskGuard {
     fn drop(&mut self) {
-        let mut tasks = self.shared.tasks.lock();
-        if tasks
-            .by_slot
-            .get(&self.key)
-            .is_some_and(|e| e.generation == self.generation)
-        {
-            tasks.by_slot.remove(&self.key);
-            // Give back the room a burst of tasks took (once it is mostly unused, so
-            // steady churn does not reallocate): idle subscriptions hold nothing here.
-            let (len, cap) = (tasks.by_slot.len(), tasks.by_slot.capacity());
-            if cap > 64 && len * 4 < cap {
-                tasks.by_slot.shrink_to(len * 2);
-            }
-        }
-        drop(tasks);
-        self.shared.changed.notify_all();
+        self.0.live.exit();
     }
+}
+
+/// Runs `f` marked as slot `key`'s user code on this thread: the sync `close` called from
+/// a handler does not report its own slot as unjoined.
+fn in_slot<R>(key: SlotKey, f: impl FnOnce() -> R) -> R {
+    struct Reset(Option<SlotKey>);
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            IN_SLOT.with(|c| c.set(self.0));
+        }
+    }
+    let _reset = Reset(IN_SLOT.with(|c| c.replace(Some(key))));
+    f()
 }
 
 pub(crate) struct TokioExecutor {
@@ -298,8 +202,8 @@ impl TokioExecutor {
         Self {
             shared: Arc::new_cyclic(|me| Shared {
                 handle,
-                tasks: Mutex::default(),
-                changed: Condvar::new(),
+                live: LiveCount::default(),
+                sleepers: Sleepers::default(),
                 me: me.clone(),
             }),
         }
@@ -371,42 +275,37 @@ impl Executor for TokioExecutor {
     }
 
     fn wait_stopped(&self, deadline: Option<Instant>) -> bool {
-        let mut tasks = self.shared.tasks.lock();
+        let me = usize::from(IN_SLOT.with(Cell::get).is_some());
         if !may_block() {
-            return tasks.by_slot.is_empty();
+            return self.shared.live.running() <= me;
         }
-        while !tasks.by_slot.is_empty() {
-            match deadline {
-                Some(d) => {
-                    if self.shared.changed.wait_until(&mut tasks, d).timed_out() {
-                        return tasks.by_slot.is_empty();
-                    }
-                }
-                None => self.shared.changed.wait(&mut tasks),
-            }
-        }
-        true
+        self.shared.live.wait_at_most(me, deadline)
     }
 
-    fn join(&self, deadline: Instant) -> Vec<String> {
+    fn join(&self, deadline: Instant, subs: &[Arc<SubscriptionShell>]) -> Vec<String> {
         self.wait_stopped(Some(deadline));
-        let me = ::tokio::task::try_id();
-        let tasks = self.shared.tasks.lock();
-        let left: Vec<_> = tasks
-            .by_slot
-            .iter()
-            .filter(|(_, e)| e.id.is_none() || e.id != me)
-            .map(|(&(_, worker), e)| (e.sub.clone(), worker))
-            .collect();
-        drop(tasks);
-        // Named with the lock released: upgrading and dropping a subscription may run
-        // its teardown.
-        left.into_iter()
-            .map(|(sub, worker)| match sub.upgrade() {
-                Some(sub) => format!("tidings-{}-{}", sub.name, worker),
-                None => format!("tidings-?-{worker}"),
-            })
-            .collect()
+        let me = IN_SLOT.with(Cell::get);
+        let left = self.shared.live.running() - usize::from(me.is_some());
+        if left == 0 {
+            return Vec::new();
+        }
+        // The tasks left run a handler (anything else sees the close within the grace):
+        // their slots are the running ones.
+        let mut names = Vec::new();
+        for sub in subs {
+            for worker in 0..sub.workers() {
+                let running = sub
+                    .run_flags(worker)
+                    .is_some_and(|f| f.running.load(Ordering::Acquire));
+                if running && me != Some(key_of(sub, worker)) {
+                    names.push(format!("tidings-{}-{}", sub.name, worker));
+                }
+            }
+        }
+        // Tasks of subscriptions removed before close, or not yet started when called from
+        // inside the runtime (which does not wait).
+        names.resize(names.len().max(left), "tidings-(unsubscribed)".to_owned());
+        names
     }
 
     fn tokio_handle(&self) -> Option<Handle> {
@@ -435,7 +334,8 @@ enum Wait {
 /// due later it stays, waiting for the due time or a permit ([`TaskGuard::woken`]); on
 /// `Stopped` it ends keeping the flag, so the slot is never run again.
 async fn run_slot(sub: Arc<SubscriptionShell>, worker: usize, guard: TaskGuard) {
-    guard.set_id();
+    let shared = &guard.0;
+    let key = key_of(&sub, worker);
     let flags = sub.run_flags(worker).expect("a scheduled slot exists");
     let was = flags.running.swap(true, Ordering::AcqRel);
     debug_assert!(!was, "two tasks inside one dispatcher slot");
@@ -447,7 +347,7 @@ async fn run_slot(sub: Arc<SubscriptionShell>, worker: usize, guard: TaskGuard) 
             // The shell's delivery step, as every driver runs it.
             None => {
                 let mut locked = sub.lock();
-                let step = locked.step(worker, announce);
+                let step = in_slot(key, || locked.step(worker, announce));
                 if step == Step::Idle && announce {
                     flags.leave();
                     return;
@@ -496,8 +396,10 @@ async fn run_slot(sub: Arc<SubscriptionShell>, worker: usize, guard: TaskGuard) 
         match wait {
             Wait::No => {}
             Wait::Yield => ::tokio::task::yield_now().await,
-            Wait::Woken => guard.woken().await,
-            Wait::WokenOr(d) => Box::pin(woken_or_after(&guard, d)).await,
+            Wait::Woken => shared.sleepers.woken(flags, key).await,
+            Wait::WokenOr(d) => {
+                Box::pin(woken_or_after(shared.sleepers.woken(flags, key), d)).await;
+            }
         }
     }
     drop(guard);
@@ -529,7 +431,7 @@ async fn step_async(
                 &sub.name,
                 &sub.process_metric,
                 delivery.attempt,
-                run_async(handler, delivery.message.clone()),
+                run_async(handler, delivery.message.clone(), key_of(sub, worker)),
             )
             .await;
             sub.complete(delivery, outcome);
@@ -542,9 +444,9 @@ async fn step_async(
 }
 
 /// Wait for a wake or for `d`, whichever comes first (a retry's due time).
-async fn woken_or_after(guard: &TaskGuard, d: std::time::Duration) {
+async fn woken_or_after(woken: Woken<'_>, d: std::time::Duration) {
     ::tokio::select! {
-        () = guard.woken() => {}
+        () = woken => {}
         () = ::tokio::time::sleep(d) => {}
     }
 }
@@ -554,17 +456,21 @@ async fn woken_or_after(guard: &TaskGuard, d: std::time::Duration) {
 async fn run_async(
     handler: &Arc<dyn AsyncHandler>,
     message: Arc<Message>,
+    key: SlotKey,
 ) -> Result<(), HandlerError> {
-    let mut fut: HandlerFuture<'_> =
-        match catch_unwind(AssertUnwindSafe(|| handler.handle(message))) {
-            Ok(fut) => fut,
-            Err(payload) => return Err(HandlerError::from_panic(payload.as_ref())),
-        };
-    std::future::poll_fn(
-        move |cx| match catch_unwind(AssertUnwindSafe(|| fut.as_mut().poll(cx))) {
+    let mut fut: HandlerFuture<'_> = match in_slot(key, || {
+        catch_unwind(AssertUnwindSafe(|| handler.handle(message)))
+    }) {
+        Ok(fut) => fut,
+        Err(payload) => return Err(HandlerError::from_panic(payload.as_ref())),
+    };
+    std::future::poll_fn(move |cx| {
+        match in_slot(key, || {
+            catch_unwind(AssertUnwindSafe(|| fut.as_mut().poll(cx)))
+        }) {
             Ok(poll) => poll,
             Err(payload) => TaskPoll::Ready(Err(HandlerError::from_panic(payload.as_ref()))),
-        },
-    )
+        }
+    })
     .await
 }

@@ -9,7 +9,9 @@
 //! mailbox, the tokio driver's 64-byte slot record). The thread and manual drivers never
 //! touch them.
 
-use crate::sync::AtomicBool;
+#[cfg(any(feature = "tokio", all(test, tidings_loom)))]
+use crate::sync::Ordering;
+use crate::sync::{AtomicBool, AtomicU8};
 
 use super::slots::ThinVec;
 
@@ -22,7 +24,20 @@ pub(crate) struct RunFlags {
     pub(crate) scheduled: AtomicBool,
     /// Set while a worker (or task) runs the slot (max active == 1 per slot).
     pub(crate) running: AtomicBool,
+    /// The tokio driver's sleep handshake ([`WOKEN`], [`SLEEPING`]) between a slot task
+    /// waiting for a retry's due time and the wakes that must reach it (see
+    /// `driver::sleepers`). One atomic, so the two sides are ordered by its read-modify-
+    /// writes alone.
+    #[cfg_attr(not(any(feature = "tokio", all(test, tidings_loom))), allow(dead_code))]
+    sleep: AtomicU8,
 }
+
+#[cfg(any(feature = "tokio", all(test, tidings_loom)))]
+/// A wake-up came since the slot's task last took one: it must poll again before it sleeps.
+const WOKEN: u8 = 1;
+#[cfg(any(feature = "tokio", all(test, tidings_loom)))]
+/// The slot's task sleeps with its waker registered: a wake-up must also wake it.
+const SLEEPING: u8 = 2;
 
 /// The run flags of every slot but the first (see the module docs): `None` for a
 /// single-slot subscription, so it pays one pointer.
@@ -49,10 +64,34 @@ impl RunFlags {
     /// `Mailbox::leave`: loom mis-models a plain store racing a swap).
     #[cfg(any(feature = "tokio", all(test, tidings_loom)))]
     pub(crate) fn leave(&self) {
-        use crate::sync::Ordering;
         self.running.store(false, Ordering::Release);
         let was = self.scheduled.swap(false, Ordering::AcqRel);
         debug_assert!(was, "a running slot is scheduled");
+    }
+}
+
+/// The sleep handshake (the tokio driver's, see `driver::sleepers`).
+#[cfg(any(feature = "tokio", all(test, tidings_loom)))]
+impl RunFlags {
+    /// A waker's side, after its change is made: leave a wake-up; true when the slot's task
+    /// sleeps, so its registered waker must be woken too.
+    pub(crate) fn leave_wakeup(&self) -> bool {
+        self.sleep.fetch_or(WOKEN, Ordering::AcqRel) & SLEEPING != 0
+    }
+
+    /// The task's side, its waker registered: go to sleep, unless a wake-up was left — then
+    /// take it and return true (the task polls again, and sees the waker's change).
+    pub(crate) fn fall_asleep(&self) -> bool {
+        if self.sleep.fetch_or(SLEEPING, Ordering::AcqRel) & WOKEN == 0 {
+            return false;
+        }
+        self.sleep.fetch_and(!(WOKEN | SLEEPING), Ordering::AcqRel);
+        true
+    }
+
+    /// The task stops sleeping (woken, or its timer fired).
+    pub(crate) fn stop_sleeping(&self) {
+        self.sleep.fetch_and(!SLEEPING, Ordering::AcqRel);
     }
 }
 
