@@ -303,8 +303,11 @@ impl Log {
             sh.written.store(w.next, Ordering::Release);
             result?;
             if sh.config.fsync != Fsync::Always {
-                // Only the writer raises `visible` under these policies.
-                sh.visible.store(w.next, Ordering::SeqCst);
+                // Only the writer raises `visible` under these policies. A release store, not
+                // `SeqCst`: a waiter registers under this lock (see `wait_for_append`), so the
+                // lock orders the two, and an append pays one locked instruction less (each
+                // one waits for the record's bytes, just copied, to leave the store buffer).
+                sh.visible.store(w.next, Ordering::Release);
             }
             (first..w.next, std::mem::take(&mut w.rolled))
         };
@@ -376,6 +379,13 @@ impl Log {
             timeout,
             || sh.visible.load(Ordering::SeqCst) > offset,
             || sh.closed.load(Ordering::SeqCst),
+            // Under the writer lock: the writer raises `visible` under it (with a release
+            // store), so either that append comes first and `ready` sees it, or it comes after
+            // and its `publish` sees this waiter.
+            || {
+                let _writer = sh.writer.lock();
+                sh.tail.register_waiter();
+            },
         )
     }
 

@@ -2,9 +2,11 @@
 //! ([`Log::wait_for_append`](crate::Log::wait_for_append)) and callbacks for embedders
 //! ([`Log::add_append_listener`](crate::Log::add_append_listener)). No polling anywhere.
 //!
-//! The publisher raises the visible end first and then checks for waiters (both `SeqCst`); a
-//! waiter registers first and then checks the visible end under the lock, so a wake-up is never
-//! lost.
+//! The publisher raises the visible end first and then checks for waiters; a waiter registers
+//! first and then checks the visible end under the lock, so a wake-up is never lost. The two
+//! sides are ordered by `SeqCst` where a group commit raises the end, and by the log's writer
+//! lock where the writer does (it raises the end with a release store under that lock, and a
+//! waiter registers under it too: see `Log::wait_for_append`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -60,18 +62,26 @@ impl Tail {
         }
     }
 
+    /// Counts a waiter in (called by the `register` of [`Tail::wait`]).
+    pub(crate) fn register_waiter(&self) {
+        self.waiters.fetch_add(1, Ordering::SeqCst);
+    }
+
     /// Blocks until `ready()` or `stop()` holds or `timeout` passes; returns `ready()`.
+    /// `register` must call [`Tail::register_waiter`], under whatever lock orders it with
+    /// the raising of the visible end (see the module docs).
     pub(crate) fn wait(
         &self,
         timeout: Duration,
         ready: impl Fn() -> bool,
         stop: impl Fn() -> bool,
+        register: impl FnOnce(),
     ) -> bool {
         if ready() {
             return true;
         }
         let deadline = Instant::now().checked_add(timeout);
-        self.waiters.fetch_add(1, Ordering::SeqCst);
+        register();
         let mut g = self.lock.lock();
         let result = loop {
             if ready() {
