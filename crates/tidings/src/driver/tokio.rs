@@ -82,12 +82,15 @@ const BATCH: u32 = 64;
 /// Quiet re-polls, each after yielding to the runtime, before an idle slot announces itself
 /// and its task ends: a publisher that keeps up finds it polling and skips the wake-up and
 /// the new task (a spawn allocates a task and may cost a parked worker's futex round trip).
-/// Few, because each one is a locked poll of the subscription, and with many busy
-/// subscriptions the run queue is long, so a yield rarely comes back in time: with 100,000
-/// subscriptions (`tidings-bench --quick scale/subs=100000/tokio`, two runs each) 8 gave
-/// 614k/641k deliveries/s, 2 gave 924k/846k, 0 gave 743k/793k; the fan-out cases moved
-/// within their noise.
-const IDLE_YIELDS: u32 = 2;
+/// With many busy subscriptions the run queue is long, so one yield lasts about as long as
+/// a publisher takes to reach every subscription once, and the grace decides whether the
+/// next message finds the tasks alive. 100,000 subscriptions, full-mode runs of
+/// `tidings-bench scale/subs=100000/tokio`: 2 gave 0.79–0.86M deliveries/s, 8 gave
+/// 0.64–1.62M, 16 gave 2.02–2.50M, 64 gave 2.00–2.03M; the fan-out and latency cases moved
+/// within their noise. (Quick mode, whose rounds are a few messages long, favours fewer: 2
+/// gave 0.85–0.92M there against 8's 0.61–0.64M, because a grace that outlasts the round is
+/// spent for nothing.)
+const IDLE_YIELDS: u32 = 16;
 
 thread_local! {
     /// Set on a thread that may block waiting for tasks even though it is inside a runtime
@@ -331,7 +334,7 @@ enum Wait {
 /// The task holds the slot's `scheduled` flag for its whole life, so no second task is
 /// spawned for the slot meanwhile (max active == 1). It gives the flag back only on an
 /// announced idle poll, under the subscription's lock (see [`RunFlags::leave`](crate::subscription::run_flags::RunFlags::leave)). While a retry is
-/// due later it stays, waiting for the due time or a permit ([`TaskGuard::woken`]); on
+/// due later it stays, waiting for the due time or a wake-up ([`Sleepers::woken`]); on
 /// `Stopped` it ends keeping the flag, so the slot is never run again.
 async fn run_slot(sub: Arc<SubscriptionShell>, worker: usize, guard: TaskGuard) {
     let shared = &guard.0;
