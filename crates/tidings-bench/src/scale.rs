@@ -6,7 +6,7 @@
 //! live-byte growth while the S subscriptions were created — not estimated. Thread stacks
 //! are not heap and are not counted, which is why the thread driver is not a scale case.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::alloc::{CountingAlloc, Window};
 use crate::env::{DriverKind, Env};
@@ -42,9 +42,19 @@ fn measured<T>(
 ) -> Result<(T, Option<f64>), String> {
     let w = Window::open();
     let sys = setup()?;
-    // Let workers and tasks settle (first polls, lazily allocated state).
+    // Let workers and tasks settle (first polls, lazily allocated state): until the live
+    // heap stops shrinking (tasks that are still ending), for at most two seconds.
     std::thread::sleep(Duration::from_millis(50));
-    let net = w.net();
+    let settle_until = Instant::now() + Duration::from_secs(2);
+    let mut net = w.net();
+    while Instant::now() < settle_until {
+        std::thread::sleep(Duration::from_millis(20));
+        let now = w.net();
+        if now >= net {
+            break;
+        }
+        net = now;
+    }
     drop(w);
     let per = CountingAlloc::installed().then_some(net as f64 / subs as f64);
     Ok((sys, per))

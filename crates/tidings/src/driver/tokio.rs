@@ -141,8 +141,9 @@ impl Shared {
     /// Wake slot `worker` of `sub` (the pool's mailbox protocol, with a task for a worker):
     /// the waker that sets the slot's `scheduled` flag spawns its task; a slot already
     /// scheduled has a task that will poll again — or sleeps until a due time, and is
-    /// woken ([`Sleepers::wake`]).
-    fn schedule(&self, sub: &SubscriptionShell, worker: usize) {
+    /// woken ([`Sleepers::wake`]). A task spawned here re-polls `grace` times when it finds
+    /// the slot idle before it ends (see [`IDLE_YIELDS`]).
+    fn schedule(&self, sub: &SubscriptionShell, worker: usize, grace: u32) {
         let Some(flags) = sub.run_flags(worker) else {
             return;
         };
@@ -158,13 +159,13 @@ impl Shared {
         // guard, inside `spawn`).
         self.live.enter(1);
         let guard = TaskGuard(self.me());
-        drop(self.handle.spawn(run_slot(sub, worker, guard)));
+        drop(self.handle.spawn(run_slot(sub, worker, guard, grace)));
     }
 }
 
 impl Wake for Shared {
     fn wake(&self, sub: &SubscriptionShell, worker: usize) {
-        self.schedule(sub, worker);
+        self.schedule(sub, worker, IDLE_YIELDS);
     }
     fn wake_all(&self, sub: &SubscriptionShell) {
         for w in 0..sub.workers() {
@@ -272,8 +273,12 @@ impl Executor for TokioExecutor {
     fn start(&self, sub: &Arc<SubscriptionShell>) -> Result<(), SubscribeError> {
         sub.set_waker(self.shared.clone());
         // Run each slot once, so it sees anything already queued and reaches its idle
-        // state (then its task ends).
-        self.shared.wake_all(sub);
+        // state; then its task ends at once: no publisher is known to keep up yet, and an
+        // idle subscription should hold no task (100,000 new subscriptions would otherwise
+        // keep 100,000 tasks through their grace).
+        for worker in 0..sub.workers() {
+            self.shared.schedule(sub, worker, 0);
+        }
         Ok(())
     }
 
@@ -336,7 +341,7 @@ enum Wait {
 /// announced idle poll, under the subscription's lock (see [`RunFlags::leave`](crate::subscription::run_flags::RunFlags::leave)). While a retry is
 /// due later it stays, waiting for the due time or a wake-up ([`Sleepers::woken`]); on
 /// `Stopped` it ends keeping the flag, so the slot is never run again.
-async fn run_slot(sub: Arc<SubscriptionShell>, worker: usize, guard: TaskGuard) {
+async fn run_slot(sub: Arc<SubscriptionShell>, worker: usize, guard: TaskGuard, grace: u32) {
     let shared = &guard.0;
     let key = key_of(&sub, worker);
     let flags = sub.run_flags(worker).expect("a scheduled slot exists");
@@ -345,7 +350,7 @@ async fn run_slot(sub: Arc<SubscriptionShell>, worker: usize, guard: TaskGuard) 
     let mut batch = 0u32;
     let mut idle_polls = 0u32;
     loop {
-        let announce = idle_polls >= IDLE_YIELDS;
+        let announce = idle_polls >= grace;
         let step = match sub.async_handler() {
             // The shell's delivery step, as every driver runs it.
             None => {
