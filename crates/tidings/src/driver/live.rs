@@ -72,3 +72,79 @@ impl LiveCount {
         self.running.load(Ordering::Acquire)
     }
 }
+
+#[cfg(all(test, not(tidings_loom)))]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::mpsc;
+    use std::time::{Duration, Instant};
+
+    use super::LiveCount;
+
+    const PATIENCE: Duration = Duration::from_secs(20);
+
+    /// `wait_at_most(allowed, None)` on a thread of its own: true once it returned, false if
+    /// it was still waiting after `PATIENCE` (a lost signal: with no deadline it would wait
+    /// for ever).
+    fn released(live: &Arc<LiveCount>, allowed: usize, leave: impl FnOnce()) -> bool {
+        let (tx, rx) = mpsc::channel();
+        let waiter = {
+            let live = live.clone();
+            std::thread::spawn(move || {
+                let got = live.wait_at_most(allowed, None);
+                let _ = tx.send(got);
+            })
+        };
+        // Let the waiter block first: a lost signal shows only then (a correct count passes
+        // either way).
+        std::thread::sleep(Duration::from_millis(50));
+        leave();
+        let ok = rx.recv_timeout(PATIENCE) == Ok(true);
+        if ok {
+            waiter.join().unwrap();
+        }
+        ok
+    }
+
+    // A waiter is released when the last one leaves: leaves that keep the count above what
+    // it allows take no lock and signal nothing, so the final one must.
+    #[test]
+    fn a_waiter_is_released_by_the_last_leave() {
+        let live = Arc::new(LiveCount::default());
+        live.enter(3);
+        live.exit();
+        assert!(!live.wait_at_most(0, Some(Instant::now())), "two still run");
+        assert!(released(&live, 0, || {
+            live.exit();
+            live.exit();
+        }));
+        assert_eq!(live.running.load(crate::sync::Ordering::Acquire), 0);
+    }
+
+    // "At most me": a waiter counted among the running is released when it is the only one
+    // left, by the leave that drops the count to 1.
+    #[test]
+    fn a_waiter_that_is_one_of_them_allows_itself() {
+        let live = Arc::new(LiveCount::default());
+        live.enter(3);
+        assert!(released(&live, 1, || {
+            live.exit();
+            live.exit();
+        }));
+        assert!(
+            !live.wait_at_most(0, Some(Instant::now())),
+            "the caller still runs"
+        );
+    }
+
+    // A second exit is a driver bug: caught in debug builds, and never wraps the count.
+    #[test]
+    #[cfg(debug_assertions)]
+    #[should_panic(expected = "a dispatcher reported stopping twice")]
+    fn stopping_twice_is_caught() {
+        let live = LiveCount::default();
+        live.enter(1);
+        live.exit();
+        live.exit();
+    }
+}
