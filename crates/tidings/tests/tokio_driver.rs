@@ -421,6 +421,44 @@ async fn close_from_a_handler_reports_the_others_not_itself() {
     assert_eq!(report.unjoined, vec!["tidings-stuck-0".to_string()]); // R-CORE-6
 }
 
+// A handler of one broker closing another broker on the same runtime is not one of the
+// other broker's tasks: that broker's own handler still running is reported, and a broker
+// with no task left reports nothing (and does not miscount).
+#[tokio::test]
+async fn a_handler_closing_another_broker_is_not_counted_as_its_task() {
+    let (a, b, idle) = (tokio_broker(), tokio_broker(), tokio_broker());
+    let started = Arc::new(AtomicBool::new(false));
+    let s = started.clone();
+    let stuck = SubscribeOptions {
+        name: Some("stuck".into()),
+        ..Default::default()
+    };
+    let _stuck = b
+        .subscribe_async("stuck", stuck, move |_m: Arc<Message>| {
+            s.store(true, Ordering::SeqCst);
+            async move {
+                tokio::time::sleep(Duration::from_secs(3600)).await;
+                Ok(())
+            }
+        })
+        .unwrap();
+    let reports = Arc::new(Mutex::new(None));
+    let (bb, ib, r) = (b.clone(), idle.clone(), reports.clone());
+    let _closer = a
+        .subscribe("close", SubscribeOptions::default(), move |_m: &Message| {
+            *r.lock() = Some((bb.close(Duration::ZERO), ib.close(Duration::ZERO)));
+            Ok(())
+        })
+        .unwrap();
+    b.publish(Message::to("stuck")).unwrap();
+    eventually("handler started", || started.load(Ordering::SeqCst)).await;
+    a.publish(Message::to("close")).unwrap();
+    eventually("closed by the handler", || reports.lock().is_some()).await;
+    let (of_b, of_idle) = reports.lock().take().unwrap();
+    assert_eq!(of_b.unjoined, vec!["tidings-stuck-0".to_string()]); // R-CORE-6
+    assert!(of_idle.unjoined.is_empty(), "{of_idle:?}"); // R-CORE-6
+}
+
 #[test]
 fn async_handler_without_tokio_driver_is_refused() {
     for driver in [Driver::Thread, Driver::Manual] {

@@ -96,8 +96,9 @@ thread_local! {
     /// Set on a thread that may block waiting for tasks even though it is inside a runtime
     /// context (the blocking-pool thread used by `Broker::close_async`).
     static MAY_BLOCK: Cell<bool> = const { Cell::new(false) };
-    /// The slot whose handler runs on this thread now (see [`in_slot`]).
-    static IN_SLOT: Cell<Option<SlotKey>> = const { Cell::new(None) };
+    /// The driver (its `Shared`'s address) and slot whose handler runs on this thread now
+    /// (see [`in_slot`]).
+    static IN_SLOT: Cell<Option<(usize, SlotKey)>> = const { Cell::new(None) };
 }
 
 /// Run `f` with blocking waits for tokio tasks allowed on this thread (which must not be
@@ -136,6 +137,15 @@ impl Shared {
         self.me
             .upgrade()
             .expect("a waker is reached through its Arc")
+    }
+
+    /// The slot of this driver whose handler runs on this thread, if any (a handler of
+    /// another broker's driver is none of this one's tasks).
+    fn current_slot(&self) -> Option<SlotKey> {
+        let me = std::ptr::from_ref(self) as usize;
+        IN_SLOT
+            .with(Cell::get)
+            .and_then(|(driver, key)| (driver == me).then_some(key))
     }
 
     /// Wake slot `worker` of `sub` (the pool's mailbox protocol, with a task for a worker):
@@ -184,16 +194,17 @@ impl Drop for TaskGuard {
     }
 }
 
-/// Runs `f` marked as slot `key`'s user code on this thread: the sync `close` called from
-/// a handler does not report its own slot as unjoined.
-fn in_slot<R>(key: SlotKey, f: impl FnOnce() -> R) -> R {
-    struct Reset(Option<SlotKey>);
+/// Runs `f` marked as the user code of `shared`'s slot `key` on this thread: the sync
+/// `close` called from a handler does not report its own slot as unjoined.
+fn in_slot<R>(shared: &Shared, key: SlotKey, f: impl FnOnce() -> R) -> R {
+    struct Reset(Option<(usize, SlotKey)>);
     impl Drop for Reset {
         fn drop(&mut self) {
             IN_SLOT.with(|c| c.set(self.0));
         }
     }
-    let _reset = Reset(IN_SLOT.with(|c| c.replace(Some(key))));
+    let driver = std::ptr::from_ref(shared) as usize;
+    let _reset = Reset(IN_SLOT.with(|c| c.replace(Some((driver, key)))));
     f()
 }
 
@@ -283,7 +294,7 @@ impl Executor for TokioExecutor {
     }
 
     fn wait_stopped(&self, deadline: Option<Instant>) -> bool {
-        let me = usize::from(IN_SLOT.with(Cell::get).is_some());
+        let me = usize::from(self.shared.current_slot().is_some());
         if !may_block() {
             return self.shared.live.running() <= me;
         }
@@ -292,8 +303,12 @@ impl Executor for TokioExecutor {
 
     fn join(&self, deadline: Instant, subs: &[Arc<SubscriptionShell>]) -> Vec<String> {
         self.wait_stopped(Some(deadline));
-        let me = IN_SLOT.with(Cell::get);
-        let left = self.shared.live.running() - usize::from(me.is_some());
+        let me = self.shared.current_slot();
+        let left = self
+            .shared
+            .live
+            .running()
+            .saturating_sub(usize::from(me.is_some()));
         if left == 0 {
             return Vec::new();
         }
@@ -355,7 +370,7 @@ async fn run_slot(sub: Arc<SubscriptionShell>, worker: usize, guard: TaskGuard, 
             // The shell's delivery step, as every driver runs it.
             None => {
                 let mut locked = sub.lock();
-                let step = in_slot(key, || locked.step(worker, announce));
+                let step = in_slot(shared, key, || locked.step(worker, announce));
                 if step == Step::Idle && announce {
                     flags.leave();
                     return;
@@ -363,7 +378,7 @@ async fn run_slot(sub: Arc<SubscriptionShell>, worker: usize, guard: TaskGuard, 
                 step
             }
             Some(handler) => {
-                let step = Box::pin(step_async(&sub, handler, worker, announce)).await;
+                let step = Box::pin(step_async(shared, &sub, handler, worker, announce)).await;
                 if step == Step::Idle && announce {
                     return; // `step_async` left the slot
                 }
@@ -416,6 +431,7 @@ async fn run_slot(sub: Arc<SubscriptionShell>, worker: usize, guard: TaskGuard, 
 /// The delivery step around an await: poll, await the async handler, report. An announced
 /// idle poll leaves the slot (see [`RunFlags::leave`](crate::subscription::run_flags::RunFlags::leave)) under the same lock.
 async fn step_async(
+    shared: &Shared,
     sub: &SubscriptionShell,
     handler: &Arc<dyn AsyncHandler>,
     worker: usize,
@@ -439,7 +455,12 @@ async fn step_async(
                 &sub.name,
                 &sub.process_metric,
                 delivery.attempt,
-                run_async(handler, delivery.message.clone(), key_of(sub, worker)),
+                run_async(
+                    shared,
+                    handler,
+                    delivery.message.clone(),
+                    key_of(sub, worker),
+                ),
             )
             .await;
             sub.complete(delivery, outcome);
@@ -462,18 +483,19 @@ async fn woken_or_after(woken: Woken<'_>, d: std::time::Duration) {
 /// Await an async handler, turning a panic (while building or polling its future) into a
 /// retryable error (R-DEL-1), without spawning a task per delivery.
 async fn run_async(
+    shared: &Shared,
     handler: &Arc<dyn AsyncHandler>,
     message: Arc<Message>,
     key: SlotKey,
 ) -> Result<(), HandlerError> {
-    let mut fut: HandlerFuture<'_> = match in_slot(key, || {
+    let mut fut: HandlerFuture<'_> = match in_slot(shared, key, || {
         catch_unwind(AssertUnwindSafe(|| handler.handle(message)))
     }) {
         Ok(fut) => fut,
         Err(payload) => return Err(HandlerError::from_panic(payload.as_ref())),
     };
     std::future::poll_fn(move |cx| {
-        match in_slot(key, || {
+        match in_slot(shared, key, || {
             catch_unwind(AssertUnwindSafe(|| fut.as_mut().poll(cx)))
         }) {
             Ok(poll) => poll,
