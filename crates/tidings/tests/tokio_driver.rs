@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use tidings::{
     Broker, DeadLetterReason, Driver, HandlerError, Message, RequestError, Retry, SubscribeError,
-    SubscribeOptions,
+    SubscribeOptions, Subscription,
 };
 use tidings_testkit::helpers::{Activity, text};
 
@@ -346,30 +346,33 @@ async fn close_async_inside_a_current_thread_runtime_drains() {
     ); // R-CORE-6: refuses after close
 }
 
+/// A subscription named `stuck`, on topic `stuck`, whose async handler sleeps for an hour;
+/// the flag is set once a handler call has started.
+fn stuck(broker: &Broker) -> (Subscription, Arc<AtomicBool>) {
+    let started = Arc::new(AtomicBool::new(false));
+    let s = started.clone();
+    let options = SubscribeOptions {
+        name: Some("stuck".into()),
+        ..Default::default()
+    };
+    let sub = broker
+        .subscribe_async("stuck", options, move |_m: Arc<Message>| {
+            s.store(true, Ordering::SeqCst);
+            async move {
+                tokio::time::sleep(Duration::from_secs(3600)).await;
+                Ok(())
+            }
+        })
+        .unwrap();
+    (sub, started)
+}
+
 // The sync close called from inside a task (the only worker thread of a current-thread
 // runtime) returns instead of deadlocking, reporting the busy dispatcher as unjoined.
 #[tokio::test]
 async fn sync_close_inside_the_runtime_does_not_deadlock() {
     let broker = tokio_broker();
-    let started = Arc::new(AtomicBool::new(false));
-    let s = started.clone();
-    let sub = broker
-        .subscribe_async(
-            "stuck",
-            SubscribeOptions {
-                name: Some("stuck".into()),
-                ..Default::default()
-            },
-            move |_m: Arc<Message>| {
-                let s = s.clone();
-                async move {
-                    s.store(true, Ordering::SeqCst);
-                    tokio::time::sleep(Duration::from_secs(3600)).await;
-                    Ok(())
-                }
-            },
-        )
-        .unwrap();
+    let (sub, started) = stuck(&broker);
     broker.publish(Message::to("stuck").payload("a")).unwrap();
     broker.publish(Message::to("stuck").payload("b")).unwrap();
     eventually("handler started", || started.load(Ordering::SeqCst)).await;
@@ -380,27 +383,12 @@ async fn sync_close_inside_the_runtime_does_not_deadlock() {
     assert!(sub.stats().is_conserved()); // R-DEL-6
 }
 
-// Async handlers need a driver that can await them: any other driver refuses at subscribe.
 // The sync close called by a handler (on its slot's task) reports the other slot still
 // running a handler, and not its own.
 #[tokio::test]
 async fn close_from_a_handler_reports_the_others_not_itself() {
     let broker = tokio_broker();
-    let started = Arc::new(AtomicBool::new(false));
-    let s = started.clone();
-    let stuck = SubscribeOptions {
-        name: Some("stuck".into()),
-        ..Default::default()
-    };
-    let _stuck = broker
-        .subscribe_async("stuck", stuck, move |_m: Arc<Message>| {
-            s.store(true, Ordering::SeqCst);
-            async move {
-                tokio::time::sleep(Duration::from_secs(3600)).await;
-                Ok(())
-            }
-        })
-        .unwrap();
+    let (_stuck, started) = stuck(&broker);
     let report = Arc::new(Mutex::new(None));
     let (b, r) = (broker.clone(), report.clone());
     let closer = SubscribeOptions {
@@ -427,21 +415,7 @@ async fn close_from_a_handler_reports_the_others_not_itself() {
 #[tokio::test]
 async fn a_handler_closing_another_broker_is_not_counted_as_its_task() {
     let (a, b, idle) = (tokio_broker(), tokio_broker(), tokio_broker());
-    let started = Arc::new(AtomicBool::new(false));
-    let s = started.clone();
-    let stuck = SubscribeOptions {
-        name: Some("stuck".into()),
-        ..Default::default()
-    };
-    let _stuck = b
-        .subscribe_async("stuck", stuck, move |_m: Arc<Message>| {
-            s.store(true, Ordering::SeqCst);
-            async move {
-                tokio::time::sleep(Duration::from_secs(3600)).await;
-                Ok(())
-            }
-        })
-        .unwrap();
+    let (_stuck, started) = stuck(&b);
     let reports = Arc::new(Mutex::new(None));
     let (bb, ib, r) = (b.clone(), idle.clone(), reports.clone());
     let _closer = a
@@ -459,6 +433,7 @@ async fn a_handler_closing_another_broker_is_not_counted_as_its_task() {
     assert!(of_idle.unjoined.is_empty(), "{of_idle:?}"); // R-CORE-6
 }
 
+// Async handlers need a driver that can await them: any other driver refuses at subscribe.
 #[test]
 fn async_handler_without_tokio_driver_is_refused() {
     for driver in [Driver::Thread, Driver::Manual] {
