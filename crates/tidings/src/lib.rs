@@ -50,6 +50,7 @@ pub mod filter;
 mod handler;
 mod limits;
 mod message;
+mod message_pool;
 pub mod ops;
 mod options;
 mod queue;

@@ -208,6 +208,16 @@ pub struct Message {
 }
 
 impl Message {
+    /// Drops every part that may own user memory (payload, key, headers, reply topic,
+    /// correlation id), for a message whose allocation is kept for reuse (src/message_pool.rs).
+    pub(crate) fn release_user_memory(&mut self) {
+        self.payload = Bytes::new();
+        self.key = None;
+        self.headers = Headers::new();
+        self.reply_to = None;
+        self.correlation_id = None;
+    }
+
     /// Start building a message for `topic`. The topic is validated at publish.
     pub fn to(topic: impl Into<String>) -> MessageBuilder {
         MessageBuilder::new(topic)

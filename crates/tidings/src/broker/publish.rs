@@ -47,7 +47,7 @@ impl BrokerInner {
         // One clock reading for the whole publish: the message's time stamps it and its
         // entry into every queue it reaches.
         let now = Now::new(self.clock.as_ref());
-        let message = Arc::new(crate::telemetry::trace::stamped(
+        let message = crate::message_pool::allocate(crate::telemetry::trace::stamped(
             self.build_message(b, topic, &now)?,
             &self.limits,
         ));
@@ -58,7 +58,11 @@ impl BrokerInner {
             // With a transport a delayed message travels now; receivers hold it, and a
             // held message is routed when due, to the subscriptions there are then.
             Some(due) if !self.has_transport() => self.schedule(due, message)?,
-            _ => self.dispatch(&message, !streams.is_empty(), targets, &now)?,
+            _ => {
+                let report = self.dispatch(&message, !streams.is_empty(), targets, &now);
+                crate::message_pool::recycle(message);
+                report?
+            }
         };
         report.streams = streams;
         Ok(report)

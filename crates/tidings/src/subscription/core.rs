@@ -447,6 +447,7 @@ impl Core {
                 if let Some(books) = &mut self.ledger {
                     books.completed(&message);
                 }
+                crate::message_pool::recycle(message);
                 return;
             }
             Err(e) => e,
