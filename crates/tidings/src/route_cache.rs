@@ -9,14 +9,16 @@
 //! both (1 subscriber, manual driver: see `BrokerInner::publish_builder`).
 //!
 //! # Validity
-//! Every entry is stamped with the router's *generation*, which the broker bumps on every
-//! change of the router (subscribe, unsubscribe, close). An entry is used only while its
-//! stamp equals the current generation; entries are read and written only while the
-//! broker's registry lock is held (shared by publishers, exclusive for changes), so a
-//! matching stamp means the entry was computed from the router as it is now. A change also
-//! empties the cache ([`RouteCache::invalidate`]) so that a removed subscription is not kept
-//! alive by stale entries; the caller drops what it returns after releasing the registry
-//! lock.
+//! An entry is computed and inserted only while the broker's registry lock is held for
+//! reading ([`RouteCache::get_or_compute`]), and every change of the router empties the
+//! cache ([`RouteCache::invalidate`]) while holding that lock for writing, before releasing
+//! it. So an entry in the cache was always computed from the router as it is now: a change
+//! cannot fall between an entry's computation and its insertion, and empties everything
+//! computed before it. That is why a lookup ([`RouteCache::get`]) needs only the cache's own
+//! lock, not the registry's: a publish that starts after a subscribe or unsubscribe returned
+//! finds the cache emptied by it (the cache lock orders the two) and computes the route
+//! again. The emptied entries are returned to the caller, who drops them after releasing
+//! the registry lock, so that a removed subscription is not kept alive by stale entries.
 //!
 //! # Size
 //! At most [`MAX_ROUTES`] topics are cached; inserting into a full cache first evicts an
@@ -37,9 +39,8 @@ pub(crate) const MAX_ROUTES: usize = 1024;
 /// The subscriptions one topic matched, in ascending id order.
 pub(crate) type Targets = Arc<[Arc<SubscriptionShell>]>;
 
-/// A cached route and the router generation it was computed at.
+/// A cached route.
 struct Entry {
-    generation: u64,
     /// The topic, validated when it was first published.
     topic: Topic,
     targets: Targets,
@@ -56,36 +57,29 @@ pub(crate) struct Evicted {
     _routes: HashMap<Box<str>, Entry, FastState>,
 }
 
-/// Topic → matched subscriptions, valid for one router generation. See the module docs.
+/// Topic → matched subscriptions, emptied by every change of the router. See the module
+/// docs.
 #[derive(Default)]
 pub(crate) struct RouteCache {
-    generation: u64,
     map: RwLock<HashMap<Box<str>, Entry, FastState>>,
 }
 
 impl RouteCache {
-    /// The router changed: bump the generation and empty the cache. Needs `&mut` (the
-    /// registry's exclusive lock); drop the result after releasing that lock.
+    /// The router changed: empty the cache. Call with the registry's exclusive lock held,
+    /// and drop the result after releasing it.
     #[must_use = "drop the evicted routes after releasing the registry lock"]
-    pub(crate) fn invalidate(&mut self) -> Evicted {
-        self.generation = self.generation.wrapping_add(1);
+    pub(crate) fn invalidate(&self) -> Evicted {
         Evicted {
-            _routes: std::mem::take(self.map.get_mut()),
+            _routes: std::mem::take(&mut *self.map.write()),
         }
     }
 
-    /// The current generation.
-    #[cfg(test)]
-    pub(crate) fn generation(&self) -> u64 {
-        self.generation
-    }
-
-    /// The cached route of the topic spelled `name`, if it is current. Call with the
-    /// registry's shared lock held. A hit means `name` is a valid topic (it was checked
-    /// when the entry was made) and these are the subscriptions it matches now.
+    /// The cached route of the topic spelled `name`. Needs no other lock (see the module
+    /// docs). A hit means `name` is a valid topic (it was checked when the entry was made)
+    /// and these are the subscriptions it matches now.
     pub(crate) fn get(&self, name: &str) -> Option<Route> {
         let map = self.map.read();
-        let e = map.get(name).filter(|e| e.generation == self.generation)?;
+        let e = map.get(name)?;
         Some(Route {
             topic: e.topic.clone(),
             targets: e.targets.clone(),
@@ -99,9 +93,7 @@ impl RouteCache {
         topic: &Topic,
         compute: impl FnOnce() -> Vec<Arc<SubscriptionShell>>,
     ) -> Targets {
-        if let Some(e) = self.map.read().get(topic.as_str())
-            && e.generation == self.generation
-        {
+        if let Some(e) = self.map.read().get(topic.as_str()) {
             return e.targets.clone();
         }
         let targets: Targets = compute().into();
@@ -119,7 +111,6 @@ impl RouteCache {
         map.insert(
             topic.as_str().into(),
             Entry {
-                generation: self.generation,
                 topic: topic.clone(),
                 targets: targets.clone(),
             },
@@ -144,7 +135,7 @@ mod tests {
 
     #[test]
     fn hit_miss_invalidate_and_bound() {
-        let mut cache = RouteCache::default();
+        let cache = RouteCache::default();
         let mut computed = 0;
         assert!(cache.get("a.b").is_none(), "nothing cached yet");
         for _ in 0..3 {
@@ -156,9 +147,7 @@ mod tests {
         assert_eq!(computed, 1, "a repeated topic is computed once");
         let hit = cache.get("a.b").expect("cached");
         assert_eq!(hit.topic.as_str(), "a.b");
-        let g = cache.generation();
         drop(cache.invalidate());
-        assert_eq!(cache.generation(), g + 1);
         assert_eq!(cache.len(), 0);
         assert!(cache.get("a.b").is_none(), "a change empties the cache");
         cache.get_or_compute(&topic("a.b"), || {

@@ -96,7 +96,7 @@ impl BrokerInner {
         reg.all.clear();
         reg.internal.clear();
         reg.router = TopicTrie::default();
-        let evicted = reg.routes.invalidate();
+        let evicted = self.routes.invalidate();
         drop(reg);
         drop(evicted);
         report

@@ -76,10 +76,9 @@ use publish::refuse_reserved_headers;
 
 #[derive(Default)]
 struct Registry {
+    /// Every change calls [`RouteCache::invalidate`] on the broker's `routes` before the
+    /// registry lock is released.
     router: TopicTrie<Arc<SubscriptionShell>>,
-    /// Topic → the router's matches, for the current router generation (src/route_cache.rs).
-    /// Every change of `router` calls [`RouteCache::invalidate`].
-    routes: RouteCache,
     /// The user's subscriptions: listed, counted against `max_subscriptions`, removable.
     all: ById,
     /// tidings' own subscriptions (the reply inbox): run and closed like the others, but
@@ -141,6 +140,7 @@ impl BrokerBuilder {
         let executor = executor_for(&self.driver, &self.clock)?;
         let inner = Arc::new_cyclic(|weak| BrokerInner {
             registry: CachePadded::new(RwLock::new(Registry::default())),
+            routes: CachePadded::default(),
             executor,
             clock: self.clock.clone(),
             limits: self.limits,
@@ -213,6 +213,10 @@ pub(crate) struct BrokerInner {
     /// also evict the fields every publish only reads (limits, clock, flags) from the
     /// others' caches.
     registry: CachePadded<RwLock<Registry>>,
+    /// Topic → the router's matches (src/route_cache.rs): read by a publish without the
+    /// registry lock; filled under its read lock, emptied under its write lock. Its own
+    /// lock is on its own cache line, for the same reason as the registry's.
+    routes: CachePadded<RouteCache>,
     pub(crate) executor: Box<dyn Executor>,
     pub(crate) clock: Arc<dyn Clock>,
     limits: Limits,
@@ -614,7 +618,7 @@ impl BrokerInner {
                 reg.router.insert(&pattern, id.0, shared.clone());
             }
             // Publishes that start after this returns must see the new subscription.
-            evicted = routed.then(|| reg.routes.invalidate());
+            evicted = routed.then(|| self.routes.invalidate());
             let map = if internal {
                 &mut reg.internal
             } else {
@@ -651,7 +655,7 @@ impl BrokerInner {
             reg.router.remove(&shared.pattern, id.0);
             let remote = reg.remote.remove(&id);
             // Publishes that start after this returns must not see it (R-CORE-6).
-            (shared, reg.routes.invalidate(), remote)
+            (shared, self.routes.invalidate(), remote)
         };
         self.close_remote(remote);
         // Cached routes may hold the last references to other removed subscriptions:

@@ -219,7 +219,7 @@ impl BrokerInner {
 
     /// The route cache's current entry for the topic spelled `name` (src/route_cache.rs).
     fn cached_route(&self, name: &str) -> Option<Route> {
-        self.registry.read().routes.get(name)
+        self.routes.get(name)
     }
 
     /// Snapshot the matching subscriptions, release the lock, offer to each (R-CORE-2).
@@ -236,7 +236,7 @@ impl BrokerInner {
         let targets = known.unwrap_or_else(|| {
             let reg = self.registry.read();
             let topic = message.topic();
-            reg.routes.get_or_compute(topic, || {
+            self.routes.get_or_compute(topic, || {
                 let mut targets = Vec::new();
                 reg.router
                     .for_each_match(topic, |_, sub| targets.push(sub.clone()));
