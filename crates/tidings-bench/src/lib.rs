@@ -126,6 +126,7 @@ pub struct Report {
 
 /// Why a run failed as a whole (individual case failures are reported in `notes`).
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum BenchError {
     /// Bad command line.
     Args(String),
@@ -138,6 +139,28 @@ pub enum BenchError {
     },
     /// Setting up the benchmark environment failed.
     Setup(String),
+    /// Writing to standard output failed ([`BenchError::is_closed_output`]: its reader went
+    /// away, as in `tidings-bench --list | head -3`).
+    Stdout(std::io::Error),
+}
+
+impl BenchError {
+    /// Whether standard output was closed by its reader: nothing is wrong with the run, and
+    /// a command-line tool ends quietly, as when a pipe's reader has read enough.
+    #[must_use]
+    pub fn is_closed_output(&self) -> bool {
+        matches!(self, BenchError::Stdout(e) if e.kind() == std::io::ErrorKind::BrokenPipe)
+    }
+}
+
+/// Write `text` to standard output, reporting a failure instead of panicking as `print!`
+/// does (a closed pipe is not a bug).
+fn say(text: std::fmt::Arguments<'_>) -> Result<(), BenchError> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    out.write_fmt(text)
+        .and_then(|()| out.flush())
+        .map_err(BenchError::Stdout)
 }
 
 impl fmt::Display for BenchError {
@@ -146,6 +169,7 @@ impl fmt::Display for BenchError {
             BenchError::Args(e) => f.write_str(e),
             BenchError::Io { path, error } => write!(f, "{}: {error}", path.display()),
             BenchError::Setup(e) => write!(f, "benchmark setup failed: {e}"),
+            BenchError::Stdout(e) => write!(f, "writing to standard output: {e}"),
         }
     }
 }
@@ -255,7 +279,7 @@ pub fn run(args: &BenchArgs) -> Result<Report, BenchError> {
     let filter = Filter(args.filter.clone());
     if args.list {
         for name in case_names().iter().filter(|n| filter.wants(n)) {
-            println!("{name}");
+            say(format_args!("{name}\n"))?;
         }
         return Ok(Report { cases: Vec::new() });
     }
@@ -292,13 +316,13 @@ pub fn run(args: &BenchArgs) -> Result<Report, BenchError> {
     let load = format!("{load_before} before, {} after", output::loadavg());
     let report = Report { cases };
 
-    print!("{}", output::table(&report));
-    println!(
-        "wall time: {:.1} s ({} mode, {} rounds per case); load average {load}",
+    say(format_args!(
+        "{}wall time: {:.1} s ({} mode, {} rounds per case); load average {load}\n",
+        output::table(&report),
         wall.as_secs_f64(),
         if plan.quick { "quick" } else { "full" },
         plan.rounds
-    );
+    ))?;
     if let Some(path) = &args.json {
         let text = serde_json::to_string_pretty(&report)
             .map_err(|e| BenchError::Setup(format!("serialising JSON: {e}")))?;
@@ -343,8 +367,7 @@ pub fn main_with_args(args: impl IntoIterator<Item = String>) -> Result<(), Benc
                 clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion
             ) =>
         {
-            print!("{e}");
-            return Ok(());
+            return say(format_args!("{e}"));
         }
         Err(e) => return Err(BenchError::Args(e.to_string())),
     };

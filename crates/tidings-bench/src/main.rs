@@ -7,6 +7,8 @@ static ALLOC: tidings_bench::alloc::CountingAlloc = tidings_bench::alloc::Counti
 fn main() {
     if let Err(e) = tidings_bench::main_with_args(std::env::args()) {
         match e {
+            // The reader of our output has read enough (`--list | head`): not a failure.
+            e if e.is_closed_output() => {}
             // clap's own text (help, version, usage errors) is already formatted.
             tidings_bench::BenchError::Args(text) => {
                 eprint!("{text}");

@@ -18,6 +18,7 @@ pub(crate) struct BenchCommand {
 pub(crate) fn run(cmd: &BenchCommand) -> ExitCode {
     match tidings_bench::run(&cmd.args) {
         Ok(_) => ExitCode::SUCCESS,
+        Err(e) if e.is_closed_output() => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("tidings bench: {e}");
             ExitCode::from(EXIT_PROBLEM)
