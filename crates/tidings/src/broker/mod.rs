@@ -140,7 +140,7 @@ impl BrokerBuilder {
         let executor = executor_for(&self.driver, &self.clock)?;
         let inner = Arc::new_cyclic(|weak| BrokerInner {
             registry: CachePadded::new(RwLock::new(Registry::default())),
-            routes: CachePadded::default(),
+            routes: RouteCache::default(),
             executor,
             clock: self.clock.clone(),
             limits: self.limits,
@@ -214,9 +214,9 @@ pub(crate) struct BrokerInner {
     /// others' caches.
     registry: CachePadded<RwLock<Registry>>,
     /// Topic → the router's matches (src/route_cache.rs): read by a publish without the
-    /// registry lock; filled under its read lock, emptied under its write lock. Its own
-    /// lock is on its own cache line, for the same reason as the registry's.
-    routes: CachePadded<RouteCache>,
+    /// registry lock; filled under its read lock, emptied under its write lock. Sharded by
+    /// publisher thread, each shard on cache lines of its own.
+    routes: RouteCache,
     pub(crate) executor: Box<dyn Executor>,
     pub(crate) clock: Arc<dyn Clock>,
     limits: Limits,
