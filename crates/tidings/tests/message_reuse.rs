@@ -10,32 +10,12 @@ use parking_lot::Mutex;
 use tidings::*;
 use tidings_testkit::helpers::wait_until;
 
+#[path = "support/drivers.rs"]
+mod drivers;
+
 const PATIENCE: Duration = Duration::from_secs(60);
 const PUBLISHERS: usize = 4;
 const PER_PUBLISHER: usize = 2_000;
-
-fn drivers() -> Vec<(&'static str, Driver)> {
-    #[allow(unused_mut)] // tokio is a feature
-    let mut d = vec![
-        ("thread", Driver::Thread),
-        ("pool", Driver::Pool { workers: 2 }),
-    ];
-    #[cfg(feature = "tokio")]
-    d.push(("tokio", Driver::Tokio(runtime().handle().clone())));
-    d
-}
-
-#[cfg(feature = "tokio")]
-fn runtime() -> &'static tokio::runtime::Runtime {
-    static RUNTIME: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
-    RUNTIME.get_or_init(|| {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("runtime")
-    })
-}
 
 /// Whether every part of `m` belongs to the message published as `(publisher, i)`; the
 /// pair, when they do.
@@ -79,7 +59,7 @@ struct Seen {
 // subscription; every dead letter is the message that was rejected, intact.
 #[test]
 fn recycled_allocations_never_mix_messages() {
-    for (name, driver) in drivers() {
+    for (name, driver) in drivers::threaded() {
         let broker = Broker::builder().driver(driver).build().unwrap();
         let options = || SubscribeOptions {
             capacity: 256,

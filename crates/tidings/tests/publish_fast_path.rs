@@ -12,33 +12,12 @@ use parking_lot::Mutex;
 use tidings::*;
 use tidings_testkit::helpers::{self_publishing_subscription, wait_until};
 
+#[path = "support/drivers.rs"]
+mod drivers;
+
 const PATIENCE: Duration = Duration::from_secs(30);
 const PUBLISHERS: usize = 4;
 const PER_PUBLISHER: usize = 500;
-
-fn drivers() -> Vec<(&'static str, Driver)> {
-    #[allow(unused_mut)] // tokio is a feature
-    let mut d = vec![
-        ("thread", Driver::Thread),
-        ("pool", Driver::Pool { workers: 2 }),
-    ];
-    #[cfg(feature = "tokio")]
-    d.push(("tokio", Driver::Tokio(runtime().handle().clone())));
-    d
-}
-
-/// A runtime shared by the tests (sync handlers block a worker while gated: two workers).
-#[cfg(feature = "tokio")]
-fn runtime() -> &'static tokio::runtime::Runtime {
-    static RUNTIME: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
-    RUNTIME.get_or_init(|| {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("runtime")
-    })
-}
 
 /// A handler that blocks on its first message until the gate opens, recording the
 /// payloads it sees.
@@ -114,7 +93,7 @@ fn publish_from_threads(broker: &Broker, topic: &str) -> (usize, usize) {
 // counters: the fast path never admits past the capacity.
 #[test]
 fn concurrent_publishers_never_overfill_the_queue() {
-    for (name, driver) in drivers() {
+    for (name, driver) in drivers::threaded() {
         let options = SubscribeOptions {
             capacity: 16,
             overflow: Overflow::Reject,
@@ -149,7 +128,7 @@ fn concurrent_publishers_never_overfill_the_queue() {
 // publish order.
 #[test]
 fn fast_offers_keep_priority_and_publisher_order() {
-    for (name, driver) in drivers() {
+    for (name, driver) in drivers::threaded() {
         let options = SubscribeOptions {
             capacity: 4096,
             ..Default::default()
@@ -201,7 +180,7 @@ fn fast_offers_keep_priority_and_publisher_order() {
 // `unsubscribe` as abandoned, and every refusal was for the closed subscription.
 #[test]
 fn unsubscribe_during_fast_offers_accounts_for_every_message() {
-    for (name, driver) in drivers() {
+    for (name, driver) in drivers::threaded() {
         let (broker, gated, sub) = held_subscription(driver, SubscribeOptions::default());
         let (accepted, abandoned) = std::thread::scope(|s| {
             let publishing = s.spawn(|| publish_from_threads(&broker, "t"));
@@ -248,7 +227,7 @@ fn self_publishing_handler_into_a_full_queue_loses_nothing() {
             timeout: Duration::from_millis(20),
         },
     ];
-    for (name, driver) in drivers() {
+    for (name, driver) in drivers::threaded() {
         for overflow in policies {
             let broker = Broker::builder().driver(driver.clone()).build().unwrap();
             let options = SubscribeOptions {
