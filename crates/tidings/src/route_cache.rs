@@ -32,7 +32,10 @@
 //! # Size
 //! At most [`MAX_ROUTES`] topics are cached per shard; inserting into a full shard first
 //! evicts an arbitrary quarter of it (hash order), so a changing set of hot topics keeps
-//! being cached.
+//! being cached. A topic published from several threads is held once per shard they use (at
+//! most [`SHARDS`] times), and a route to n subscriptions takes 8·n bytes per copy: a topic
+//! that reaches 1,000,000 subscriptions from 8 publisher threads holds 64 MB of routes, where
+//! one shared cache held 8 MB.
 
 use std::cell::Cell;
 use std::collections::HashMap;
