@@ -33,14 +33,6 @@ use tidings::offline::{
 use crate::progress::Progress;
 use crate::{EXIT_PROBLEM, EXIT_USAGE};
 
-/// `println!` that ignores a closed stdout (`tidings dlq show | head` must not panic).
-macro_rules! outln {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stdout().lock(), $($arg)*);
-    }};
-}
-
 /// Options shared by every data-dir command.
 #[derive(Debug, Args)]
 pub(crate) struct Common {

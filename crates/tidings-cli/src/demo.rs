@@ -129,12 +129,12 @@ fn serve_admin(broker: &Broker, admin: &Admin) -> DemoResult<()> {
     }
     let server = tidings_admin::AdminServer::start(broker.clone(), config)?;
     let url = server.url();
-    println!(
+    outln!(
         "
 admin: the demo broker stays up with its dashboard at {url}"
     );
-    println!("  JSON: {url}api/snapshot   Prometheus: {url}metrics");
-    println!(
+    outln!("  JSON: {url}api/snapshot   Prometheus: {url}metrics");
+    outln!(
         "  actions (redrive, purge, seek): {}",
         if admin.token.is_some() {
             "enabled with the bearer token given"
@@ -144,18 +144,18 @@ admin: the demo broker stays up with its dashboard at {url}"
     );
     match admin.run_for {
         Some(d) => {
-            println!("  serving for {} s", d.as_secs());
+            outln!("  serving for {} s", d.as_secs());
             std::thread::sleep(d);
         }
         None => {
-            println!("  press Ctrl-C to stop");
+            outln!("  press Ctrl-C to stop");
             loop {
                 std::thread::park();
             }
         }
     }
     server.shutdown();
-    println!("admin: stopped; closing the demo broker");
+    outln!("admin: stopped; closing the demo broker");
     Ok(())
 }
 
@@ -194,7 +194,7 @@ pub(crate) fn run(args: &DemoArgs) -> ExitCode {
         (_, Some(dir)) => {
             let _ = std::fs::remove_dir_all(dir);
         }
-        (durable_demo::Place::DataDir(dir), None) => println!(
+        (durable_demo::Place::DataDir(dir), None) => outln!(
             "inspect the data dir offline: tidings stream ls -d {0}; tidings dlq show orders fraud -d {0}",
             dir.display()
         ),
@@ -333,7 +333,7 @@ fn scenario(orders: u32, place: &durable_demo::Place, admin: Option<&Admin>) -> 
     let t0 = Instant::now();
     let stamp = || format!("  [{:>5} ms]", t0.elapsed().as_millis());
     let broker = Broker::new(); // thread driver, system clock
-    println!(
+    outln!(
         "tidings demo: {orders} orders through an in-process broker (thread driver, system clock)"
     );
 
@@ -492,9 +492,9 @@ fn scenario(orders: u32, place: &durable_demo::Place, admin: Option<&Admin>) -> 
             what: "answers requests with Message::reply()".into(),
         },
     ];
-    println!("\nsubscriptions");
+    outln!("\nsubscriptions");
     for r in &rows {
-        println!(
+        outln!(
             "  {:<10} {:<12} {}",
             r.sub.name(),
             r.sub.pattern().as_str(),
@@ -504,7 +504,7 @@ fn scenario(orders: u32, place: &durable_demo::Place, admin: Option<&Admin>) -> 
     let [fast, slow, flaky, dedup, gated, reminders, pricing] = rows_ref(&rows);
 
     // -- timeline ---------------------------------------------------------------------------
-    println!("\ntimeline");
+    outln!("\ntimeline");
     let reminder_published = Instant::now();
     broker.publish(
         Message::to("reminders.payment")
@@ -517,7 +517,7 @@ fn scenario(orders: u32, place: &durable_demo::Place, admin: Option<&Admin>) -> 
             .payload("ask for a review")
             .delay(Duration::from_secs(3600)),
     )?;
-    println!(
+    outln!(
         "{} scheduled reminders.payment (delay {} ms) and reminders.review (delay 1 h); \
          scheduler holds {}",
         stamp(),
@@ -534,7 +534,7 @@ fn scenario(orders: u32, place: &durable_demo::Place, admin: Option<&Admin>) -> 
     );
     let request_ok = match &reply {
         Ok(r) => {
-            println!(
+            outln!(
                 "{} request rpc.quote -> reply {:?} (correlation id {}) in {:.2} ms",
                 stamp(),
                 String::from_utf8_lossy(r.payload()),
@@ -544,7 +544,7 @@ fn scenario(orders: u32, place: &durable_demo::Place, admin: Option<&Admin>) -> 
             true
         }
         Err(e) => {
-            println!("{} request rpc.quote failed: {e}", stamp());
+            outln!("{} request rpc.quote failed: {e}", stamp());
             false
         }
     };
@@ -562,14 +562,14 @@ fn scenario(orders: u32, place: &durable_demo::Place, admin: Option<&Admin>) -> 
     if !gate.wait_held(PATIENCE) {
         return Err("the gated subscriber never received order 1".into());
     }
-    println!(
+    outln!(
         "{} published order 1; gated holds it in its handler",
         stamp()
     );
     for n in 2..=orders {
         tally(broker.publish(order_message(n))?);
     }
-    println!(
+    outln!(
         "{} published orders 1..={orders} to orders.{{eu,us,apac}} with keys and headers: \
          {accepted} accepted, refused {}",
         stamp(),
@@ -582,14 +582,14 @@ fn scenario(orders: u32, place: &durable_demo::Place, admin: Option<&Admin>) -> 
             .payload("end-of-batch snapshot")
             .ttl(SNAPSHOT_TTL),
     )?;
-    println!(
+    outln!(
         "{} published orders.audit.snapshot with ttl {} ms; only orders.# matches it, and \
          slow has {backlog} queued ahead of it",
         stamp(),
         SNAPSHOT_TTL.as_millis()
     );
     gate.open();
-    println!(
+    outln!(
         "{} gate opened: gated drains the {GATED_CAPACITY} it queued",
         stamp()
     );
@@ -601,18 +601,18 @@ fn scenario(orders: u32, place: &durable_demo::Place, admin: Option<&Admin>) -> 
     }
     let reminder_delay = lock(&reminder_at).map(|t| t.duration_since(reminder_published));
     if let Some(d) = reminder_delay {
-        println!(
+        outln!(
             "{} reminders.payment was delivered {} ms after publish (asked for {} ms)",
             stamp(),
             d.as_millis(),
             REMINDER_DELAY.as_millis()
         );
     }
-    println!("{} every subscription idle", stamp());
+    outln!("{} every subscription idle", stamp());
 
     let lost_acks = dedup.dead_letters().len();
     let redrive = dedup.redrive(|d| matches!(d.reason, DeadLetterReason::RetriesExhausted { .. }));
-    println!(
+    outln!(
         "{} redrive of dedup's DLQ: {} of {lost_acks} entries re-offered and accepted \
          (the same Arc<Message>, same ids), {} refused",
         stamp(),
@@ -622,14 +622,14 @@ fn scenario(orders: u32, place: &durable_demo::Place, admin: Option<&Admin>) -> 
     if !wait_until(|| all_idle(&subs)) {
         return Err("the redriven messages were not delivered in time".into());
     }
-    println!("{} every subscription idle again", stamp());
+    outln!("{} every subscription idle again", stamp());
     if let Some(admin) = admin {
         serve_admin(&broker, admin)?;
     }
 
     let closing = Instant::now();
     let report = broker.close(DRAIN);
-    println!(
+    outln!(
         "{} close(drain {} s) returned in {:.1} ms",
         stamp(),
         DRAIN.as_secs(),
@@ -640,8 +640,8 @@ fn scenario(orders: u32, place: &durable_demo::Place, admin: Option<&Admin>) -> 
     let runs = lock(&business_runs).clone();
     let eu_orders = (1..=orders).filter(|n| region(*n) == "eu").count();
     let expected_lost = (1..=orders).filter(|n| ack_lost(*n)).count();
-    println!("\ndeduplication");
-    println!(
+    outln!("\ndeduplication");
+    outln!(
         "  Message ids are assigned at publish, so publishing an order again would be a new \
          id and\n  Deduplicating (keyed by id) would run it again. What it guards against is \
          a redelivery of\n  the same message: here dedup's handler committed {expected_lost} \
@@ -650,7 +650,7 @@ fn scenario(orders: u32, place: &durable_demo::Place, admin: Option<&Admin>) -> 
          recorded and acknowledged without running the\n  business step."
     );
     let ran_once = runs.values().all(|c| *c == 1);
-    println!(
+    outln!(
         "  business step ran {} times for {} distinct orders ({} EU orders published); \
          duplicates skipped: {}",
         runs.values().sum::<u32>(),
@@ -662,30 +662,30 @@ fn scenario(orders: u32, place: &durable_demo::Place, admin: Option<&Admin>) -> 
     // -- tables -----------------------------------------------------------------------------
     let stats: Vec<(&Subscription, SubscriptionStats)> =
         subs.iter().map(|s| (*s, s.stats())).collect();
-    println!("\nper-subscription accounting (after close)");
-    print!("{}", stats_table(&stats));
+    outln!("\nper-subscription accounting (after close)");
+    out!("{}", stats_table(&stats));
     let conserved = stats.iter().filter(|(_, st)| st.is_conserved()).count();
     // R-DEL-6: every message offered to a subscription is accounted for.
-    println!(
+    outln!(
         "conservation (R-DEL-6): offered = accepted + refused, accepted = delivered + \
          dead-lettered + queued + in-flight: holds for {conserved} of {} subscriptions",
         stats.len()
     );
-    println!(
+    outln!(
         "(not shown: the broker's internal reply-inbox subscription used by request(); \
          there is no handle to it)"
     );
 
-    println!("\ndead-letter queues (entries kept now, by reason)");
-    print!("{}", dlq_table(&subs));
-    println!(
+    outln!("\ndead-letter queues (entries kept now, by reason)");
+    out!("{}", dlq_table(&subs));
+    outln!(
         "(dedup's {} retries_exhausted entries were redriven out of its DLQ; its counters \
          still count them)",
         redrive.accepted
     );
 
-    println!("\nclose report");
-    print!("{}", close_summary(&report, &subs));
+    outln!("\nclose report");
+    out!("{}", close_summary(&report, &subs));
 
     // -- checks -----------------------------------------------------------------------------
     let get = |s: &Subscription| s.stats();
@@ -765,11 +765,11 @@ fn scenario(orders: u32, place: &durable_demo::Place, admin: Option<&Admin>) -> 
     ];
     checks.extend(durable_demo::scenario(place)?);
     let passed = checks.iter().filter(|(_, ok)| *ok).count();
-    println!("\nchecks");
+    outln!("\nchecks");
     for (what, ok) in &checks {
-        println!("  [{}] {what}", if *ok { "ok" } else { "FAILED" });
+        outln!("  [{}] {what}", if *ok { "ok" } else { "FAILED" });
     }
-    println!(
+    outln!(
         "{passed} of {} checks passed; wall time {} ms",
         checks.len(),
         t0.elapsed().as_millis()

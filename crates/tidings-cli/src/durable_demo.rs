@@ -188,7 +188,7 @@ struct Opened {
 /// Run the durable part of the demo at `place` (a data dir is created if missing); returns
 /// the checks.
 pub(crate) fn scenario(place: &Place) -> DemoResult<Vec<(String, bool)>> {
-    println!(
+    outln!(
         "\ndurable stream: crash, resume, replay ({})",
         place.describe()
     );
@@ -222,7 +222,7 @@ pub(crate) fn scenario(place: &Place) -> DemoResult<Vec<(String, bool)>> {
     let stalled = wait_until(|| {
         lock(&first).len() == BILLED_BEFORE_CRASH as usize && sub.stats().in_flight == 1
     });
-    println!(
+    outln!(
         "  run 1: published {ORDERS} orders (fsync always); billing billed {} and holds order {} when the broker is dropped",
         lock(&first).len(),
         BILLED_BEFORE_CRASH + 1
@@ -240,7 +240,7 @@ pub(crate) fn scenario(place: &Place) -> DemoResult<Vec<(String, bool)>> {
     match place {
         Place::DataDir(_) => {
             let recovery = stream.recovery();
-            println!(
+            outln!(
                 "  run 2: reopened the stream: {} segment(s), offsets {}..{}, torn tail cut: {}",
                 recovery.segments,
                 recovery.start_offset,
@@ -252,7 +252,7 @@ pub(crate) fn scenario(place: &Place) -> DemoResult<Vec<(String, bool)>> {
                 }
             );
         }
-        Place::Nats { .. } => println!(
+        Place::Nats { .. } => outln!(
             "  run 2: reopened the stream on the server: offsets {}..{} (JetStream sequences start at 1)",
             stream.start_offset(),
             stream.end_offset()
@@ -270,7 +270,7 @@ pub(crate) fn scenario(place: &Place) -> DemoResult<Vec<(String, bool)>> {
     let resumed_at = lock(&second)
         .first()
         .map_or(u64::MAX, |&(_, offset)| offset);
-    println!(
+    outln!(
         "  billing resumed at offset {resumed_at} (its committed position) and billed {} more; lag now {}",
         lock(&second).len(),
         sub.lag()
@@ -284,7 +284,7 @@ pub(crate) fn scenario(place: &Place) -> DemoResult<Vec<(String, bool)>> {
     )?;
     let replay_done = wait_until(|| audit.lag() == 0 && audit.outstanding() == 0);
     let replay: Vec<u32> = lock(&replayed).iter().map(|&(n, _)| n).collect();
-    println!(
+    outln!(
         "  audit replayed from the time mark between orders {BEFORE_MARK} and {}: {} orders ({}..={})",
         BEFORE_MARK + 1,
         replay.len(),
@@ -301,16 +301,16 @@ pub(crate) fn scenario(place: &Place) -> DemoResult<Vec<(String, bool)>> {
     })?;
     let fraud_done = wait_until(|| fraud.lag() == 0 && fraud.outstanding() == 0);
     let flagged = fraud.durable_dead_letters()?.len();
-    println!("  fraud flagged {flagged} orders into its durable dead-letter queue");
+    outln!("  fraud flagged {flagged} orders into its durable dead-letter queue");
     drop((sub, audit, fraud));
     broker.close(Duration::from_secs(2));
     if let Some(backend) = backend {
         // The run's stream and its dead-letter streams: nothing else on the server.
         match backend.delete_stream(&stream_name) {
-            Ok(_) => println!(
-                "  deleted stream {stream_name} and its dead-letter streams from the server"
-            ),
-            Err(e) => println!("  could not delete stream {stream_name} from the server: {e}"),
+            Ok(_) => {
+                outln!("  deleted stream {stream_name} and its dead-letter streams from the server")
+            }
+            Err(e) => outln!("  could not delete stream {stream_name} from the server: {e}"),
         }
     }
 
@@ -318,7 +318,7 @@ pub(crate) fn scenario(place: &Place) -> DemoResult<Vec<(String, bool)>> {
     let second = lock(&second).clone();
     let all: BTreeSet<u32> = first.iter().chain(&second).map(|&(n, _)| n).collect();
     let duplicates = first.len() + second.len() - all.len();
-    println!(
+    outln!(
         "  across the crash: {} distinct orders billed, {duplicates} billed twice",
         all.len()
     );

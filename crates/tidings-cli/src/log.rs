@@ -60,7 +60,7 @@ pub(crate) fn run(cmd: &LogCommand) -> ExitCode {
     }
     let outcome = match &cmd.tool {
         LogTool::Inspect { dir } => tools::inspect(dir).map(|report| {
-            print!("{report}");
+            out!("{report}");
             ExitCode::SUCCESS
         }),
         LogTool::Verify { dir } => {
@@ -71,7 +71,7 @@ pub(crate) fn run(cmd: &LogCommand) -> ExitCode {
             })
         }
         .map(|report| {
-            println!("{report}");
+            outln!("{report}");
             if report.is_ok() {
                 ExitCode::SUCCESS
             } else {
@@ -80,9 +80,9 @@ pub(crate) fn run(cmd: &LogCommand) -> ExitCode {
         }),
         LogTool::Dump { dir, from, max } => tools::dump(dir, *from, *max).map(|records| {
             for r in &records {
-                println!("{r}");
+                outln!("{r}");
             }
-            println!(
+            outln!(
                 "{} record(s) from offset {from} (at most {max})",
                 records.len()
             );

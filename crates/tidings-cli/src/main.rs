@@ -22,6 +22,23 @@
 //! corrupt record, a broken demo invariant, a failed benchmark run); 2 the command could not
 //! run (bad arguments, missing or unreadable paths).
 
+/// `println!` that ignores a closed standard output: `tidings … | head` must not panic. The
+/// command still runs to its end; what it prints after the reader left is dropped.
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout().lock(), $($arg)*);
+    }};
+}
+
+/// `print!` that ignores a closed standard output (see `outln!`).
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = write!(std::io::stdout().lock(), $($arg)*);
+    }};
+}
+
 mod bench;
 mod datadir;
 mod demo;

@@ -207,3 +207,44 @@ fn bench_accepts_the_bench_options() {
     let out = tidings(&["bench", "--no-such-option"]);
     assert_eq!(out.status.code(), Some(2));
 }
+
+/// `tidings ARGS` with its standard output closed before it writes (`tidings … | head` once
+/// head has read enough): the exit code and what it wrote to standard error.
+fn with_closed_output(args: &[&str]) -> (Option<i32>, String) {
+    use std::io::Read;
+    use std::process::Stdio;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tidings"))
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the tidings binary runs");
+    drop(child.stdout.take());
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut stderr)
+        .expect("read stderr");
+    (child.wait().expect("wait").code(), stderr)
+}
+
+/// A reader that stops reading is not a failure of the command: no panic, the usual exit
+/// code (the demo, the log tools and the benchmark list all print a lot).
+#[test]
+fn a_closed_output_is_not_a_panic() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_log(dir.path(), 50);
+    let path = dir.path().to_str().expect("utf-8 path");
+    for args in [
+        &["demo"][..],
+        &["log", "dump", path],
+        &["log", "inspect", path],
+        &["bench", "--list"],
+    ] {
+        let (code, stderr) = with_closed_output(args);
+        assert_eq!(code, Some(0), "{args:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    }
+}
