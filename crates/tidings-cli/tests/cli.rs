@@ -4,6 +4,7 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 use tidings_log::{Fsync, Log, LogConfig, Record};
+use tidings_testkit::process::with_closed_stdout;
 
 fn tidings(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_tidings"))
@@ -208,28 +209,6 @@ fn bench_accepts_the_bench_options() {
     assert_eq!(out.status.code(), Some(2));
 }
 
-/// `tidings ARGS` with its standard output closed before it writes (`tidings … | head` once
-/// head has read enough): the exit code and what it wrote to standard error.
-fn with_closed_output(args: &[&str]) -> (Option<i32>, String) {
-    use std::io::Read;
-    use std::process::Stdio;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tidings"))
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("the tidings binary runs");
-    drop(child.stdout.take());
-    let mut stderr = String::new();
-    child
-        .stderr
-        .take()
-        .expect("stderr")
-        .read_to_string(&mut stderr)
-        .expect("read stderr");
-    (child.wait().expect("wait").code(), stderr)
-}
-
 /// A reader that stops reading is not a failure of the command: no panic, the usual exit
 /// code (the demo, the log tools and the benchmark list all print a lot).
 #[test]
@@ -243,7 +222,8 @@ fn a_closed_output_is_not_a_panic() {
         &["log", "inspect", path],
         &["bench", "--list"],
     ] {
-        let (code, stderr) = with_closed_output(args);
+        let (code, stderr) =
+            with_closed_stdout(Command::new(env!("CARGO_BIN_EXE_tidings")).args(args));
         assert_eq!(code, Some(0), "{args:?}: {stderr}");
         assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
     }
