@@ -316,13 +316,15 @@ pub fn run(args: &BenchArgs) -> Result<Report, BenchError> {
     let load = format!("{load_before} before, {} after", output::loadavg());
     let report = Report { cases };
 
-    say(format_args!(
+    // A closed standard output is reported only after the requested files are written: a
+    // long run's results are not lost because its reader left.
+    let printed = say(format_args!(
         "{}wall time: {:.1} s ({} mode, {} rounds per case); load average {load}\n",
         output::table(&report),
         wall.as_secs_f64(),
         if plan.quick { "quick" } else { "full" },
         plan.rounds
-    ))?;
+    ));
     if let Some(path) = &args.json {
         let text = serde_json::to_string_pretty(&report)
             .map_err(|e| BenchError::Setup(format!("serialising JSON: {e}")))?;
@@ -350,7 +352,7 @@ pub fn run(args: &BenchArgs) -> Result<Report, BenchError> {
         );
         write_file(path, &md)?;
     }
-    Ok(report)
+    printed.map(|()| report)
 }
 
 /// Parse `args` (the first item is the program name, as in `std::env::args()`), run, and

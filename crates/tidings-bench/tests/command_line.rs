@@ -1,7 +1,8 @@
 //! The `tidings-bench` binary as a command-line tool: no benchmark runs here.
 
-use std::io::Read;
-use std::process::{Command, Stdio};
+use std::process::Command;
+
+use tidings_testkit::process::with_closed_stdout;
 
 fn bench() -> Command {
     Command::new(env!("CARGO_BIN_EXE_tidings-bench"))
@@ -21,22 +22,27 @@ fn list_prints_the_case_names() {
 /// panic, no error, success.
 #[test]
 fn a_closed_output_ends_the_run_quietly() {
-    let mut child = bench()
-        .arg("--list")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run tidings-bench");
-    // Close the read end before the child has started writing.
-    drop(child.stdout.take());
-    let mut stderr = String::new();
-    child
-        .stderr
-        .take()
-        .expect("stderr")
-        .read_to_string(&mut stderr)
-        .expect("read stderr");
-    let status = child.wait().expect("wait");
-    assert!(status.success(), "{status:?}: {stderr}");
+    let (code, stderr) = with_closed_stdout(bench().arg("--list"));
+    assert_eq!(code, Some(0), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+/// A run whose reader left still writes the files it was asked for: the results of a long
+/// run are not lost to a closed pipe.
+#[test]
+fn a_closed_output_still_gets_the_files_written() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json = dir.path().join("run.json");
+    let (code, stderr) = with_closed_stdout(
+        bench()
+            .args(["--quick", "--json"])
+            .arg(&json)
+            .arg("scale/subs=1000/pool/bytes-per-sub"),
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+    let text = std::fs::read_to_string(&json).expect("the JSON file is written");
+    assert!(
+        text.contains("scale/subs=1000/pool/bytes-per-sub"),
+        "{text}"
+    );
 }
