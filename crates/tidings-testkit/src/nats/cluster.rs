@@ -1,0 +1,294 @@
+//! A JetStream cluster of `nats-server` processes on 127.0.0.1, for failover tests
+//! (R-DIST-7).
+//!
+//! Every node is a [`NatsServer`] with a store dir of its own, `sync_interval: always`, a
+//! client port, a cluster (route) port and a monitoring port, all on 127.0.0.1. A node can
+//! be SIGKILLed and restarted on its ports and store; the cluster answers which node leads
+//! a stream or a consumer, read from each node's monitoring endpoint (`/jsz`), so a test
+//! can kill exactly the leader.
+//!
+//! # Lifecycle
+//! [`NatsCluster::start`] returns once every node accepts clients and the JetStream meta
+//! group has a leader with every node in it (at most [`CLUSTER_READY_TIMEOUT`]). Dropping
+//! the cluster kills every node and removes their directories.
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+use super::{LaunchError, NatsServer, free_port, install, unique_dir};
+
+/// How long [`NatsCluster::start`] and [`NatsCluster::restart`] wait for the cluster to
+/// have a JetStream meta leader with every node current.
+pub const CLUSTER_READY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The cluster part of one node's configuration.
+#[derive(Debug, Clone)]
+pub(crate) struct NodeConfig {
+    name: String,
+    http_port: u16,
+    cluster_port: u16,
+    routes: Vec<u16>,
+}
+
+impl NodeConfig {
+    pub(crate) fn config_lines(&self) -> String {
+        let routes = self
+            .routes
+            .iter()
+            .map(|p| format!("nats-route://127.0.0.1:{p}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        format!(
+            "server_name: {}\nhttp: 127.0.0.1:{}\ncluster {{\n  name: tidings\n  \
+             listen: 127.0.0.1:{}\n  routes: [{routes}]\n}}\n",
+            self.name, self.http_port, self.cluster_port
+        )
+    }
+}
+
+/// A running JetStream cluster owned by a test. See the [module docs](self).
+#[derive(Debug)]
+pub struct NatsCluster {
+    nodes: Vec<NatsServer>,
+}
+
+impl NatsCluster {
+    /// Starts an `n`-node cluster for a test (installing the binary when it is missing), or
+    /// returns `None` after printing a notice when the user opted out (`TIDINGS_SKIP_NATS=1`).
+    ///
+    /// # Panics
+    /// When no binary can be found or installed, or the cluster does not come up: the test
+    /// fails with the reason and the nodes' logs.
+    #[must_use]
+    pub fn for_test(n: usize) -> Option<Self> {
+        if !super::test_needs_server() {
+            return None;
+        }
+        match Self::start(n) {
+            Ok(cluster) => Some(cluster),
+            Err(e) => panic!("could not start a {n}-node nats-server cluster: {e}"),
+        }
+    }
+
+    /// Starts `n` nodes (at least 1) and waits until the cluster is ready.
+    ///
+    /// # Errors
+    /// A node failed to start, or the cluster had no meta leader in time (with the logs).
+    pub fn start(n: usize) -> Result<Self, LaunchError> {
+        let n = n.max(1);
+        let binary = install::ensure_binary()?;
+        let mut ports = Vec::with_capacity(n);
+        for _ in 0..n {
+            ports.push((free_port()?, free_port()?, free_port()?));
+        }
+        let cluster_ports: Vec<u16> = ports.iter().map(|p| p.2).collect();
+        let mut cluster = Self {
+            nodes: Vec::with_capacity(n),
+        };
+        for (i, &(client, http, route)) in ports.iter().enumerate() {
+            let dir = unique_dir();
+            std::fs::create_dir_all(dir.join("store"))
+                .map_err(super::io(format!("create {}", dir.display())))?;
+            cluster.nodes.push(NatsServer {
+                binary: binary.clone(),
+                dir,
+                port: client,
+                token: None,
+                cluster: Some(NodeConfig {
+                    name: node_name(i),
+                    http_port: http,
+                    cluster_port: route,
+                    routes: cluster_ports
+                        .iter()
+                        .copied()
+                        .filter(|&p| p != route)
+                        .collect(),
+                }),
+                child: None,
+            });
+        }
+        for node in &mut cluster.nodes {
+            node.launch()?;
+        }
+        cluster.wait_ready()?;
+        Ok(cluster)
+    }
+
+    /// The number of nodes.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Always false: a cluster has at least one node.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// Node `i` (0-based). Panics when `i` is out of range, like indexing.
+    #[must_use]
+    pub fn node(&self, i: usize) -> &NatsServer {
+        &self.nodes[i]
+    }
+
+    /// Every node's client URL, in node order.
+    #[must_use]
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(NatsServer::url).collect()
+    }
+
+    /// The server name of node `i` (`n0`, `n1`, …), as the cluster reports leaders.
+    #[must_use]
+    pub fn name(&self, i: usize) -> String {
+        node_name(i)
+    }
+
+    /// SIGKILLs node `i` (a crash). Does nothing when it is not running.
+    ///
+    /// # Errors
+    /// The process could not be killed or waited for.
+    pub fn kill(&mut self, i: usize) -> Result<(), LaunchError> {
+        self.nodes[i].kill()
+    }
+
+    /// Starts node `i` again on its ports and store (killing it first if it runs) and waits
+    /// until the cluster is ready again.
+    ///
+    /// # Errors
+    /// As [`NatsServer::restart`], or the cluster did not become ready in time.
+    pub fn restart(&mut self, i: usize) -> Result<(), LaunchError> {
+        self.nodes[i].restart()?;
+        self.wait_ready()
+    }
+
+    /// The node leading JetStream stream `stream` (its name on the server), as the running
+    /// nodes report it; `None` when none reports a leader (an election under way).
+    #[must_use]
+    pub fn stream_leader(&self, stream: &str) -> Option<usize> {
+        self.leader_of(|detail| {
+            (detail.get("name")?.as_str()? == stream).then(|| leader_name(detail))?
+        })
+    }
+
+    /// The node leading consumer `consumer` of stream `stream` (names on the server).
+    #[must_use]
+    pub fn consumer_leader(&self, stream: &str, consumer: &str) -> Option<usize> {
+        self.leader_of(|detail| {
+            if detail.get("name")?.as_str()? != stream {
+                return None;
+            }
+            detail
+                .get("consumer_detail")?
+                .as_array()?
+                .iter()
+                .find(|c| c.get("name").and_then(|n| n.as_str()) == Some(consumer))
+                .and_then(leader_name)
+        })
+    }
+
+    /// Waits (at most `timeout`) until `stream` has a leader; returns it.
+    #[must_use]
+    pub fn wait_stream_leader(&self, stream: &str, timeout: Duration) -> Option<usize> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(leader) = self.stream_leader(stream) {
+                return Some(leader);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Asks every running node about its streams; the first leader `pick` finds.
+    fn leader_of(&self, pick: impl Fn(&serde_json::Value) -> Option<String>) -> Option<usize> {
+        for node in self.nodes.iter().filter(|n| n.is_running()) {
+            let Some(jsz) = node.monitor("/jsz?accounts=true&streams=true&consumers=true") else {
+                continue;
+            };
+            let accounts = jsz.get("account_details").and_then(|a| a.as_array());
+            for account in accounts.into_iter().flatten() {
+                let streams = account.get("stream_detail").and_then(|s| s.as_array());
+                for detail in streams.into_iter().flatten() {
+                    if let Some(leader) = pick(detail) {
+                        return self.index_of(&leader);
+                    }
+                }
+            }
+        }
+        None
+    }
+
+    fn index_of(&self, name: &str) -> Option<usize> {
+        (0..self.nodes.len()).find(|&i| node_name(i) == name)
+    }
+
+    /// Until a running node reports a meta leader and every running node is a current peer.
+    fn wait_ready(&self) -> Result<(), LaunchError> {
+        let deadline = Instant::now() + CLUSTER_READY_TIMEOUT;
+        let running = self.nodes.iter().filter(|n| n.is_running()).count();
+        loop {
+            let ready = self.nodes.iter().filter(|n| n.is_running()).any(|node| {
+                node.monitor("/jsz").is_some_and(|jsz| {
+                    let meta = &jsz["meta_cluster"];
+                    let has_leader = meta["leader"].as_str().is_some_and(|l| !l.is_empty());
+                    let current = meta["replicas"].as_array().map_or(0, |r| {
+                        r.iter()
+                            .filter(|p| p["current"].as_bool() == Some(true))
+                            .count()
+                    });
+                    // The leader lists its followers; a follower lists the others too.
+                    has_leader && current + 1 >= running
+                })
+            });
+            if ready {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                let log = self
+                    .nodes
+                    .iter()
+                    .enumerate()
+                    .map(|(i, n)| format!("--- {}:\n{}", node_name(i), n.log_tail()))
+                    .collect::<Vec<_>>()
+                    .join("\n");
+                return Err(LaunchError::NotReady { log });
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl NatsServer {
+    /// GET `path` from this node's monitoring port; the JSON body, or `None` when it does
+    /// not answer (a killed node, or not a cluster node).
+    fn monitor(&self, path: &str) -> Option<serde_json::Value> {
+        let port = self.cluster.as_ref()?.http_port;
+        let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+        let mut stream = TcpStream::connect_timeout(&addr, Duration::from_millis(500)).ok()?;
+        stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+        write!(
+            stream,
+            "GET {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n"
+        )
+        .ok()?;
+        let mut response = Vec::new();
+        stream.take(16 << 20).read_to_end(&mut response).ok()?;
+        let body_at = response.windows(4).position(|w| w == b"\r\n\r\n")? + 4;
+        serde_json::from_slice(&response[body_at..]).ok()
+    }
+}
+
+fn node_name(i: usize) -> String {
+    format!("n{i}")
+}
+
+fn leader_name(detail: &serde_json::Value) -> Option<String> {
+    detail["cluster"]["leader"]
+        .as_str()
+        .filter(|l| !l.is_empty())
+        .map(str::to_owned)
+}
