@@ -332,11 +332,35 @@ fn map_connect_error(url: &str, after: Duration, e: &async_nats::ConnectError) -
             after,
         },
         K::Tls => ConnectError::Tls { detail },
+        // A failed handshake (unknown issuer, no client certificate where the server wants
+        // one, a TLS-only server met by a client without the CA) arrives as an I/O error
+        // around a rustls error: the kind says I/O, the source says TLS.
+        _ if tls_in_chain(e) => ConnectError::Tls { detail },
         _ => ConnectError::Unreachable {
             url: url.to_owned(),
             detail,
         },
     }
+}
+
+/// True when `e` or any error in its source chain is a rustls error, on its own or inside an
+/// I/O error (how tokio-rustls reports a failed handshake or a TLS alert).
+fn tls_in_chain(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(e);
+    while let Some(err) = next {
+        if err.is::<async_nats::rustls::Error>() {
+            return true;
+        }
+        if let Some(io) = err.downcast_ref::<std::io::Error>()
+            && io
+                .get_ref()
+                .is_some_and(|inner| inner.is::<async_nats::rustls::Error>())
+        {
+            return true;
+        }
+        next = err.source();
+    }
+    false
 }
 
 /// A connection to a NATS server with JetStream: streams, appends, durable consumers.

@@ -95,6 +95,7 @@ impl NatsCluster {
                 dir,
                 port: client,
                 token: None,
+                tls: None,
                 cluster: Some(NodeConfig {
                     name: node_name(i),
                     http_port: http,

@@ -50,6 +50,40 @@ pub use install::{NATS_VERSION, SERVER_ENV, SKIP_ENV};
 pub struct NatsServerOptions {
     /// When set, clients must present this token (`authorization { token: ... }`).
     pub token: Option<String>,
+    /// When set, every client must speak TLS (`tls { ... }`).
+    pub tls: Option<TlsFiles>,
+}
+
+/// The server's side of TLS: its certificate chain and key (PEM files), and, for mutual
+/// TLS, the CA that client certificates must chain to.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct TlsFiles {
+    /// The server's certificate (PEM).
+    pub cert: PathBuf,
+    /// The server's private key (PEM).
+    pub key: PathBuf,
+    /// With mutual TLS: the CA client certificates are verified against (`verify: true`).
+    pub client_ca: Option<PathBuf>,
+}
+
+impl TlsFiles {
+    /// TLS with this certificate and key; clients need no certificate.
+    #[must_use]
+    pub fn new(cert: impl Into<PathBuf>, key: impl Into<PathBuf>) -> Self {
+        Self {
+            cert: cert.into(),
+            key: key.into(),
+            client_ca: None,
+        }
+    }
+
+    /// Mutual TLS: every client must present a certificate issued by `ca`.
+    #[must_use]
+    pub fn verify_clients(mut self, ca: impl Into<PathBuf>) -> Self {
+        self.client_ca = Some(ca.into());
+        self
+    }
 }
 
 impl NatsServerOptions {
@@ -63,6 +97,13 @@ impl NatsServerOptions {
     #[must_use]
     pub fn token(mut self, token: impl Into<String>) -> Self {
         self.token = Some(token.into());
+        self
+    }
+
+    /// Requires every client to speak TLS with these files.
+    #[must_use]
+    pub fn tls(mut self, tls: TlsFiles) -> Self {
+        self.tls = Some(tls);
         self
     }
 }
@@ -157,6 +198,7 @@ pub struct NatsServer {
     dir: PathBuf,
     port: u16,
     token: Option<String>,
+    tls: Option<TlsFiles>,
     /// Set for a node of a [`NatsCluster`].
     cluster: Option<cluster::NodeConfig>,
     child: Option<Child>,
@@ -222,6 +264,7 @@ impl NatsServer {
             dir,
             port: 0,
             token: options.token,
+            tls: options.tls,
             cluster: None,
             child: None,
         };
@@ -325,6 +368,20 @@ impl NatsServer {
         );
         if let Some(token) = &self.token {
             config.push_str(&format!("authorization {{\n  token: \"{token}\"\n}}\n"));
+        }
+        if let Some(tls) = &self.tls {
+            config.push_str(&format!(
+                "tls {{\n  cert_file: {:?}\n  key_file: {:?}\n",
+                tls.cert.display().to_string(),
+                tls.key.display().to_string()
+            ));
+            if let Some(ca) = &tls.client_ca {
+                config.push_str(&format!(
+                    "  ca_file: {:?}\n  verify: true\n",
+                    ca.display().to_string()
+                ));
+            }
+            config.push_str("}\n");
         }
         if let Some(node) = &self.cluster {
             config.push_str(&node.config_lines());
