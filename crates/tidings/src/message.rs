@@ -27,6 +27,13 @@ use crate::topic::Topic;
 pub struct MessageId(u128);
 
 impl MessageId {
+    /// A fresh id, unique across processes and ordered by time, as `publish` would assign:
+    /// pick it once before publishing with [`MessageBuilder::id`], so a retry reuses it.
+    #[must_use]
+    #[allow(clippy::new_without_default)] // a fresh id is not a default value
+    pub fn new() -> Self {
+        process_ids().next(SystemTime::now())
+    }
     /// The raw 128-bit value.
     #[must_use]
     pub fn as_u128(self) -> u128 {
@@ -42,6 +49,43 @@ impl MessageId {
     pub fn timestamp_ms(self) -> u64 {
         (self.0 >> 80) as u64
     }
+
+    /// The id of output number `n` caused by the message with this id: the same inputs give
+    /// the same id in every process and after every restart, and different `(self, n)` give
+    /// different ids (but for a 2^-80 chance). Keeps this id's milliseconds, so derived ids
+    /// still sort by time.
+    ///
+    /// This is what makes a pipeline's outputs idempotent: a handler that publishes its
+    /// outputs with derived ids ([`MessageBuilder::caused_by`]) and is run again for a
+    /// redelivered input publishes the same ids again, which a stream's duplicate window
+    /// drops (R-DEL-7).
+    ///
+    /// ```
+    /// # use tidings::MessageId;
+    /// let input = MessageId::from_u128(0x0123_4567_89ab_cdef_0123_4567_89ab_cdef);
+    /// assert_eq!(input.derived(0), input.derived(0));
+    /// assert_ne!(input.derived(0), input.derived(1));
+    /// assert_eq!(input.derived(7).timestamp_ms(), input.timestamp_ms());
+    /// ```
+    #[must_use]
+    pub fn derived(self, n: u32) -> MessageId {
+        // A fixed mix (not the standard library's randomly keyed hasher): the result must
+        // be the same in every process. Two rounds of a 64-bit finaliser over the parent's
+        // halves and `n` fill the 80 bits below the milliseconds.
+        let hi = (self.0 >> 64) as u64;
+        let lo = self.0 as u64;
+        let a = mix64(lo ^ mix64(hi ^ u64::from(n).rotate_left(32)));
+        let b = mix64(a ^ hi ^ 0x9e37_79b9_7f4a_7c15);
+        let low80 = (u128::from(b & 0xffff) << 64) | u128::from(a);
+        MessageId((self.0 & !((1u128 << 80) - 1)) | low80)
+    }
+}
+
+/// The SplitMix64 finaliser: a fixed bijection on 64 bits with good avalanche.
+fn mix64(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 impl fmt::Display for MessageId {
@@ -106,6 +150,12 @@ impl IdGenerator {
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
         MessageId((u128::from(ms) << 80) | (u128::from(self.nonce) << 64) | u128::from(seq))
     }
+}
+
+/// The generator for ids made without a broker ([`MessageId::new`], detached messages).
+fn process_ids() -> &'static IdGenerator {
+    static IDS: OnceLock<IdGenerator> = OnceLock::new();
+    IDS.get_or_init(IdGenerator::new)
 }
 
 pub(crate) fn millis_since_epoch(t: SystemTime) -> u64 {
@@ -327,6 +377,7 @@ pub struct MessageBuilder {
     pub(crate) deliver_at: Option<SystemTime>,
     pub(crate) reply_to: Option<String>,
     pub(crate) correlation_id: Option<String>,
+    pub(crate) id: Option<MessageId>,
 }
 
 impl MessageBuilder {
@@ -344,6 +395,7 @@ impl MessageBuilder {
             deliver_at: None,
             reply_to: None,
             correlation_id: None,
+            id: None,
         }
     }
     /// The payload. `Bytes`, `Vec<u8>`, `String` and `&'static` slices convert without copying.
@@ -400,6 +452,40 @@ impl MessageBuilder {
         self.correlation_id = Some(id.into());
         self
     }
+    /// Publish with this id instead of a fresh one: the caller's idempotency key.
+    ///
+    /// A publish that failed or timed out may have been stored anyway (the store's answer
+    /// was lost). Retrying it with the **same id** is safe on a durable stream: an id
+    /// already stored within the stream's duplicate window is not stored again (JetStream:
+    /// `Nats-Msg-Id`, default window 2 minutes). The recipe: pick the id once
+    /// ([`MessageId::new`], or [`MessageId::from_u128`] of your own key), then retry
+    /// `publish` with that id until it succeeds.
+    ///
+    /// ```
+    /// # use tidings::*;
+    /// # let broker = Broker::new();
+    /// let id = MessageId::new();
+    /// let publish = || broker.publish(Message::to("orders.created").id(id).payload("42"));
+    /// let report = publish().or_else(|_| publish())?; // a retry reuses the id
+    /// # let _ = report;
+    /// # Ok::<(), PublishError>(())
+    /// ```
+    ///
+    /// Buffered subscriptions receive every publish, retries included: the window is the
+    /// stream's. Ids must be unique per message: two different messages with one id on a
+    /// stream lose the second one.
+    pub fn id(mut self, id: MessageId) -> Self {
+        self.id = Some(id);
+        self
+    }
+    /// Publish as output number `n` of handling `input`: the id is
+    /// `input.id().derived(n)` ([`MessageId::derived`]), the same every time the input is
+    /// handled, so when the input is redelivered (a crash before its acknowledgement) and
+    /// handled again, its outputs are dropped as duplicates by the output stream's
+    /// duplicate window — each output exists once (R-DEL-7).
+    pub fn caused_by(self, input: &Message, n: u32) -> Self {
+        self.id(input.id().derived(n))
+    }
 }
 
 impl MessageBuilder {
@@ -424,9 +510,12 @@ impl MessageBuilder {
     /// The same as `publish` for a bad message: invalid topic or reply-to, a limit
     /// exceeded, a delay too long.
     pub fn build_detached(self) -> Result<Message, PublishError> {
-        static IDS: OnceLock<IdGenerator> = OnceLock::new();
-        let ids = IDS.get_or_init(IdGenerator::new);
-        self.build(None, &Limits::default(), &Now::new(&SystemClock), ids)
+        self.build(
+            None,
+            &Limits::default(),
+            &Now::new(&SystemClock),
+            process_ids(),
+        )
     }
 
     /// Validate against `limits` and stamp with `now` (R-LIM-1): what publish does before
@@ -479,7 +568,10 @@ impl MessageBuilder {
             (None, None) => None,
         };
         Ok(Message {
-            id: ids.next_at(now),
+            id: match b.id {
+                Some(id) => id,
+                None => ids.next_at(now),
+            },
             topic,
             payload: b.payload,
             headers: b.headers,
