@@ -57,8 +57,10 @@ pub(crate) struct StreamCommand {
 #[derive(Debug, Subcommand)]
 enum StreamOp {
     /// List the streams: offsets, records, bytes, consumers, whether a broker holds them.
+    #[command(after_help = "Example:\n  tidings stream ls -d /tmp/tidings-demo --json")]
     Ls,
     /// Describe one stream.
+    #[command(after_help = "Example:\n  tidings stream info orders -d /tmp/tidings-demo")]
     Info {
         /// The stream name.
         name: String,
@@ -77,11 +79,13 @@ pub(crate) struct ConsumerCommand {
 #[derive(Debug, Subcommand)]
 enum ConsumerOp {
     /// List the durable subscriptions of a stream: committed offset, lag, dead letters.
+    #[command(after_help = "Example:\n  tidings consumer ls orders -d /tmp/tidings-demo")]
     Ls {
         /// The stream name.
         stream: String,
     },
     /// Describe one durable subscription.
+    #[command(after_help = "Example:\n  tidings consumer info orders billing -d /tmp/tidings-demo")]
     Info {
         /// The stream name.
         stream: String,
@@ -89,6 +93,7 @@ enum ConsumerOp {
         name: String,
     },
     /// Move the committed position (the broker must be stopped).
+    #[command(after_help = "Example:\n  tidings consumer seek orders billing --time 2026-12-02T17:00:00Z -d /tmp/tidings-demo")]
     Seek {
         /// The stream name.
         stream: String,
@@ -129,11 +134,13 @@ pub(crate) struct DlqCommand {
 #[derive(Debug, Subcommand)]
 enum DlqOp {
     /// List the durable subscriptions that have dead letters, with counts by reason.
+    #[command(after_help = "Example:\n  tidings dlq ls -d /tmp/tidings-demo")]
     Ls {
         /// Only this stream.
         stream: Option<String>,
     },
     /// Show the dead letters of one durable subscription.
+    #[command(after_help = "Example:\n  tidings dlq show orders fraud -d /tmp/tidings-demo")]
     Show {
         /// The stream name.
         stream: String,
@@ -147,6 +154,7 @@ enum DlqOp {
         limit: usize,
     },
     /// Append dead letters back to the stream, then remove them from the DLQ (loss-safe).
+    #[command(after_help = "Example:\n  tidings dlq redrive orders fraud --all -d /tmp/tidings-demo")]
     Redrive {
         /// The stream name.
         stream: String,
@@ -156,6 +164,7 @@ enum DlqOp {
         which: Which,
     },
     /// Remove dead letters without redriving them.
+    #[command(after_help = "Example:\n  tidings dlq purge orders fraud --entry ID -d /tmp/tidings-demo")]
     Purge {
         /// The stream name.
         stream: String,

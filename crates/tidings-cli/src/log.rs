@@ -23,18 +23,21 @@ pub(crate) struct LogCommand {
 #[derive(Debug, Subcommand)]
 enum LogTool {
     /// Describe every segment: offsets, record counts, timestamps, index state.
+    #[command(after_help = "Example:\n  tidings log inspect /tmp/tidings-demo/streams/orders")]
     Inspect {
         /// The stream directory.
         dir: PathBuf,
     },
     /// Check every record, header, index and segment boundary. Exits 1 when any problem is
     /// found (even one `Log::open` would repair).
+    #[command(after_help = "Example:\n  tidings log verify /tmp/tidings-demo/streams/orders")]
     Verify {
         /// The stream directory.
         dir: PathBuf,
     },
     /// Print records, one per line. Exits 1 at a corrupt record (a torn tail just ends the
     /// output, as `Log::open` would truncate it).
+    #[command(after_help = "Example:\n  tidings log dump /tmp/tidings-demo/streams/orders --from 10 --max 5")]
     Dump {
         /// The stream directory.
         dir: PathBuf,

@@ -62,7 +62,7 @@ pub(crate) const EXIT_USAGE: u8 = 2;
 #[derive(Debug, Parser)]
 #[command(
     name = "tidings",
-    version,
+    version = tidings::VERSION,
     about = "The tidings in-process pub-sub broker: demo, benchmarks, log and data-dir tools",
     after_help = "Exit codes: 0 success; 1 a problem was found; 2 the command could not run."
 )]
@@ -75,16 +75,22 @@ struct Cli {
 enum Command {
     /// Run an order-pipeline scenario on the real broker (thread driver, system clock) and
     /// print per-subscription accounting.
+    #[command(after_help = "Example:\n  tidings demo --orders 200 --admin 127.0.0.1:8080")]
     Demo(demo::DemoArgs),
     /// Benchmark tidings against baselines (interleaved rounds, medians).
+    #[command(after_help = "Example:\n  tidings bench --quick --json target/bench-quick.json")]
     Bench(bench::BenchCommand),
     /// Offline tools for a durable stream directory (read-only).
+    #[command(after_help = "Example:\n  tidings log verify /tmp/tidings-demo/streams/orders")]
     Log(log::LogCommand),
     /// Offline: the streams of a data directory.
+    #[command(after_help = "Example:\n  tidings stream ls -d /tmp/tidings-demo")]
     Stream(datadir::StreamCommand),
     /// Offline: durable subscriptions (consumers) of a stream; move their position.
+    #[command(after_help = "Example:\n  tidings consumer seek orders billing --earliest -d /tmp/tidings-demo")]
     Consumer(datadir::ConsumerCommand),
     /// Offline: durable dead-letter queues; show, redrive, purge.
+    #[command(after_help = "Example:\n  tidings dlq show orders fraud -d /tmp/tidings-demo")]
     Dlq(datadir::DlqCommand),
 }
 

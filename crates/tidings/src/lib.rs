@@ -96,3 +96,6 @@ pub use subscription::shell::DLQ_REASON_HEADER;
 pub use subscription::{Refusal, Subscription, SubscriptionId};
 pub use tidings_log::{Fsync, LogConfig, RecoveryReport, Retention, RetentionReport};
 pub use topic::{Pattern, Topic, TopicError};
+
+/// This library's version, as published (`tidings --version` prints the same).
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
