@@ -358,6 +358,42 @@ fn a_failing_key_parks_only_itself() {
     assert_eq!(h.max_running(), 2);
 }
 
+// R-ORD-4: an offer wakes a slot that is free. A slot woken by its timer (not by an offer)
+// and now running a retry must not be the one an offer claims, or the offered message waits
+// for that handler while the other slot sleeps.
+#[test]
+fn an_offer_wakes_a_free_slot_not_a_busy_one() {
+    let mut h = Harness::new(SubscribeOptions {
+        concurrency: Concurrency::PerKey { max_in_flight: 2 },
+        retry: Retry::fixed(ms(100), 3),
+        ..opts()
+    });
+    assert_eq!(h.poll(0), Polled::Idle);
+    assert_eq!(h.poll(1), Polled::Idle);
+    assert_eq!(h.offer(keyed("a1", "a")), Offered::Accepted(Some(0)));
+    assert!(matches!(h.poll(0), Polled::Deliver { .. }));
+    h.complete(0, Err(HandlerError::retry("down")));
+    assert_eq!(h.poll(0), Polled::WakeAt(ms(100)));
+    h.advance(ms(100));
+    // Slot 0's timer fires: it takes the retry.
+    assert_eq!(
+        h.poll(0),
+        Polled::Deliver {
+            msg: "a1".into(),
+            attempt: 2
+        }
+    );
+    assert_eq!(h.offer(keyed("b1", "b")), Offered::Accepted(Some(1)));
+    assert_eq!(
+        h.poll(1),
+        Polled::Deliver {
+            msg: "b1".into(),
+            attempt: 1
+        }
+    );
+    assert_eq!(h.max_running(), 2);
+}
+
 // R-CORE-6: close reports exactly what was left: the retry waiting and the queued messages
 // (in that order), each a `Shutdown` dead letter with its attempts; handlers running at
 // close finish — delivered if they succeed, abandoned (and reported later) if they fail
