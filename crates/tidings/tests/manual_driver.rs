@@ -219,57 +219,6 @@ fn handler_panic_is_retried_then_dead_lettered() {
     );
 }
 
-// R-DEL-1: a non-retryable error goes straight to the DLQ as Rejected.
-#[test]
-fn rejected_errors_skip_retries() {
-    let (broker, _clock) = manual();
-    let sub = broker
-        .subscribe("t", SubscribeOptions::default(), |_m: &Message| {
-            Err(HandlerError::reject("malformed"))
-        })
-        .unwrap();
-    broker.publish(Message::to("t")).unwrap();
-    assert_eq!(broker.run_until_idle(), 1);
-    let dlq = sub.dead_letters();
-    assert_eq!(
-        dlq[0].reason,
-        DeadLetterReason::Rejected {
-            error: "malformed".into()
-        }
-    );
-    assert_eq!(dlq[0].attempts, 1);
-    assert_eq!(sub.stats().dead_lettered.rejected, 1);
-    assert!(broker.next_wake().is_none());
-}
-
-// R-DEL-2: at-most-once never redelivers.
-#[test]
-fn at_most_once_is_never_redelivered() {
-    let (broker, clock) = manual();
-    let calls = Arc::new(AtomicU32::new(0));
-    let c = calls.clone();
-    let sub = broker
-        .subscribe(
-            "t",
-            SubscribeOptions {
-                delivery: DeliveryMode::AtMostOnce,
-                retry: Retry::fixed(Duration::from_millis(1), 10),
-                ..Default::default()
-            },
-            move |_m: &Message| {
-                c.fetch_add(1, Ordering::SeqCst);
-                Err(HandlerError::retry("nope"))
-            },
-        )
-        .unwrap();
-    broker.publish(Message::to("t")).unwrap();
-    drive(&broker, &clock);
-    assert_eq!(calls.load(Ordering::SeqCst), 1);
-    let s = sub.stats();
-    assert_eq!(s.dead_lettered.retries_exhausted, 1);
-    assert!(s.is_conserved()); // R-DEL-6: counted, not lost
-}
-
 // Test 9: dedup skips duplicates; an id whose handler failed is not recorded (R-DEL-5).
 #[test]
 fn dedup_records_only_after_success() {

@@ -405,6 +405,9 @@ impl Core {
     }
 
     fn start(&mut self, worker: usize, message: Arc<Message>, attempt: u32) -> Poll {
+        // The slot is busy now, however it was woken (an offer, its timer, a wake-all):
+        // an offer must claim a free slot, not this one (R-ORD-4).
+        self.idle[worker] = false;
         self.running += 1;
         self.counts.attempts += 1;
         Poll::Deliver(Delivery {

@@ -2,6 +2,8 @@
 //! user's handle.
 
 pub(crate) mod core;
+#[cfg(test)]
+mod core_tests;
 mod effects;
 pub(crate) mod handle;
 mod ingress;
