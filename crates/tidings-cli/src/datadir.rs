@@ -93,7 +93,9 @@ enum ConsumerOp {
         name: String,
     },
     /// Move the committed position (the broker must be stopped).
-    #[command(after_help = "Example:\n  tidings consumer seek orders billing --time 2026-12-02T17:00:00Z -d /tmp/tidings-demo")]
+    #[command(
+        after_help = "Example:\n  tidings consumer seek orders billing --time 2026-12-02T17:00:00Z -d /tmp/tidings-demo"
+    )]
     Seek {
         /// The stream name.
         stream: String,
@@ -154,7 +156,9 @@ enum DlqOp {
         limit: usize,
     },
     /// Append dead letters back to the stream, then remove them from the DLQ (loss-safe).
-    #[command(after_help = "Example:\n  tidings dlq redrive orders fraud --all -d /tmp/tidings-demo")]
+    #[command(
+        after_help = "Example:\n  tidings dlq redrive orders fraud --all -d /tmp/tidings-demo"
+    )]
     Redrive {
         /// The stream name.
         stream: String,
@@ -164,7 +168,9 @@ enum DlqOp {
         which: Which,
     },
     /// Remove dead letters without redriving them.
-    #[command(after_help = "Example:\n  tidings dlq purge orders fraud --entry ID -d /tmp/tidings-demo")]
+    #[command(
+        after_help = "Example:\n  tidings dlq purge orders fraud --entry ID -d /tmp/tidings-demo"
+    )]
     Purge {
         /// The stream name.
         stream: String,

@@ -37,7 +37,9 @@ enum LogTool {
     },
     /// Print records, one per line. Exits 1 at a corrupt record (a torn tail just ends the
     /// output, as `Log::open` would truncate it).
-    #[command(after_help = "Example:\n  tidings log dump /tmp/tidings-demo/streams/orders --from 10 --max 5")]
+    #[command(
+        after_help = "Example:\n  tidings log dump /tmp/tidings-demo/streams/orders --from 10 --max 5"
+    )]
     Dump {
         /// The stream directory.
         dir: PathBuf,

@@ -87,7 +87,9 @@ enum Command {
     #[command(after_help = "Example:\n  tidings stream ls -d /tmp/tidings-demo")]
     Stream(datadir::StreamCommand),
     /// Offline: durable subscriptions (consumers) of a stream; move their position.
-    #[command(after_help = "Example:\n  tidings consumer seek orders billing --earliest -d /tmp/tidings-demo")]
+    #[command(
+        after_help = "Example:\n  tidings consumer seek orders billing --earliest -d /tmp/tidings-demo"
+    )]
     Consumer(datadir::ConsumerCommand),
     /// Offline: durable dead-letter queues; show, redrive, purge.
     #[command(after_help = "Example:\n  tidings dlq show orders fraud -d /tmp/tidings-demo")]
