@@ -498,3 +498,137 @@ fn the_dashboard_charts_each_subscriptions_rates_depth_and_lag_while_messages_fl
     drop((fast, flaky, ship));
     broker.close(Duration::from_secs(5));
 }
+
+/// One subscription of a scripted snapshot: the figures the page reads.
+fn scripted_sub(id: u64, name: &str, delivered: u64, queued: u64) -> serde_json::Value {
+    serde_json::json!({
+        "id": id, "name": name, "pattern": "orders.*", "kind": "buffered",
+        "options": {"capacity": 100, "overflow": "reject", "retry": "none", "concurrency": "serial"},
+        "counters": {
+            "offered": delivered + queued, "accepted": delivered + queued, "refused": {},
+            "delivered": delivered, "dead_lettered": {"rejected": delivered / 10},
+            "queued": queued, "in_flight": 0, "attempts": delivered, "failures": 0,
+            "redelivered": delivered / 5, "blocked_publishers": 0
+        },
+        "depth_by_priority": [0, queued, 0, 0], "oldest_age_ms": null,
+        "dead_letters": {"len": 0, "by_reason": {}, "evicted": 0}, "durable": null
+    })
+}
+
+/// Serve the dashboard page with `/api/snapshot` answering `script` in order (then its last
+/// entry again and again), on a loopback port of its own; its URL.
+fn scripted_server(script: Vec<serde_json::Value>) -> String {
+    use std::io::{BufRead, BufReader, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        let mut next = 0;
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            let mut reader = BufReader::new(conn.try_clone().unwrap());
+            let mut request = String::new();
+            if reader.read_line(&mut request).is_err() {
+                continue;
+            }
+            let mut line = String::new();
+            while reader.read_line(&mut line).is_ok_and(|n| n > 2) {
+                line.clear();
+            }
+            let path = request.split(' ').nth(1).unwrap_or("/");
+            let (kind, body) = if path == "/" || path.starts_with("/?") {
+                (
+                    "text/html",
+                    include_str!("../src/dashboard.html").to_owned(),
+                )
+            } else if path == "/api/snapshot" {
+                let s = &script[next.min(script.len() - 1)];
+                next += 1;
+                ("application/json", s.to_string())
+            } else if path == "/api/info" {
+                (
+                    "application/json",
+                    r#"{"actions_enabled":false}"#.to_owned(),
+                )
+            } else {
+                ("application/json", r#"{"error":"not_found"}"#.to_owned())
+            };
+            let _ = write!(
+                conn,
+                "HTTP/1.1 200 OK\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    url
+}
+
+#[test]
+fn the_charts_survive_counter_resets_and_subscriptions_that_come_and_go() {
+    let Some(browser) = browser() else {
+        let required = std::env::var("TIDINGS_REQUIRE_BROWSER").is_ok_and(|v| v == "1");
+        assert!(
+            !required,
+            "TIDINGS_REQUIRE_BROWSER=1 but no chromium-headless-shell was found"
+        );
+        eprintln!("NOTICE: scripted chart browser test skipped: no chromium-headless-shell");
+        return;
+    };
+    // One snapshot a second (the broker's clock): alpha delivers 10 a second, its counters
+    // reset between the 4th and 5th snapshot (delivered 30 -> 2); beta is gone from the
+    // 6th on, when gamma appears.
+    let alpha = [0, 10, 20, 30, 2, 12, 22];
+    let script: Vec<serde_json::Value> = (0..7)
+        .map(|i| {
+            let mut subs = vec![scripted_sub(1, "alpha", alpha[i], i as u64)];
+            if i < 5 {
+                subs.push(scripted_sub(2, "beta", 100 * i as u64, 0));
+            } else {
+                subs.push(scripted_sub(3, "gamma", 7 * i as u64, 1));
+            }
+            serde_json::json!({
+                "taken_at_ms": 1_700_000_000_000u64 + 1000 * i as u64,
+                "driver": "manual", "closed": false, "scheduled": 0,
+                "subscriptions": subs, "streams": []
+            })
+        })
+        .collect();
+    let url = scripted_server(script);
+    let profile = tempfile::tempdir().unwrap();
+    // `poll=1` is below the floor: the page polls every 100 ms instead.
+    let dom = run_for(
+        &browser,
+        profile.path(),
+        4000,
+        &["--dump-dom"],
+        &format!("{url}?poll=1"),
+    );
+    assert!(
+        dom.contains(r#"data-loaded="true""#),
+        "the page never loaded:\n{dom}"
+    );
+    assert!(number(element(&dom, "body", "data-polls="), "data-polls") >= 8.0);
+    assert!(dom.contains("a sample every 0.1 s"), "poll not clamped"); // bounded ?poll
+
+    // alpha: 7 samples, one reset; no rate is drawn across it (two segments, 10/s each).
+    let a = element(&dom, "figure", r#"id="chart-1""#);
+    assert_eq!(attr(a, "data-samples"), Some("7"), "{a}");
+    assert_eq!(attr(a, "data-resets"), Some("1"), "{a}");
+    let d = series(a, "delivered");
+    assert_eq!(
+        (
+            attr(d, "data-points"),
+            attr(d, "data-segments"),
+            attr(d, "data-min"),
+            attr(d, "data-max")
+        ),
+        (Some("5"), Some("2"), Some("10"), Some("10")),
+        "{d}"
+    );
+    assert_eq!(attr(series(a, "depth"), "data-points"), Some("7"), "{a}");
+    // beta is gone, card and row; gamma appeared with its own, fresh ring.
+    assert!(!dom.contains(r#"id="chart-2""#) && !dom.contains(r#"id="sub-2""#));
+    let g = element(&dom, "figure", r#"id="chart-3""#);
+    assert_eq!(attr(g, "data-samples"), Some("2"), "{g}");
+    assert_eq!(attr(series(g, "delivered"), "data-max"), Some("7"), "{g}");
+    assert!(!g.contains(r#"data-series="lag" data-points="#), "{g}");
+}
