@@ -354,7 +354,7 @@ fn the_dashboard_charts_each_subscriptions_rates_depth_and_lag_while_messages_fl
             },
             move |m: &Message| {
                 let n: u64 = m.header("n").and_then(|v| v.parse().ok()).unwrap_or(0);
-                if n % 10 == 0 {
+                if n.is_multiple_of(10) {
                     return Err(tidings::HandlerError::reject("flagged"));
                 }
                 if n % 4 == 1 && retried.lock().unwrap().insert(n) {
