@@ -11,7 +11,7 @@
 //! # Endpoints
 //! | method & path | answer |
 //! |---|---|
-//! | `GET /` | the dashboard: one self-contained HTML page (no CDN, no build step) |
+//! | `GET /` | the dashboard: one self-contained HTML page (no CDN, no build step); `?poll=<ms>` sets how often it polls (100..60000, default 1000) |
 //! | `GET /api/info` | `{"actions_enabled": bool, "version": ..}` |
 //! | `GET /api/snapshot` | [`tidings::ops::BrokerSnapshot`] |
 //! | `GET /api/subscriptions/{id}/dead-letters?offset=0&limit=50` | [`tidings::ops::DeadLetterPage`] (`limit` ≤ 1000) |
@@ -19,6 +19,14 @@
 //! | `POST /api/subscriptions/{id}/dead-letters/purge` | `{"purged": n}` |
 //! | `POST /api/subscriptions/{id}/seek` | body `{"to": "earliest"}`, `{"to": "latest"}`, `{"offset": n}` or `{"time_ms": t}` → `{"position": n}` |
 //! | `GET /metrics` | whatever [`AdminConfig::metrics`] renders (e.g. Prometheus text) |
+//!
+//! # Dashboard charts
+//! The page keeps, per subscription, a ring of the snapshots it polled over the last 5
+//! minutes (of the broker's clock, `taken_at_ms`) and draws, in SVG, the per-second rates of
+//! `offered` (shown as *published*), `delivered`, `redelivered` and the dead-lettered total,
+//! from the counters' differences between polls, and the depth (`queued`) and, for a
+//! durable subscription, its lag. A counter that goes down is a reset: no rate is drawn
+//! across it. A subscription that is gone loses its ring; a new one starts its own.
 //!
 //! # Durable subscriptions
 //! For the id of a durable subscription, the three dead-letter endpoints act on its

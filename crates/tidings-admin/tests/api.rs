@@ -532,3 +532,46 @@ fn the_metrics_endpoint_serves_prometheus_text_equal_to_the_snapshot() {
             .lag as f64
     ); // R-OPS-2
 }
+
+#[test]
+fn the_snapshot_carries_every_figure_the_charts_draw_and_any_poll_value_gets_the_page() {
+    let w = World::start(actions());
+    w.orders(2);
+    let snap = get(w.addr(), "/api/snapshot").json();
+    assert!(snap["taken_at_ms"].as_u64().is_some()); // the x axis: the broker's clock
+    for s in snap["subscriptions"].as_array().unwrap() {
+        let c = &s["counters"];
+        // Rates from deltas of these counters, depth as it is (R-OPS-4 charts).
+        for counter in ["offered", "delivered", "redelivered", "queued"] {
+            assert!(c[counter].as_u64().is_some(), "{counter} missing: {s}");
+        }
+        assert!(c["dead_lettered"].as_object().is_some(), "{s}");
+        assert!(s["id"].as_u64().is_some() && s["name"].is_string(), "{s}");
+    }
+    // Lag, for the durable subscription.
+    let ship = w.ship.id().get();
+    let ship = snap["subscriptions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["id"] == ship)
+        .unwrap();
+    assert!(ship["durable"]["lag"].as_u64().is_some(), "{ship}");
+    // The poll interval is the page's own business: whatever `poll` says, the page is served
+    // (it clamps the value itself), and nothing panics.
+    for query in [
+        "?poll=200",
+        "?poll=abc",
+        "?poll=-5",
+        "?poll=99999999999999999999999",
+        "?poll=%00",
+        "?poll",
+    ] {
+        let page = get(w.addr(), &format!("/{query}"));
+        assert_eq!(page.status, 200, "{query}");
+        assert!(
+            page.body.contains("<title>tidings dashboard</title>"),
+            "{query}"
+        );
+    }
+}

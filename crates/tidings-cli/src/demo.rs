@@ -13,7 +13,9 @@
 //! | `pricing` | `rpc.*` | request-reply with [`Message::reply`] |
 //!
 //! Then a durable stream survives a crash (see [`durable_demo`]): in a data directory, or with
-//! `--nats URL` on a NATS server with JetStream.
+//! `--nats URL` on a NATS server with JetStream. The demo's broker keeps its streams there:
+//! after the crash of a broker of its own, the durable part reopens the stream on the demo's
+//! broker, where it and its durable subscriptions stay until close (so `--admin` shows them).
 //!
 //! With `--admin ADDR` the demo broker stays up after the scenario, before it is closed,
 //! with the admin dashboard, its JSON API and Prometheus `/metrics` on `ADDR` (R-OPS-4),
@@ -332,7 +334,8 @@ struct Row {
 fn scenario(orders: u32, place: &durable_demo::Place, admin: Option<&Admin>) -> DemoResult<bool> {
     let t0 = Instant::now();
     let stamp = || format!("  [{:>5} ms]", t0.elapsed().as_millis());
-    let broker = Broker::new(); // thread driver, system clock
+    // Thread driver, system clock; its streams in the data dir (or on the server).
+    let (broker, backend) = place.broker()?;
     outln!(
         "tidings demo: {orders} orders through an in-process broker (thread driver, system clock)"
     );
@@ -623,10 +626,13 @@ fn scenario(orders: u32, place: &durable_demo::Place, admin: Option<&Admin>) -> 
         return Err("the redriven messages were not delivered in time".into());
     }
     outln!("{} every subscription idle again", stamp());
+    // The durable part: its stream and durable subscriptions stay open on this broker.
+    let mut durable = durable_demo::scenario(place, &broker, backend)?;
     if let Some(admin) = admin {
         serve_admin(&broker, admin)?;
     }
 
+    durable.unsubscribe();
     let closing = Instant::now();
     let report = broker.close(DRAIN);
     outln!(
@@ -763,7 +769,8 @@ fn scenario(orders: u32, place: &durable_demo::Place, admin: Option<&Admin>) -> 
                 && subs.iter().all(|s| s.stats().in_flight == 0),
         ),
     ];
-    checks.extend(durable_demo::scenario(place)?);
+    checks.extend(std::mem::take(&mut durable.checks));
+    durable.clean_up();
     let passed = checks.iter().filter(|(_, ok)| *ok).count();
     outln!("\nchecks");
     for (what, ok) in &checks {

@@ -2,11 +2,12 @@
 //!
 //! A stream captures `orders.#` with `Fsync::Always`; a durable subscription `billing`
 //! bills orders from it. Mid-stream the broker is dropped (the "crash") with one order in
-//! the handler and more unread; a new broker on the same data directory reopens the stream
-//! (recovery report), `billing` resumes at its committed offset, and a new durable
+//! the handler and more unread; the demo's own broker, on the same data directory, then
+//! reopens the stream (recovery report), `billing` resumes at its committed offset, and a new durable
 //! subscription `audit` replays from a point in time; a third, `fraud`, dead-letters every
 //! tenth order into its durable DLQ (for `tidings dlq show|redrive|purge` on the data dir).
-//! Every count printed is exact.
+//! Every count printed is exact. The stream and the three durable subscriptions stay open
+//! on the demo's broker until it closes, so `tidings demo --admin` shows them.
 //!
 //! The stream lives in a data directory (the embedded log) or, with `tidings demo --nats
 //! URL`, on a NATS server (JetStream). The scenario and its checks are the same; what differs
@@ -125,7 +126,9 @@ impl Place {
         }
     }
 
-    fn open(&self) -> DemoResult<Opened> {
+    /// A broker (thread driver, system clock) that keeps its streams here, with the
+    /// JetStream connection it uses, if any.
+    pub(crate) fn broker(&self) -> DemoResult<(Broker, Option<Arc<JetStreamBackend>>)> {
         let mut builder = Broker::builder();
         let mut backend = None;
         match self {
@@ -140,16 +143,15 @@ impl Place {
                 backend = Some(b);
             }
         }
-        let broker = builder.build()?;
-        let stream = broker.create_stream(
+        Ok((builder.build()?, backend))
+    }
+
+    /// Open (or reopen) the demo's stream on `broker`.
+    fn open_stream(&self, broker: &Broker) -> DemoResult<tidings::Stream> {
+        Ok(broker.create_stream(
             StreamConfig::new(self.stream(), [format!("{}.#", self.topic_root())])
                 .fsync(Fsync::Always),
-        )?;
-        Ok(Opened {
-            broker,
-            stream,
-            backend,
-        })
+        )?)
     }
 
     fn subscribe(
@@ -177,17 +179,48 @@ impl Place {
     }
 }
 
-/// A broker with the demo's stream open.
-struct Opened {
-    broker: Broker,
-    stream: tidings::Stream,
-    /// Kept to delete the run's streams from the server at the end.
+/// What the durable part leaves open on the demo's broker, and its checks.
+pub(crate) struct Durable {
+    /// The checks of the durable part.
+    pub(crate) checks: Vec<(String, bool)>,
+    /// `billing`, `audit` and `fraud`, kept until the broker closes.
+    subscriptions: Vec<DurableSubscription>,
+    /// The run's stream name, and the server to delete it from (JetStream only).
+    stream: String,
     backend: Option<Arc<JetStreamBackend>>,
 }
 
-/// Run the durable part of the demo at `place` (a data dir is created if missing); returns
-/// the checks.
-pub(crate) fn scenario(place: &Place) -> DemoResult<Vec<(String, bool)>> {
+impl Durable {
+    /// Drop the durable subscriptions (before the broker closes).
+    pub(crate) fn unsubscribe(&mut self) {
+        self.subscriptions.clear();
+    }
+
+    /// After the broker closed: delete the run's stream (and its subscriptions' dead-letter
+    /// streams) from the server, on JetStream.
+    pub(crate) fn clean_up(self) {
+        let Some(backend) = self.backend else {
+            return;
+        };
+        let stream_name = self.stream;
+        // The run's stream and its dead-letter streams: nothing else on the server.
+        match backend.delete_stream(&stream_name) {
+            Ok(_) => {
+                outln!("  deleted stream {stream_name} and its dead-letter streams from the server")
+            }
+            Err(e) => outln!("  could not delete stream {stream_name} from the server: {e}"),
+        }
+    }
+}
+
+/// Run the durable part of the demo at `place` (a data dir is created if missing): run 1
+/// on a broker of its own that crashes, run 2 on `broker` (the demo's, built by
+/// [`Place::broker`] with `backend`), where the stream and the durable subscriptions stay.
+pub(crate) fn scenario(
+    place: &Place,
+    broker: &Broker,
+    backend: Option<Arc<JetStreamBackend>>,
+) -> DemoResult<Durable> {
     outln!(
         "\ndurable stream: crash, resume, replay ({})",
         place.describe()
@@ -196,11 +229,12 @@ pub(crate) fn scenario(place: &Place) -> DemoResult<Vec<(String, bool)>> {
     let root = place.topic_root();
 
     // Run 1: publish, bill 30, crash with order 31 in the handler.
-    let Opened { broker, .. } = place.open()?;
+    let (run1, _) = place.broker()?;
+    place.open_stream(&run1)?;
     let first: Billed = Arc::default();
     let release = Arc::new(AtomicBool::new(false));
     let sub = place.subscribe(
-        &broker,
+        &run1,
         "billing",
         StartAt::Earliest,
         billing(&first, Some((BILLED_BEFORE_CRASH + 1, release.clone()))),
@@ -214,7 +248,7 @@ pub(crate) fn scenario(place: &Place) -> DemoResult<Vec<(String, bool)>> {
             std::thread::sleep(Duration::from_millis(5));
         }
         let report =
-            broker.publish(Message::to(format!("{root}.{}", n % 3)).payload(n.to_string()))?;
+            run1.publish(Message::to(format!("{root}.{}", n % 3)).payload(n.to_string()))?;
         if report.streams != [stream_name.as_str()] {
             return Err(format!("order {n} was not captured by the stream: {report:?}").into());
         }
@@ -229,14 +263,10 @@ pub(crate) fn scenario(place: &Place) -> DemoResult<Vec<(String, bool)>> {
     );
     release.store(true, Ordering::Release);
     drop(sub);
-    drop(broker);
+    drop(run1);
 
-    // Run 2: reopen, resume, replay.
-    let Opened {
-        broker,
-        stream,
-        backend,
-    } = place.open()?;
+    // Run 2, on the demo's broker: reopen, resume, replay.
+    let stream = place.open_stream(broker)?;
     match place {
         Place::DataDir(_) => {
             let recovery = stream.recovery();
@@ -259,12 +289,7 @@ pub(crate) fn scenario(place: &Place) -> DemoResult<Vec<(String, bool)>> {
         ),
     }
     let second: Billed = Arc::default();
-    let sub = place.subscribe(
-        &broker,
-        "billing",
-        StartAt::Earliest,
-        billing(&second, None),
-    )?;
+    let sub = place.subscribe(broker, "billing", StartAt::Earliest, billing(&second, None))?;
     let caught_up = wait_until(|| sub.lag() == 0 && sub.outstanding() == 0);
     // The first offset delivered after the restart is where billing resumed.
     let resumed_at = lock(&second)
@@ -277,7 +302,7 @@ pub(crate) fn scenario(place: &Place) -> DemoResult<Vec<(String, bool)>> {
     );
     let replayed: Billed = Arc::default();
     let audit = place.subscribe(
-        &broker,
+        broker,
         "audit",
         StartAt::Time(mark),
         billing(&replayed, None),
@@ -293,7 +318,7 @@ pub(crate) fn scenario(place: &Place) -> DemoResult<Vec<(String, bool)>> {
     );
     // A third durable subscription rejects every tenth order: its durable DLQ keeps them
     // on disk for `tidings dlq show|redrive|purge`.
-    let fraud = place.subscribe(&broker, "fraud", StartAt::Earliest, |m: &Message| {
+    let fraud = place.subscribe(broker, "fraud", StartAt::Earliest, |m: &Message| {
         if m.payload().ends_with(b"0") {
             return Err(HandlerError::reject("flagged for manual review"));
         }
@@ -302,17 +327,7 @@ pub(crate) fn scenario(place: &Place) -> DemoResult<Vec<(String, bool)>> {
     let fraud_done = wait_until(|| fraud.lag() == 0 && fraud.outstanding() == 0);
     let flagged = fraud.durable_dead_letters()?.len();
     outln!("  fraud flagged {flagged} orders into its durable dead-letter queue");
-    drop((sub, audit, fraud));
-    broker.close(Duration::from_secs(2));
-    if let Some(backend) = backend {
-        // The run's stream and its dead-letter streams: nothing else on the server.
-        match backend.delete_stream(&stream_name) {
-            Ok(_) => {
-                outln!("  deleted stream {stream_name} and its dead-letter streams from the server")
-            }
-            Err(e) => outln!("  could not delete stream {stream_name} from the server: {e}"),
-        }
-    }
+    let subscriptions = vec![sub, audit, fraud];
 
     let first = lock(&first).clone();
     let second = lock(&second).clone();
@@ -324,7 +339,7 @@ pub(crate) fn scenario(place: &Place) -> DemoResult<Vec<(String, bool)>> {
     );
     // Order n is at offset n - 1 in the embedded log and at n on JetStream.
     let resume_offset = u64::from(BILLED_BEFORE_CRASH) + place.first_offset();
-    Ok(vec![
+    let checks = vec![
         (
             format!("durable: run 1 billed {BILLED_BEFORE_CRASH} then crashed mid-stream"),
             stalled,
@@ -354,7 +369,13 @@ pub(crate) fn scenario(place: &Place) -> DemoResult<Vec<(String, bool)>> {
             ),
             fraud_done && flagged == (ORDERS / 10) as usize,
         ),
-    ])
+    ];
+    Ok(Durable {
+        checks,
+        subscriptions,
+        stream: stream_name,
+        backend,
+    })
 }
 
 /// A fresh directory for the demo's stream under the system temp dir.

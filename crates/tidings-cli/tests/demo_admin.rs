@@ -84,6 +84,30 @@ fn demo_admin_serves_the_demo_broker_until_for_ends_then_exits_0() {
             "{name} missing from {body}"
         ); // R-OPS-4
     }
+    // The demo's durable part is on the same broker (issue 29): its stream, with the 50
+    // orders, and its three durable subscriptions over it, fraud's durable DLQ included.
+    let snap: serde_json::Value = serde_json::from_str(body).expect("snapshot JSON");
+    let streams = snap["streams"].as_array().expect("streams");
+    assert_eq!(streams.len(), 1, "{body}"); // R-OPS-4 the demo's stream is shown
+    assert_eq!(streams[0]["name"], "orders", "{body}");
+    assert_eq!(streams[0]["records"], 50, "{body}");
+    let subscriptions = snap["subscriptions"].as_array().expect("subscriptions");
+    let durable = |name: &str| {
+        subscriptions
+            .iter()
+            .find(|s| s["name"] == name && s["kind"] == "durable")
+            .unwrap_or_else(|| panic!("no durable subscription {name} in {body}"))
+    };
+    for name in ["billing", "audit", "fraud"] {
+        let s = durable(name);
+        assert_eq!(s["durable"]["stream"], "orders", "{s}"); // R-OPS-1 its stream
+        assert_eq!(s["durable"]["lag"], 0, "{s}"); // caught up
+    }
+    assert_eq!(
+        durable("fraud")["durable"]["dead_letter_log_len"],
+        5,
+        "{body}"
+    ); // R-DEL-4 fraud's durable DLQ
     let page = http_get(addr, "/");
     assert!(page.starts_with("HTTP/1.1 200"), "{page}"); // R-OPS-4 the dashboard page
     let metrics = http_get(addr, "/metrics");
