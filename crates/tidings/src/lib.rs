@@ -74,7 +74,7 @@ pub use dedup::{DedupStore, Deduplicating, InMemoryDedupStore};
 pub use dlq::{DeadLetter, DeadLetterReason};
 pub use driver::Driver;
 pub use durable::{
-    CommitFailed, DEFAULT_COMMIT_EVERY, DEFAULT_RETENTION_INTERVAL, DurableDeadLetter,
+    CommitFailed, DEFAULT_COMMIT_EVERY, DEFAULT_RETENTION_INTERVAL, DurableDeadLetter, DurableSpec,
     DurableSubscription, StartAt, Stream, StreamConfig, StreamError,
 };
 pub use embedded::{DurableDedupStore, offline};

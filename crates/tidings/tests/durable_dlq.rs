@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use tidings::{
-    Broker, Driver, DurableSubscription, Fsync, HandlerError, ManualClock, Message, StartAt,
+    Broker, Driver, DurableSpec, DurableSubscription, Fsync, HandlerError, ManualClock, Message,
     StreamConfig, StreamError, SubscribeOptions,
 };
 
@@ -36,10 +36,7 @@ fn subscribe(
 ) -> DurableSubscription {
     let (f, s) = (failing.clone(), seen.clone());
     b.subscribe_durable(
-        name,
-        "orders",
-        "#",
-        StartAt::Earliest,
+        DurableSpec::new("orders").name(name),
         SubscribeOptions::default(),
         move |m: &Message| {
             let p = String::from_utf8(m.payload().to_vec()).unwrap();

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 use tidings::{
-    Broker, DeadLetterReason, Driver, Fsync, HandlerError, ManualClock, Message, StartAt,
+    Broker, DeadLetterReason, Driver, DurableSpec, Fsync, HandlerError, ManualClock, Message,
     StreamConfig, SubscribeOptions,
 };
 
@@ -74,10 +74,7 @@ fn user_headers_cannot_spoof_durable_dlq_metadata() {
         .unwrap();
     let d = b
         .subscribe_durable(
-            "audit",
-            "dead",
-            "#",
-            StartAt::Earliest,
+            DurableSpec::new("dead").name("audit"),
             SubscribeOptions::default(),
             |_: &Message| Err(HandlerError::reject("bad order")),
         )
@@ -113,10 +110,7 @@ fn user_headers_cannot_spoof_durable_dlq_metadata() {
         .unwrap();
     let d = b
         .subscribe_durable(
-            "audit",
-            "dead",
-            "#",
-            StartAt::Earliest,
+            DurableSpec::new("dead").name("audit"),
             SubscribeOptions::default(),
             |_: &Message| Ok(()),
         )
@@ -157,10 +151,7 @@ fn redrive_then_stream(driver: Driver) {
     let (s, f) = (seen.clone(), failing.clone());
     let d = b
         .subscribe_durable(
-            "bill",
-            "orders",
-            "#",
-            StartAt::Earliest,
+            DurableSpec::new("orders").name("bill"),
             SubscribeOptions {
                 capacity: 2,
                 ..Default::default()
@@ -234,10 +225,7 @@ fn resubscribe_cycles(driver: Driver) {
         // DLQ log and the offsets anyway, before it returned.
         let d = b
             .subscribe_durable(
-                "bill",
-                "orders",
-                "#",
-                StartAt::Earliest,
+                DurableSpec::new("orders").name("bill"),
                 SubscribeOptions::default(),
                 move |m: &Message| {
                     let offset = m.offset().unwrap();
@@ -295,10 +283,7 @@ fn a_committed_offset_beyond_the_end_is_clamped_and_nothing_is_skipped() {
     let s = seen.clone();
     let d = b
         .subscribe_durable(
-            "bill",
-            "orders",
-            "#",
-            StartAt::Earliest,
+            DurableSpec::new("orders").name("bill"),
             SubscribeOptions::default(),
             move |m: &Message| {
                 s.lock().push(m.offset().unwrap());
@@ -329,10 +314,7 @@ fn a_stream_cut_below_the_commit_by_a_power_cut_skips_nothing_new() {
         publish_n(&b, 0..10);
         let d = b
             .subscribe_durable(
-                "bill",
-                "orders",
-                "#",
-                StartAt::Earliest,
+                DurableSpec::new("orders").name("bill"),
                 SubscribeOptions::default(),
                 |_: &Message| Ok(()),
             )
@@ -358,10 +340,7 @@ fn a_stream_cut_below_the_commit_by_a_power_cut_skips_nothing_new() {
     let s = seen.clone();
     let d = b
         .subscribe_durable(
-            "bill",
-            "orders",
-            "#",
-            StartAt::Earliest,
+            DurableSpec::new("orders").name("bill"),
             SubscribeOptions::default(),
             move |m: &Message| {
                 s.lock().push(m.offset().unwrap());

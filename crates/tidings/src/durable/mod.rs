@@ -43,6 +43,7 @@ pub(crate) mod feeder;
 pub(crate) mod registry;
 mod retention;
 pub mod source;
+mod spec;
 mod stream;
 mod subscription;
 
@@ -53,5 +54,6 @@ pub use source::{
     BackendCursor, BackendStream, Capabilities, CursorSpec, CursorState, CursorWaker,
     DurableBackend, DurableDeadLetter, Finished, Outcome,
 };
+pub use spec::DurableSpec;
 pub use stream::Stream;
 pub use subscription::DurableSubscription;
