@@ -599,7 +599,7 @@ pub fn durable_dlq_redrive_and_drain(b: &dyn Backend, d: &dyn DurableBackend) ->
     assert_eq!(dlq_payloads(&sub), ["bad-0", "bad-2", "bad-3"], "[{l}]"); // R-DEL-4
     failing.store(false, Ordering::SeqCst);
     let n = sub
-        .redrive_durable(|e| text(&e.message) != "bad-3")
+        .redrive_durable_dead_letters(|e| text(&e.message) != "bad-3")
         .unwrap();
     assert_eq!(n, 2, "[{l}]"); // R-DEL-4
     assert_eq!(dlq_payloads(&sub), ["bad-3"], "[{l}]"); // R-DEL-4: redriven entries left
@@ -628,7 +628,11 @@ pub fn durable_dlq_redrive_and_drain(b: &dyn Backend, d: &dyn DurableBackend) ->
     assert_eq!(dlq_payloads(&sub), ["bad-3"], "[{l}]"); // R-DEL-4: durable
     // Redriven while its handler still refuses it, it comes back, from its new offset.
     failing.store(true, Ordering::SeqCst);
-    assert_eq!(sub.redrive_durable(|_| true).unwrap(), 1, "[{l}]"); // R-DEL-4
+    assert_eq!(
+        sub.redrive_durable_dead_letters(|_| true).unwrap(),
+        1,
+        "[{l}]"
+    ); // R-DEL-4
     rig.settle(&broker, "the redriven one dead-lettered again", || {
         sub.stats().dead_lettered.rejected == 1 && sub.committed() == rig.off(7)
     });

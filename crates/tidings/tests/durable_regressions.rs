@@ -166,11 +166,11 @@ fn redrive_then_stream(driver: Driver) {
         )
         .unwrap();
     settle(&b, &driver, "two dead letters", || {
-        d.dead_letters().len() == 2 && d.committed() == 2
+        d.subscription().dead_letters().len() == 2 && d.committed() == 2
     });
     failing.store(false, Ordering::SeqCst);
     // The redrive fills the queue (capacity 2); then four more stream messages arrive.
-    let r = d.redrive(|_| true);
+    let r = d.subscription().redrive(|_| true);
     assert_eq!(r.accepted, 2);
     publish_n(&b, 2..6);
     settle(&b, &driver, "six deliveries", || {
@@ -183,7 +183,8 @@ fn redrive_then_stream(driver: Driver) {
     let stats = d.stats();
     assert_eq!(stats.refused.overflow, 0); // R-BP-2
     assert!(
-        !d.dead_letters()
+        !d.subscription()
+            .dead_letters()
             .iter()
             .any(|e| matches!(e.reason, DeadLetterReason::Overflow)),
         "R-BP-2: no Overflow dead letter"

@@ -77,6 +77,10 @@ fn default_filter_reads_every_message_of_the_stream_from_the_earliest() {
     assert_eq!(d.durable_name(), "audit");
     assert_eq!(d.stream(), "shop");
     assert_eq!(d.subscription().pattern().as_str(), "#");
+    // The durable name keys the committed position; the subscription's own name (options,
+    // snapshot) is derived from it and reached through the accessor, not confused with it.
+    assert_eq!(d.subscription().name(), "durable:shop/audit");
+    assert_eq!(d.id(), d.subscription().id());
     b.publish(Message::to("refunds.late")).unwrap();
     b.run_until_idle();
     assert_eq!(seen.get().last().map(String::as_str), Some("refunds.late"));
