@@ -53,7 +53,6 @@ pub struct DurableSubscription {
 impl DurableSubscription {
     /// The underlying subscription, for what is not specific to a durable one: its
     /// options' name and pattern, and its in-memory dead-letter queue.
-    #[must_use]
     pub fn subscription(&self) -> &Subscription {
         &self.sub
     }
