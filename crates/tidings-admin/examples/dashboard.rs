@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use metrics_exporter_prometheus::PrometheusBuilder;
 use tidings::{
-    Broker, HandlerError, Message, Priority, Retry, StartAt, StreamConfig, SubscribeOptions,
+    Broker, DurableSpec, HandlerError, Message, Priority, Retry, StreamConfig, SubscribeOptions,
 };
 use tidings_admin::{AdminConfig, AdminServer};
 
@@ -78,10 +78,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         |_: &Message| Ok::<(), HandlerError>(()),
     )?;
     let _ship = broker.subscribe_durable(
-        "ship",
-        "orders",
-        "orders.paid",
-        StartAt::Earliest,
+        DurableSpec::new("orders")
+            .name("ship")
+            .filter("orders.paid"),
         SubscribeOptions::default(),
         |_: &Message| Ok::<(), HandlerError>(()),
     )?;

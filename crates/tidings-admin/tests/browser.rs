@@ -17,7 +17,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use support::{TOKEN, World, post};
-use tidings::Message;
+use tidings::{DurableSpec, Message};
 use tidings_admin::AdminConfig;
 
 fn browser() -> Option<PathBuf> {
@@ -210,10 +210,9 @@ fn the_dashboard_shows_a_durable_subscriptions_durable_dead_letters() {
     let refunds = w
         .broker
         .subscribe_durable(
-            "refunds",
-            "orders",
-            "orders.refund",
-            tidings::StartAt::Earliest,
+            DurableSpec::new("orders")
+                .name("refunds")
+                .filter("orders.refund"),
             tidings::SubscribeOptions::default(),
             |_: &Message| Err::<(), _>(tidings::HandlerError::reject("refund window closed")),
         )

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use support::{TOKEN, get, post, request};
 use tidings::{
-    Broker, Driver, DurableSubscription, HandlerError, ManualClock, Message, StartAt, StreamConfig,
-    SubscribeOptions,
+    Broker, Driver, DurableSpec, DurableSubscription, HandlerError, ManualClock, Message,
+    StreamConfig, SubscribeOptions,
 };
 use tidings_admin::{AdminConfig, AdminServer};
 
@@ -43,10 +43,7 @@ impl World {
         let (f, d) = (failing.clone(), delivered.clone());
         let pay = broker
             .subscribe_durable(
-                "pay",
-                "orders",
-                "orders.*",
-                StartAt::Earliest,
+                DurableSpec::new("orders").name("pay").filter("orders.*"),
                 SubscribeOptions::default(),
                 move |m: &Message| {
                     if f.load(Ordering::SeqCst) {

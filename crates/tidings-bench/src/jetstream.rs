@@ -42,7 +42,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use tidings::{
-    Broker, HandlerError, Message, MessageId, Pattern, StartAt, StreamConfig, SubscribeOptions,
+    Broker, DurableSpec, HandlerError, Message, MessageId, Pattern, StreamConfig, SubscribeOptions,
     Topic,
 };
 use tidings_jetstream::{
@@ -685,10 +685,9 @@ impl Bench {
         let started = Instant::now();
         let subscription = broker
             .subscribe_durable(
-                &topic.replace('.', "-"),
-                BROKER_STREAM,
-                topic,
-                StartAt::Earliest,
+                DurableSpec::new(BROKER_STREAM)
+                    .name(topic.replace('.', "-"))
+                    .filter(topic),
                 SubscribeOptions::default(),
                 move |_: &Message| -> Result<(), HandlerError> {
                     let before = s.fetch_add(1, Ordering::Relaxed);

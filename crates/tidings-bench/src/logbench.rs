@@ -506,7 +506,7 @@ mod durable {
     use std::time::{Duration, Instant};
 
     use tidings::{
-        Broker, DurableSubscription, Fsync, HandlerError, Message, StartAt, StreamConfig,
+        Broker, DurableSpec, DurableSubscription, Fsync, HandlerError, Message, StreamConfig,
         SubscribeOptions,
     };
 
@@ -538,10 +538,7 @@ mod durable {
             let count = AtomicU64::new(0);
             let sub = broker
                 .subscribe_durable(
-                    "bench-consumer",
-                    "bench",
-                    "#",
-                    StartAt::Earliest,
+                    DurableSpec::new("bench").name("bench-consumer"),
                     SubscribeOptions::default(),
                     move |m: &Message| {
                         std::hint::black_box(m.payload());

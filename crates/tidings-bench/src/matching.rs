@@ -1,7 +1,7 @@
 //! `match/patterns=37k`: nanoseconds per "which patterns match this topic?" over a
 //! NATS-sublist-like set: 33,000 literal 5-word topics and 4,000 patterns with `*` / `#`.
 //!
-//! * `tidings` — `tidings::topic::trie::TopicTrie`.
+//! * `tidings` — `tidings::TopicTrie`.
 //! * `hashmap-exact` — one `HashMap` lookup of the literal topic: the floor (it ignores the
 //!   wildcard patterns, so it finds fewer matches).
 //! * `linear-scan` — every pattern tried with a straightforward word matcher.
@@ -17,8 +17,7 @@ use std::collections::{HashMap, HashSet};
 use std::hint::black_box;
 use std::time::Instant;
 
-use tidings::topic::trie::TopicTrie;
-use tidings::topic::{Pattern, Topic};
+use tidings::{Pattern, Topic, TopicTrie};
 
 use crate::harness::{Contender, Rng, interleave};
 use crate::{Case, Filter, Plan};

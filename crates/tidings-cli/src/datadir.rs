@@ -1,6 +1,6 @@
 //! `tidings stream|consumer|dlq …`: offline tools on a broker's data directory (R-OPS-5).
 //!
-//! A thin layer over [`tidings::offline`]: argument parsing, tables, `--json`, exit codes.
+//! A thin layer over [`tidings::embedded::offline`]: argument parsing, tables, `--json`, exit codes.
 //! Read commands (`ls`, `info`, `show`) run beside a live broker and show what is on disk;
 //! write commands (`seek`, `redrive`, `purge`) refuse with exit code 2 while a broker holds
 //! the stream.
@@ -25,7 +25,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use clap::{Args, Subcommand};
 use serde::Serialize;
 use tidings::StartAt;
-use tidings::offline::{
+use tidings::embedded::offline::{
     ConsumerSummary, DataDir, DeadLetterEntry, InspectError, PurgeError, RedriveError, SeekError,
     Selection, StreamSummary,
 };

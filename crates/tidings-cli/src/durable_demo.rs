@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
 use tidings::{
-    Broker, DurableSubscription, Fsync, HandlerError, Message, StartAt, StreamConfig,
+    Broker, DurableSpec, DurableSubscription, Fsync, HandlerError, Message, StartAt, StreamConfig,
     SubscribeOptions,
 };
 use tidings_jetstream::{ConnectOptions, JetStreamBackend};
@@ -169,10 +169,10 @@ impl Place {
             ..Default::default()
         };
         Ok(broker.subscribe_durable(
-            name,
-            &self.stream(),
-            &format!("{}.#", self.topic_root()),
-            start,
+            DurableSpec::new(self.stream())
+                .name(name)
+                .filter(format!("{}.#", self.topic_root()))
+                .start(start),
             options,
             handler,
         )?)

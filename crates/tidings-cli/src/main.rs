@@ -15,7 +15,7 @@
 //! ```
 //!
 //! The `stream`, `consumer` and `dlq` commands work on a broker's data directory offline
-//! (see [`tidings::offline`]): reads run beside a live broker and show what is on disk;
+//! (see [`tidings::embedded::offline`]): reads run beside a live broker and show what is on disk;
 //! writes refuse (exit 2) while a broker holds the stream's lock.
 //!
 //! Exit codes: 0 success; 1 the command ran and found a problem (a failed verification, a

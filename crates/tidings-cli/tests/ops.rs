@@ -10,7 +10,7 @@ use std::sync::Arc;
 use serde_json::Value;
 use std::sync::Mutex;
 use tidings::{
-    Broker, Driver, Fsync, HandlerError, ManualClock, Message, StartAt, StreamConfig,
+    Broker, Driver, DurableSpec, Fsync, HandlerError, ManualClock, Message, StreamConfig,
     SubscribeOptions,
 };
 
@@ -82,10 +82,7 @@ fn build(dir: &Path) {
     let s = seen.clone();
     let d = b
         .subscribe_durable(
-            "billing",
-            "orders",
-            "#",
-            StartAt::Earliest,
+            DurableSpec::new("orders").name("billing"),
             SubscribeOptions::default(),
             move |m: &Message| {
                 if m.payload().starts_with(b"bad") {
@@ -288,10 +285,7 @@ fn list_show_json_seek_redrive_purge_and_refuse_while_locked() {
     let s2 = seen.clone();
     let d = b
         .subscribe_durable(
-            "billing",
-            "orders",
-            "#",
-            StartAt::Earliest,
+            DurableSpec::new("orders").name("billing"),
             SubscribeOptions::default(),
             move |m: &Message| {
                 s2.push(m);
@@ -387,10 +381,7 @@ fn redrive_a_thousand_in_batches_with_progress_lines() {
             .unwrap();
         let d = b
             .subscribe_durable(
-                "billing",
-                "orders",
-                "#",
-                StartAt::Earliest,
+                DurableSpec::new("orders").name("billing"),
                 SubscribeOptions::default(),
                 |_: &Message| Err(HandlerError::reject("closed for the day")),
             )
@@ -438,10 +429,7 @@ fn redrive_a_thousand_in_batches_with_progress_lines() {
     let s = seen.clone();
     let d = b
         .subscribe_durable(
-            "billing",
-            "orders",
-            "#",
-            StartAt::Earliest,
+            DurableSpec::new("orders").name("billing"),
             SubscribeOptions::default(),
             move |m: &Message| {
                 s.push(m);

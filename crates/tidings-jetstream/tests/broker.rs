@@ -9,8 +9,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use tidings::durable::DurableBackend;
 use tidings::{
-    Broker, DeadLetterReason, Driver, HandlerError, Message, Priority, PublishError, Retry,
-    StartAt, StreamConfig, SubscribeOptions,
+    Broker, DeadLetterReason, Driver, DurableSpec, HandlerError, Message, Priority, PublishError,
+    Retry, StreamConfig, SubscribeOptions,
 };
 use tidings_jetstream::{ConnectOptions, JetStreamBackend};
 use tidings_testkit::nats::{NatsServer, NatsServerOptions};
@@ -146,10 +146,9 @@ fn the_same_handler_runs_on_jetstream() {
     let log = Log::default();
     let sub = broker
         .subscribe_durable(
-            "billing",
-            "orders",
-            "orders.#",
-            StartAt::Earliest,
+            DurableSpec::new("orders")
+                .name("billing")
+                .filter("orders.#"),
             opts(),
             handler(log.clone()),
         )
@@ -157,10 +156,9 @@ fn the_same_handler_runs_on_jetstream() {
     let other_log = Log::default();
     let other_sub = other
         .subscribe_durable(
-            "billing",
-            "orders",
-            "orders.#",
-            StartAt::Earliest,
+            DurableSpec::new("orders")
+                .name("billing")
+                .filter("orders.#"),
             opts(),
             handler(other_log.clone()),
         )
@@ -234,5 +232,69 @@ fn the_same_handler_runs_on_jetstream() {
     let report = broker.close(Duration::from_secs(10));
     assert!(report.unjoined.is_empty(), "{report:?}"); // R-CORE-6
     let report = other.close(Duration::from_secs(10));
+    assert!(report.unjoined.is_empty(), "{report:?}"); // R-CORE-6
+}
+
+#[test]
+fn durable_spec_defaults_on_jetstream() {
+    let Some(server) = NatsServer::for_test(NatsServerOptions::new()) else {
+        return;
+    };
+    let backend = JetStreamBackend::builder(ConnectOptions::new(server.url()))
+        .connect()
+        .expect("connects");
+    let broker = Broker::builder()
+        .driver(Driver::Thread)
+        .durable_backend(Arc::new(backend) as Arc<dyn DurableBackend>)
+        .build()
+        .expect("valid configuration");
+    broker
+        .create_stream(StreamConfig::new("shop", ["orders.#", "refunds.*"]))
+        .expect("stream");
+    let topics = [
+        "orders.created",
+        "refunds.issued",
+        "orders.eu.paid",
+        "refunds.denied",
+    ];
+    for t in topics {
+        broker.publish(Message::to(t)).expect("publish");
+    }
+
+    // R-LIM-1: without a name, a typed error (the name check), not a server error.
+    let err = broker
+        .subscribe_durable(
+            DurableSpec::new("shop"),
+            SubscribeOptions::default(),
+            |_: &Message| Ok(()),
+        )
+        .expect_err("refused");
+    assert!(
+        matches!(&err, tidings::StreamError::InvalidName { what: "durable subscription", name, .. } if name.is_empty()),
+        "{err:?}"
+    );
+
+    // No filter and no start: the server accepts the whole-stream filter, and every
+    // message of both patterns arrives, from the first one.
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s = seen.clone();
+    let sub = broker
+        .subscribe_durable(
+            DurableSpec::new("shop").name("audit"),
+            SubscribeOptions::default(),
+            move |m: &Message| {
+                s.lock().expect("lock").push(m.topic().as_str().to_owned());
+                Ok(())
+            },
+        )
+        .expect("subscribe");
+    until("every message of the stream", || {
+        seen.lock().expect("lock").len() == topics.len()
+    });
+    // R-LOG-3: the default filter is the whole stream; R-LOG-4: the default start is the
+    // earliest record, although every message was stored before the subscription existed.
+    assert_eq!(*seen.lock().expect("lock"), topics);
+    drop(sub);
+    let report = broker.close(Duration::from_secs(10));
     assert!(report.unjoined.is_empty(), "{report:?}"); // R-CORE-6
 }

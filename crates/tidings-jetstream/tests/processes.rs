@@ -19,7 +19,7 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use tidings::{Broker, Message, MessageBuilder, StartAt, StreamConfig, SubscribeOptions};
+use tidings::{Broker, DurableSpec, Message, MessageBuilder, StreamConfig, SubscribeOptions};
 use tidings_jetstream::{ConnectOptions, JetStreamBackend};
 use tidings_testkit::nats::{NatsServer, NatsServerOptions};
 
@@ -104,10 +104,7 @@ fn child_consumer() {
     let handler_out = Arc::clone(&out);
     let _subscription = broker
         .subscribe_durable(
-            DURABLE,
-            STREAM,
-            "work.#",
-            StartAt::Earliest,
+            DurableSpec::new(STREAM).name(DURABLE).filter("work.#"),
             SubscribeOptions::default(),
             move |m: &Message| {
                 handle(&handler_out, delay, m);

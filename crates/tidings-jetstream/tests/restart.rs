@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use tidings::{
-    Broker, Message, MessageBuilder, PublishError, StartAt, StreamConfig, SubscribeOptions,
+    Broker, DurableSpec, Message, MessageBuilder, PublishError, StreamConfig, SubscribeOptions,
 };
 use tidings_jetstream::{ConnectOptions, JetStreamBackend};
 use tidings_testkit::nats::{NatsServer, NatsServerOptions};
@@ -71,10 +71,7 @@ fn acknowledged_messages_survive_a_server_restart_and_the_client_reconnects() {
     let seen = Arc::clone(&handled);
     let _subscription = broker
         .subscribe_durable(
-            "restart",
-            "work",
-            "work.#",
-            StartAt::Earliest,
+            DurableSpec::new("work").name("restart").filter("work.#"),
             SubscribeOptions::default(),
             move |m: &Message| {
                 // Slower than publishing usually is, so a backlog is outstanding when the

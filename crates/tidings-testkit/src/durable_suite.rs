@@ -197,10 +197,7 @@ pub fn resume_after_restart(b: &dyn Backend, d: &dyn DurableBackend) -> Outcome 
     let r1 = run1.clone();
     let sub = broker
         .subscribe_durable(
-            "resume",
-            STREAM,
-            "#",
-            StartAt::Earliest,
+            DurableSpec::new(STREAM).name("resume"),
             opts(),
             move |m: &Message| {
                 if text(m) == "m8" {
@@ -232,10 +229,9 @@ pub fn resume_after_restart(b: &dyn Backend, d: &dyn DurableBackend) -> Outcome 
     let run2 = Seen::default();
     let sub = broker
         .subscribe_durable(
-            "resume",
-            STREAM,
-            "#",
-            StartAt::Latest,
+            DurableSpec::new(STREAM)
+                .name("resume")
+                .start(StartAt::Latest),
             opts(),
             run2.handler(),
         )
@@ -295,7 +291,11 @@ pub fn replay_by_offset(b: &dyn Backend, d: &dyn DurableBackend) -> Outcome {
     rig.publish_range(&broker, 0..10);
     let sub = |name: &str, at: StartAt, seen: &Seen| {
         broker
-            .subscribe_durable(name, STREAM, "#", at, Default::default(), seen.handler())
+            .subscribe_durable(
+                DurableSpec::new(STREAM).name(name).start(at),
+                Default::default(),
+                seen.handler(),
+            )
             .unwrap()
     };
     let (early, mid, late) = (Seen::default(), Seen::default(), Seen::default());
@@ -305,10 +305,9 @@ pub fn replay_by_offset(b: &dyn Backend, d: &dyn DurableBackend) -> Outcome {
     assert_eq!(t.committed(), rig.off(10), "[{l}]"); // R-LOG-4: latest is the end
     assert!(matches!(
         broker.subscribe_durable(
-            "too-far",
-            STREAM,
-            "#",
-            StartAt::Offset(rig.off(11)),
+            DurableSpec::new(STREAM)
+                .name("too-far")
+                .start(StartAt::Offset(rig.off(11))),
             Default::default(),
             |_: &Message| Ok(())
         ),
@@ -395,10 +394,9 @@ pub fn replay_by_time(b: &dyn Backend, d: &dyn DurableBackend) -> Outcome {
     let sub = |name: &str, when: SystemTime, seen: &Seen| {
         broker
             .subscribe_durable(
-                name,
-                STREAM,
-                "#",
-                StartAt::Time(when),
+                DurableSpec::new(STREAM)
+                    .name(name)
+                    .start(StartAt::Time(when)),
                 Default::default(),
                 seen.handler(),
             )
@@ -482,10 +480,7 @@ pub fn durable_dlq_reasons(b: &dyn Backend, d: &dyn DurableBackend) -> Outcome {
     };
     let sub = broker
         .subscribe_durable(
-            "dlq",
-            STREAM,
-            "#",
-            StartAt::Earliest,
+            DurableSpec::new(STREAM).name("dlq"),
             SubscribeOptions {
                 retry: Retry::fixed(Duration::from_secs(1), 3),
                 ..Default::default()
@@ -543,10 +538,7 @@ pub fn durable_dlq_reasons(b: &dyn Backend, d: &dyn DurableBackend) -> Outcome {
     let broker = rig.restart(broker);
     let sub = broker
         .subscribe_durable(
-            "dlq",
-            STREAM,
-            "#",
-            StartAt::Earliest,
+            DurableSpec::new(STREAM).name("dlq"),
             Default::default(),
             seen.handler(),
         )
@@ -588,10 +580,7 @@ pub fn durable_dlq_redrive_and_drain(b: &dyn Backend, d: &dyn DurableBackend) ->
     };
     let sub = broker
         .subscribe_durable(
-            "redrive",
-            STREAM,
-            "#",
-            StartAt::Earliest,
+            DurableSpec::new(STREAM).name("redrive"),
             Default::default(),
             handler(&failing, &seen),
         )
@@ -599,10 +588,7 @@ pub fn durable_dlq_redrive_and_drain(b: &dyn Backend, d: &dyn DurableBackend) ->
     let other_seen = Seen::default();
     let other = broker
         .subscribe_durable(
-            "other",
-            STREAM,
-            "#",
-            StartAt::Earliest,
+            DurableSpec::new(STREAM).name("other"),
             Default::default(),
             other_seen.handler(),
         )
@@ -613,7 +599,7 @@ pub fn durable_dlq_redrive_and_drain(b: &dyn Backend, d: &dyn DurableBackend) ->
     assert_eq!(dlq_payloads(&sub), ["bad-0", "bad-2", "bad-3"], "[{l}]"); // R-DEL-4
     failing.store(false, Ordering::SeqCst);
     let n = sub
-        .redrive_durable(|e| text(&e.message) != "bad-3")
+        .redrive_durable_dead_letters(|e| text(&e.message) != "bad-3")
         .unwrap();
     assert_eq!(n, 2, "[{l}]"); // R-DEL-4
     assert_eq!(dlq_payloads(&sub), ["bad-3"], "[{l}]"); // R-DEL-4: redriven entries left
@@ -633,10 +619,7 @@ pub fn durable_dlq_redrive_and_drain(b: &dyn Backend, d: &dyn DurableBackend) ->
     let broker = rig.restart(broker);
     let sub = broker
         .subscribe_durable(
-            "redrive",
-            STREAM,
-            "#",
-            StartAt::Earliest,
+            DurableSpec::new(STREAM).name("redrive"),
             Default::default(),
             handler(&failing, &seen),
         )
@@ -645,7 +628,11 @@ pub fn durable_dlq_redrive_and_drain(b: &dyn Backend, d: &dyn DurableBackend) ->
     assert_eq!(dlq_payloads(&sub), ["bad-3"], "[{l}]"); // R-DEL-4: durable
     // Redriven while its handler still refuses it, it comes back, from its new offset.
     failing.store(true, Ordering::SeqCst);
-    assert_eq!(sub.redrive_durable(|_| true).unwrap(), 1, "[{l}]"); // R-DEL-4
+    assert_eq!(
+        sub.redrive_durable_dead_letters(|_| true).unwrap(),
+        1,
+        "[{l}]"
+    ); // R-DEL-4
     rig.settle(&broker, "the redriven one dead-lettered again", || {
         sub.stats().dead_lettered.rejected == 1 && sub.committed() == rig.off(7)
     });
@@ -660,10 +647,7 @@ pub fn durable_dlq_redrive_and_drain(b: &dyn Backend, d: &dyn DurableBackend) ->
     let broker = rig.restart(broker);
     let sub = broker
         .subscribe_durable(
-            "redrive",
-            STREAM,
-            "#",
-            StartAt::Earliest,
+            DurableSpec::new(STREAM).name("redrive"),
             Default::default(),
             handler(&failing, &seen),
         )
@@ -690,10 +674,7 @@ pub fn lag_and_slow_consumer(b: &dyn Backend, d: &dyn DurableBackend) -> Outcome
     let (s, f) = (seen.clone(), failed.clone());
     let sub = broker
         .subscribe_durable(
-            "slow",
-            STREAM,
-            "#",
-            StartAt::Earliest,
+            DurableSpec::new(STREAM).name("slow"),
             SubscribeOptions {
                 capacity: CAPACITY,
                 retry: Retry::fixed(HOLD, 2),
@@ -760,20 +741,14 @@ pub fn durable_filter(b: &dyn Backend, d: &dyn DurableBackend) -> Outcome {
     let (star, mid) = (Seen::default(), Seen::default());
     let s1 = broker
         .subscribe_durable(
-            "star",
-            STREAM,
-            "suite.*.x.#",
-            StartAt::Earliest,
+            DurableSpec::new(STREAM).name("star").filter("suite.*.x.#"),
             Default::default(),
             star.handler(),
         )
         .unwrap();
     let s2 = broker
         .subscribe_durable(
-            "mid",
-            STREAM,
-            "suite.#.end",
-            StartAt::Earliest,
+            DurableSpec::new(STREAM).name("mid").filter("suite.#.end"),
             Default::default(),
             mid.handler(),
         )
@@ -833,10 +808,7 @@ pub fn durable_message_fields(b: &dyn Backend, d: &dyn DurableBackend) -> Outcom
     let g = got.clone();
     let sub = broker
         .subscribe_durable(
-            "fields",
-            STREAM,
-            "#",
-            StartAt::Earliest,
+            DurableSpec::new(STREAM).name("fields"),
             Default::default(),
             move |m: &Message| {
                 *g.lock() = Some(m.clone());
@@ -891,10 +863,7 @@ pub fn many_durables_progress(b: &dyn Backend, d: &dyn DurableBackend) -> Outcom
     let (h, f) = (held.clone(), failed.clone());
     let slow = broker
         .subscribe_durable(
-            "held",
-            STREAM,
-            "#",
-            StartAt::Earliest,
+            DurableSpec::new(STREAM).name("held"),
             SubscribeOptions {
                 capacity: 2,
                 retry: Retry::fixed(HOLD, 2),
@@ -914,10 +883,7 @@ pub fn many_durables_progress(b: &dyn Backend, d: &dyn DurableBackend) -> Outcom
             let seen = Seen::default();
             let sub = broker
                 .subscribe_durable(
-                    &format!("d{i}"),
-                    STREAM,
-                    "#",
-                    StartAt::Earliest,
+                    DurableSpec::new(STREAM).name(format!("d{i}")),
                     SubscribeOptions {
                         capacity: 2,
                         ..Default::default()
@@ -971,10 +937,7 @@ pub fn seek_while_outstanding(b: &dyn Backend, d: &dyn DurableBackend) -> Outcom
     let (s, f) = (seen.clone(), failed.clone());
     let sub = broker
         .subscribe_durable(
-            "seeker",
-            STREAM,
-            "#",
-            StartAt::Earliest,
+            DurableSpec::new(STREAM).name("seeker"),
             SubscribeOptions {
                 capacity: CAPACITY,
                 retry: Retry::fixed(HOLD, 2),
@@ -1031,10 +994,7 @@ pub fn delayed_durable_message(b: &dyn Backend, d: &dyn DurableBackend) -> Outco
     let seen = Seen::default();
     let sub = broker
         .subscribe_durable(
-            "delayed",
-            STREAM,
-            "#",
-            StartAt::Earliest,
+            DurableSpec::new(STREAM).name("delayed"),
             Default::default(),
             seen.handler(),
         )
@@ -1066,7 +1026,11 @@ pub fn resubscribe_resumes(b: &dyn Backend, d: &dyn DurableBackend) -> Outcome {
     rig.publish_range(&broker, 0..5);
     let seen = Seen::default();
     let subscribe = |at: StartAt| {
-        broker.subscribe_durable("again", STREAM, "#", at, Default::default(), seen.handler())
+        broker.subscribe_durable(
+            DurableSpec::new(STREAM).name("again").start(at),
+            Default::default(),
+            seen.handler(),
+        )
     };
     let sub = subscribe(StartAt::Earliest).unwrap();
     assert!(matches!(
@@ -1100,10 +1064,7 @@ pub fn seek_survives_restart(b: &dyn Backend, d: &dyn DurableBackend) -> Outcome
     rig.publish_range(&broker, 0..10);
     let sub = broker
         .subscribe_durable(
-            "seek-restart",
-            STREAM,
-            "#",
-            StartAt::Earliest,
+            DurableSpec::new(STREAM).name("seek-restart"),
             SubscribeOptions {
                 capacity: 4,
                 retry: Retry::fixed(HOLD, 2),
@@ -1119,10 +1080,7 @@ pub fn seek_survives_restart(b: &dyn Backend, d: &dyn DurableBackend) -> Outcome
     let seen = Seen::default();
     let sub = broker
         .subscribe_durable(
-            "seek-restart",
-            STREAM,
-            "#",
-            StartAt::Earliest,
+            DurableSpec::new(STREAM).name("seek-restart"),
             Default::default(),
             seen.handler(),
         )

@@ -18,7 +18,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tidings::{
-    Broker, Fsync, HandlerError, Message, StartAt, Stream, StreamConfig, SubscribeOptions,
+    Broker, DurableSpec, Fsync, HandlerError, Message, StartAt, Stream, StreamConfig,
+    SubscribeOptions,
 };
 
 const ORDERS: u64 = 10;
@@ -38,10 +39,9 @@ fn open(dir: &Path) -> Result<(Broker, Stream), Box<dyn std::error::Error>> {
 fn crashing_consumer(dir: &Path) -> Result<(), Box<dyn std::error::Error>> {
     let (broker, _stream) = open(dir)?;
     let _billing = broker.subscribe_durable(
-        "billing",
-        "orders",
-        "orders.#",
-        StartAt::Earliest,
+        DurableSpec::new("orders")
+            .name("billing")
+            .filter("orders.#"),
         SubscribeOptions::default(),
         |m: &Message| {
             let offset = m.offset().unwrap_or_default();
@@ -105,10 +105,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let seen: Arc<Mutex<Vec<u64>>> = Arc::default();
     let s = seen.clone();
     let billing = broker.subscribe_durable(
-        "billing",
-        "orders",
-        "orders.#",
-        StartAt::Earliest, // ignored: a committed position exists
+        DurableSpec::new("orders")
+            .name("billing")
+            .filter("orders.#")
+            .start(StartAt::Earliest), // ignored: a committed position exists
         SubscribeOptions::default(),
         move |m: &Message| {
             let offset = m.offset().unwrap_or_default();

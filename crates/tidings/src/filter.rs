@@ -1,23 +1,7 @@
 //! Declarative, serialisable filters over message headers (R-RT-3, R-LIM-1).
 //!
-//! A [`HeaderFilter`] is plain data: it can be built in code, stored, sent over the wire as JSON
-//! (or any serde format) and evaluated server-side by a remote backend. It is evaluated against
-//! anything implementing [`HeaderLookup`].
-//!
-//! ```
-//! # use tidings::filter::HeaderFilter;
-//! let f = HeaderFilter::eq("region", "eu")
-//!     .and(HeaderFilter::range("priority", Some(5.0), None))
-//!     .and(HeaderFilter::exists("trace-id").not());
-//! let headers = [("region", "eu"), ("priority", "7")];
-//! assert!(f.matches(&headers));
-//! f.validate().unwrap();
-//! ```
-//!
-//! # Serialised form
-//!
-//! Externally tagged, snake_case variant names, for example
-//! `{"all_of":[{"equals":{"name":"region","value":"eu"}},{"not":{"exists":{"name":"x"}}}]}`.
+//! [`HeaderFilter`] documents the filters and their serialised form; they are re-exported at
+//! the crate root.
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::BuildHasher;
@@ -98,6 +82,25 @@ impl HeaderLookup for BTreeMap<String, String> {
 /// Leaves test one header by `name`; when that header is absent every leaf is false (so
 /// `Not(Exists)` is how to ask for absence). Call [`validate`](Self::validate) before accepting
 /// a filter from outside.
+///
+/// A filter is plain data: it can be built in code, stored, sent over the wire as JSON
+/// (or any serde format) and evaluated server-side by a remote backend. It is evaluated against
+/// anything implementing [`HeaderLookup`].
+///
+/// ```
+/// # use tidings::HeaderFilter;
+/// let f = HeaderFilter::eq("region", "eu")
+///     .and(HeaderFilter::range("priority", Some(5.0), None))
+///     .and(HeaderFilter::exists("trace-id").not());
+/// let headers = [("region", "eu"), ("priority", "7")];
+/// assert!(f.matches(&headers));
+/// f.validate().unwrap();
+/// ```
+///
+/// # Serialised form
+///
+/// Externally tagged, snake_case variant names, for example
+/// `{"all_of":[{"equals":{"name":"region","value":"eu"}},{"not":{"exists":{"name":"x"}}}]}`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]

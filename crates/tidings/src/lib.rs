@@ -33,6 +33,54 @@
 //! With [`Driver::Manual`] and a [`ManualClock`], [`Broker::run_until_idle`] delivers in the
 //! caller's thread and time moves only when the test says so: retries, TTL and delays are
 //! asserted exactly, without sleeps.
+//!
+//! # Topics and patterns
+//! R-RT-1, R-RT-2, R-LIM-1.
+//!
+//! A **topic** names what a message is about: one or more *words* separated by `.`, for example
+//! `orders.eu.created`. A **pattern** is what a subscription listens to: the same syntax, where a
+//! word may also be one of two wildcards, with AMQP 0-9-1 topic-exchange semantics:
+//!
+//! * `*` matches exactly one word;
+//! * `#` matches zero or more words, and may appear anywhere (`#`, `a.#`, `#.b`, `a.#.b`, ...).
+//!
+//! Wildcards are only recognised as whole words: `a*` or `#b` are refused, not treated literally.
+//!
+//! ## Syntax and limits
+//!
+//! Both [`Topic`] and [`Pattern`] obey the same rules (checked in this order; the first violation
+//! found, scanning left to right, is reported):
+//!
+//! 1. total length is at most [`MAX_TOPIC_LEN`] bytes (255, the AMQP routing-key limit, so every
+//!    topic is also a valid AMQP routing key);
+//! 2. not empty, and no empty word: no leading or trailing `.`, no `..`;
+//! 3. every word consists of the characters `A-Z a-z 0-9 - _ :` (see [`is_word_char`]); a pattern
+//!    word may instead be exactly `*` or `#`; a topic may contain no wildcard at all;
+//! 4. every word is at most [`MAX_WORD_LEN`] bytes (64: fits a hex SHA-256 or a UUID);
+//! 5. at most [`MAX_WORDS`] words (32).
+//!
+//! The character set is deliberately small: ASCII only (no Unicode normalisation or confusable
+//! look-alikes), case-sensitive, and free of the separators and wildcards of other brokers
+//! (`/`, `+`, `>`, whitespace), so a topic maps one-to-one onto MQTT, NATS or AMQP subjects
+//! when a remote backend needs it. Widening the set later is backwards compatible; narrowing
+//! it would not be.
+//!
+//! # Where things are
+//! One rule: **everything an application names is at the crate root** (`tidings::Broker`,
+//! `tidings::DurableSpec`, `tidings::Pattern`, …), and only there. The public modules exist
+//! for other audiences and hold only what the root does not:
+//!
+//! | module | for | holds |
+//! |---|---|---|
+//! | [`durable`] | durable backend implementors | the durable-source seam ([`durable::DurableBackend`] and the traits and values it uses) |
+//! | [`transport`] | transport implementors | the transport seam ([`transport::Transport`]) |
+//! | [`embedded`] | users of the embedded log's own types | [`embedded::EmbeddedBackend`], its dedup store, the [`embedded::offline`] tools |
+//! | [`ops`] | operators and admin endpoints | the snapshot, dead-letter actions, metric names, trace spans |
+//!
+//! Every type is reachable by exactly one path: nothing at the root is also in a module, and
+//! nothing in a module is also at the root. A type both an application and an implementor
+//! name ([`StreamError`], [`StartAt`], [`DurableDeadLetter`], [`CursorState`],
+//! [`TransportError`], [`Pattern`], …) is at the root.
 
 #![warn(missing_docs)]
 
@@ -42,11 +90,11 @@ mod broker;
 mod clock;
 mod dedup;
 mod dlq;
-pub mod driver;
+mod driver;
 pub mod durable;
 pub mod embedded;
 mod error;
-pub mod filter;
+mod filter;
 mod handler;
 mod limits;
 mod message;
@@ -63,7 +111,7 @@ mod stats;
 mod subscription;
 mod sync;
 mod telemetry;
-pub mod topic;
+mod topic;
 pub mod transport;
 
 #[cfg(feature = "tokio")]
@@ -73,13 +121,16 @@ pub use clock::{Clock, ClockWaiter, ManualClock, SystemClock};
 pub use dedup::{DedupStore, Deduplicating, InMemoryDedupStore};
 pub use dlq::{DeadLetter, DeadLetterReason};
 pub use driver::Driver;
-pub use durable::{
-    CommitFailed, DEFAULT_COMMIT_EVERY, DEFAULT_RETENTION_INTERVAL, DurableDeadLetter,
-    DurableSubscription, StartAt, Stream, StreamConfig, StreamError,
+pub use durable::config::{
+    DEFAULT_COMMIT_EVERY, DEFAULT_RETENTION_INTERVAL, StartAt, StreamConfig,
 };
-pub use embedded::{DurableDedupStore, offline};
+pub use durable::error::{CommitFailed, StreamError};
+pub use durable::source::{CursorState, DurableDeadLetter};
+pub use durable::spec::DurableSpec;
+pub use durable::stream::Stream;
+pub use durable::subscription::DurableSubscription;
 pub use error::{ConfigError, PublishError, SubscribeError, TransportError};
-pub use filter::{HeaderFilter, HeaderLookup};
+pub use filter::{FilterError, HeaderFilter, HeaderLookup, MAX_FILTER_DEPTH, MAX_FILTER_TERMS};
 pub use handler::{FnHandler, Handler, HandlerError, IntoHandlerResult, handler_fn};
 pub use limits::Limits;
 pub use message::{Headers, Message, MessageBuilder, MessageId, MessageParts, Priority};
@@ -95,7 +146,10 @@ pub use subscription::handle::RedriveReport;
 pub use subscription::shell::DLQ_REASON_HEADER;
 pub use subscription::{Refusal, Subscription, SubscriptionId};
 pub use tidings_log::{Fsync, LogConfig, RecoveryReport, Retention, RetentionReport};
-pub use topic::{Pattern, Topic, TopicError};
+pub use topic::{
+    HASH, MAX_TOPIC_LEN, MAX_WORD_LEN, MAX_WORDS, Pattern, SEPARATOR, STAR, Topic, TopicError,
+    TopicTrie, Words, is_word_char,
+};
 
 /// This library's version, as published (`tidings --version` prints the same).
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

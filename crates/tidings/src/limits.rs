@@ -16,7 +16,7 @@ pub struct Limits {
     /// Most live subscriptions on one broker. Default 1,000,000.
     pub max_subscriptions: usize,
     /// Largest correlation id in bytes. Default 1 KiB. (The reply-to topic is bounded by
-    /// the topic limits, [`MAX_TOPIC_LEN`](crate::topic::MAX_TOPIC_LEN).)
+    /// the topic limits, [`MAX_TOPIC_LEN`](crate::MAX_TOPIC_LEN).)
     pub max_correlation_id_bytes: usize,
 }
 

@@ -10,8 +10,8 @@ use std::time::{Duration, SystemTime};
 
 use parking_lot::Mutex;
 use tidings::{
-    Broker, Clock, Concurrency, Fsync, HandlerError, ManualClock, Message, Priority, Retention,
-    Retry, StartAt, StreamConfig, StreamError, SubscribeOptions,
+    Broker, Clock, Concurrency, DurableSpec, Fsync, HandlerError, ManualClock, Message, Priority,
+    Retention, Retry, StartAt, StreamConfig, StreamError, SubscribeOptions,
 };
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -150,10 +150,9 @@ fn durable_from_earliest_receives_everything_in_order() {
     let seen = Seen::default();
     let d = b
         .subscribe_durable(
-            "billing",
-            "orders",
-            "orders.created",
-            StartAt::Earliest,
+            DurableSpec::new("orders")
+                .name("billing")
+                .filter("orders.created"),
             SubscribeOptions {
                 capacity: 8,
                 ..Default::default()
@@ -174,10 +173,7 @@ fn durable_from_earliest_receives_everything_in_order() {
     // A second live subscriber with the same name is refused.
     assert!(matches!(
         b.subscribe_durable(
-            "billing",
-            "orders",
-            "#",
-            StartAt::Earliest,
+            DurableSpec::new("orders").name("billing"),
             Default::default(),
             seen.handler()
         ),
@@ -203,10 +199,9 @@ fn restart_resumes_from_committed_without_losing_acknowledged_messages() {
         let ok = run1.handler();
         let d = b
             .subscribe_durable(
-                "billing",
-                "orders",
-                "orders.*",
-                StartAt::Earliest,
+                DurableSpec::new("orders")
+                    .name("billing")
+                    .filter("orders.*"),
                 opts(),
                 move |m: &Message| match m.payload().as_ref() {
                     b"5" => Err(HandlerError::reject("bad order")),
@@ -251,10 +246,10 @@ fn restart_resumes_from_committed_without_losing_acknowledged_messages() {
     let s = orders(&b);
     let d = b
         .subscribe_durable(
-            "billing",
-            "orders",
-            "orders.*",
-            StartAt::Latest,
+            DurableSpec::new("orders")
+                .name("billing")
+                .filter("orders.*")
+                .start(StartAt::Latest),
             opts(),
             run2.handler(),
         )
@@ -292,7 +287,11 @@ fn replay_from_offset_time_earliest_latest_and_seek() {
     let sub = |name: &str, at: StartAt| {
         let seen = Seen::default();
         let d = b
-            .subscribe_durable(name, "orders", "#", at, Default::default(), seen.handler())
+            .subscribe_durable(
+                DurableSpec::new("orders").name(name).start(at),
+                Default::default(),
+                seen.handler(),
+            )
             .unwrap();
         (seen, d)
     };
@@ -336,10 +335,7 @@ fn slow_consumer_only_lags_and_lag_shrinks() {
     let g = gate.clone();
     let d = b
         .subscribe_durable(
-            "slow",
-            "orders",
-            "#",
-            StartAt::Earliest,
+            DurableSpec::new("orders").name("slow"),
             SubscribeOptions {
                 capacity: 4,
                 ..Default::default()
@@ -400,10 +396,9 @@ fn out_of_retention_start_is_a_typed_error() {
     // R-LOG-4: a start that retention removed is refused with the typed error.
     let err = b
         .subscribe_durable(
-            "late",
-            "orders",
-            "#",
-            StartAt::Offset(0),
+            DurableSpec::new("orders")
+                .name("late")
+                .start(StartAt::Offset(0)),
             Default::default(),
             seen.handler(),
         )
@@ -414,10 +409,7 @@ fn out_of_retention_start_is_a_typed_error() {
     );
     let d = b
         .subscribe_durable(
-            "ok",
-            "orders",
-            "#",
-            StartAt::Earliest,
+            DurableSpec::new("orders").name("ok"),
             Default::default(),
             seen.handler(),
         )
@@ -466,10 +458,7 @@ fn foreign_files_are_reported_with_their_path() {
     std::fs::write(cdir.join("billing.offset"), b"garbage").unwrap();
     let err = b
         .subscribe_durable(
-            "billing",
-            "orders",
-            "#",
-            StartAt::Earliest,
+            DurableSpec::new("orders").name("billing"),
             Default::default(),
             Seen::default().handler(),
         )
@@ -537,10 +526,7 @@ fn delayed_records_wait_for_their_time_and_hold_the_commit() {
     let seen = Seen::default();
     let d = b
         .subscribe_durable(
-            "bill",
-            "orders",
-            "#",
-            StartAt::Earliest,
+            DurableSpec::new("orders").name("bill"),
             Default::default(),
             seen.handler(),
         )
@@ -555,10 +541,7 @@ fn delayed_records_wait_for_their_time_and_hold_the_commit() {
     let again = Seen::default();
     let d = b
         .subscribe_durable(
-            "bill",
-            "orders",
-            "#",
-            StartAt::Earliest,
+            DurableSpec::new("orders").name("bill"),
             Default::default(),
             again.handler(),
         )
@@ -589,10 +572,7 @@ fn manual_driver_pumps_durable_subscriptions_in_run_until_idle() {
     let (inner, f) = (seen.handler(), failed_once.clone());
     let d = b
         .subscribe_durable(
-            "bill",
-            "orders",
-            "#",
-            StartAt::Earliest,
+            DurableSpec::new("orders").name("bill"),
             SubscribeOptions {
                 capacity: 4, // a window smaller than the stream: pumping resumes as it drains
                 retry: Retry::fixed(Duration::from_secs(5), 3),

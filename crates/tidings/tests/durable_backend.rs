@@ -62,10 +62,9 @@ fn a_plugged_in_backend_serves_streams_and_durable_subscriptions() {
     let (got, handler) = recorder();
     let sub = b
         .subscribe_durable(
-            "billing",
-            "orders",
-            "orders.#",
-            StartAt::Earliest,
+            DurableSpec::new("orders")
+                .name("billing")
+                .filter("orders.#"),
             SubscribeOptions::default(),
             handler,
         )

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tidings::{
-    Broker, Deduplicating, Driver, Fsync, HandlerError, ManualClock, Message, StartAt,
+    Broker, Deduplicating, Driver, DurableSpec, Fsync, HandlerError, ManualClock, Message,
     StreamConfig, StreamError, SubscribeOptions,
 };
 
@@ -45,10 +45,7 @@ fn run(dir: &Path, clock: &ManualClock, work: &Arc<AtomicU64>) -> u64 {
     ));
     let d = b
         .subscribe_durable(
-            "bill",
-            "orders",
-            "#",
-            StartAt::Earliest,
+            DurableSpec::new("orders").name("bill"),
             SubscribeOptions::default(),
             handler.clone(),
         )

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use tidings::{
-    Broker, Driver, DurableSubscription, Fsync, HandlerError, ManualClock, Message, StartAt,
+    Broker, Driver, DurableSpec, DurableSubscription, Fsync, HandlerError, ManualClock, Message,
     StreamConfig, StreamError, SubscribeOptions,
 };
 
@@ -36,10 +36,7 @@ fn subscribe(
 ) -> DurableSubscription {
     let (f, s) = (failing.clone(), seen.clone());
     b.subscribe_durable(
-        name,
-        "orders",
-        "#",
-        StartAt::Earliest,
+        DurableSpec::new("orders").name(name),
         SubscribeOptions::default(),
         move |m: &Message| {
             let p = String::from_utf8(m.payload().to_vec()).unwrap();
@@ -86,7 +83,7 @@ fn durable_dlq_is_listed_redriven_and_drained_across_restarts() {
 
         failing.store(false, Ordering::SeqCst);
         let n = d
-            .redrive_durable(|e| e.message.payload().as_ref() != b"bad-2")
+            .redrive_durable_dead_letters(|e| e.message.payload().as_ref() != b"bad-2")
             .unwrap();
         assert_eq!(n, 2);
         // R-DEL-4: redriven entries left the DLQ; the other stays.
@@ -135,7 +132,7 @@ fn a_redrive_that_cannot_append_keeps_every_entry() {
     // After close the stream cannot be appended to: the redrive fails...
     b.close(Duration::from_secs(5));
     assert!(matches!(
-        d.redrive_durable(|_| true),
+        d.redrive_durable_dead_letters(|_| true),
         Err(StreamError::Closed | StreamError::Append { .. })
     ));
     assert!(d.drain_durable_dead_letters().is_err());

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use tidings::{
-    Broker, Driver, DurableSubscription, Fsync, HandlerError, ManualClock, Message, StartAt,
-    StreamConfig, StreamError, SubscribeOptions,
+    Broker, Driver, DurableSpec, DurableSubscription, Fsync, HandlerError, ManualClock, Message,
+    StartAt, StreamConfig, StreamError, SubscribeOptions,
 };
 use tidings_log::testing::{CrashMode, SimOp, SimStorage};
 
@@ -44,10 +44,7 @@ fn publish(b: &Broker, range: std::ops::Range<u64>) {
 fn subscribe(b: &Broker, seen: &Arc<Mutex<Vec<u64>>>, reject: Option<u64>) -> DurableSubscription {
     let s = seen.clone();
     b.subscribe_durable(
-        "bill",
-        "orders",
-        "#",
-        StartAt::Earliest,
+        DurableSpec::new("orders").name("bill"),
         SubscribeOptions::default(),
         move |m: &Message| {
             let offset = m.offset().unwrap();

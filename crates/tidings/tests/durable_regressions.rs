@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 use tidings::{
-    Broker, DeadLetterReason, Driver, Fsync, HandlerError, ManualClock, Message, StartAt,
+    Broker, DeadLetterReason, Driver, DurableSpec, Fsync, HandlerError, ManualClock, Message,
     StreamConfig, SubscribeOptions,
 };
 
@@ -74,10 +74,7 @@ fn user_headers_cannot_spoof_durable_dlq_metadata() {
         .unwrap();
     let d = b
         .subscribe_durable(
-            "audit",
-            "dead",
-            "#",
-            StartAt::Earliest,
+            DurableSpec::new("dead").name("audit"),
             SubscribeOptions::default(),
             |_: &Message| Err(HandlerError::reject("bad order")),
         )
@@ -113,10 +110,7 @@ fn user_headers_cannot_spoof_durable_dlq_metadata() {
         .unwrap();
     let d = b
         .subscribe_durable(
-            "audit",
-            "dead",
-            "#",
-            StartAt::Earliest,
+            DurableSpec::new("dead").name("audit"),
             SubscribeOptions::default(),
             |_: &Message| Ok(()),
         )
@@ -157,10 +151,7 @@ fn redrive_then_stream(driver: Driver) {
     let (s, f) = (seen.clone(), failing.clone());
     let d = b
         .subscribe_durable(
-            "bill",
-            "orders",
-            "#",
-            StartAt::Earliest,
+            DurableSpec::new("orders").name("bill"),
             SubscribeOptions {
                 capacity: 2,
                 ..Default::default()
@@ -175,11 +166,11 @@ fn redrive_then_stream(driver: Driver) {
         )
         .unwrap();
     settle(&b, &driver, "two dead letters", || {
-        d.dead_letters().len() == 2 && d.committed() == 2
+        d.subscription().dead_letters().len() == 2 && d.committed() == 2
     });
     failing.store(false, Ordering::SeqCst);
     // The redrive fills the queue (capacity 2); then four more stream messages arrive.
-    let r = d.redrive(|_| true);
+    let r = d.subscription().redrive(|_| true);
     assert_eq!(r.accepted, 2);
     publish_n(&b, 2..6);
     settle(&b, &driver, "six deliveries", || {
@@ -192,7 +183,8 @@ fn redrive_then_stream(driver: Driver) {
     let stats = d.stats();
     assert_eq!(stats.refused.overflow, 0); // R-BP-2
     assert!(
-        !d.dead_letters()
+        !d.subscription()
+            .dead_letters()
             .iter()
             .any(|e| matches!(e.reason, DeadLetterReason::Overflow)),
         "R-BP-2: no Overflow dead letter"
@@ -234,10 +226,7 @@ fn resubscribe_cycles(driver: Driver) {
         // DLQ log and the offsets anyway, before it returned.
         let d = b
             .subscribe_durable(
-                "bill",
-                "orders",
-                "#",
-                StartAt::Earliest,
+                DurableSpec::new("orders").name("bill"),
                 SubscribeOptions::default(),
                 move |m: &Message| {
                     let offset = m.offset().unwrap();
@@ -295,10 +284,7 @@ fn a_committed_offset_beyond_the_end_is_clamped_and_nothing_is_skipped() {
     let s = seen.clone();
     let d = b
         .subscribe_durable(
-            "bill",
-            "orders",
-            "#",
-            StartAt::Earliest,
+            DurableSpec::new("orders").name("bill"),
             SubscribeOptions::default(),
             move |m: &Message| {
                 s.lock().push(m.offset().unwrap());
@@ -329,10 +315,7 @@ fn a_stream_cut_below_the_commit_by_a_power_cut_skips_nothing_new() {
         publish_n(&b, 0..10);
         let d = b
             .subscribe_durable(
-                "bill",
-                "orders",
-                "#",
-                StartAt::Earliest,
+                DurableSpec::new("orders").name("bill"),
                 SubscribeOptions::default(),
                 |_: &Message| Ok(()),
             )
@@ -358,10 +341,7 @@ fn a_stream_cut_below_the_commit_by_a_power_cut_skips_nothing_new() {
     let s = seen.clone();
     let d = b
         .subscribe_durable(
-            "bill",
-            "orders",
-            "#",
-            StartAt::Earliest,
+            DurableSpec::new("orders").name("bill"),
             SubscribeOptions::default(),
             move |m: &Message| {
                 s.lock().push(m.offset().unwrap());

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use tidings::{
-    Broker, Driver, DurableSubscription, Fsync, HandlerError, Message, StartAt, StreamConfig,
+    Broker, Driver, DurableSpec, DurableSubscription, Fsync, HandlerError, Message, StreamConfig,
     SubscribeOptions,
 };
 use tidings_log::Storage;
@@ -69,10 +69,7 @@ fn subscribe(
 ) -> DurableSubscription {
     let s = seen.clone();
     b.subscribe_durable(
-        name,
-        "orders",
-        "#",
-        StartAt::Earliest,
+        DurableSpec::new("orders").name(name),
         SubscribeOptions {
             capacity: 8,
             ..SubscribeOptions::default()

@@ -7,10 +7,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
-use tidings::topic::trie::TopicTrie;
-use tidings::topic::{Pattern, Topic};
 use tidings::{
-    Broker, Driver, HandlerError, ManualClock, Message, Overflow, SubscribeOptions, Subscription,
+    Broker, Driver, HandlerError, ManualClock, Message, Overflow, Pattern, SubscribeOptions,
+    Subscription, Topic, TopicTrie,
 };
 
 fn manual() -> Broker {

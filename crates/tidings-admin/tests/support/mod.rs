@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tidings::{
-    Broker, Driver, DurableSubscription, HandlerError, ManualClock, Message, Retry, StartAt,
+    Broker, Driver, DurableSpec, DurableSubscription, HandlerError, ManualClock, Message, Retry,
     StreamConfig, SubscribeOptions, Subscription,
 };
 use tidings_admin::{AdminConfig, AdminServer};
@@ -174,10 +174,9 @@ impl World {
             .unwrap();
         let ship = broker
             .subscribe_durable(
-                "ship",
-                "orders",
-                "orders.created",
-                StartAt::Earliest,
+                DurableSpec::new("orders")
+                    .name("ship")
+                    .filter("orders.created"),
                 SubscribeOptions::default(),
                 |_: &Message| Ok::<(), HandlerError>(()),
             )

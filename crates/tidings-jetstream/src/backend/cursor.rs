@@ -40,10 +40,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use tidings::durable::{
-    BackendCursor, CursorSpec, CursorState, CursorWaker, DurableDeadLetter, Finished, Outcome,
+use tidings::durable::{BackendCursor, CursorSpec, CursorWaker, Finished, Outcome};
+use tidings::{
+    CursorState, DeadLetterReason, DurableDeadLetter, Message, Pattern, StartAt, StreamError,
 };
-use tidings::{DeadLetterReason, Message, Pattern, StartAt, StreamError};
 
 use super::codec::{self, Stored, TARGET};
 use super::dead_letters::DeadLetters;

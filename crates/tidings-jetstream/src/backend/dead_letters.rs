@@ -14,8 +14,7 @@ use std::time::SystemTime;
 
 use async_nats::HeaderMap;
 use futures_util::StreamExt;
-use tidings::durable::DurableDeadLetter;
-use tidings::{DeadLetterReason, Limits, Message, StreamError};
+use tidings::{DeadLetterReason, DurableDeadLetter, Limits, Message, StreamError};
 
 use super::codec::{self, DLQ_ATTEMPTS, DLQ_ERROR, DLQ_OFFSET, DLQ_REASON, Stored, TARGET};
 use super::stream::{headers_with_id, publish};

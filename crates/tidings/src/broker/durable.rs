@@ -15,7 +15,7 @@ use crate::clock::Now;
 use crate::dedup::DedupStore;
 use crate::durable::feeder::{CursorFeeder, FeedSink, Held, Offered, OnDue};
 use crate::durable::{
-    CursorSpec, CursorWaker, DurableBackend, DurableSubscription, Finished, Outcome, StartAt,
+    CursorSpec, CursorWaker, DurableBackend, DurableSpec, DurableSubscription, Finished, Outcome,
     Stream, StreamConfig, StreamError, check_name,
 };
 use crate::error::SubscribeError;
@@ -197,30 +197,47 @@ impl Broker {
         self.inner.durables.streams.read().keys().cloned().collect()
     }
 
-    /// Subscribe `handler` durably to the messages of `stream` whose topic matches
-    /// `filter` (R-LOG-3, R-LOG-4).
+    /// Subscribe `handler` durably to the messages of the stream `spec` names, whose topic
+    /// matches its filter (R-LOG-3, R-LOG-4); see [`DurableSpec`] for the parts and their
+    /// defaults.
     ///
-    /// If `name` has a committed position on this stream (from an earlier run), delivery
-    /// resumes there and `start` is ignored (use [`DurableSubscription::seek`] to move it);
-    /// otherwise it starts at `start`, and that position is committed at once. A committed
+    /// If the spec's name has a committed position on this stream (from an earlier run),
+    /// delivery resumes there and the spec's start is ignored (use
+    /// [`DurableSubscription::seek`] to move it); otherwise it starts there, and that position
+    /// is committed at once. A committed
     /// position beyond the stream's end is clamped to the end, committed and logged
     /// ([`DurableSubscription::clamped_from`] reports it). `options`
     /// apply as for [`Broker::subscribe`] (retry, DLQ, TTL, lanes, per-key, filters);
     /// `capacity` is the window of outstanding messages, and `overflow` never triggers
     /// because the feeder waits for room.
     ///
+    /// ```
+    /// use tidings::{Broker, DurableSpec, Message, StreamConfig, SubscribeOptions};
+    /// # let dir = tempfile::tempdir()?;
+    /// let broker = Broker::builder().data_dir(dir.path()).build()?;
+    /// broker.create_stream(StreamConfig::new("orders", ["orders.#"]))?;
+    /// let billing = broker.subscribe_durable(
+    ///     DurableSpec::new("orders").name("billing"),
+    ///     SubscribeOptions::default(),
+    ///     |_: &Message| Ok(()),
+    /// )?;
+    /// assert_eq!(billing.committed(), 0);
+    /// # broker.close(std::time::Duration::from_secs(1));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
     /// # Errors
-    /// Unknown stream, bad name/filter/options, the name already active, an offset out of
-    /// retention ([`StreamError::OutOfRetention`]) or beyond the end, a foreign offset file.
+    /// Unknown stream, a missing or bad name ([`StreamError::InvalidName`]), a bad filter or
+    /// options, the name already active, an offset out of retention
+    /// ([`StreamError::OutOfRetention`]) or beyond the end, a foreign offset file.
     pub fn subscribe_durable(
         &self,
-        name: &str,
-        stream: &str,
-        filter: &str,
-        start: StartAt,
+        spec: DurableSpec,
         options: SubscribeOptions,
         handler: impl Handler,
     ) -> Result<DurableSubscription, StreamError> {
+        let (name, stream) = (spec.name.as_str(), spec.stream.as_str());
+        let (filter, start) = (spec.filter_pattern(), spec.start);
         let durables = &self.inner.durables;
         durables.backend()?;
         if self.is_closed() || durables.is_closed() {

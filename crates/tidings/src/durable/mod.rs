@@ -1,5 +1,8 @@
-//! Durable streams and durable subscriptions, independent of where messages are kept
-//! (SPEC §8, R-BP-2).
+//! The durable-source seam, for durable backend implementors: what durable streams and
+//! durable subscriptions need from the place messages are kept (SPEC §8, R-BP-2).
+//! Applications use the types at the crate root ([`Stream`], [`DurableSubscription`],
+//! [`DurableSpec`], [`StreamConfig`], [`StartAt`], [`StreamError`], …); a backend implements
+//! the traits here and uses those root types too.
 //!
 //! A **stream** captures every published message whose topic matches one of its patterns:
 //! `publish` appends the message once to each matching stream *before* offering it to
@@ -8,21 +11,32 @@
 //! router: a feeder moves messages from its cursor into its queue.
 //!
 //! # Who owns what
-//! - [`source`] is the seam a backend implements: [`DurableBackend`], [`BackendStream`],
-//!   [`BackendCursor`]. A backend owns what must outlive the process: stored messages,
+//! - The seam is what a backend implements: [`DurableBackend`] opens streams (and,
+//!   optionally, durable dedup stores), [`BackendStream`] appends what the broker publishes
+//!   and opens cursors, [`BackendCursor`] is one durable subscription's position (it hands
+//!   out messages, records the ones that [`Finished`], moves on seek, reports lag and keeps
+//!   the durable DLQ). A backend owns what must outlive the process: stored messages,
 //!   committed positions, the durable DLQ, durable dedup stores. Two exist: the embedded
 //!   log ([`crate::embedded`], built by
 //!   [`BrokerBuilder::data_dir`](crate::BrokerBuilder::data_dir)) and NATS JetStream
 //!   (crate `tidings-jetstream`), plugged in with
-//!   [`BrokerBuilder::durable_backend`](crate::BrokerBuilder::durable_backend).
-//! - This module owns what the broker needs around any backend: the registry of open
-//!   streams and durable subscriptions (`registry`), the feeder that moves messages from a
-//!   cursor to a subscription and finished messages back (`feeder`, run by the driver), the
-//!   user's handles ([`Stream`], [`DurableSubscription`]), the retention timer
-//!   (`retention`), configuration ([`StreamConfig`], [`StartAt`]) and errors
-//!   ([`StreamError`], [`CommitFailed`]). It talks to the backend only through the seam's
-//!   traits, and to the subscription and the broker only through the narrow `FeedSink`
-//!   the broker injects.
+//!   [`BrokerBuilder::durable_backend`](crate::BrokerBuilder::durable_backend). The
+//!   conformance suite in `tidings-testkit` runs the same durable cases against each.
+//! - The broker owns what it needs around any backend: the registry of open streams and
+//!   durable subscriptions, the feeder that moves messages from a cursor to a subscription
+//!   and finished messages back (run by the driver), the user's handles ([`Stream`],
+//!   [`DurableSubscription`]), the retention timer, configuration ([`StreamConfig`],
+//!   [`StartAt`], [`DurableSpec`]) and errors ([`StreamError`], [`CommitFailed`]). It talks
+//!   to the backend only through the seam's traits, and to the subscription and the broker
+//!   only through a narrow sink the broker injects.
+//!
+//! # Threads
+//! Every method of the seam may block on file or network I/O. The broker never calls them
+//! on an async runtime's worker thread: under the tokio driver the feeder runs on the
+//! blocking pool and completions reached on a runtime worker are handed to the feeder's
+//! next step. A cursor signals "there may be more to fetch" through the [`CursorWaker`] it
+//! was opened with; waking is cheap and never blocks, so it may be called from any thread,
+//! under any lock.
 //!
 //! # Capabilities
 //! An option a backend cannot honour ([`Capabilities`]) is refused when it is asked for,
@@ -37,21 +51,28 @@
 //! Applied by the backend (the embedded log: after every segment roll) and on a timer by
 //! the broker's retention service, so idle streams shed old segments too.
 
-mod config;
-mod error;
+pub(crate) mod config;
+pub(crate) mod error;
 pub(crate) mod feeder;
 pub(crate) mod registry;
 mod retention;
-pub mod source;
-mod stream;
-mod subscription;
+pub(crate) mod source;
+pub(crate) mod spec;
+pub(crate) mod stream;
+pub(crate) mod subscription;
 
-pub use config::{DEFAULT_COMMIT_EVERY, DEFAULT_RETENTION_INTERVAL, StartAt, StreamConfig};
-pub use error::{CommitFailed, StreamError};
+// What applications name is re-exported at the crate root (and only there); these
+// imports are the crate's own shorthand.
+pub(crate) use config::{StartAt, StreamConfig};
+pub(crate) use error::{CommitFailed, StreamError};
 pub(crate) use registry::{Durables, check_name};
+pub(crate) use source::{CursorState, DurableDeadLetter};
+pub(crate) use spec::DurableSpec;
+pub(crate) use stream::Stream;
+pub(crate) use subscription::DurableSubscription;
+
+// The seam a backend implements: reachable here only.
 pub use source::{
-    BackendCursor, BackendStream, Capabilities, CursorSpec, CursorState, CursorWaker,
-    DurableBackend, DurableDeadLetter, Finished, Outcome,
+    BackendCursor, BackendStream, Capabilities, CursorSpec, CursorWaker, DurableBackend, Finished,
+    Outcome,
 };
-pub use stream::Stream;
-pub use subscription::DurableSubscription;

@@ -1,11 +1,11 @@
 //! The user's handle on a durable subscription (R-LOG-3, R-LOG-4, R-BP-3, R-DEL-4).
 
 use std::fmt;
-use std::ops::Deref;
 use std::path::Path;
 use std::sync::{Arc, Weak};
 
-use crate::subscription::Subscription;
+use crate::stats::SubscriptionStats;
+use crate::subscription::{Subscription, SubscriptionId};
 
 use super::feeder::CursorFeeder;
 use super::registry::Durables;
@@ -13,7 +13,23 @@ use super::source::{CursorState, DurableDeadLetter};
 use super::{CommitFailed, StartAt, StreamError};
 
 /// A durable subscription (R-LOG-3): a cursor over a stream feeding an ordinary
-/// [`Subscription`] (it derefs to it: stats, in-memory DLQ, redrive).
+/// [`Subscription`].
+///
+/// The handle has the methods a durable subscription's user needs: its [`id`](Self::id),
+/// [`stats`](Self::stats), position ([`committed`](Self::committed),
+/// [`lag`](Self::lag), [`seek`](Self::seek), …) and durable dead-letter store. The
+/// underlying [`Subscription`] is reached through [`subscription`](Self::subscription) for
+/// the rest (its options' name and pattern, its in-memory dead-letter queue).
+///
+/// # Dead letters
+/// A dead-lettered message (rejected, out of retries, expired) is stored in the
+/// subscription's **durable** dead-letter store (R-DEL-4) before its offset is committed; it survives restarts and is
+/// read with [`durable_dead_letters`](Self::durable_dead_letters), removed with
+/// [`drain_durable_dead_letters`](Self::drain_durable_dead_letters) and sent back through
+/// the stream with [`redrive_durable_dead_letters`](Self::redrive_durable_dead_letters).
+/// The in-memory dead-letter queue of the underlying subscription
+/// (`subscription().dead_letters()`, with its `redrive` and `drain_dead_letters`) holds
+/// them too, as for any subscription, for this process's lifetime only.
 ///
 /// # Delivery
 /// At-least-once across restarts. The position committed is the lowest offset not yet
@@ -35,9 +51,22 @@ pub struct DurableSubscription {
 }
 
 impl DurableSubscription {
-    /// The underlying subscription.
+    /// The underlying subscription, for what is not specific to a durable one: its
+    /// options' name and pattern, and its in-memory dead-letter queue.
     pub fn subscription(&self) -> &Subscription {
         &self.sub
+    }
+    /// The subscription's id within its broker (as in the broker's snapshot and the
+    /// admin API).
+    #[must_use]
+    pub fn id(&self) -> SubscriptionId {
+        self.sub.id()
+    }
+    /// The subscription's counters (R-DEL-6): delivered, retried, dead-lettered, filtered,
+    /// queue depth. Every message the feeder offered is accounted for.
+    #[must_use]
+    pub fn stats(&self) -> SubscriptionStats {
+        self.sub.stats()
     }
     /// The durable name (the key of its committed position).
     #[must_use]
@@ -162,18 +191,11 @@ impl DurableSubscription {
     /// Reading the DLQ, appending to or syncing the stream, or recording the removal
     /// failed, or the broker closed. Entries redriven before an append failure are removed
     /// from the DLQ; the others stay.
-    pub fn redrive_durable(
+    pub fn redrive_durable_dead_letters(
         &self,
         mut select: impl FnMut(&DurableDeadLetter) -> bool,
     ) -> Result<usize, StreamError> {
         self.feeder.cursor.redrive_dead_letters(&mut select)
-    }
-}
-
-impl Deref for DurableSubscription {
-    type Target = Subscription;
-    fn deref(&self) -> &Subscription {
-        &self.sub
     }
 }
 

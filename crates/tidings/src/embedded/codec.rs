@@ -29,7 +29,7 @@
 //! # Redrive copies
 //!
 //! A durable dead letter redriven into its stream
-//! ([`DurableSubscription::redrive_durable`](crate::DurableSubscription::redrive_durable))
+//! ([`DurableSubscription::redrive_durable_dead_letters`](crate::DurableSubscription::redrive_durable_dead_letters))
 //! is appended as the same record with one more header in **front**: `tidings-to`, whose
 //! value is the name of the durable subscription it is for. Only that subscription
 //! delivers it; every other one skips it (finished at once). Readers that decode the

@@ -211,7 +211,7 @@ pub enum Selection {
 /// A broker's data directory, opened for offline inspection and maintenance (R-OPS-5).
 ///
 /// ```no_run
-/// use tidings::offline::DataDir;
+/// use tidings::embedded::offline::DataDir;
 /// let dir = DataDir::open("/var/lib/app/tidings")?;
 /// for s in dir.streams()? {
 ///     println!("{}: offsets {}..{}", s.name, s.start_offset, s.end_offset);

@@ -340,7 +340,7 @@ impl Broker {
     /// listed in [`RedriveOutcome::missing`].
     ///
     /// For a durable subscription the entries of its durable dead-letter log are redriven,
-    /// as [`DurableSubscription::redrive_durable`](crate::DurableSubscription::redrive_durable)
+    /// as [`DurableSubscription::redrive_durable_dead_letters`](crate::DurableSubscription::redrive_durable_dead_letters)
     /// does (R-DEL-4, R-OPS-4): appended to the stream again and synced *before* their
     /// removal is recorded, so a crash in between redelivers, never loses; concurrent
     /// redrives are serialised, so an entry is appended once. The in-memory copies of the

@@ -1,32 +1,7 @@
 //! Topics, subscription patterns and their validation (R-RT-1, R-RT-2, R-LIM-1).
 //!
-//! A **topic** names what a message is about: one or more *words* separated by `.`, for example
-//! `orders.eu.created`. A **pattern** is what a subscription listens to: the same syntax, where a
-//! word may also be one of two wildcards, with AMQP 0-9-1 topic-exchange semantics:
-//!
-//! * `*` matches exactly one word;
-//! * `#` matches zero or more words, and may appear anywhere (`#`, `a.#`, `#.b`, `a.#.b`, ...).
-//!
-//! Wildcards are only recognised as whole words: `a*` or `#b` are refused, not treated literally.
-//!
-//! # Syntax and limits
-//!
-//! Both [`Topic`] and [`Pattern`] obey the same rules (checked in this order; the first violation
-//! found, scanning left to right, is reported):
-//!
-//! 1. total length is at most [`MAX_TOPIC_LEN`] bytes (255, the AMQP routing-key limit, so every
-//!    topic is also a valid AMQP routing key);
-//! 2. not empty, and no empty word: no leading or trailing `.`, no `..`;
-//! 3. every word consists of the characters `A-Z a-z 0-9 - _ :` (see [`is_word_char`]); a pattern
-//!    word may instead be exactly `*` or `#`; a topic may contain no wildcard at all;
-//! 4. every word is at most [`MAX_WORD_LEN`] bytes (64: fits a hex SHA-256 or a UUID);
-//! 5. at most [`MAX_WORDS`] words (32).
-//!
-//! The character set is deliberately small: ASCII only (no Unicode normalisation or confusable
-//! look-alikes), case-sensitive, and free of the separators and wildcards of other brokers
-//! (`/`, `+`, `>`, whitespace), so a topic maps one-to-one onto MQTT, NATS or AMQP subjects
-//! when a remote backend needs it. Widening the set later is backwards compatible; narrowing
-//! it would not be.
+//! The syntax, the limits and the matching semantics are documented for users in the crate
+//! docs, section "Topics and patterns"; the types are re-exported at the crate root.
 
 use std::borrow::Borrow;
 use std::fmt;
@@ -35,7 +10,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 mod dfa;
-pub mod trie;
+pub(crate) mod trie;
 
 pub use trie::TopicTrie;
 
@@ -325,7 +300,7 @@ macro_rules! string_like {
 /// string, so a `HashMap<Topic, _>` can be queried with a `&str`.
 ///
 /// ```
-/// # use tidings::topic::{Topic, TopicError};
+/// # use tidings::{Topic, TopicError};
 /// let t: Topic = "orders.eu.created".parse()?;
 /// assert_eq!(t.words().collect::<Vec<_>>(), ["orders", "eu", "created"]);
 /// assert!(matches!(Topic::new("orders.*"), Err(TopicError::WildcardInTopic { .. })));
@@ -335,7 +310,7 @@ macro_rules! string_like {
 pub struct Topic(Arc<str>);
 
 impl Topic {
-    /// Validates `s` as a publish topic (see the [module docs](self) for the rules).
+    /// Validates `s` as a publish topic (see [Topics and patterns](crate#topics-and-patterns) for the rules).
     ///
     /// # Errors
     ///
@@ -406,7 +381,7 @@ string_like!(Topic, "Topic");
 /// topics. Cheap to clone.
 ///
 /// ```
-/// # use tidings::topic::{Pattern, Topic, TopicError};
+/// # use tidings::{Pattern, Topic, TopicError};
 /// let p: Pattern = "orders.*.#".parse()?;
 /// assert!(p.matches(&Topic::new("orders.eu")?));
 /// assert!(p.matches(&Topic::new("orders.eu.created.v2")?));
@@ -417,7 +392,7 @@ string_like!(Topic, "Topic");
 pub struct Pattern(Arc<str>);
 
 impl Pattern {
-    /// Validates `s` as a subscription pattern (see the [module docs](self) for the rules).
+    /// Validates `s` as a subscription pattern (see [Topics and patterns](crate#topics-and-patterns) for the rules).
     ///
     /// # Errors
     ///

@@ -40,5 +40,4 @@
 
 mod seam;
 
-pub use crate::error::TransportError;
 pub use seam::{Deliver, Delivered, Received, Transport, TransportSubscription};

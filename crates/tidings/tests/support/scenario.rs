@@ -4,8 +4,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use tidings::{
-    Broker, DurableSubscription, Fsync, HandlerError, ManualClock, Message, Priority, Retry,
-    StartAt, StreamConfig, SubscribeOptions, Subscription,
+    Broker, DurableSpec, DurableSubscription, Fsync, HandlerError, ManualClock, Message, Priority,
+    Retry, StreamConfig, SubscribeOptions, Subscription,
 };
 
 // The handles keep the subscriptions alive; not every test that shares this reads them.
@@ -61,10 +61,9 @@ pub fn start(dir: &Path) -> Scenario {
         .unwrap();
     let ship = broker
         .subscribe_durable(
-            "ship",
-            "orders",
-            "orders.created",
-            StartAt::Earliest,
+            DurableSpec::new("orders")
+                .name("ship")
+                .filter("orders.created"),
             SubscribeOptions::default(),
             |_: &Message| Ok::<(), HandlerError>(()),
         )
