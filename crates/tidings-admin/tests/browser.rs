@@ -365,10 +365,10 @@ fn the_dashboard_charts_each_subscriptions_rates_depth_and_lag_while_messages_fl
         .unwrap();
     let ship = broker
         .subscribe_durable(
-            "ship",
-            "orders",
-            "orders.created",
-            tidings::StartAt::Earliest,
+            DurableSpec::new("orders")
+                .name("ship")
+                .filter("orders.created")
+                .start(tidings::StartAt::Earliest),
             named("ship"),
             |_: &Message| {
                 std::thread::sleep(Duration::from_millis(1));
