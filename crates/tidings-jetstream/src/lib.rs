@@ -60,3 +60,10 @@ pub use stream::{
     Appended, DEFAULT_DUPLICATE_WINDOW, RESERVED_HEADER_PREFIX, Record, StreamSpec, StreamState,
 };
 pub use transport::{NatsTransport, NatsTransportBuilder, TRANSPORT_NAME, TransportStats};
+
+/// The workspace README's Rust examples, compiled (and the in-process one run) as doctests
+/// here, the one crate that has both `tidings` and this crate: the README cannot drift
+/// from the API.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeDoctests;

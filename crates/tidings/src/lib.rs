@@ -4,6 +4,38 @@
 //! **subscription**: each one has its own filter, bounded queue, dispatcher, dead-letter
 //! queue and counters, so a slow or failing subscriber hurts only itself.
 //!
+//! ```
+//! use std::time::Duration;
+//! use tidings::{Broker, HandlerError, Message, Overflow, Retry, SubscribeOptions};
+//!
+//! let broker = Broker::new(); // thread driver, system clock
+//! let billing = broker.subscribe(
+//!     "orders.*",
+//!     SubscribeOptions {
+//!         capacity: 1024,
+//!         overflow: Overflow::Reject,
+//!         retry: Retry::exponential(Duration::from_millis(100), 2.0).max_attempts(5),
+//!         ..Default::default()
+//!     },
+//!     |msg: &Message| -> Result<(), HandlerError> {
+//!         assert_eq!(msg.payload().as_ref(), b"42");
+//!         Ok(())
+//!     },
+//! )?;
+//! let report = broker.publish(Message::to("orders.created").key("order-42").payload("42"))?;
+//! assert_eq!(report.accepted, 1);
+//! let left = broker.close(Duration::from_secs(5)); // drains, joins, reports what was left
+//! assert!(left.is_clean());
+//! assert_eq!(billing.stats().delivered, 1);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! # Features
+//! - `tokio`: the [`Driver::Tokio`] driver and async handlers ([`Broker::subscribe_async`]);
+//!   pulls in `tokio` (rt, sync, time).
+//! - `metrics`: [`Broker::export_metrics`] through the `metrics` facade; pulls in `metrics`.
+//! - `otel`: a W3C `traceparent` header carried from publisher to handler; no dependency.
+//!
 //! # Ordering
 //! Per subscription: priority first, then publish order; each publisher's messages arrive
 //! in that publisher's order; retries happen in place, so a failing message blocks those
@@ -83,6 +115,7 @@
 //! [`TransportError`], [`Pattern`], …) is at the root.
 
 #![warn(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 #[cfg(feature = "tokio")]
 mod async_handler;
