@@ -121,6 +121,7 @@
 mod async_handler;
 mod broker;
 mod clock;
+mod codec;
 mod dedup;
 mod dlq;
 mod driver;
@@ -129,6 +130,8 @@ pub mod embedded;
 mod error;
 mod filter;
 mod handler;
+#[cfg(feature = "serde")]
+mod json;
 mod limits;
 mod message;
 mod message_pool;
@@ -144,13 +147,19 @@ mod stats;
 mod subscription;
 mod sync;
 mod telemetry;
+#[cfg(feature = "tokio")]
+mod timeout;
 mod topic;
 pub mod transport;
+mod typed;
 
 #[cfg(feature = "tokio")]
 pub use async_handler::{AsyncHandler, HandlerFuture};
 pub use broker::{Broker, BrokerBuilder, WeakBroker};
 pub use clock::{Clock, ClockWaiter, ManualClock, SystemClock};
+pub use codec::{
+    CONTENT_TYPE_HEADER, Codec, Decode, DecodeError, DecodeErrorKind, Encode, EncodeError,
+};
 pub use dedup::{DedupStore, Deduplicating, InMemoryDedupStore};
 pub use dlq::{DeadLetter, DeadLetterReason};
 pub use driver::Driver;
@@ -165,6 +174,8 @@ pub use durable::subscription::DurableSubscription;
 pub use error::{ConfigError, PublishError, SubscribeError, TransportError};
 pub use filter::{FilterError, HeaderFilter, HeaderLookup, MAX_FILTER_DEPTH, MAX_FILTER_TERMS};
 pub use handler::{FnHandler, Handler, HandlerError, IntoHandlerResult, handler_fn};
+#[cfg(feature = "serde")]
+pub use json::{JSON_CONTENT_TYPE, Json};
 pub use limits::Limits;
 pub use message::{Headers, Message, MessageBuilder, MessageId, MessageParts, Priority};
 pub use options::{
@@ -179,10 +190,15 @@ pub use subscription::handle::RedriveReport;
 pub use subscription::shell::DLQ_REASON_HEADER;
 pub use subscription::{Refusal, Subscription, SubscriptionId};
 pub use tidings_log::{Fsync, LogConfig, RecoveryReport, Retention, RetentionReport};
+#[cfg(feature = "tokio")]
+pub use timeout::Timeout;
 pub use topic::{
     HASH, MAX_TOPIC_LEN, MAX_WORD_LEN, MAX_WORDS, Pattern, SEPARATOR, STAR, Topic, TopicError,
     TopicTrie, Words, is_word_char,
 };
+pub use typed::Typed;
+#[cfg(feature = "serde")]
+pub use typed::json_handler;
 
 /// This library's version, as published (`tidings --version` prints the same).
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
