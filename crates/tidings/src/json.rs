@@ -4,9 +4,12 @@
 //!
 //! # Failure
 //! Every bad payload is a [`DecodeError`], never a panic: empty ([`Truncated`]), truncated
-//! ([`Truncated`]), malformed or not UTF-8 ([`Syntax`]), the wrong shape or a number out of
-//! the field's range ([`Data`]), and input nested deeper than `serde_json`'s recursion limit
-//! of 128 ([`Syntax`], "recursion limit exceeded" — an error, not a stack overflow).
+//! ([`Truncated`]), malformed, not UTF-8 or with trailing bytes ([`Syntax`]), the wrong
+//! shape or a number the field's type cannot hold ([`Data`]), a number too large for any
+//! number type ([`Syntax`]), and input nested deeper than `serde_json`'s recursion limit of
+//! 128 ([`Syntax`], "recursion limit exceeded" — an error, not a stack overflow). Nesting
+//! inside a field the type does not have is skipped without recursing, so it cannot
+//! overflow either.
 //!
 //! [`Truncated`]: DecodeErrorKind::Truncated
 //! [`Syntax`]: DecodeErrorKind::Syntax
