@@ -21,9 +21,12 @@
 //! # Time
 //! The limit is measured on **tokio's clock** (`tokio::time`), not the broker's
 //! [`Clock`](crate::Clock): a [`ManualClock`](crate::ManualClock) cannot drive a tokio
-//! timer. Tests make it deterministic with tokio's paused time
-//! (`#[tokio::test(start_paused = true)]` or `tokio::time::pause()`, feature `test-util`),
-//! under which a timed-out attempt fails at exactly `limit` of tokio time.
+//! timer (it moves only when told, and tokio's timer cannot be told). Tests make it
+//! deterministic with tokio's paused time (`#[tokio::test(start_paused = true)]` or
+//! `tokio::time::pause()`, tokio feature `test-util`), under which a timed-out attempt
+//! fails at exactly `limit` of tokio time. To have retry backoff on the same paused time
+//! line, give the broker a [`Clock`](crate::Clock) that reads `tokio::time::Instant::now()`
+//! (tidings' own tests do: `tests/timeout.rs`).
 //!
 //! # Limits
 //! * `Duration::MAX`, or any limit too large to be a deadline from now: never times out
