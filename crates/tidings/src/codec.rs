@@ -11,23 +11,7 @@
 //! [`Broker::subscribe_json`](crate::Broker::subscribe_json)). Any other format — CBOR,
 //! MessagePack, Protocol Buffers — is one small type implementing these three traits.
 //!
-//! # Content type
-//! [`MessageBuilder::encode`] sets the `content-type` header to the codec's
-//! [`Codec::content_type`], replacing any value set before. [`Message::decode`] checks the
-//! header before decoding:
-//! * **absent** (a producer that sets no header, a plain `payload(..)`): the payload is
-//!   decoded anyway — the decoder itself is the judge;
-//! * **present and accepted** by [`Codec::accepts`] (by default: the same media type,
-//!   ignoring ASCII case and parameters such as `; charset=utf-8`): decoded;
-//! * **present and different**: not decoded at all; the error is a
-//!   [`DecodeErrorKind::ContentType`] naming both types. A message that says it is
-//!   something else is not guessed at.
-//!
-//! # Failure
-//! Decoding never panics on any input: every failure is a [`DecodeError`], and a typed
-//! handler ([`Typed`](crate::Typed)) turns it into a [`HandlerError::reject`]
-//! (crate::HandlerError::reject): the message is dead-lettered `Rejected` with the error's
-//! text at once, never retried (a poison message stays poison).
+//! The content-type rules and the failure contract are on [`Codec`].
 
 use std::error::Error as StdError;
 use std::fmt;
@@ -41,7 +25,32 @@ use crate::message::{Message, MessageBuilder};
 /// starting with `tidings-` are reserved for tidings' own metadata; this one is not.)
 pub const CONTENT_TYPE_HEADER: &str = "content-type";
 
-/// A payload format: what every [`Encode`] and [`Decode`] implementation names.
+/// A payload format: what every [`Encode`] and [`Decode`] implementation names (R-PAT-3).
+///
+/// A payload is always bytes, on every backend; a codec turns a value into those bytes
+/// and back, and names its format in the [`CONTENT_TYPE_HEADER`] header, which travels with
+/// the message like any other header (in memory, in the embedded log, on JetStream). These
+/// traits are format-agnostic and need no feature; feature `serde` adds the first codec,
+/// `Json`. Another format (CBOR, MessagePack, Protocol Buffers) is one small type
+/// implementing `Codec`, [`Encode<T>`] and [`Decode<T>`].
+///
+/// # Content type
+/// [`MessageBuilder::encode`] sets the `content-type` header to the codec's
+/// [`Codec::content_type`], replacing any value set before. [`Message::decode`] checks the
+/// header before decoding:
+/// * **absent** (a producer that sets no header, a plain `payload(..)`): the payload is
+///   decoded anyway — the decoder itself is the judge;
+/// * **present and accepted** by [`Codec::accepts`] (by default: the same media type,
+///   ignoring ASCII case and parameters such as `; charset=utf-8`): decoded;
+/// * **present and different**: not decoded at all; the error is a
+///   [`DecodeErrorKind::ContentType`] naming both types. A message that says it is
+///   something else is not guessed at.
+///
+/// # Failure
+/// Decoding never panics on any input: every failure is a [`DecodeError`], and a typed
+/// handler ([`Typed`](crate::Typed)) turns it into a
+/// [`HandlerError::reject`](crate::HandlerError::reject): the message is dead-lettered `Rejected` with the error's
+/// text at once, never retried (a poison message stays poison).
 pub trait Codec: Send + Sync + 'static {
     /// The media type this codec writes, e.g. `application/json`; set as the message's
     /// [`CONTENT_TYPE_HEADER`] by [`MessageBuilder::encode`].
@@ -114,8 +123,8 @@ impl MessageBuilder {
 
 impl Message {
     /// Decode the payload with `codec`, after checking the [`CONTENT_TYPE_HEADER`] header
-    /// (see the [module docs](crate::Codec) — absent: decoded anyway; another type: an
-    /// error naming both).
+    /// (see [`Codec`]: absent — decoded anyway; accepted by [`Codec::accepts`] — decoded;
+    /// another type — an error naming both, the payload not decoded).
     ///
     /// # Errors
     /// [`DecodeErrorKind::ContentType`] for a message of another content type; otherwise

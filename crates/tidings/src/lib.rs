@@ -35,6 +35,44 @@
 //!   pulls in `tokio` (rt, sync, time).
 //! - `metrics`: [`Broker::export_metrics`] through the `metrics` facade; pulls in `metrics`.
 //! - `otel`: a W3C `traceparent` header carried from publisher to handler; no dependency.
+//! - `serde`: typed payloads with the [`Json`] codec — [`MessageBuilder::json`],
+//!   [`Message::json`], [`Broker::subscribe_json`] (and its durable and async forms),
+//!   [`json_handler`]; pulls in `serde_json`. The format-agnostic [`Codec`] traits and the
+//!   [`Typed`] adaptor need no feature.
+//!
+//! # Typed payloads
+//! A payload is bytes on every backend; a [`Codec`] carries your own types in it and names
+//! the format in the [`CONTENT_TYPE_HEADER`] header (R-PAT-3). A payload that does not
+//! decode is dead-lettered `Rejected` with the decoder's error — never retried, never a
+//! panic.
+//!
+//! ```
+//! # #[cfg(feature = "serde")]
+//! # {
+//! use tidings::{Broker, Driver, Message, SubscribeOptions};
+//!
+//! #[derive(serde::Serialize, serde::Deserialize)]
+//! struct Order { id: u64 }
+//!
+//! let broker = Broker::builder().driver(Driver::Manual).build()?;
+//! let billing = broker.subscribe_json::<Order, _>("orders.*", SubscribeOptions::default(),
+//!     |order, _msg| {
+//!         assert_eq!(order.id, 42);
+//!         Ok(())
+//!     })?;
+//! broker.publish(Message::to("orders.created").json(&Order { id: 42 })?)?;
+//! broker.publish(Message::to("orders.created").payload("not json"))?;
+//! broker.run_until_idle();
+//! assert_eq!(billing.stats().delivered, 1);
+//! assert_eq!(billing.dead_letters()[0].attempts, 1); // Rejected at once
+//! # }
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! # Decorators
+//! Handlers wrap: [`Deduplicating`] skips ids already processed (R-DEL-5), [`Timeout`]
+//! (feature `tokio`) cancels an async attempt that takes too long and retries it, [`Typed`]
+//! decodes the payload first; they compose in any order (R-PAT-2).
 //!
 //! # Ordering
 //! Per subscription: priority first, then publish order; each publisher's messages arrive

@@ -1,45 +1,7 @@
 //! The timeout decorator (feature `tokio`, the Decorator of R-PAT-2): an async handler's
 //! attempt that takes longer than a limit is cancelled and counts as a retryable failure.
 //!
-//! # Contract
-//! * An attempt is the inner handler's future. [`Timeout`] polls it; if it has not
-//!   completed when `limit` has passed since the attempt's first poll, the future is
-//!   **dropped** (cancelled at its current `.await`; its destructors run) and the attempt
-//!   fails with [`HandlerError::retry`]`("handler timed out after {limit:?}")`. The
-//!   subscription's retry policy then applies as to any other failure (R-DEL-1): retried
-//!   with backoff, dead-lettered `RetriesExhausted` with that text when the policy gives up.
-//!   An attempt that completes in time returns the inner handler's result unchanged.
-//! * Cancellation is cooperative, as everywhere in async Rust: a future that blocks its
-//!   thread without reaching an `.await` (a long computation, blocking I/O) cannot be
-//!   interrupted, and is cancelled at its next `.await` after the limit.
-//! * **Async handlers only.** A sync [`Handler`](crate::Handler) runs to completion on its
-//!   thread and nothing can stop it, so `Timeout` does not implement `Handler`: wrapping one
-//!   and passing it to `subscribe` does not compile, rather than promising a limit it
-//!   cannot keep. Make such a handler async (with `tokio::task::spawn_blocking` for its
-//!   blocking part, which the timeout then abandons — it runs on — rather than stops).
-//!
-//! # Time
-//! The limit is measured on **tokio's clock** (`tokio::time`), not the broker's
-//! [`Clock`](crate::Clock): a [`ManualClock`](crate::ManualClock) cannot drive a tokio
-//! timer (it moves only when told, and tokio's timer cannot be told). Tests make it
-//! deterministic with tokio's paused time (`#[tokio::test(start_paused = true)]` or
-//! `tokio::time::pause()`, tokio feature `test-util`), under which a timed-out attempt
-//! fails at exactly `limit` of tokio time. To have retry backoff on the same paused time
-//! line, give the broker a [`Clock`](crate::Clock) that reads `tokio::time::Instant::now()`
-//! (tidings' own tests do: `tests/timeout.rs`).
-//!
-//! # Limits
-//! * `Duration::MAX`, or any limit too large to be a deadline from now: never times out
-//!   (the inner future is awaited as is; no overflow, no panic — R-LIM-1).
-//! * `Duration::ZERO`: the attempt must complete at its first poll. A handler that is ready
-//!   at once (one that does not wait on anything) succeeds; any handler that has to wait
-//!   times out at once. It is accepted, not refused: it is what "no time at all" means.
-//!
-//! # Composition
-//! `Timeout` wraps any [`AsyncHandler`]: a closure, a [`Typed`](crate::Typed) async
-//! handler, a [`Deduplicating`](crate::Deduplicating) one, and is itself wrapped by
-//! `Deduplicating`: `Deduplicating::new(Timeout::new(h, limit))` records an id only after
-//! an attempt succeeded within the limit, so a timed-out attempt is retried for real.
+//! The contract is on [`Timeout`].
 
 use std::fmt;
 use std::sync::Arc;
@@ -51,9 +13,49 @@ use crate::async_handler::{AsyncHandler, HandlerFuture};
 use crate::handler::HandlerError;
 use crate::message::Message;
 
-/// Bounds each attempt of an async handler to `limit` of tokio time (R-PAT-2); see the
-/// [module docs](self) for the contract, the limits and why there is no sync version.
+/// Bounds each attempt of an async handler to `limit` of tokio time (R-PAT-2).
 ///
+/// # Contract
+/// * An attempt is the inner handler's future. [`Timeout`] polls it; if it has not
+///   completed when `limit` has passed since the attempt's first poll, the future is
+///   **dropped** (cancelled at its current `.await`; its destructors run) and the attempt
+///   fails with [`HandlerError::retry`]`("handler timed out after {limit:?}")`. The
+///   subscription's retry policy then applies as to any other failure (R-DEL-1): retried
+///   with backoff, dead-lettered `RetriesExhausted` with that text when the policy gives up.
+///   An attempt that completes in time returns the inner handler's result unchanged.
+/// * Cancellation is cooperative, as everywhere in async Rust: a future that blocks its
+///   thread without reaching an `.await` (a long computation, blocking I/O) cannot be
+///   interrupted, and is cancelled at its next `.await` after the limit.
+/// * **Async handlers only.** A sync [`Handler`](crate::Handler) runs to completion on its
+///   thread and nothing can stop it, so `Timeout` does not implement `Handler`: wrapping one
+///   and passing it to `subscribe` does not compile, rather than promising a limit it
+///   cannot keep. Make such a handler async (with `tokio::task::spawn_blocking` for its
+///   blocking part, which the timeout then abandons — it runs on — rather than stops).
+///
+/// # Time
+/// The limit is measured on **tokio's clock** (`tokio::time`), not the broker's
+/// [`Clock`](crate::Clock): a [`ManualClock`](crate::ManualClock) cannot drive a tokio
+/// timer (it moves only when told, and tokio's timer cannot be told). Tests make it
+/// deterministic with tokio's paused time (`#[tokio::test(start_paused = true)]` or
+/// `tokio::time::pause()`, tokio feature `test-util`), under which a timed-out attempt
+/// fails at exactly `limit` of tokio time. To have retry backoff on the same paused time
+/// line, give the broker a [`Clock`](crate::Clock) that reads `tokio::time::Instant::now()`
+/// (tidings' own tests do: `tests/timeout.rs`).
+///
+/// # Limits
+/// * `Duration::MAX`, or any limit too large to be a deadline from now: never times out
+///   (the inner future is awaited as is; no overflow, no panic — R-LIM-1).
+/// * `Duration::ZERO`: the attempt must complete at its first poll. A handler that is ready
+///   at once (one that does not wait on anything) succeeds; any handler that has to wait
+///   times out at once. It is accepted, not refused: it is what "no time at all" means.
+///
+/// # Composition
+/// `Timeout` wraps any [`AsyncHandler`]: a closure, a [`Typed`](crate::Typed) async
+/// handler, a [`Deduplicating`](crate::Deduplicating) one, and is itself wrapped by
+/// `Deduplicating`: `Deduplicating::new(Timeout::new(h, limit))` records an id only after
+/// an attempt succeeded within the limit, so a timed-out attempt is retried for real.
+///
+/// # Example
 /// ```
 /// use std::sync::Arc;
 /// use std::time::Duration;

@@ -8,19 +8,7 @@
 //! [`Broker::subscribe_durable`](crate::Broker::subscribe_durable) and
 //! [`Broker::subscribe_async`](crate::Broker::subscribe_async) all take it, and
 //! [`Broker::subscribe_json`](crate::Broker::subscribe_json) and its durable and async forms
-//! are those three with [`json_handler`](crate::json_handler).
-//!
-//! # Failure
-//! A payload that does not decode (including a `content-type` of another format, see
-//! [`Message::decode`]) never reaches the function: the attempt fails with
-//! [`HandlerError::reject`] carrying the [`DecodeError`](crate::DecodeError)'s text, so the
-//! message is dead-lettered `Rejected` at once — never retried, never a panic. Whatever the
-//! function returns is then the outcome, exactly as for an untyped handler (an `Err` is
-//! retried by the policy unless rejected; a panic is caught and retried).
-//!
-//! # Ordering
-//! Decoding happens on the dispatcher, just before the function, for every attempt
-//! (a retry decodes again: a decoded value is not kept between attempts).
+//! are those three with [`json_handler`](crate::json_handler). The contract is on [`Typed`].
 
 use std::fmt;
 use std::marker::PhantomData;
@@ -30,8 +18,25 @@ use crate::handler::{Handler, HandlerError, IntoHandlerResult};
 use crate::message::Message;
 
 /// A handler of decoded values: decodes each message's payload with a codec, then calls a
-/// function with the value and the message (R-PAT-3). See the [module docs](self) — a
-/// payload that does not decode is dead-lettered `Rejected` with the decoder's error.
+/// function with the value and the message (R-PAT-3).
+///
+/// One adaptor for every subscription form: a [`Handler`] when the function is sync
+/// (`Fn(T, &Message)`), an [`AsyncHandler`](crate::AsyncHandler) when it is async
+/// (`Fn(T, Arc<Message>) -> impl Future`); so `subscribe`, `subscribe_durable` and
+/// `subscribe_async` all take it, and the `subscribe_json*` methods are those three with
+/// [`json_handler`](crate::json_handler) (feature `serde`).
+///
+/// # Failure
+/// A payload that does not decode (including a `content-type` of another format, see
+/// [`Message::decode`]) never reaches the function: the attempt fails with
+/// [`HandlerError::reject`] carrying the [`DecodeError`](crate::DecodeError)'s text, so the
+/// message is dead-lettered `Rejected` at once — never retried, never a panic. Whatever the
+/// function returns is then the outcome, exactly as for an untyped handler (an `Err` is
+/// retried by the policy unless rejected; a panic is caught and retried).
+///
+/// # Ordering
+/// Decoding happens on the dispatcher, just before the function, for every attempt
+/// (a retry decodes again: a decoded value is not kept between attempts).
 ///
 /// Composes with the other decorators:
 /// [`Deduplicating::new(Typed::new(..))`](crate::Deduplicating) skips redelivered ids before
