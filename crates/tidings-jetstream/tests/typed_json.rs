@@ -31,6 +31,9 @@ struct Order {
     item: String,
 }
 
+/// What the handler got: the order and the message's content type.
+type Delivered = (Order, Option<String>);
+
 fn broker_on(server: &NatsServer) -> Broker {
     let backend = JetStreamBackend::builder(ConnectOptions::new(server.url()))
         .connect()
@@ -68,7 +71,7 @@ fn typed_json_on_jetstream() {
         )
         .expect("publish");
 
-    let got: Arc<Mutex<Vec<(Order, Option<String>)>>> = Arc::default();
+    let got: Arc<Mutex<Vec<Delivered>>> = Arc::default();
     let g = got.clone();
     let sub = broker
         .subscribe_durable_json::<Order, _>(
@@ -109,7 +112,7 @@ fn typed_json_on_jetstream() {
         dead[0].message.header(CONTENT_TYPE_HEADER),
         Some(JSON_CONTENT_TYPE)
     );
-    assert!(sub.stats().attempts == 2, "{:?}", sub.stats());
+    assert_eq!(sub.stats().attempts, 2, "{:?}", sub.stats());
     drop(sub);
     let report = broker.close(Duration::from_secs(10));
     assert!(report.unjoined.is_empty(), "{report:?}"); // R-CORE-6

@@ -588,3 +588,18 @@ async fn async_json_on_the_tokio_driver() {
     );
     assert!(broker.close_async(Duration::from_secs(5)).await.is_clean());
 }
+
+// R-PAT-3: the new public types can cross threads (errors into `Box<dyn Error + Send +
+// Sync>`, handlers into any driver).
+#[test]
+fn public_types_are_send_and_sync() {
+    fn send_sync<T: Send + Sync + 'static>() {}
+    send_sync::<tidings::DecodeError>();
+    send_sync::<tidings::EncodeError>();
+    send_sync::<Json>();
+    send_sync::<Typed<Json, Order, fn(Order, &Message)>>();
+    // `Typed` is Send + Sync whatever `T` is: it never holds one.
+    send_sync::<Typed<Json, std::rc::Rc<u8>, fn(std::rc::Rc<u8>, &Message)>>();
+    #[cfg(feature = "tokio")]
+    send_sync::<tidings::Timeout<fn(Arc<Message>) -> tidings::HandlerFuture<'static>>>();
+}
