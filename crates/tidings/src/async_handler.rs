@@ -67,3 +67,11 @@ where
         Box::pin(self(message))
     }
 }
+
+/// A shared async handler: keep an `Arc` to read a decorator's counters
+/// ([`Timeout::timed_out`](crate::Timeout::timed_out), say) while it is subscribed.
+impl<H: AsyncHandler> AsyncHandler for Arc<H> {
+    fn handle<'a>(&'a self, message: Arc<Message>) -> HandlerFuture<'a> {
+        (**self).handle(message)
+    }
+}

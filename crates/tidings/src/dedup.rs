@@ -79,14 +79,14 @@ pub struct Deduplicating<H, S: ?Sized = InMemoryDedupStore> {
     skipped: AtomicU64,
 }
 
-impl<H: Handler> Deduplicating<H, InMemoryDedupStore> {
+impl<H> Deduplicating<H, InMemoryDedupStore> {
     /// Wrap `inner` with an in-memory store of the last 100,000 ids.
     pub fn new(inner: H) -> Self {
         Self::with_store(inner, Arc::new(InMemoryDedupStore::new(100_000)))
     }
 }
 
-impl<H: Handler, S: DedupStore + ?Sized> Deduplicating<H, S> {
+impl<H, S: DedupStore + ?Sized> Deduplicating<H, S> {
     /// Wrap `inner` with a given store (shareable between handlers).
     pub fn with_store(inner: H, store: Arc<S>) -> Self {
         Self {
@@ -114,6 +114,26 @@ impl<H: Handler, S: DedupStore + ?Sized> Handler for Deduplicating<H, S> {
         self.inner.handle(message)?;
         self.store.record(message.id());
         Ok(())
+    }
+}
+
+/// An async handler deduplicates the same way (feature `tokio`): the id is checked before
+/// the inner future is created and recorded only after it completed with `Ok` — so with
+/// [`Timeout`](crate::Timeout) inside, an attempt that timed out is not recorded.
+#[cfg(feature = "tokio")]
+impl<H: crate::AsyncHandler, S: DedupStore + ?Sized> crate::AsyncHandler for Deduplicating<H, S> {
+    fn handle<'a>(&'a self, message: Arc<Message>) -> crate::HandlerFuture<'a> {
+        if self.store.contains(message.id()) {
+            self.skipped.fetch_add(1, Ordering::Relaxed);
+            return Box::pin(std::future::ready(Ok(())));
+        }
+        let id = message.id();
+        let attempt = self.inner.handle(message);
+        Box::pin(async move {
+            attempt.await?;
+            self.store.record(id);
+            Ok(())
+        })
     }
 }
 

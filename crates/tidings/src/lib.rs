@@ -35,6 +35,44 @@
 //!   pulls in `tokio` (rt, sync, time).
 //! - `metrics`: [`Broker::export_metrics`] through the `metrics` facade; pulls in `metrics`.
 //! - `otel`: a W3C `traceparent` header carried from publisher to handler; no dependency.
+//! - `serde`: typed payloads with the [`Json`] codec — [`MessageBuilder::json`],
+//!   [`Message::json`], [`Broker::subscribe_json`] (and its durable and async forms),
+//!   [`json_handler`]; pulls in `serde_json`. The format-agnostic [`Codec`] traits and the
+//!   [`Typed`] adaptor need no feature.
+//!
+//! # Typed payloads
+//! A payload is bytes on every backend; a [`Codec`] carries your own types in it and names
+//! the format in the [`CONTENT_TYPE_HEADER`] header (R-PAT-3). A payload that does not
+//! decode is dead-lettered `Rejected` with the decoder's error — never retried, never a
+//! panic.
+//!
+//! ```
+//! # #[cfg(feature = "serde")]
+//! # {
+//! use tidings::{Broker, Driver, Message, SubscribeOptions};
+//!
+//! #[derive(serde::Serialize, serde::Deserialize)]
+//! struct Order { id: u64 }
+//!
+//! let broker = Broker::builder().driver(Driver::Manual).build()?;
+//! let billing = broker.subscribe_json::<Order, _>("orders.*", SubscribeOptions::default(),
+//!     |order, _msg| {
+//!         assert_eq!(order.id, 42);
+//!         Ok(())
+//!     })?;
+//! broker.publish(Message::to("orders.created").json(&Order { id: 42 })?)?;
+//! broker.publish(Message::to("orders.created").payload("not json"))?;
+//! broker.run_until_idle();
+//! assert_eq!(billing.stats().delivered, 1);
+//! assert_eq!(billing.dead_letters()[0].attempts, 1); // Rejected at once
+//! # }
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! # Decorators
+//! Handlers wrap: [`Deduplicating`] skips ids already processed (R-DEL-5), [`Timeout`]
+//! (feature `tokio`) cancels an async attempt that takes too long and retries it, [`Typed`]
+//! decodes the payload first; they compose in any order (R-PAT-2).
 //!
 //! # Ordering
 //! Per subscription: priority first, then publish order; each publisher's messages arrive
@@ -121,6 +159,7 @@
 mod async_handler;
 mod broker;
 mod clock;
+mod codec;
 mod dedup;
 mod dlq;
 mod driver;
@@ -129,6 +168,8 @@ pub mod embedded;
 mod error;
 mod filter;
 mod handler;
+#[cfg(feature = "serde")]
+mod json;
 mod limits;
 mod message;
 mod message_pool;
@@ -144,13 +185,19 @@ mod stats;
 mod subscription;
 mod sync;
 mod telemetry;
+#[cfg(feature = "tokio")]
+mod timeout;
 mod topic;
 pub mod transport;
+mod typed;
 
 #[cfg(feature = "tokio")]
 pub use async_handler::{AsyncHandler, HandlerFuture};
 pub use broker::{Broker, BrokerBuilder, WeakBroker};
 pub use clock::{Clock, ClockWaiter, ManualClock, SystemClock};
+pub use codec::{
+    CONTENT_TYPE_HEADER, Codec, Decode, DecodeError, DecodeErrorKind, Encode, EncodeError,
+};
 pub use dedup::{DedupStore, Deduplicating, InMemoryDedupStore};
 pub use dlq::{DeadLetter, DeadLetterReason};
 pub use driver::Driver;
@@ -165,6 +212,8 @@ pub use durable::subscription::DurableSubscription;
 pub use error::{ConfigError, PublishError, SubscribeError, TransportError};
 pub use filter::{FilterError, HeaderFilter, HeaderLookup, MAX_FILTER_DEPTH, MAX_FILTER_TERMS};
 pub use handler::{FnHandler, Handler, HandlerError, IntoHandlerResult, handler_fn};
+#[cfg(feature = "serde")]
+pub use json::{JSON_CONTENT_TYPE, Json};
 pub use limits::Limits;
 pub use message::{Headers, Message, MessageBuilder, MessageId, MessageParts, Priority};
 pub use options::{
@@ -179,10 +228,15 @@ pub use subscription::handle::RedriveReport;
 pub use subscription::shell::DLQ_REASON_HEADER;
 pub use subscription::{Refusal, Subscription, SubscriptionId};
 pub use tidings_log::{Fsync, LogConfig, RecoveryReport, Retention, RetentionReport};
+#[cfg(feature = "tokio")]
+pub use timeout::Timeout;
 pub use topic::{
     HASH, MAX_TOPIC_LEN, MAX_WORD_LEN, MAX_WORDS, Pattern, SEPARATOR, STAR, Topic, TopicError,
     TopicTrie, Words, is_word_char,
 };
+pub use typed::Typed;
+#[cfg(feature = "serde")]
+pub use typed::json_handler;
 
 /// This library's version, as published (`tidings --version` prints the same).
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -212,6 +212,12 @@ impl Headers {
     pub fn insert(&mut self, name: impl Into<String>, value: impl Into<String>) {
         self.0.push((name.into(), value.into()));
     }
+    /// Set `name` to `value`: every earlier value of `name` is removed (a codec's
+    /// content type, src/codec.rs).
+    pub(crate) fn set(&mut self, name: &str, value: String) {
+        self.0.retain(|(k, _)| k != name);
+        self.0.push((name.to_owned(), value));
+    }
     /// Number of headers.
     #[must_use]
     pub fn len(&self) -> usize {

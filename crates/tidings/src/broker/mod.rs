@@ -70,6 +70,8 @@ mod durable;
 mod idle;
 mod publish;
 mod transport;
+#[cfg(feature = "serde")]
+mod typed;
 
 use by_id::ById;
 use publish::refuse_reserved_headers;
