@@ -22,8 +22,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
 use tidings::{
-    Broker, DurableSubscription, Fsync, HandlerError, Message, StartAt, StreamConfig,
-    SubscribeOptions,
+    Broker, DurableSubscription, HandlerError, Message, StartAt, StreamConfig, SubscribeOptions,
 };
 use tidings_jetstream::{ConnectOptions, JetStreamBackend};
 
@@ -141,10 +140,10 @@ impl Place {
             }
         }
         let broker = builder.build()?;
-        let stream = broker.create_stream(
-            StreamConfig::new(self.stream(), [format!("{}.#", self.topic_root())])
-                .fsync(Fsync::Always),
-        )?;
+        let stream = broker.create_stream(StreamConfig::new(
+            self.stream(),
+            [format!("{}.#", self.topic_root())],
+        ))?;
         Ok(Opened {
             broker,
             stream,
@@ -239,7 +238,10 @@ pub(crate) fn scenario(place: &Place) -> DemoResult<Vec<(String, bool)>> {
     } = place.open()?;
     match place {
         Place::DataDir(_) => {
-            let recovery = stream.recovery();
+            let recovery = broker
+                .embedded_backend()
+                .and_then(|b| b.recovery(stream.name()))
+                .unwrap_or_default();
             outln!(
                 "  run 2: reopened the stream: {} segment(s), offsets {}..{}, torn tail cut: {}",
                 recovery.segments,

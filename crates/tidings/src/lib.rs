@@ -74,10 +74,13 @@ pub use dedup::{DedupStore, Deduplicating, InMemoryDedupStore};
 pub use dlq::{DeadLetter, DeadLetterReason};
 pub use driver::Driver;
 pub use durable::{
-    CommitFailed, DEFAULT_COMMIT_EVERY, DEFAULT_RETENTION_INTERVAL, DurableDeadLetter,
-    DurableSubscription, StartAt, Stream, StreamConfig, StreamError,
+    CommitFailed, DurableDeadLetter, DurableSubscription, StartAt, Stream, StreamConfig,
+    StreamError, StreamErrorKind,
 };
-pub use embedded::{DurableDedupStore, offline};
+pub use embedded::{
+    DEFAULT_COMMIT_EVERY, DEFAULT_RETENTION_INTERVAL, DurableDedupStore, EmbeddedStreamOptions,
+    offline,
+};
 pub use error::{ConfigError, PublishError, SubscribeError, TransportError};
 pub use filter::{HeaderFilter, HeaderLookup};
 pub use handler::{FnHandler, Handler, HandlerError, IntoHandlerResult, handler_fn};

@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tidings::{
-    Broker, Deduplicating, Driver, Fsync, HandlerError, ManualClock, Message, StartAt,
-    StreamConfig, StreamError, SubscribeOptions,
+    Broker, Deduplicating, Driver, HandlerError, ManualClock, Message, StartAt, StreamConfig,
+    StreamError, SubscribeOptions,
 };
 
 fn broker(dir: &Path, clock: &ManualClock) -> Broker {
@@ -20,7 +20,7 @@ fn broker(dir: &Path, clock: &ManualClock) -> Broker {
         .driver(Driver::Manual)
         .build()
         .unwrap();
-    b.create_stream(StreamConfig::new("orders", ["orders.#"]).fsync(Fsync::Always))
+    b.create_stream(StreamConfig::new("orders", ["orders.#"]))
         .unwrap();
     b
 }

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use tidings::{
-    Broker, Driver, DurableSubscription, Fsync, HandlerError, ManualClock, Message, StartAt,
-    StreamConfig, StreamError, SubscribeOptions,
+    Broker, Driver, DurableSubscription, HandlerError, ManualClock, Message, StartAt, StreamConfig,
+    StreamError, SubscribeOptions,
 };
 
 fn broker(dir: &Path, clock: &ManualClock) -> Broker {
@@ -21,7 +21,7 @@ fn broker(dir: &Path, clock: &ManualClock) -> Broker {
         .driver(Driver::Manual)
         .build()
         .unwrap();
-    b.create_stream(StreamConfig::new("orders", ["orders.#"]).fsync(Fsync::Always))
+    b.create_stream(StreamConfig::new("orders", ["orders.#"]))
         .unwrap();
     b
 }

@@ -9,28 +9,26 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
+use tidings::embedded::{EmbeddedBackend, EmbeddedStreamOptions};
 use tidings::{
-    Broker, Driver, DurableSubscription, Fsync, HandlerError, ManualClock, Message, StartAt,
-    StreamConfig, StreamError, SubscribeOptions,
+    Broker, Driver, DurableSubscription, HandlerError, ManualClock, Message, StartAt, StreamConfig,
+    StreamError, SubscribeOptions,
 };
 use tidings_log::testing::{CrashMode, SimOp, SimStorage};
 
 const DATA: &str = "/data";
 
 fn broker(sim: &SimStorage, clock: &ManualClock) -> Broker {
+    let backend = EmbeddedBackend::with_storage(DATA, Arc::new(sim.clone()))
+        .stream_defaults(EmbeddedStreamOptions::new().commit_every(1));
     let b = Broker::builder()
-        .storage(Arc::new(sim.clone()))
-        .data_dir(DATA)
+        .durable_backend(Arc::new(backend))
         .clock(clock.clone())
         .driver(Driver::Manual)
         .build()
         .unwrap();
-    b.create_stream(
-        StreamConfig::new("orders", ["orders.#"])
-            .fsync(Fsync::Always)
-            .commit_every(1),
-    )
-    .unwrap();
+    b.create_stream(StreamConfig::new("orders", ["orders.#"]))
+        .unwrap();
     b
 }
 

@@ -26,7 +26,13 @@
 //!
 //! # Capabilities
 //! An option a backend cannot honour ([`Capabilities`]) is refused when it is asked for,
-//! with [`StreamError::Unsupported`] naming the option and the backend.
+//! with [`StreamError::Unsupported`] naming the option and the backend. The neutral
+//! [`StreamConfig`] holds only what every backend honours or refuses; a backend's own
+//! settings live with it.
+//!
+//! # Errors
+//! Every [`StreamError`] has a [`StreamErrorKind`], the same on every backend, and keeps
+//! the backend's own error as its source.
 //!
 //! # Durable DLQ (R-DEL-4)
 //! Each durable subscription has a durable dead-letter store kept by its cursor; it can be
@@ -34,8 +40,10 @@
 //! the stream before the entries leave the DLQ (loss-safe).
 //!
 //! # Retention
-//! Applied by the backend (the embedded log: after every segment roll) and on a timer by
-//! the broker's retention service, so idle streams shed old segments too.
+//! Applied by the backend (the embedded log: after every segment roll; JetStream: by the
+//! server) and, for a backend that asks for it
+//! ([`BackendStream::retention_interval`]), on a timer by the broker's retention service,
+//! so idle streams shed old segments too.
 
 mod config;
 mod error;
@@ -46,12 +54,12 @@ pub mod source;
 mod stream;
 mod subscription;
 
-pub use config::{DEFAULT_COMMIT_EVERY, DEFAULT_RETENTION_INTERVAL, StartAt, StreamConfig};
-pub use error::{CommitFailed, StreamError};
+pub use config::{StartAt, StreamConfig};
+pub use error::{CommitFailed, StreamError, StreamErrorKind};
 pub(crate) use registry::{Durables, check_name};
 pub use source::{
     BackendCursor, BackendStream, Capabilities, CursorSpec, CursorState, CursorWaker,
-    DurableBackend, DurableDeadLetter, Finished, Outcome,
+    DurableBackend, DurableDeadLetter, Finished, Outcome, StorageInfo,
 };
 pub use stream::Stream;
 pub use subscription::DurableSubscription;

@@ -2,7 +2,6 @@
 
 use std::fmt;
 use std::ops::Deref;
-use std::path::Path;
 use std::sync::{Arc, Weak};
 
 use crate::subscription::Subscription;
@@ -103,12 +102,6 @@ impl DurableSubscription {
     #[must_use]
     pub fn error(&self) -> Option<String> {
         self.state().error
-    }
-    /// The committed-position file (`<data_dir>/consumers/<stream>/<name>.offset` for the
-    /// embedded log); `None` for a backend that keeps the position elsewhere.
-    #[must_use]
-    pub fn offset_file(&self) -> Option<&Path> {
-        self.feeder.cursor.offset_file()
     }
     /// Write the current position now (instead of waiting for the batch); returns it.
     ///
