@@ -412,7 +412,11 @@ mod tests {
                 if version == "2.9.10" && *required == MIN_SERVER_VERSION),
             "{err:?}"
         );
-        assert!(err.to_string().contains("filter_subjects"), "{err}");
+        assert!(
+            matches!(&err, ConnectError::ServerTooOld { feature, .. } if feature.starts_with("filter_subjects")),
+            "{err:?}"
+        );
+        assert_eq!(err.kind(), tidings::StreamErrorKind::Unsupported);
         // R-DIST-4: an unparseable version is refused, not trusted.
         assert!(check_server_version("garbage").is_err());
         assert!(check_server_version("2.10.0").is_ok());

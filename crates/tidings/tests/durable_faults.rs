@@ -85,7 +85,7 @@ fn a_failed_commit_fsync_poisons_reports_and_loses_nothing_after_reopening() {
     let p = d.poisoned().expect("the failed fsync poisons the cursor");
     assert_eq!(p.position, 11);
     assert!(p.path.ends_with("bill.offset"), "{}", p.path.display());
-    assert!(d.error().unwrap().contains("poisoned"));
+    assert!(d.error().is_some()); // the halt shows; its cause is the typed `poisoned()`
     assert_eq!(d.committed(), 10);
     assert_eq!(offset_file(&sim), "tidings-offset 1 10\n");
     // Not retried: with the fault gone, nothing more is read or committed.

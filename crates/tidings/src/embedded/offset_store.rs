@@ -178,8 +178,12 @@ mod tests {
         assert_eq!(s.load().unwrap(), Some(7));
         // R-LIM-2: a foreign file is a typed error naming the path.
         std::fs::write(s.path(), "hello").unwrap();
-        let e = s.load().unwrap_err().to_string();
-        assert!(e.contains("billing.offset"), "{e}");
+        let e = s.load().unwrap_err();
+        assert!(
+            matches!(&e, StreamError::BadOffsetFile { path, .. } if path == s.path()),
+            "{e:?}"
+        );
+        assert_eq!(e.kind(), crate::StreamErrorKind::Corrupt);
     }
 
     #[test]
