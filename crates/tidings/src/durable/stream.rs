@@ -52,7 +52,6 @@ impl Stream {
         &self.inner.patterns
     }
     /// Its configuration.
-    #[must_use]
     pub fn config(&self) -> &StreamConfig {
         &self.inner.config
     }

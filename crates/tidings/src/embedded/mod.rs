@@ -138,7 +138,6 @@ impl EmbeddedBackend {
     }
 
     /// The options the stream `stream` is (or would be) opened with.
-    #[must_use]
     pub fn options_for(&self, stream: &str) -> &EmbeddedStreamOptions {
         self.per_stream.get(stream).unwrap_or(&self.defaults)
     }

@@ -294,16 +294,16 @@ impl BackendStream for EmbeddedStream {
 
     fn storage_info(&self) -> StorageInfo {
         let (segments, bytes) = segment_files(&*self.storage, &self.dir);
-        let mut info = StorageInfo::default();
-        info.bytes = bytes;
-        info.segments = segments;
-        info.location = self.dir.display().to_string();
-        info.durability = match self.options.log.fsync {
-            Fsync::Always => "always".to_owned(),
-            Fsync::Interval(i) => format!("interval({i:?})"),
-            Fsync::Never => "never".to_owned(),
-        };
-        info
+        StorageInfo {
+            bytes,
+            segments,
+            location: self.dir.display().to_string(),
+            durability: match self.options.log.fsync {
+                Fsync::Always => "always".to_owned(),
+                Fsync::Interval(i) => format!("interval({i:?})"),
+                Fsync::Never => "never".to_owned(),
+            },
+        }
     }
 
     fn close(&self) -> Result<(), StreamError> {
