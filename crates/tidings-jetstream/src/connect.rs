@@ -300,12 +300,15 @@ impl ConnectOptions {
             .timeout(self.request_timeout)
             .ack_timeout(self.request_timeout)
             .build(client.clone());
-        context
-            .query_account()
-            .await
-            .map_err(|e| ConnectError::JetStreamUnavailable {
+        context.query_account().await.map_err(|e| match e.kind() {
+            jetstream::context::AccountErrorKind::TimedOut => ConnectError::TimedOut {
+                url: url.clone(),
+                after: self.request_timeout,
+            },
+            _ => ConnectError::JetStreamUnavailable {
                 detail: e.to_string(),
-            })?;
+            },
+        })?;
         Ok(JetStream {
             client,
             context,
