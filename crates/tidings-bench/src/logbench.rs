@@ -506,7 +506,7 @@ mod durable {
     use std::time::{Duration, Instant};
 
     use tidings::{
-        Broker, DurableSpec, DurableSubscription, Fsync, HandlerError, Message, StreamConfig,
+        Broker, DurableSpec, DurableSubscription, HandlerError, Message, StreamConfig,
         SubscribeOptions,
     };
 
@@ -531,7 +531,7 @@ mod durable {
                 .build()
                 .map_err(|e| e.to_string())?;
             broker
-                .create_stream(StreamConfig::new("bench", ["bench.durable.#"]).fsync(Fsync::Always))
+                .create_stream(StreamConfig::new("bench", ["bench.durable.#"]))
                 .map_err(|e| format!("create_stream: {e}"))?;
             let tally = Arc::new(Tally::new());
             let t = tally.clone();

@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
 use tidings::{
-    Broker, DurableSpec, DurableSubscription, Fsync, HandlerError, Message, StartAt, StreamConfig,
+    Broker, DurableSpec, DurableSubscription, HandlerError, Message, StartAt, StreamConfig,
     SubscribeOptions,
 };
 use tidings_jetstream::{ConnectOptions, JetStreamBackend};
@@ -146,12 +146,13 @@ impl Place {
         Ok((builder.build()?, backend))
     }
 
-    /// Open (or reopen) the demo's stream on `broker`.
+    /// Open (or reopen) the demo's stream on `broker` (the embedded log syncs every append
+    /// by default: `Fsync::Always`).
     fn open_stream(&self, broker: &Broker) -> DemoResult<tidings::Stream> {
-        Ok(broker.create_stream(
-            StreamConfig::new(self.stream(), [format!("{}.#", self.topic_root())])
-                .fsync(Fsync::Always),
-        )?)
+        Ok(broker.create_stream(StreamConfig::new(
+            self.stream(),
+            [format!("{}.#", self.topic_root())],
+        ))?)
     }
 
     fn subscribe(
@@ -269,7 +270,10 @@ pub(crate) fn scenario(
     let stream = place.open_stream(broker)?;
     match place {
         Place::DataDir(_) => {
-            let recovery = stream.recovery();
+            let recovery = broker
+                .embedded_backend()
+                .and_then(|b| b.recovery(stream.name()))
+                .unwrap_or_default();
             outln!(
                 "  run 2: reopened the stream: {} segment(s), offsets {}..{}, torn tail cut: {}",
                 recovery.segments,

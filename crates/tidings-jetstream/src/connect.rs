@@ -300,12 +300,15 @@ impl ConnectOptions {
             .timeout(self.request_timeout)
             .ack_timeout(self.request_timeout)
             .build(client.clone());
-        context
-            .query_account()
-            .await
-            .map_err(|e| ConnectError::JetStreamUnavailable {
+        context.query_account().await.map_err(|e| match e.kind() {
+            jetstream::context::AccountErrorKind::TimedOut => ConnectError::TimedOut {
+                url: url.clone(),
+                after: self.request_timeout,
+            },
+            _ => ConnectError::JetStreamUnavailable {
                 detail: e.to_string(),
-            })?;
+            },
+        })?;
         Ok(JetStream {
             client,
             context,
@@ -436,7 +439,11 @@ mod tests {
                 if version == "2.9.10" && *required == MIN_SERVER_VERSION),
             "{err:?}"
         );
-        assert!(err.to_string().contains("filter_subjects"), "{err}");
+        assert!(
+            matches!(&err, ConnectError::ServerTooOld { feature, .. } if feature.starts_with("filter_subjects")),
+            "{err:?}"
+        );
+        assert_eq!(err.kind(), tidings::StreamErrorKind::Unsupported);
         // R-DIST-4: an unparseable version is refused, not trusted.
         assert!(check_server_version("garbage").is_err());
         assert!(check_server_version("2.10.0").is_ok());

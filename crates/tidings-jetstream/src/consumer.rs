@@ -30,8 +30,9 @@ use std::time::{Duration, SystemTime};
 use async_nats::jetstream::consumer::{self, AckPolicy, DeliverPolicy, pull};
 use async_nats::jetstream::{AckKind, ErrorCode};
 use futures_util::StreamExt;
-use tidings::{Headers, MessageId, Pattern, StartAt, Topic};
+use tidings::{Headers, MessageId, Pattern, StartAt, StreamErrorKind, Topic};
 
+use crate::classify::Classify;
 use crate::connect::JetStream;
 use crate::error::{AckError, ConsumerError, FetchError, InfoError};
 use crate::stream::check_name;
@@ -363,17 +364,23 @@ fn map_consumer_error(
 ) -> ConsumerError {
     use async_nats::jetstream::stream::ConsumerErrorKind as K;
     match e.kind() {
-        K::TimedOut => ConsumerError::TimedOut {
-            after: js.request_timeout,
-        },
         K::JetStream(err) if err.error_code() == ErrorCode::STREAM_NOT_FOUND => {
             ConsumerError::StreamNotFound {
                 stream: spec.stream.clone(),
             }
         }
-        _ => ConsumerError::Refused {
-            durable: spec.durable.clone(),
-            detail: e.to_string(),
+        _ => match e.class() {
+            (StreamErrorKind::TimedOut, _) => ConsumerError::TimedOut {
+                after: js.request_timeout,
+            },
+            (StreamErrorKind::Unavailable, _) => ConsumerError::Unavailable {
+                detail: e.to_string(),
+            },
+            (_, code) => ConsumerError::Refused {
+                durable: spec.durable.clone(),
+                detail: e.to_string(),
+                code,
+            },
         },
     }
 }
@@ -637,20 +644,32 @@ impl Durable {
         Ok(())
     }
 
+    /// A failed info request as an [`InfoError`], by its kind.
+    fn info_error(&self, e: &async_nats::jetstream::context::ConsumerInfoError) -> InfoError {
+        use async_nats::jetstream::context::ConsumerInfoErrorKind as K;
+        if e.kind() == K::NotFound {
+            return InfoError::ConsumerGone {
+                durable: self.spec.durable.clone(),
+            };
+        }
+        match e.class().0 {
+            StreamErrorKind::TimedOut => InfoError::TimedOut {
+                after: self.js.request_timeout,
+            },
+            _ => InfoError::Unavailable {
+                detail: e.to_string(),
+            },
+        }
+    }
+
     /// The consumer's info as the server reports it now (positions, ack floor, backlog).
     pub(crate) async fn info(&self) -> Result<consumer::Info, InfoError> {
         let mut consumer = self.consumer.clone();
-        consumer.info().await.cloned().map_err(|e| {
-            use async_nats::jetstream::context::ConsumerInfoErrorKind as K;
-            match e.kind() {
-                K::NotFound => InfoError::ConsumerGone {
-                    durable: self.spec.durable.clone(),
-                },
-                _ => InfoError::Unavailable {
-                    detail: e.to_string(),
-                },
-            }
-        })
+        consumer
+            .info()
+            .await
+            .cloned()
+            .map_err(|e| self.info_error(&e))
     }
 
     /// The consumer's backlog, as the server reports it now.
@@ -660,17 +679,7 @@ impl Durable {
     /// [`InfoError`].
     pub async fn lag(&self) -> Result<Lag, InfoError> {
         let mut consumer = self.consumer.clone();
-        let info = consumer.info().await.map_err(|e| {
-            use async_nats::jetstream::context::ConsumerInfoErrorKind as K;
-            match e.kind() {
-                K::NotFound => InfoError::ConsumerGone {
-                    durable: self.spec.durable.clone(),
-                },
-                _ => InfoError::Unavailable {
-                    detail: e.to_string(),
-                },
-            }
-        })?;
+        let info = consumer.info().await.map_err(|e| self.info_error(&e))?;
         Ok(Lag {
             pending: info.num_pending,
             ack_pending: info.num_ack_pending as u64,
@@ -916,7 +925,7 @@ mod tests {
             ),
             "{err:?}"
         );
-        assert!(err.to_string().contains("filter_subjects"), "{err}");
+        assert_eq!(err.kind(), tidings::StreamErrorKind::Unsupported);
     }
 
     #[test]

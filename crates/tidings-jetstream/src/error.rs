@@ -1,10 +1,117 @@
-//! One small error enum per operation; no `async-nats` type appears in them (details of the
-//! underlying failure travel as text).
+//! One small error enum per operation; no `async-nats` type appears in them.
+//!
+//! # Kinds
+//! Every error here has a [`kind`](ConnectError::kind): the backend-neutral
+//! [`StreamErrorKind`] tidings uses on every backend, decided from `async-nats`'s typed
+//! error kinds (and, where the server answered with one, its JetStream API error code,
+//! kept as `code`), never from text. At tidings' durable seam a failure of this crate is a
+//! [`tidings::StreamError::Backend`] with that kind whose source is a [`JetStreamError`]:
+//! what the backend was doing, the API error code, and the underlying error (an
+//! `async-nats` error, boxed) as its own source.
 
+use std::fmt;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
+use tidings::StreamErrorKind;
+
 use crate::connect::ServerVersion;
+
+/// The JetStream backend's error at tidings' durable seam: the source of a
+/// [`tidings::StreamError::Backend`] raised by [`JetStreamBackend`](crate::JetStreamBackend).
+///
+/// ```
+/// # use tidings::{StreamError, StreamErrorKind};
+/// # use tidings_jetstream::JetStreamError;
+/// fn server_code(e: &StreamError) -> Option<u64> {
+///     match e {
+///         StreamError::Backend { source, .. } => {
+///             source.downcast_ref::<JetStreamError>()?.api_code()
+///         }
+///         _ => None,
+///     }
+/// }
+/// # let _ = server_code;
+/// ```
+#[derive(Debug, Clone)]
+pub struct JetStreamError {
+    kind: StreamErrorKind,
+    context: String,
+    code: Option<u64>,
+    source: Option<Arc<dyn std::error::Error + Send + Sync + 'static>>,
+}
+
+impl JetStreamError {
+    /// An error of `kind` while doing `context`, without a cause.
+    pub(crate) fn new(kind: StreamErrorKind, context: impl fmt::Display) -> Self {
+        Self {
+            kind,
+            context: context.to_string(),
+            code: None,
+            source: None,
+        }
+    }
+
+    /// This error, caused by `source`.
+    pub(crate) fn caused_by(
+        mut self,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        self.source = Some(Arc::new(source));
+        self
+    }
+
+    /// This error, with the server's JetStream API error code.
+    pub(crate) fn code(mut self, code: Option<u64>) -> Self {
+        self.code = code;
+        self
+    }
+
+    /// What kind of failure it is.
+    #[must_use]
+    pub fn kind(&self) -> StreamErrorKind {
+        self.kind
+    }
+
+    /// The JetStream API error code the server answered with (`err_code`, e.g. 10058 for
+    /// "stream name already in use with a different configuration"), if it answered with
+    /// one.
+    #[must_use]
+    pub fn api_code(&self) -> Option<u64> {
+        self.code
+    }
+
+    /// What the backend was doing.
+    #[must_use]
+    pub fn context(&self) -> &str {
+        &self.context
+    }
+}
+
+impl fmt::Display for JetStreamError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.context)?;
+        if let Some(s) = &self.source {
+            write!(f, ": {s}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for JetStreamError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|s| s as &(dyn std::error::Error + 'static))
+    }
+}
+
+impl From<JetStreamError> for tidings::StreamError {
+    fn from(e: JetStreamError) -> Self {
+        tidings::StreamError::backend(crate::BACKEND_NAME, e.kind, e)
+    }
+}
 
 /// Why [`ConnectOptions::connect`](crate::ConnectOptions::connect) failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -78,6 +185,27 @@ pub enum ConnectError {
     },
 }
 
+impl ConnectError {
+    /// What kind of failure it is (R-SEC-1: authentication, TLS and an unreachable server
+    /// are told apart).
+    #[must_use]
+    pub fn kind(&self) -> StreamErrorKind {
+        match self {
+            ConnectError::InvalidUrl { .. } | ConnectError::Credentials { .. } => {
+                StreamErrorKind::InvalidInput
+            }
+            ConnectError::Unreachable { .. } | ConnectError::JetStreamUnavailable { .. } => {
+                StreamErrorKind::Unavailable
+            }
+            ConnectError::TimedOut { .. } => StreamErrorKind::TimedOut,
+            ConnectError::AuthenticationFailed { .. } => StreamErrorKind::Auth,
+            ConnectError::Tls { .. } => StreamErrorKind::Tls,
+            ConnectError::ServerTooOld { .. } => StreamErrorKind::Unsupported,
+            ConnectError::Runtime { .. } => StreamErrorKind::Other,
+        }
+    }
+}
+
 /// Why [`JetStream::ensure_stream`](crate::JetStream::ensure_stream) failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -115,6 +243,14 @@ pub enum StreamError {
         name: String,
         /// The server's message.
         detail: String,
+        /// The JetStream API error code, when the server answered with one.
+        code: Option<u64>,
+    },
+    /// The request could not be made: not connected, or no JetStream answering.
+    #[error("JetStream is unavailable: {detail}")]
+    Unavailable {
+        /// The underlying failure.
+        detail: String,
     },
     /// The server answered with a configuration lacking a field that was set (R-DIST-4).
     #[error("the server dropped the stream setting {field} (server too old?)")]
@@ -128,6 +264,31 @@ pub enum StreamError {
         /// The request timeout.
         after: Duration,
     },
+}
+
+impl StreamError {
+    /// What kind of failure it is.
+    #[must_use]
+    pub fn kind(&self) -> StreamErrorKind {
+        match self {
+            StreamError::InvalidName { .. }
+            | StreamError::NoPatterns { .. }
+            | StreamError::CapturesEverything { .. } => StreamErrorKind::InvalidInput,
+            StreamError::Refused { .. } => StreamErrorKind::Refused,
+            StreamError::Unavailable { .. } => StreamErrorKind::Unavailable,
+            StreamError::ConfigDropped { .. } => StreamErrorKind::Unsupported,
+            StreamError::TimedOut { .. } => StreamErrorKind::TimedOut,
+        }
+    }
+
+    /// The JetStream API error code of a refusal.
+    #[must_use]
+    pub fn api_code(&self) -> Option<u64> {
+        match self {
+            StreamError::Refused { code, .. } => *code,
+            _ => None,
+        }
+    }
 }
 
 /// Why [`JetStream::append`](crate::JetStream::append) failed. The record may or may not be
@@ -169,7 +330,40 @@ pub enum AppendError {
     Refused {
         /// The server's message.
         detail: String,
+        /// The JetStream API error code, when the server answered with one.
+        code: Option<u64>,
     },
+    /// The connection broke while sending; nothing is known to be stored.
+    #[error("the connection to JetStream broke: {detail}")]
+    Unavailable {
+        /// The underlying failure.
+        detail: String,
+    },
+}
+
+impl AppendError {
+    /// What kind of failure it is.
+    #[must_use]
+    pub fn kind(&self) -> StreamErrorKind {
+        match self {
+            AppendError::InvalidHeader { .. } | AppendError::TooLarge { .. } => {
+                StreamErrorKind::InvalidInput
+            }
+            AppendError::NoStream { .. } => StreamErrorKind::NotFound,
+            AppendError::TimedOut { .. } => StreamErrorKind::TimedOut,
+            AppendError::Refused { .. } => StreamErrorKind::Refused,
+            AppendError::Unavailable { .. } => StreamErrorKind::Unavailable,
+        }
+    }
+
+    /// The JetStream API error code of a refusal.
+    #[must_use]
+    pub fn api_code(&self) -> Option<u64> {
+        match self {
+            AppendError::Refused { code, .. } => *code,
+            _ => None,
+        }
+    }
 }
 
 /// Why creating, updating or seeking a [`Durable`](crate::Durable) consumer failed.
@@ -221,6 +415,8 @@ pub enum ConsumerError {
         durable: String,
         /// The server's message.
         detail: String,
+        /// The JetStream API error code, when the server answered with one.
+        code: Option<u64>,
     },
     /// No answer within the request timeout (server away or slow).
     #[error("no answer from JetStream within {after:?}")]
@@ -228,6 +424,38 @@ pub enum ConsumerError {
         /// The request timeout.
         after: Duration,
     },
+    /// The request could not be made: not connected, or no JetStream answering.
+    #[error("JetStream is unavailable: {detail}")]
+    Unavailable {
+        /// The underlying failure.
+        detail: String,
+    },
+}
+
+impl ConsumerError {
+    /// What kind of failure it is.
+    #[must_use]
+    pub fn kind(&self) -> StreamErrorKind {
+        match self {
+            ConsumerError::InvalidName { .. } | ConsumerError::InvalidOption { .. } => {
+                StreamErrorKind::InvalidInput
+            }
+            ConsumerError::StreamNotFound { .. } => StreamErrorKind::NotFound,
+            ConsumerError::ConfigDropped { .. } => StreamErrorKind::Unsupported,
+            ConsumerError::Refused { .. } => StreamErrorKind::Refused,
+            ConsumerError::TimedOut { .. } => StreamErrorKind::TimedOut,
+            ConsumerError::Unavailable { .. } => StreamErrorKind::Unavailable,
+        }
+    }
+
+    /// The JetStream API error code of a refusal.
+    #[must_use]
+    pub fn api_code(&self) -> Option<u64> {
+        match self {
+            ConsumerError::Refused { code, .. } => *code,
+            _ => None,
+        }
+    }
 }
 
 /// Why [`Durable::fetch`](crate::Durable::fetch) failed.
@@ -249,6 +477,17 @@ pub enum FetchError {
     },
 }
 
+impl FetchError {
+    /// What kind of failure it is.
+    #[must_use]
+    pub fn kind(&self) -> StreamErrorKind {
+        match self {
+            FetchError::ConsumerGone { .. } => StreamErrorKind::NotFound,
+            FetchError::Unavailable { .. } => StreamErrorKind::Unavailable,
+        }
+    }
+}
+
 /// Why acknowledging a [`Delivery`](crate::Delivery) failed. After an error the outcome is
 /// unknown: the message may be redelivered after the ack wait (at-least-once).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -268,6 +507,17 @@ pub enum AckError {
     },
 }
 
+impl AckError {
+    /// What kind of failure it is.
+    #[must_use]
+    pub fn kind(&self) -> StreamErrorKind {
+        match self {
+            AckError::TimedOut { .. } => StreamErrorKind::TimedOut,
+            AckError::Failed { .. } => StreamErrorKind::Unavailable,
+        }
+    }
+}
+
 /// Why reading a consumer's state ([`Durable::lag`](crate::Durable::lag)) failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -278,10 +528,28 @@ pub enum InfoError {
         /// The durable name.
         durable: String,
     },
-    /// The request failed or timed out.
+    /// The request failed: not connected, or no JetStream answering.
     #[error("consumer info failed: {detail}")]
     Unavailable {
         /// The underlying failure.
         detail: String,
     },
+    /// No answer within the request timeout.
+    #[error("no consumer info from JetStream within {after:?}")]
+    TimedOut {
+        /// The request timeout.
+        after: Duration,
+    },
+}
+
+impl InfoError {
+    /// What kind of failure it is.
+    #[must_use]
+    pub fn kind(&self) -> StreamErrorKind {
+        match self {
+            InfoError::ConsumerGone { .. } => StreamErrorKind::NotFound,
+            InfoError::Unavailable { .. } => StreamErrorKind::Unavailable,
+            InfoError::TimedOut { .. } => StreamErrorKind::TimedOut,
+        }
+    }
 }

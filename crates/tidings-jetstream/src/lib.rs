@@ -1,8 +1,10 @@
 //! # tidings-jetstream
 //!
 //! The durable source of tidings on NATS JetStream (R-DIST-1): the layer a durable
-//! subscription needs from a remote engine, on `async-nats`, with this crate's own error
-//! kinds (no `async-nats` type in the public API).
+//! subscription needs from a remote engine, on `async-nats`, with errors of tidings' own
+//! kinds ([`tidings::StreamErrorKind`]: every error here has a `kind()`, decided from
+//! `async-nats`'s typed kinds) and no `async-nats` type in the public API (an `async-nats`
+//! error travels only as a boxed source).
 //!
 //! | tidings | JetStream |
 //! |---|---|
@@ -33,6 +35,7 @@
 //! [`Delivery::published`] use the server's store time, not the tidings message timestamp.
 
 pub mod backend;
+mod classify;
 mod connect;
 mod consumer;
 mod error;
@@ -42,7 +45,8 @@ pub mod subject;
 pub mod transport;
 
 pub use backend::{
-    BACKEND_NAME, DEFAULT_MAX_DELIVERIES, JetStreamBackend, JetStreamBackendBuilder, MAX_NAME_BYTES,
+    BACKEND_NAME, CAPABILITIES, DEFAULT_MAX_DELIVERIES, JetStreamBackend, JetStreamBackendBuilder,
+    MAX_NAME_BYTES,
 };
 pub use connect::{
     ConnectOptions, DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT, JetStream,
@@ -53,7 +57,8 @@ pub use consumer::{
     Durable, Fetched, Lag,
 };
 pub use error::{
-    AckError, AppendError, ConnectError, ConsumerError, FetchError, InfoError, StreamError,
+    AckError, AppendError, ConnectError, ConsumerError, FetchError, InfoError, JetStreamError,
+    StreamError,
 };
 pub use pipeline::{Acknowledged, Pipeline, PipelineError};
 pub use stream::{

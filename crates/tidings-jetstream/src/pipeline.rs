@@ -84,6 +84,14 @@ impl PipelineError {
             Self::NotSent { id, .. } | Self::Unacknowledged { id, .. } => *id,
         }
     }
+
+    /// What kind of failure it is: its [`AppendError`]'s kind.
+    #[must_use]
+    pub fn kind(&self) -> tidings::StreamErrorKind {
+        match self {
+            Self::NotSent { source, .. } | Self::Unacknowledged { source, .. } => source.kind(),
+        }
+    }
 }
 
 /// Appends with up to a window of acknowledgements in flight. See the [module docs](self).

@@ -19,10 +19,11 @@ use std::time::Duration;
 
 use async_nats::HeaderMap;
 use async_nats::header::{HeaderName, HeaderValue};
-use async_nats::jetstream::context::{CreateStreamErrorKind, PublishErrorKind};
+use async_nats::jetstream::context::PublishErrorKind;
 use async_nats::jetstream::stream;
-use tidings::{Headers, MessageId, Pattern, Topic};
+use tidings::{Headers, MessageId, Pattern, StreamErrorKind as K, Topic};
 
+use crate::classify::Classify;
 use crate::connect::JetStream;
 use crate::error::{AppendError, StreamError};
 use crate::subject::{filter_subjects, stream_subjects};
@@ -60,6 +61,7 @@ pub struct StreamSpec {
     patterns: Vec<Pattern>,
     duplicate_window: Duration,
     max_age: Option<Duration>,
+    max_bytes: Option<u64>,
 }
 
 impl StreamSpec {
@@ -72,6 +74,7 @@ impl StreamSpec {
             patterns: patterns.into_iter().collect(),
             duplicate_window: DEFAULT_DUPLICATE_WINDOW,
             max_age: None,
+            max_bytes: None,
         }
     }
 
@@ -99,6 +102,12 @@ impl StreamSpec {
         stream_subjects(&self.patterns)
     }
 
+    /// Keeps at most `bytes` of records, dropping the oldest (retention).
+    pub fn max_bytes(mut self, bytes: u64) -> Self {
+        self.max_bytes = Some(bytes);
+        self
+    }
+
     fn to_config(&self) -> stream::Config {
         stream::Config {
             name: self.name.clone(),
@@ -106,7 +115,88 @@ impl StreamSpec {
             storage: stream::StorageType::File,
             duplicate_window: self.duplicate_window,
             max_age: self.max_age.unwrap_or(Duration::ZERO),
+            max_bytes: self
+                .max_bytes
+                .map_or(-1, |b| i64::try_from(b).unwrap_or(i64::MAX)),
             ..Default::default()
+        }
+    }
+
+    /// The stream configuration to send, after checking the name and patterns.
+    pub(crate) fn prepare(&self) -> Result<stream::Config, StreamError> {
+        check_name(&self.name).map_err(|reason| StreamError::InvalidName {
+            name: self.name.clone(),
+            reason,
+        })?;
+        if self.patterns.is_empty() {
+            return Err(StreamError::NoPatterns {
+                name: self.name.clone(),
+            });
+        }
+        if let Some(p) = self
+            .patterns
+            .iter()
+            .find(|p| filter_subjects(p).iter().any(|s| s == ">"))
+        {
+            return Err(StreamError::CapturesEverything {
+                name: self.name.clone(),
+                pattern: p.to_string(),
+            });
+        }
+        let config = self.to_config();
+        if config.subjects.iter().any(|s| s == ">") {
+            return Err(StreamError::CapturesEverything {
+                name: self.name.clone(),
+                pattern: self
+                    .patterns
+                    .iter()
+                    .map(Pattern::as_str)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            });
+        }
+        Ok(config)
+    }
+}
+
+/// Checks the configuration the server answered with against the one sent: a setting it
+/// dropped silently is [`StreamError::ConfigDropped`] (R-DIST-4).
+pub(crate) fn verify_answer(
+    sent: &stream::Config,
+    got: &stream::Config,
+) -> Result<(), StreamError> {
+    let mut subjects = got.subjects.clone();
+    subjects.sort();
+    let mut asked = sent.subjects.clone();
+    asked.sort();
+    if subjects != asked {
+        return Err(StreamError::ConfigDropped { field: "subjects" });
+    }
+    if got.duplicate_window != sent.duplicate_window {
+        return Err(StreamError::ConfigDropped {
+            field: "duplicate_window",
+        });
+    }
+    if got.storage != stream::StorageType::File {
+        return Err(StreamError::ConfigDropped { field: "storage" });
+    }
+    if got.max_age != sent.max_age {
+        return Err(StreamError::ConfigDropped { field: "max_age" });
+    }
+    if got.max_bytes != sent.max_bytes {
+        return Err(StreamError::ConfigDropped { field: "max_bytes" });
+    }
+    Ok(())
+}
+
+impl StreamState {
+    pub(crate) fn of(info: &stream::Info) -> Self {
+        Self {
+            name: info.config.name.clone(),
+            subjects: info.config.subjects.clone(),
+            messages: info.state.messages,
+            first_sequence: info.state.first_sequence,
+            last_sequence: info.state.last_sequence,
         }
     }
 }
@@ -201,6 +291,21 @@ impl Record {
     }
 }
 
+/// A failed stream request as a [`StreamError`], by its kind.
+fn stream_error(name: &str, after: Duration, e: &impl Classify) -> StreamError {
+    match e.class() {
+        (K::TimedOut, _) => StreamError::TimedOut { after },
+        (K::Unavailable, _) => StreamError::Unavailable {
+            detail: e.to_string(),
+        },
+        (_, code) => StreamError::Refused {
+            name: name.to_owned(),
+            detail: e.to_string(),
+            code,
+        },
+    }
+}
+
 /// What the server said about an append.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -220,77 +325,21 @@ impl JetStream {
     /// [`StreamError`]: bad name, no pattern, refused by the server (overlapping another
     /// stream's subjects, say), a setting the server dropped, or no answer in time.
     pub async fn ensure_stream(&self, spec: &StreamSpec) -> Result<StreamState, StreamError> {
-        check_name(&spec.name).map_err(|reason| StreamError::InvalidName {
-            name: spec.name.clone(),
-            reason,
-        })?;
-        if spec.patterns.is_empty() {
-            return Err(StreamError::NoPatterns {
-                name: spec.name.clone(),
-            });
-        }
-        if let Some(p) = spec
-            .patterns
-            .iter()
-            .find(|p| filter_subjects(p).iter().any(|s| s == ">"))
-        {
-            return Err(StreamError::CapturesEverything {
-                name: spec.name.clone(),
-                pattern: p.to_string(),
-            });
-        }
-        let config = spec.to_config();
-        if config.subjects.iter().any(|s| s == ">") {
-            return Err(StreamError::CapturesEverything {
-                name: spec.name.clone(),
-                pattern: spec
-                    .patterns
-                    .iter()
-                    .map(Pattern::as_str)
-                    .collect::<Vec<_>>()
-                    .join(", "),
-            });
-        }
+        let config = spec.prepare()?;
         let info = self
             .context
             .create_or_update_stream(config.clone())
             .await
-            .map_err(|e| match e.kind() {
-                CreateStreamErrorKind::TimedOut => StreamError::TimedOut {
-                    after: self.request_timeout,
-                },
-                _ => StreamError::Refused {
-                    name: spec.name.clone(),
-                    detail: e.to_string(),
-                },
-            })?;
-        let mut got = info.config.subjects.clone();
-        got.sort();
-        if got != config.subjects {
-            return Err(StreamError::ConfigDropped { field: "subjects" });
-        }
-        if info.config.duplicate_window != config.duplicate_window {
-            return Err(StreamError::ConfigDropped {
-                field: "duplicate_window",
-            });
-        }
-        if info.config.storage != stream::StorageType::File {
-            return Err(StreamError::ConfigDropped { field: "storage" });
-        }
-        Ok(StreamState {
-            name: info.config.name,
-            subjects: info.config.subjects,
-            messages: info.state.messages,
-            first_sequence: info.state.first_sequence,
-            last_sequence: info.state.last_sequence,
-        })
+            .map_err(|e| stream_error(&spec.name, self.request_timeout, &e))?;
+        verify_answer(&config, &info.config)?;
+        Ok(StreamState::of(&info))
     }
 
     /// Deletes a stream and everything it holds. Returns whether it existed.
     ///
     /// # Errors
     ///
-    /// [`StreamError::Refused`] or [`StreamError::TimedOut`].
+    /// [`StreamError::Refused`], [`StreamError::Unavailable`] or [`StreamError::TimedOut`].
     pub async fn delete_stream(&self, name: &str) -> Result<bool, StreamError> {
         check_name(name).map_err(|reason| StreamError::InvalidName {
             name: name.to_owned(),
@@ -307,10 +356,7 @@ impl JetStream {
                     {
                         Ok(false)
                     }
-                    _ => Err(StreamError::Refused {
-                        name: name.to_owned(),
-                        detail: e.to_string(),
-                    }),
+                    _ => Err(stream_error(name, self.request_timeout, &e)),
                 }
             }
         }
@@ -354,12 +400,16 @@ impl JetStream {
                 PublishErrorKind::StreamNotFound => AppendError::NoStream {
                     topic: topic.to_owned(),
                 },
-                PublishErrorKind::TimedOut | PublishErrorKind::BrokenPipe => {
-                    AppendError::TimedOut { after: timeout }
-                }
                 PublishErrorKind::MaxPayloadExceeded => AppendError::TooLarge { len, max },
-                _ => AppendError::Refused {
-                    detail: e.to_string(),
+                _ => match e.class() {
+                    (K::TimedOut, _) => AppendError::TimedOut { after: timeout },
+                    (K::Unavailable, _) => AppendError::Unavailable {
+                        detail: e.to_string(),
+                    },
+                    (_, code) => AppendError::Refused {
+                        detail: e.to_string(),
+                        code,
+                    },
                 },
             };
         let ack_future = tokio::time::timeout(

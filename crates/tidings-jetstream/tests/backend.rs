@@ -9,8 +9,13 @@ use std::time::{Duration, Instant};
 use tidings::durable::{
     BackendCursor, BackendStream, CursorSpec, CursorWaker, DurableBackend, Finished, Outcome,
 };
-use tidings::{DeadLetterReason, Message, Pattern, Priority, StartAt, StreamConfig, StreamError};
-use tidings_jetstream::{ConnectOptions, ConsumerSpec, JetStreamBackend};
+use tidings::{
+    Broker, DeadLetterReason, Driver, Message, Pattern, Priority, Retention, StartAt, StreamConfig,
+    StreamError, StreamErrorKind,
+};
+use tidings_jetstream::{
+    ConnectOptions, ConsumerSpec, JetStreamBackend, JetStreamError, StreamSpec,
+};
 use tidings_testkit::nats::{NatsServer, NatsServerOptions};
 
 /// Generous bound for waits on the server (never asserted as a speed).
@@ -573,9 +578,31 @@ fn server_down_is_a_typed_error_within_the_timeout() {
         ),
         "{err:?}"
     );
+    // R-DIST-5: of the kind a caller matches on: the server is away, or did not answer.
+    assert!(
+        matches!(
+            err.kind(),
+            StreamErrorKind::Unavailable | StreamErrorKind::TimedOut
+        ),
+        "{err:?}"
+    );
+    // The backend's own error is the source, with async-nats's error behind it.
+    let source = std::error::Error::source(&err).expect("a source");
+    let js = source
+        .downcast_ref::<JetStreamError>()
+        .expect("the JetStream backend's error");
+    assert_eq!(js.kind(), err.kind());
+    assert!(std::error::Error::source(js).is_some(), "{js:?}");
     assert!(started.elapsed() < timeout * 10, "{:?}", started.elapsed());
     let started = Instant::now();
-    assert!(c.cursor.commit().is_err());
+    let commit = c.cursor.commit().expect_err("server is down");
+    assert!(
+        matches!(
+            commit.kind(),
+            StreamErrorKind::Unavailable | StreamErrorKind::TimedOut
+        ),
+        "{commit:?}"
+    );
     assert!(started.elapsed() < timeout * 10);
     // Connecting to nothing is a typed error too, within the connect timeout.
     let dead = format!("nats://127.0.0.1:{}", server.port());
@@ -583,7 +610,14 @@ fn server_down_is_a_typed_error_within_the_timeout() {
         ConnectOptions::new(dead).connect_timeout(Duration::from_millis(500)),
     )
     .expect_err("nothing listens");
-    assert!(!err.to_string().is_empty());
+    // R-SEC-1: unreachable, not an authentication or TLS failure.
+    assert!(
+        matches!(
+            err.kind(),
+            StreamErrorKind::Unavailable | StreamErrorKind::TimedOut
+        ),
+        "{err:?}"
+    );
     // After the server returns, the same backend works again (the client reconnects).
     server.restart().expect("restarted");
     until("appends work again", || {
@@ -631,4 +665,129 @@ fn replay_by_the_servers_store_time() {
         payloads(&fetch_n(&*c.cursor, 3)),
         ["late0", "late1", "late2"]
     );
+}
+
+fn js_broker(server: &NatsServer) -> Broker {
+    Broker::builder()
+        .driver(Driver::Manual)
+        .durable_backend(Arc::new(backend(server)))
+        .build()
+        .expect("builds")
+}
+
+#[test]
+fn an_existing_stream_is_never_changed_by_another_process() {
+    let Some(server) = NatsServer::for_test(NatsServerOptions::new()) else {
+        return;
+    };
+    // Two brokers, each with its own connection: two processes sharing the server.
+    let a = js_broker(&server);
+    let b = js_broker(&server);
+    let shared = a
+        .create_stream(StreamConfig::new("shared", ["sh.#"]))
+        .expect("created");
+    let err = b
+        .create_stream(StreamConfig::new("shared", ["sh.eu.#"]))
+        .expect_err("other patterns");
+    // R-LOG-5: refused with a typed error naming both pattern sets, never an update.
+    assert!(
+        matches!(
+            &err,
+            StreamError::ConfigMismatch { stream, setting: "patterns", existing, requested }
+                if stream == "shared"
+                    && *existing == format!("{:?}", ["sh.#"])
+                    && *requested == format!("{:?}", ["sh.eu.#"])
+        ),
+        "{err:?}"
+    );
+    assert_eq!(err.kind(), StreamErrorKind::ConfigMismatch);
+    // The stream still captures what A asked for.
+    a.publish(Message::to("sh.us.order").payload("1"))
+        .expect("published");
+    assert_eq!(shared.read(1, 10).expect("read").len(), 1); // R-LOG-5
+    // The same patterns open it from B.
+    let again = b
+        .create_stream(StreamConfig::new("shared", ["sh.#"]))
+        .expect("same patterns");
+    assert_eq!(again.end_offset(), 2);
+    let report = b
+        .publish(Message::to("sh.us.order").payload("2"))
+        .expect("published");
+    assert_eq!(report.streams, ["shared"]);
+    // Another retention is refused the same way.
+    let err = b
+        .create_stream(
+            StreamConfig::new("shared2", ["sh2.#"]).retention(Retention {
+                max_bytes: None,
+                max_age: Some(Duration::from_secs(3600)),
+            }),
+        )
+        .and_then(|_| a.create_stream(StreamConfig::new("shared2", ["sh2.#"])))
+        .expect_err("other retention");
+    assert!(
+        matches!(
+            &err,
+            StreamError::ConfigMismatch {
+                setting: "retention",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    a.close(Duration::from_secs(5));
+    b.close(Duration::from_secs(5));
+}
+
+#[test]
+fn retention_is_set_on_the_server_stream() {
+    let Some(server) = NatsServer::for_test(NatsServerOptions::new()) else {
+        return;
+    };
+    let b = backend(&server);
+    let config = StreamConfig::new("small", ["small.#"]).retention(Retention {
+        max_bytes: Some(2_000),
+        max_age: None,
+    });
+    let s = b
+        .open_stream(&config, &[p("small.#")])
+        .expect("stream opens");
+    for i in 0..40 {
+        s.append(&msg("small.x", &format!("{i:0>100}")))
+            .expect("append");
+    }
+    // R-DIST-4: the retention asked for is honoured: the server dropped the oldest records.
+    let err = s.read(1, 1).expect_err("the first record is gone");
+    assert!(
+        matches!(err, StreamError::OutOfRetention { requested: 1, earliest } if earliest > 1),
+        "{err:?}"
+    );
+    assert_eq!(err.kind(), StreamErrorKind::OutOfRange);
+}
+
+#[test]
+fn a_stream_made_without_recorded_patterns_is_compared_by_its_subjects() {
+    let Some(server) = NatsServer::for_test(NatsServerOptions::new()) else {
+        return;
+    };
+    // A stream made by an older build (or by hand): subjects, no recorded patterns.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let js = options(&server).connect().await.expect("connects");
+        js.ensure_stream(&StreamSpec::new("legacy", [p("legacy.#")]))
+            .await
+            .expect("made");
+    });
+    let b = backend(&server);
+    let err = b
+        .open_stream(&StreamConfig::new("legacy", ["other.#"]), &[p("other.#")])
+        .expect_err("other subjects");
+    assert_eq!(err.kind(), StreamErrorKind::ConfigMismatch, "{err:?}"); // R-LOG-5
+    // The same subjects: adopted, and the patterns recorded from now on.
+    let s = b
+        .open_stream(&StreamConfig::new("legacy", ["legacy.#"]), &[p("legacy.#")])
+        .expect("adopted");
+    s.append(&msg("legacy.a", "x")).expect("append");
 }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant, SystemTime};
 use tidings::durable::DurableBackend;
 use tidings::{
     Broker, DeadLetterReason, Driver, DurableSpec, HandlerError, Message, Priority, PublishError,
-    Retry, StreamConfig, SubscribeOptions,
+    Retry, StreamConfig, StreamError, StreamErrorKind, SubscribeOptions,
 };
 use tidings_jetstream::{ConnectOptions, JetStreamBackend};
 use tidings_testkit::nats::{NatsServer, NatsServerOptions};
@@ -134,8 +134,13 @@ fn the_same_handler_runs_on_jetstream() {
         )
         .expect_err("refused");
     assert!(
-        matches!(&err, PublishError::Stream { error, .. } if error.contains("priority") && error.contains("jetstream")),
+        matches!(&err, PublishError::Stream { error, .. }
+            if matches!(**error, StreamError::Unsupported { feature: "message priority", backend: "jetstream" })),
         "{err:?}"
+    );
+    assert_eq!(
+        err.stream_error().map(StreamError::kind),
+        Some(StreamErrorKind::Unsupported)
     );
 
     let backoff = Duration::from_millis(700);

@@ -16,7 +16,7 @@ use std::time::Duration;
 use tidings::{Broker, BrokerBuilder, StreamConfig, StreamError};
 use tidings_jetstream::{ConnectOptions, JetStreamBackend};
 use tidings_testkit::nats::{NatsServer, NatsServerOptions};
-use tidings_testkit::{DurableBackend, DurableCaps, DurableStore};
+use tidings_testkit::{Capabilities, DurableBackend, DurableStore};
 
 /// JetStream on a fresh server per case.
 struct JetStream;
@@ -31,12 +31,8 @@ impl DurableBackend for JetStream {
     fn name(&self) -> String {
         "jetstream".into()
     }
-    fn caps(&self) -> DurableCaps {
-        DurableCaps::all()
-            .without_priority()
-            .without_manual_time()
-            .without_contiguous_commit()
-            .first_offset(1)
+    fn caps(&self) -> Capabilities {
+        tidings_jetstream::CAPABILITIES
     }
     fn unavailable(&self) -> Option<String> {
         if NatsServer::binary().is_some() {

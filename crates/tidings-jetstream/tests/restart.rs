@@ -13,7 +13,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use tidings::{
-    Broker, DurableSpec, Message, MessageBuilder, PublishError, StreamConfig, SubscribeOptions,
+    Broker, DurableSpec, Message, MessageBuilder, PublishError, StreamConfig, StreamError,
+    StreamErrorKind, SubscribeOptions,
 };
 use tidings_jetstream::{ConnectOptions, JetStreamBackend};
 use tidings_testkit::nats::{NatsServer, NatsServerOptions};
@@ -172,8 +173,10 @@ fn acknowledged_messages_survive_a_server_restart_and_the_client_reconnects() {
         .unwrap_or_else(PoisonError::into_inner)
         .take();
     assert!(
-        matches!(&first, Some(PublishError::Stream { stream, error })
-            if stream == "work" && error.contains("jetstream")),
+        matches!(&first, Some(PublishError::Stream { stream, error, .. })
+            if stream == "work"
+                && matches!(**error, StreamError::Backend { backend: "jetstream", .. })
+                && matches!(error.kind(), StreamErrorKind::Unavailable | StreamErrorKind::TimedOut)),
         "{first:?}"
     );
     // ...the client reconnected (publishing resumed: every index was acknowledged in the

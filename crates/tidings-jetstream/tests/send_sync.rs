@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use tidings::StartAt;
 use tidings_jetstream::{
-    ConnectOptions, ConsumerSpec, Delivery, Durable, Fetched, JetStream, Record, StreamSpec,
+    ConnectOptions, ConsumerSpec, Delivery, Durable, Fetched, JetStream, JetStreamError, Record,
+    StreamSpec,
 };
 
 fn send_sync<T: Send + Sync>() {}
@@ -21,6 +22,10 @@ fn handles_are_send_and_sync() {
     send_sync::<Record>();
     send_sync::<StreamSpec>();
     send_sync::<ConsumerSpec>();
+    // The seam's error source: a `StreamError` holding it stays `Send + Sync`.
+    send_sync::<JetStreamError>();
+    send_sync::<tidings::StreamError>();
+    send_sync::<tidings::PublishError>();
     // Compiling this function is the check that the futures are `Send`.
     let _ = futures_are_send;
 }

@@ -45,6 +45,7 @@
 //! | `BBBBBBBBBBBBBBBBBBBB.seg.tmp` | segment started by an asynchronous roll, not yet published (see the commit rules); adopted or removed on open (see the recovery rules) |
 //! | other `*.tmp` | index file being written; removed on open |
 //! | `LOCK` | empty; an advisory exclusive lock (`File::try_lock`) is held on it from open to close, so a second handle, in this or another process, gets [`OpenError::Locked`] |
+//! | `META` | the application's own ([`META_FILE`]): never read, written or reported by the log |
 //!
 //! Segments are contiguous: each one's base is the previous one's end offset. The last segment is
 //! the *active* one (appended to); the others are *sealed* (immutable). Other files are ignored
@@ -241,5 +242,5 @@ pub use record::{MAX_HEADER_NAME, Record, StoredRecord};
 pub use recovery::{RecoveryReport, Truncation};
 pub use retention::{RemovedSegment, RetentionReport};
 pub use segment::FORMAT_VERSION;
-pub use storage::{DirLock, FsStorage, LOCK_FILE, Storage, StorageFile};
+pub use storage::{DirLock, FsStorage, LOCK_FILE, META_FILE, Storage, StorageFile};
 pub use tail::AppendListener;

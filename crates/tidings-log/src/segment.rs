@@ -55,7 +55,7 @@ pub(crate) enum NameKind {
     PendingSegment(u64),
     /// A leftover temporary file (any other `*.tmp`).
     Temp,
-    /// The directory's lock file.
+    /// The directory's lock file, or the application's `META` file: not the log's to list.
     Lock,
     /// Anything else.
     Foreign,
@@ -68,7 +68,7 @@ pub(crate) fn classify(name: &str) -> NameKind {
             _ => NameKind::Temp,
         };
     }
-    if name == crate::storage::LOCK_FILE {
+    if name == crate::storage::LOCK_FILE || name == crate::storage::META_FILE {
         return NameKind::Lock;
     }
     let Some((stem, ext)) = name.rsplit_once('.') else {

@@ -2,7 +2,7 @@
 //!
 //! A [`DurableBackend`] opens a fresh, empty [`DurableStore`] for each case; the store
 //! outlives the brokers a case builds on it, so a case can close its broker and build a new
-//! one on the same store (a restart). [`DurableCaps`] says what the backend can do; a case
+//! one on the same store (a restart). [`Capabilities`] say what the backend can do; a case
 //! that needs a missing capability returns [`Outcome::Skipped`] naming it, and the test that
 //! ran it prints the reason.
 //!
@@ -19,81 +19,15 @@ use std::sync::Arc;
 
 use tidings::durable::Capabilities;
 use tidings::embedded::EmbeddedBackend;
-use tidings::{Broker, BrokerBuilder, Fsync, StreamConfig, StreamError};
-
-/// What a durable backend can do; the cases skip, visibly, what it cannot.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct DurableCaps {
-    /// Messages keep their [`Priority`](tidings::Priority) through the stream.
-    pub priority: bool,
-    /// Stored messages are stamped with the broker's clock, so a case can place them in
-    /// time with a [`ManualClock`](tidings::ManualClock) and replay by time
-    /// (`StartAt::Time`). A backend stamping with a server's clock cannot.
-    pub manual_time: bool,
-    /// The offset of the first message appended to an empty stream (0 for the embedded
-    /// log; JetStream sequences start at 1).
-    pub first_offset: u64,
-    /// The committed position is a low watermark (R-LOG-3): after a restart *every* offset
-    /// from it on comes again, those already finished above it included. A backend that
-    /// acknowledges each message on its own (JetStream) redelivers only the unfinished.
-    pub contiguous_commit: bool,
-}
-
-impl DurableCaps {
-    /// Everything the embedded log does: priority, manual time, offsets from 0.
-    #[must_use]
-    pub const fn all() -> Self {
-        Self {
-            priority: true,
-            manual_time: true,
-            first_offset: 0,
-            contiguous_commit: true,
-        }
-    }
-    /// What a [`tidings::durable::DurableBackend`] says it can do (priority, first
-    /// offset), with replay on a manual clock.
-    #[must_use]
-    pub const fn of(caps: Capabilities) -> Self {
-        Self {
-            priority: caps.priority,
-            manual_time: true,
-            first_offset: caps.first_offset,
-            contiguous_commit: true,
-        }
-    }
-    /// These capabilities without priority.
-    #[must_use]
-    pub const fn without_priority(mut self) -> Self {
-        self.priority = false;
-        self
-    }
-    /// These capabilities without replay on a manual clock.
-    #[must_use]
-    pub const fn without_manual_time(mut self) -> Self {
-        self.manual_time = false;
-        self
-    }
-    /// These capabilities with a commit per message instead of a low watermark.
-    #[must_use]
-    pub const fn without_contiguous_commit(mut self) -> Self {
-        self.contiguous_commit = false;
-        self
-    }
-    /// These capabilities with the first offset `first`.
-    #[must_use]
-    pub const fn first_offset(mut self, first: u64) -> Self {
-        self.first_offset = first;
-        self
-    }
-}
+use tidings::{Broker, BrokerBuilder, StreamConfig, StreamError};
 
 /// A kind of durable storage the suite runs its durable cases against.
 pub trait DurableBackend {
     /// A short name for failure messages.
     fn name(&self) -> String;
-    /// What it can do.
-    fn caps(&self) -> DurableCaps;
+    /// What it can do (what the backend's
+    /// [`capabilities`](tidings::durable::DurableBackend::capabilities) say).
+    fn caps(&self) -> Capabilities;
     /// Why this backend cannot run here (a server binary missing, say): every case is then
     /// skipped with this reason. `None`, the default: it can.
     fn unavailable(&self) -> Option<String> {
@@ -122,7 +56,8 @@ pub trait DurableStore {
     ) -> Result<(), StreamError>;
 }
 
-/// The embedded log (`tidings-log`) in a temporary data directory, fsync on every append.
+/// The embedded log (`tidings-log`) in a temporary data directory, fsync on every append
+/// (the default).
 #[derive(Debug, Default, Clone, Copy)]
 pub struct EmbeddedLog;
 
@@ -130,8 +65,8 @@ impl DurableBackend for EmbeddedLog {
     fn name(&self) -> String {
         "embedded-log".into()
     }
-    fn caps(&self) -> DurableCaps {
-        DurableCaps::all()
+    fn caps(&self) -> Capabilities {
+        Capabilities::all()
     }
     /// # Panics
     /// If no temporary directory can be made (a test-environment failure).
@@ -158,7 +93,7 @@ impl DurableStore for EmbeddedStore {
         patterns: &[&str],
     ) -> Result<(), StreamError> {
         broker
-            .create_stream(StreamConfig::new(name, patterns.iter().copied()).fsync(Fsync::Always))
+            .create_stream(StreamConfig::new(name, patterns.iter().copied()))
             .map(drop)
     }
 }
@@ -173,9 +108,9 @@ impl DurableBackend for EmbeddedSeam {
     fn name(&self) -> String {
         "embedded-seam".into()
     }
-    fn caps(&self) -> DurableCaps {
+    fn caps(&self) -> Capabilities {
         let backend = EmbeddedBackend::new("unused");
-        DurableCaps::of(tidings::durable::DurableBackend::capabilities(&backend))
+        tidings::durable::DurableBackend::capabilities(&backend)
     }
     /// # Panics
     /// If no temporary directory can be made (a test-environment failure).
@@ -202,7 +137,7 @@ impl DurableStore for SeamStore {
         patterns: &[&str],
     ) -> Result<(), StreamError> {
         broker
-            .create_stream(StreamConfig::new(name, patterns.iter().copied()).fsync(Fsync::Always))
+            .create_stream(StreamConfig::new(name, patterns.iter().copied()))
             .map(drop)
     }
 }

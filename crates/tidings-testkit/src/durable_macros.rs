@@ -11,7 +11,7 @@
 //! This expands to one module per driver — `manual`, `thread`, `pool`, and `tokio` when
 //! `tidings-testkit` is built with its `tokio` feature — each with one `#[test]` per case
 //! of [`durable_suite::ALL`](crate::durable_suite::ALL). A backend whose
-//! [`DurableCaps`](crate::DurableCaps) are all of them must run every assertion of every
+//! [`Capabilities`](crate::Capabilities) are all of them must run every assertion of every
 //! case; one with fewer may skip a case, naming the missing capability.
 
 /// One `#[test]` per named durable case, each calling the enclosing module's
@@ -42,7 +42,7 @@ macro_rules! durable_cases {
                 let outcome =
                     $crate::durable_suite::run(name, case, backend.as_ref(), durable.as_ref());
                 // A backend with every capability runs every assertion.
-                if $crate::DurableBackend::caps(durable.as_ref()) == $crate::DurableCaps::all() {
+                if $crate::DurableBackend::caps(durable.as_ref()) == $crate::Capabilities::all() {
                     assert_eq!(outcome, $crate::Outcome::Ran, "{name}");
                 }
             }

@@ -15,8 +15,9 @@ use std::time::{Duration, SystemTime};
 use parking_lot::Mutex;
 use tidings::*;
 
+use crate::Capabilities;
 use crate::backend::Backend;
-use crate::durable::{DurableBackend, DurableCaps, DurableStore, Outcome};
+use crate::durable::{DurableBackend, DurableStore, Outcome};
 use crate::helpers::text;
 
 /// The stream every case uses, capturing `suite.#`.
@@ -28,7 +29,7 @@ const HOLD: Duration = Duration::from_secs(3600);
 struct Rig<'a> {
     backend: &'a dyn Backend,
     store: Box<dyn DurableStore>,
-    caps: DurableCaps,
+    caps: Capabilities,
     clock: ManualClock,
     label: String,
 }
@@ -373,7 +374,7 @@ pub fn replay_by_offset(b: &dyn Backend, d: &dyn DurableBackend) -> Outcome {
 
 /// Replay by time (R-LOG-4): messages published a second apart on the manual clock; a
 /// subscription or a `seek` at a time starts at the first message at or after it.
-/// Needs [`DurableCaps::manual_time`].
+/// Needs [`Capabilities::manual_time`].
 pub fn replay_by_time(b: &dyn Backend, d: &dyn DurableBackend) -> Outcome {
     let rig = Rig::new(b, d);
     if !rig.caps.manual_time {
@@ -789,7 +790,7 @@ pub fn durable_filter(b: &dyn Backend, d: &dyn DurableBackend) -> Outcome {
 
 /// Every field of a message survives the stream (R-CORE-4, R-LOG-1): key, headers,
 /// correlation id, payload, the publish time on the manual clock (with
-/// [`DurableCaps::manual_time`]) and priority (with [`DurableCaps::priority`]); its offset
+/// [`Capabilities::manual_time`]) and priority (with [`Capabilities::priority`]); its offset
 /// is the stream's.
 pub fn durable_message_fields(b: &dyn Backend, d: &dyn DurableBackend) -> Outcome {
     let rig = Rig::new(b, d);

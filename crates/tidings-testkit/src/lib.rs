@@ -21,7 +21,9 @@ pub mod suite;
 #[cfg(feature = "tokio")]
 pub use backend::TokioBackend;
 pub use backend::{Backend, ManualBackend, ThreadedBackend};
-pub use durable::{DurableBackend, DurableCaps, DurableStore, EmbeddedLog, EmbeddedSeam, Outcome};
+pub use durable::{DurableBackend, DurableStore, EmbeddedLog, EmbeddedSeam, Outcome};
+/// What a durable backend can do; the suite's cases skip, visibly, what it cannot.
+pub use tidings::durable::Capabilities;
 
 /// The `tidings` crate, for paths inside the exported macros.
 #[doc(hidden)]

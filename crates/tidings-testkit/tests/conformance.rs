@@ -7,7 +7,7 @@
 use tidings::Driver;
 use tidings_testkit::{Backend, ManualBackend, Outcome, ThreadedBackend};
 use tidings_testkit::{
-    DurableBackend, DurableCaps, EmbeddedLog, EmbeddedSeam, durable_suite, suite,
+    Capabilities, DurableBackend, EmbeddedLog, EmbeddedSeam, durable_suite, suite,
 };
 
 macro_rules! conformance {
@@ -70,13 +70,13 @@ tidings_testkit::durable_conformance!(embedded_seam, EmbeddedSeam);
 
 /// The embedded log with some capabilities taken away: the cases needing them must skip,
 /// naming the capability, instead of passing or failing silently.
-struct Restricted(DurableCaps);
+struct Restricted(Capabilities);
 
 impl DurableBackend for Restricted {
     fn name(&self) -> String {
         "restricted-log".into()
     }
-    fn caps(&self) -> DurableCaps {
+    fn caps(&self) -> Capabilities {
         self.0
     }
     fn open(&self) -> Box<dyn tidings_testkit::DurableStore> {
@@ -86,7 +86,7 @@ impl DurableBackend for Restricted {
 
 #[test]
 fn a_missing_capability_skips_visibly() {
-    let restricted = Restricted(DurableCaps::all().without_manual_time().without_priority());
+    let restricted = Restricted(Capabilities::all().without_manual_time().without_priority());
     let b = ManualBackend::default();
     let outcome = durable_suite::run(
         "replay_by_time",

@@ -17,21 +17,23 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use tidings::embedded::{EmbeddedBackend, EmbeddedStreamOptions};
 use tidings::{
-    Broker, DurableSpec, Fsync, HandlerError, Message, StartAt, Stream, StreamConfig,
-    SubscribeOptions,
+    Broker, DurableSpec, HandlerError, Message, StartAt, Stream, StreamConfig, SubscribeOptions,
 };
 
 const ORDERS: u64 = 10;
 const CRASH_AT: u64 = 6;
 
 fn open(dir: &Path) -> Result<(Broker, Stream), Box<dyn std::error::Error>> {
-    let broker = Broker::builder().data_dir(dir).build()?;
-    let stream = broker.create_stream(
-        StreamConfig::new("orders", ["orders.#"])
-            .fsync(Fsync::Always)
-            .commit_every(4),
-    )?;
+    // The embedded log's own settings (here: commit the position every 4 messages) live
+    // with its backend; `BrokerBuilder::data_dir(dir)` gives the defaults.
+    let backend =
+        EmbeddedBackend::new(dir).stream_defaults(EmbeddedStreamOptions::new().commit_every(4));
+    let broker = Broker::builder()
+        .durable_backend(Arc::new(backend))
+        .build()?;
+    let stream = broker.create_stream(StreamConfig::new("orders", ["orders.#"]))?;
     Ok((broker, stream))
 }
 

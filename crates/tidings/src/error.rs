@@ -1,5 +1,8 @@
 //! Errors: one small enum per operation, each naming the limit or setting at fault (R-LIM-1).
 
+use std::sync::Arc;
+
+use crate::durable::StreamError;
 use crate::topic::TopicError;
 
 /// A configuration value was refused.
@@ -29,7 +32,13 @@ impl ConfigError {
 }
 
 /// Why `publish` refused a message. Nothing was offered to any subscription.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+///
+/// Cheap to clone. Match on the variant, and on
+/// [`StreamError::kind`](crate::StreamError::kind) for [`PublishError::Stream`]. Equality
+/// compares the fields, except that two [`PublishError::Stream`] are equal only when their
+/// `error` is the same one (one is a clone of the other): a stream's error carries its
+/// cause (an I/O or a remote engine's error), which has no equality of its own.
+#[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum PublishError {
     /// The topic is not a valid publish topic (R-RT-2).
@@ -95,19 +104,91 @@ pub enum PublishError {
     /// The broker is closed.
     #[error("the broker is closed")]
     Closed,
-    /// Appending to a durable stream failed; the message was not offered to any
-    /// subscription. Streams earlier in name order may already hold it (the error says which).
-    #[error("append to stream {stream:?} failed: {error}")]
+    /// Appending to a durable stream failed, or the stream's backend cannot keep the
+    /// message (a priority, R-DIST-4); the message was not offered to any subscription.
+    /// Streams earlier in name order may already hold it: `appended_to` names them.
+    #[error("append to stream {stream:?} failed: {error}{}", held_by(appended_to))]
     Stream {
         /// The stream whose append failed.
         stream: String,
-        /// The log's error, with the stream directory.
-        error: String,
+        /// What the stream's backend reported; match on
+        /// [`kind`](crate::StreamError::kind) (shared, so the error stays cheap to clone).
+        #[source]
+        error: Arc<StreamError>,
+        /// The streams that already hold the message (appended before this one failed),
+        /// in name order; empty when nothing was stored.
+        appended_to: Vec<String>,
     },
     /// The broker's transport could not send the message (R-DIST-5); nothing was sent to
     /// any subscriber (durable streams earlier in name order may already hold it).
     #[error(transparent)]
     Transport(TransportError),
+}
+
+impl PartialEq for PublishError {
+    fn eq(&self, other: &Self) -> bool {
+        use PublishError as P;
+        match (self, other) {
+            (P::InvalidTopic(a), P::InvalidTopic(b))
+            | (P::InvalidReplyTo(a), P::InvalidReplyTo(b)) => a == b,
+            (P::ReservedHeader { name: a }, P::ReservedHeader { name: b }) => a == b,
+            (
+                P::PayloadTooLarge { size: a, limit: x },
+                P::PayloadTooLarge { size: b, limit: y },
+            )
+            | (
+                P::HeadersTooLarge { size: a, limit: x },
+                P::HeadersTooLarge { size: b, limit: y },
+            )
+            | (P::KeyTooLarge { size: a, limit: x }, P::KeyTooLarge { size: b, limit: y })
+            | (
+                P::CorrelationIdTooLarge { size: a, limit: x },
+                P::CorrelationIdTooLarge { size: b, limit: y },
+            )
+            | (
+                P::TooManyHeaders { count: a, limit: x },
+                P::TooManyHeaders { count: b, limit: y },
+            ) => a == b && x == y,
+            (P::DelayTooLong { delay: a }, P::DelayTooLong { delay: b }) => a == b,
+            (P::Closed, P::Closed) => true,
+            (
+                P::Stream {
+                    stream: a,
+                    error: e,
+                    appended_to: x,
+                },
+                P::Stream {
+                    stream: b,
+                    error: f,
+                    appended_to: y,
+                },
+            ) => a == b && x == y && Arc::ptr_eq(e, f),
+            (P::Transport(a), P::Transport(b)) => a == b,
+            _ => false,
+        }
+    }
+}
+
+impl Eq for PublishError {}
+
+impl PublishError {
+    /// The stream's error, for [`PublishError::Stream`].
+    #[must_use]
+    pub fn stream_error(&self) -> Option<&StreamError> {
+        match self {
+            PublishError::Stream { error, .. } => Some(error),
+            _ => None,
+        }
+    }
+}
+
+/// The tail of [`PublishError::Stream`]'s message: which streams already hold the message.
+fn held_by(streams: &[String]) -> String {
+    if streams.is_empty() {
+        String::new()
+    } else {
+        format!(" (streams already holding the message: {streams:?})")
+    }
 }
 
 /// Why `subscribe` failed. No subscription was created.

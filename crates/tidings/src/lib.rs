@@ -201,11 +201,9 @@ pub use codec::{
 pub use dedup::{DedupStore, Deduplicating, InMemoryDedupStore};
 pub use dlq::{DeadLetter, DeadLetterReason};
 pub use driver::Driver;
-pub use durable::config::{
-    DEFAULT_COMMIT_EVERY, DEFAULT_RETENTION_INTERVAL, StartAt, StreamConfig,
-};
-pub use durable::error::{CommitFailed, StreamError};
-pub use durable::source::{CursorState, DurableDeadLetter};
+pub use durable::config::{StartAt, StreamConfig};
+pub use durable::error::{CommitFailed, StreamError, StreamErrorKind};
+pub use durable::source::{CursorState, DurableDeadLetter, StorageInfo};
 pub use durable::spec::DurableSpec;
 pub use durable::stream::Stream;
 pub use durable::subscription::DurableSubscription;

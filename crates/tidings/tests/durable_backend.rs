@@ -98,18 +98,34 @@ fn priority_is_refused_at_publish_on_a_backend_without_it() {
                 .priority(Priority::High),
         )
         .unwrap_err();
-    let unsupported = StreamError::Unsupported {
-        feature: "message priority",
-        backend: "plain",
-    };
-    // The refusal names the option and the backend; nothing was stored or offered.
+    // R-DIST-4: the refusal names the option and the backend, typed; nothing was stored
+    // or offered.
     match &e {
-        PublishError::Stream { stream, error } => {
+        PublishError::Stream {
+            stream,
+            error,
+            appended_to,
+        } => {
             assert_eq!(stream, "orders");
-            assert_eq!(*error, unsupported.to_string());
+            assert!(
+                matches!(
+                    **error,
+                    StreamError::Unsupported {
+                        feature: "message priority",
+                        backend: "plain"
+                    }
+                ),
+                "{error:?}"
+            );
+            assert_eq!(error.kind(), StreamErrorKind::Unsupported);
+            assert!(appended_to.is_empty());
         }
         other => panic!("{other:?}"),
     }
+    assert_eq!(
+        e.stream_error().map(StreamError::kind),
+        Some(StreamErrorKind::Unsupported)
+    );
     assert_eq!(stream.end_offset(), 0);
     b.run_until_idle();
     assert!(got.lock().unwrap().is_empty());

@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tidings::{
-    Broker, Deduplicating, Driver, DurableSpec, Fsync, HandlerError, ManualClock, Message,
-    StreamConfig, StreamError, SubscribeOptions,
+    Broker, Deduplicating, Driver, DurableSpec, HandlerError, ManualClock, Message, StreamConfig,
+    StreamError, SubscribeOptions,
 };
 
 fn broker(dir: &Path, clock: &ManualClock) -> Broker {
@@ -20,7 +20,7 @@ fn broker(dir: &Path, clock: &ManualClock) -> Broker {
         .driver(Driver::Manual)
         .build()
         .unwrap();
-    b.create_stream(StreamConfig::new("orders", ["orders.#"]).fsync(Fsync::Always))
+    b.create_stream(StreamConfig::new("orders", ["orders.#"]))
         .unwrap();
     b
 }

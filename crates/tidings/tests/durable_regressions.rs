@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 use tidings::{
-    Broker, DeadLetterReason, Driver, DurableSpec, Fsync, HandlerError, ManualClock, Message,
+    Broker, DeadLetterReason, Driver, DurableSpec, HandlerError, ManualClock, Message,
     StreamConfig, SubscribeOptions,
 };
 
@@ -33,7 +33,7 @@ fn broker_on(dir: &Path, clock: &ManualClock, driver: Driver) -> Broker {
 }
 
 fn orders(b: &Broker) -> tidings::Stream {
-    b.create_stream(StreamConfig::new("orders", ["orders.#"]).fsync(Fsync::Always))
+    b.create_stream(StreamConfig::new("orders", ["orders.#"]))
         .unwrap()
 }
 
@@ -62,7 +62,7 @@ fn user_headers_cannot_spoof_durable_dlq_metadata() {
     // ... but a forwarded dead letter carries `tidings-dlq-reason` by design, and a stream
     // may capture the dead-letter topic. A durable subscriber that dead-letters it must
     // record its own reason, attempts and offset, not the forwarded headers.
-    b.create_stream(StreamConfig::new("dead", ["dlq.#"]).fsync(Fsync::Always))
+    b.create_stream(StreamConfig::new("dead", ["dlq.#"]))
         .unwrap();
     let mut opts = SubscribeOptions::default();
     opts.dead_letter.topic = Some("dlq.orders".into());
@@ -106,7 +106,7 @@ fn user_headers_cannot_spoof_durable_dlq_metadata() {
     drop(d);
     b.close(Duration::from_secs(5));
     let b = broker_on(dir.path(), &clock, Driver::Manual);
-    b.create_stream(StreamConfig::new("dead", ["dlq.#"]).fsync(Fsync::Always))
+    b.create_stream(StreamConfig::new("dead", ["dlq.#"]))
         .unwrap();
     let d = b
         .subscribe_durable(
@@ -330,7 +330,7 @@ fn a_stream_cut_below_the_commit_by_a_power_cut_skips_nothing_new() {
     std::fs::remove_dir_all(&streams).unwrap();
     {
         let b = broker_on(dir.path(), &clock, Driver::Manual);
-        b.create_stream(StreamConfig::new("orders", ["orders.#"]).fsync(Fsync::Never))
+        b.create_stream(StreamConfig::new("orders", ["orders.#"]))
             .unwrap();
         publish_n(&b, 0..6);
         b.close(Duration::from_secs(5));

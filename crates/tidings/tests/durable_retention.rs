@@ -6,6 +6,9 @@
 
 use std::time::Duration;
 
+use std::sync::Arc;
+
+use tidings::embedded::{EmbeddedBackend, EmbeddedStreamOptions};
 use tidings::{Broker, Driver, Fsync, ManualClock, Message, Retention, StreamConfig};
 
 const HOUR: Duration = Duration::from_secs(3600);
@@ -13,22 +16,26 @@ const HOUR: Duration = Duration::from_secs(3600);
 fn idle_stream_sheds_old_segments(driver: Driver) {
     let dir = tempfile::tempdir().unwrap();
     let clock = ManualClock::new();
+    // The log's own settings live with the embedded backend; retention is neutral.
+    let backend = EmbeddedBackend::new(dir.path()).stream_options(
+        "orders",
+        EmbeddedStreamOptions::new()
+            .fsync(Fsync::Never)
+            .segment_bytes(256)
+            .retention_interval(Duration::from_secs(60)),
+    );
     let b = Broker::builder()
-        .data_dir(dir.path())
+        .durable_backend(Arc::new(backend))
         .clock(clock.clone())
         .driver(driver.clone())
         .build()
         .unwrap();
     let s = b
         .create_stream(
-            StreamConfig::new("orders", ["orders.#"])
-                .fsync(Fsync::Never)
-                .segment_bytes(256)
-                .retention(Retention {
-                    max_bytes: None,
-                    max_age: Some(HOUR),
-                })
-                .retention_interval(Duration::from_secs(60)),
+            StreamConfig::new("orders", ["orders.#"]).retention(Retention {
+                max_bytes: None,
+                max_age: Some(HOUR),
+            }),
         )
         .unwrap();
     for i in 0..20 {
@@ -73,20 +80,20 @@ fn idle_streams_shed_old_segments_under_the_thread_driver() {
 fn nothing_is_removed_before_it_is_old_enough() {
     let dir = tempfile::tempdir().unwrap();
     let clock = ManualClock::new();
+    let backend = EmbeddedBackend::new(dir.path())
+        .stream_defaults(EmbeddedStreamOptions::new().segment_bytes(256));
     let b = Broker::builder()
-        .data_dir(dir.path())
+        .durable_backend(Arc::new(backend))
         .clock(clock.clone())
         .driver(Driver::Manual)
         .build()
         .unwrap();
     let s = b
         .create_stream(
-            StreamConfig::new("orders", ["orders.#"])
-                .segment_bytes(256)
-                .retention(Retention {
-                    max_bytes: None,
-                    max_age: Some(HOUR),
-                }),
+            StreamConfig::new("orders", ["orders.#"]).retention(Retention {
+                max_bytes: None,
+                max_age: Some(HOUR),
+            }),
         )
         .unwrap();
     for i in 0..20 {

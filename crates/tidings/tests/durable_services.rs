@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
+use tidings::embedded::{EmbeddedBackend, EmbeddedStreamOptions};
 use tidings::{
     Broker, Driver, DurableSpec, DurableSubscription, Fsync, HandlerError, Message, StreamConfig,
     SubscribeOptions,
@@ -37,18 +38,15 @@ fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
 }
 
 fn broker(storage: Arc<dyn Storage>, driver: Driver, commit_every: usize) -> Broker {
+    let backend = EmbeddedBackend::with_storage(DATA, storage)
+        .stream_defaults(EmbeddedStreamOptions::new().commit_every(commit_every));
     let b = Broker::builder()
-        .storage(storage)
-        .data_dir(DATA)
+        .durable_backend(Arc::new(backend))
         .driver(driver)
         .build()
         .unwrap();
-    b.create_stream(
-        StreamConfig::new("orders", ["orders.#"])
-            .fsync(Fsync::Always)
-            .commit_every(commit_every),
-    )
-    .unwrap();
+    b.create_stream(StreamConfig::new("orders", ["orders.#"]))
+        .unwrap();
     b
 }
 
@@ -500,22 +498,25 @@ fn retention_run_by_the_driver(driver: Driver) {
     const HOUR: Duration = Duration::from_secs(3600);
     let dir = tempfile::tempdir().unwrap();
     let clock = tidings::ManualClock::new();
+    let backend = EmbeddedBackend::new(dir.path()).stream_options(
+        "orders",
+        EmbeddedStreamOptions::new()
+            .fsync(Fsync::Never)
+            .segment_bytes(256)
+            .retention_interval(Duration::from_secs(60)),
+    );
     let b = Broker::builder()
-        .data_dir(dir.path())
+        .durable_backend(Arc::new(backend))
         .clock(clock.clone())
         .driver(driver)
         .build()
         .unwrap();
     let s = b
         .create_stream(
-            StreamConfig::new("orders", ["orders.#"])
-                .fsync(Fsync::Never)
-                .segment_bytes(256)
-                .retention(tidings::Retention {
-                    max_bytes: None,
-                    max_age: Some(HOUR),
-                })
-                .retention_interval(Duration::from_secs(60)),
+            StreamConfig::new("orders", ["orders.#"]).retention(tidings::Retention {
+                max_bytes: None,
+                max_age: Some(HOUR),
+            }),
         )
         .unwrap();
     for i in 0..20 {

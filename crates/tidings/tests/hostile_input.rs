@@ -66,7 +66,10 @@ fn duration_max_delay_is_refused_with_a_typed_error() {
         .publish(Message::to("t").payload("x").delay(Duration::MAX))
         .unwrap_err();
     // R-LIM-1: refused (such a message could never be delivered), not a panic.
-    assert!(err.to_string().contains("delay"), "{err}");
+    assert!(
+        matches!(err, PublishError::DelayTooLong { delay } if delay == Duration::MAX),
+        "{err:?}"
+    );
     assert_eq!(broker.scheduled(), 0);
     // A long but representable delay is still scheduled.
     let r = broker
@@ -201,8 +204,10 @@ fn correlation_id_is_under_a_limit() {
         .publish(Message::to("t").correlation_id(huge))
         .unwrap_err();
     // R-LIM-1: a typed error naming the limit and its value.
-    assert!(err.to_string().contains("correlation id"), "{err}");
-    assert!(err.to_string().contains("1024"), "{err}");
+    assert!(
+        matches!(err, PublishError::CorrelationIdTooLarge { limit: 1024, .. }),
+        "{err:?}"
+    );
     assert!(
         broker
             .publish(Message::to("t").correlation_id("c".repeat(1024)))

@@ -154,7 +154,17 @@ pub(crate) struct Stored<'a> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct DecodeError {
     pub(crate) sequence: u64,
+    /// The header at fault, when one is.
+    pub(crate) header: Option<String>,
     pub(crate) reason: String,
+}
+
+impl std::error::Error for DecodeError {}
+
+impl crate::classify::Classify for DecodeError {
+    fn class(&self) -> (tidings::StreamErrorKind, Option<u64>) {
+        (tidings::StreamErrorKind::Corrupt, None)
+    }
 }
 
 impl std::fmt::Display for DecodeError {
@@ -171,9 +181,13 @@ impl std::fmt::Display for DecodeError {
 pub(crate) fn decode(r: &Stored<'_>, limits: &Limits) -> Result<Message, DecodeError> {
     let fail = |reason: String| DecodeError {
         sequence: r.sequence,
+        header: None,
         reason,
     };
-    let bad = |name: &str, why: &str| fail(format!("header {name}: {why}"));
+    let bad = |name: &str, why: &str| DecodeError {
+        header: Some(name.to_owned()),
+        ..fail(format!("header {name}: {why}"))
+    };
     let number = |name: &'static str| -> Result<Option<u64>, DecodeError> {
         (r.header)(name)
             .map(|v| v.parse::<u64>().map_err(|_| bad(name, "not a number")))
@@ -304,6 +318,6 @@ mod tests {
         };
         // R-LIM-2: a malformed record is a typed error naming the header, never a panic.
         let err = decode(&stored, &Limits::default()).expect_err("malformed");
-        assert!(err.to_string().contains("tidings-ts"), "{err}");
+        assert_eq!(err.header.as_deref(), Some("tidings-ts"), "{err}");
     }
 }

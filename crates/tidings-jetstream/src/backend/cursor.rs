@@ -48,16 +48,18 @@ use tidings::{
 use super::codec::{self, Stored, TARGET};
 use super::dead_letters::DeadLetters;
 use super::stream::{bounds, check_offset};
-use super::{Settings, Shared, backend_error, keep_alive, nats_name};
+use super::{Settings, Shared, keep_alive, nats_name};
+use crate::classify::{js_error, seam};
 use crate::consumer::{ConsumerSpec, Delivery, Durable};
 use crate::error::FetchError;
+use crate::error::JetStreamError;
 
 #[derive(Default)]
 struct Inner {
     /// Handed out and not finished, by sequence.
     outstanding: HashMap<u64, Arc<Delivery>>,
     /// Why fetching stopped (a record that is not a tidings message, a deleted consumer).
-    error: Option<String>,
+    error: Option<JetStreamError>,
     /// The last failed pull (cleared by a successful one).
     transient: Option<String>,
     /// The sequence after the last one handed out.
@@ -177,7 +179,9 @@ impl JsCursor {
         let (open_spec, d) = (cspec.clone().start(spec.start), dlq.clone());
         let durable = shared.call(shared.bound(4), async move {
             d.ensure().await?;
-            js.durable(open_spec).await.map_err(backend_error)
+            js.durable(open_spec)
+                .await
+                .map_err(|e| seam("opening the durable consumer", e))
         })?;
         let cursor = Arc::new(CursorShared {
             inner: Mutex::new(Inner::default()),
@@ -239,7 +243,8 @@ impl JsCursor {
         let info = self.shared.call(self.shared.bound(1), async move {
             let (info, bounds) = tokio::join!(durable.info(), bounds(&js, &stream));
             let (_, end) = bounds?;
-            Ok(Positions::new(&info.map_err(backend_error)?, end))
+            let info = info.map_err(|e| seam("reading the durable consumer's state", e))?;
+            Ok(Positions::new(&info, end))
         })?;
         *self
             .cached
@@ -294,6 +299,18 @@ async fn watch(js: crate::connect::JetStream, subjects: Vec<String>, cursor: Arc
     }
 }
 
+/// `e` as this crate's error: the [`JetStreamError`] it carries, or one of its kind caused
+/// by it.
+fn into_js(context: &str, e: StreamError) -> JetStreamError {
+    let kind = e.kind();
+    match e {
+        StreamError::Backend { source, .. } if source.is::<JetStreamError>() => source
+            .downcast::<JetStreamError>()
+            .map_or_else(|_| JetStreamError::new(kind, context), |j| *j),
+        other => JetStreamError::new(kind, context).caused_by(other),
+    }
+}
+
 /// Takes one delivery: `Some` to hand out, `None` when it was skipped, dead-lettered here
 /// or is already held; `Err` is the reason fetching must stop.
 async fn take(
@@ -301,12 +318,14 @@ async fn take(
     dlq: &DeadLetters,
     settings: &Settings,
     d: Delivery,
-) -> Result<Option<(Arc<Delivery>, Message)>, String> {
+) -> Result<Option<(Arc<Delivery>, Message)>, JetStreamError> {
     if let Some(target) = d.headers().get(TARGET)
         && target != cursor.name
     {
         // A redrive copy for another durable subscription.
-        d.ack().await.map_err(|e| e.to_string())?;
+        d.ack()
+            .await
+            .map_err(|e| js_error("acknowledging a redrive copy for another name", e))?;
         cursor.skipped_by_filter.fetch_add(1, Ordering::Relaxed);
         return Ok(None);
     }
@@ -328,7 +347,8 @@ async fn take(
             published: d.published(),
             header: &header,
         };
-        codec::decode(&stored, &settings.limits).map_err(|e| e.to_string())?
+        codec::decode(&stored, &settings.limits)
+            .map_err(|e| js_error(format_args!("durable {}", cursor.name), e))?
     };
     if delivered > u64::from(settings.max_deliveries) {
         // The processes it was handed to stopped before finishing it, this many times:
@@ -343,8 +363,10 @@ async fn take(
         };
         dlq.put(&message, &reason, attempts)
             .await
-            .map_err(|e| e.to_string())?;
-        d.term().await.map_err(|e| e.to_string())?;
+            .map_err(|e| into_js("storing a dead letter", e))?;
+        d.term()
+            .await
+            .map_err(|e| js_error("terminating a dead-lettered message", e))?;
         return Ok(None);
     }
     Ok(Some((d, message)))
@@ -356,7 +378,7 @@ impl BackendCursor for JsCursor {
             return Err(StreamError::Closed);
         }
         if let Some(e) = &self.cursor.lock().error {
-            return Err(backend_error(e));
+            return Err(e.clone().into());
         }
         if max == 0 {
             return Ok(Vec::new());
@@ -368,13 +390,14 @@ impl BackendCursor for JsCursor {
             .shared
             .bound(2 + u32::try_from(max.min(64)).unwrap_or(64));
         let pulled = self.shared.call(bound, async move {
-            let pulled: Result<Vec<(Arc<Delivery>, Message)>, String> = async {
+            let pulled: Result<Vec<(Arc<Delivery>, Message)>, JetStreamError> = async {
                 let fetched = match durable.fetch(max, Duration::ZERO).await {
                     Ok(f) => f,
-                    Err(FetchError::ConsumerGone { durable }) => {
-                        return Err(format!(
-                            "durable consumer {durable} was deleted on the server (inactivity \
-                         threshold, or an administrator); seek to create it again"
+                    Err(e @ FetchError::ConsumerGone { .. }) => {
+                        return Err(js_error(
+                            "the durable consumer was deleted on the server (inactivity \
+                             threshold, or an administrator); seek to create it again",
+                            e,
                         ));
                     }
                     Err(e) => {
@@ -402,7 +425,7 @@ impl BackendCursor for JsCursor {
             Ok(Ok(p)) => p,
             Ok(Err(stop)) => {
                 self.cursor.lock().error = Some(stop.clone());
-                return Err(backend_error(stop));
+                return Err(stop.into());
             }
             // No answer in time: nothing handed out; what the pull took comes back after
             // the ack wait.
@@ -455,7 +478,7 @@ impl BackendCursor for JsCursor {
                         match stored {
                             Ok(()) => {
                                 if let Err(e) = d.term().await {
-                                    first_error.get_or_insert(backend_error(e));
+                                    first_error.get_or_insert(seam("terminating a dead letter", e));
                                 }
                             }
                             Err(e) => {
@@ -468,7 +491,7 @@ impl BackendCursor for JsCursor {
             }
             for r in futures_util::future::join_all(acks).await {
                 if let Err(e) = r {
-                    first_error.get_or_insert(backend_error(e));
+                    first_error.get_or_insert(seam("acknowledging", e));
                 }
             }
             first_error.map_or(Ok(()), Err)
@@ -500,8 +523,10 @@ impl BackendCursor for JsCursor {
             }
             js.delete_consumer(&stream, spec.durable())
                 .await
-                .map_err(backend_error)?;
-            js.durable(spec.start(start)).await.map_err(backend_error)
+                .map_err(|e| seam("deleting the durable consumer to seek", e))?;
+            js.durable(spec.start(start))
+                .await
+                .map_err(|e| seam("creating the durable consumer at the new start", e))
         });
         let durable = durable?;
         *self
@@ -526,7 +551,11 @@ impl BackendCursor for JsCursor {
     fn state(&self) -> CursorState {
         let (outstanding, handed, error) = {
             let g = self.cursor.lock();
-            (g.outstanding.len(), g.handed, g.error.clone())
+            (
+                g.outstanding.len(),
+                g.handed,
+                g.error.as_ref().map(ToString::to_string),
+            )
         };
         let mut state = CursorState::default();
         state.outstanding = outstanding;

@@ -14,11 +14,12 @@ use std::time::SystemTime;
 
 use async_nats::HeaderMap;
 use futures_util::StreamExt;
-use tidings::{DeadLetterReason, DurableDeadLetter, Limits, Message, StreamError};
+use tidings::{DeadLetterReason, DurableDeadLetter, Limits, Message, StreamError, StreamErrorKind};
 
 use super::codec::{self, DLQ_ATTEMPTS, DLQ_ERROR, DLQ_OFFSET, DLQ_REASON, Stored, TARGET};
 use super::stream::{headers_with_id, publish};
 use super::{backend_error, nats_name};
+use crate::classify::seam;
 use crate::connect::JetStream;
 
 /// The header carrying a dead letter's topic (the DLQ subject is the DLQ's own).
@@ -35,12 +36,12 @@ pub(crate) fn is_no_message(e: &async_nats::jetstream::stream::RawMessageError) 
 }
 
 /// The DLQ streams of the durable subscriptions of the JetStream stream `nats`.
-pub(crate) async fn dlq_streams_of(js: &JetStream, nats: &str) -> Result<Vec<String>, String> {
+pub(crate) async fn dlq_streams_of(js: &JetStream, nats: &str) -> Result<Vec<String>, StreamError> {
     let prefix = format!("{nats}_x");
     let mut names = js.context.stream_names();
     let mut out = Vec::new();
     while let Some(name) = names.next().await {
-        let name = name.map_err(|e| e.to_string())?;
+        let name = name.map_err(|e| seam("listing streams", e))?;
         if name.starts_with(&prefix) {
             out.push(name);
         }
@@ -84,7 +85,7 @@ impl DeadLetters {
             .context
             .get_or_create_stream(config)
             .await
-            .map_err(|e| backend_error(format!("DLQ stream {}: {e}", self.stream)))?;
+            .map_err(|e| seam(format_args!("DLQ stream {}", self.stream), e))?;
         Ok(())
     }
 
@@ -122,7 +123,7 @@ impl DeadLetters {
             let raw = match stream.get_raw_message(seq).await {
                 Ok(raw) => raw,
                 Err(e) if is_no_message(&e) => continue,
-                Err(e) => return Err(backend_error(format!("DLQ {} at {seq}: {e}", self.stream))),
+                Err(e) => return Err(seam(format_args!("DLQ {} at {seq}", self.stream), e)),
             };
             out.push((seq, self.decode(&raw)?));
         }
@@ -134,7 +135,12 @@ impl DeadLetters {
         raw: &async_nats::jetstream::message::StreamMessage,
     ) -> Result<DurableDeadLetter, StreamError> {
         let header = |n: &str| codec::lookup(&raw.headers, n);
-        let bad = |why: &str| backend_error(format!("DLQ entry {}: {why}", raw.sequence));
+        let bad = |why: &str| {
+            backend_error(
+                StreamErrorKind::Corrupt,
+                format_args!("DLQ entry {} of {}: {why}", raw.sequence, self.stream),
+            )
+        };
         let topic = header(DLQ_TOPIC).ok_or_else(|| bad("no topic"))?;
         let offset: u64 = header(DLQ_OFFSET)
             .and_then(|o| o.parse().ok())
@@ -146,7 +152,8 @@ impl DeadLetters {
             published: SystemTime::from(raw.time),
             header: &header,
         };
-        let message = codec::decode(&stored, &self.limits).map_err(backend_error)?;
+        let message = codec::decode(&stored, &self.limits)
+            .map_err(|e| seam(format_args!("DLQ {}", self.stream), e))?;
         let attempts: u32 = header(DLQ_ATTEMPTS)
             .and_then(|a| a.parse().ok())
             .ok_or_else(|| bad("no attempts"))?;
@@ -175,7 +182,7 @@ impl DeadLetters {
             .context
             .get_stream_no_info(&self.stream)
             .await
-            .map_err(|e| backend_error(format!("DLQ stream {}: {e}", self.stream)))
+            .map_err(|e| seam(format_args!("DLQ stream {}", self.stream), e))
     }
 
     /// Removes every entry up to `last` (inclusive) at once.
@@ -185,7 +192,7 @@ impl DeadLetters {
             .purge()
             .sequence(last + 1)
             .await
-            .map_err(|e| backend_error(format!("purging DLQ {}: {e}", self.stream)))?;
+            .map_err(|e| seam(format_args!("purging DLQ {}", self.stream), e))?;
         Ok(())
     }
 
@@ -207,10 +214,12 @@ impl DeadLetters {
         )
         .await?;
         let stream = self.dlq_stream().await?;
-        stream
-            .delete_message(seq)
-            .await
-            .map_err(|e| backend_error(format!("deleting DLQ entry {seq}: {e}")))?;
+        stream.delete_message(seq).await.map_err(|e| {
+            seam(
+                format_args!("deleting DLQ entry {seq} of {}", self.stream),
+                e,
+            )
+        })?;
         Ok(())
     }
 }

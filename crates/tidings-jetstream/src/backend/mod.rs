@@ -22,8 +22,19 @@
 //! Every seam call is bounded: one request timeout ([`ConnectOptions::request_timeout`])
 //! per round trip it makes plus 0.5 s (an append, a fetch, a state read: one; a finish: two
 //! per message). A server that is away yields [`StreamError::Backend`] naming `jetstream`
-//! within that bound, never a hang. The client reconnects by itself;
-//! a cursor's background fetch retries until then.
+//! within that bound, never a hang: of kind `Unavailable` (not connected, no JetStream
+//! answering) or `TimedOut` (no answer in time), a refusal by the server `Refused` with its
+//! API error code kept in the [`JetStreamError`] source, a record
+//! that does not decode `Corrupt`. The client reconnects by itself; a cursor's background
+//! fetch retries until then.
+//!
+//! # Settings
+//! [`StreamConfig`]'s patterns and retention are honoured: the stream's subjects, and its
+//! `max_bytes`/`max_age` (the server removes old messages itself). Opening a stream that
+//! exists with other patterns or limits is refused with
+//! [`StreamError::ConfigMismatch`]; it is never updated (R-LOG-5). The patterns are kept in
+//! the stream's metadata (`tidings.patterns`); a stream without it (made by an older build
+//! or by hand) is compared by its subjects.
 //!
 //! # Names
 //! tidings names allow `.`, NATS names do not: `_` is written `__` and `.` is written `_d`
@@ -36,13 +47,12 @@
 //! - Offsets are stream sequences: the first is 1 ([`Capabilities::first_offset`]).
 //! - No priority ([`Capabilities`]): the broker refuses a durable message with a priority.
 //! - `StartAt::Time` uses the server's store time, not the message timestamp.
-//! - Retention is the server's ([`BackendStream::apply_retention`] is unsupported).
+//! - Retention is the server's: no broker timer runs for it.
 //! - A message delivered more than [`JetStreamBackendBuilder::max_deliveries`] times
 //!   without being finished (its processes kept dying) is dead-lettered by the next
 //!   process that receives it, with that reason; the server itself never stops
 //!   redelivering, so no message can sit unacknowledged forever.
 //!
-//! [`BackendStream::apply_retention`]: tidings::durable::BackendStream::apply_retention
 //! [`Capabilities`]: tidings::durable::Capabilities
 //! [`Capabilities::first_offset`]: tidings::durable::Capabilities
 //! [`BackendCursor`]: tidings::durable::BackendCursor
@@ -60,15 +70,26 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tidings::durable::{BackendStream, Capabilities, DurableBackend};
-use tidings::{Limits, Pattern, StreamConfig, StreamError};
+use tidings::{Limits, Pattern, StreamConfig, StreamError, StreamErrorKind};
 
+use crate::classify::seam;
 use crate::connect::{ConnectOptions, JetStream};
 use crate::consumer::{DEFAULT_ACK_WAIT, DEFAULT_INACTIVE_THRESHOLD};
-use crate::error::ConnectError;
+use crate::error::{ConnectError, JetStreamError};
 use runtime::Runtime;
 
 /// The name this backend reports in errors and snapshots.
 pub const BACKEND_NAME: &str = "jetstream";
+
+/// What this backend can do: no priority, no durable dedup store, stored messages stamped
+/// with the server's clock (no replay on a manual clock), each message acknowledged on its
+/// own (no low-watermark commit), offsets from 1.
+pub const CAPABILITIES: Capabilities = Capabilities::all()
+    .without_priority()
+    .without_dedup_store()
+    .without_manual_time()
+    .without_contiguous_commit()
+    .first_offset(1);
 
 /// Default number of deliveries of one message (each after a process holding it stopped)
 /// before the next process dead-letters it instead of handling it.
@@ -114,11 +135,18 @@ impl Shared {
         let timed = async move {
             match tokio::time::timeout(bound, fut).await {
                 Ok(r) => r,
-                Err(_) => Err(backend_error(format!("no answer within {bound:?}"))),
+                Err(_) => Err(JetStreamError::new(
+                    StreamErrorKind::TimedOut,
+                    format_args!("no answer within {bound:?}"),
+                )
+                .into()),
             }
         };
         self.rt.call(timed).map_err(|_| {
-            backend_error("the backend is closed (or was called on its own runtime thread)")
+            StreamError::from(JetStreamError::new(
+                StreamErrorKind::Closed,
+                "the backend is closed (or was called on its own runtime thread)",
+            ))
         })?
     }
 
@@ -128,12 +156,10 @@ impl Shared {
     }
 }
 
-/// A [`StreamError::Backend`] naming this backend.
-pub(crate) fn backend_error(reason: impl fmt::Display) -> StreamError {
-    StreamError::Backend {
-        backend: BACKEND_NAME,
-        reason: reason.to_string(),
-    }
+/// A [`StreamError::Backend`] of this backend, of `kind`, without a cause of its own
+/// (a record that does not decode, say).
+pub(crate) fn backend_error(kind: StreamErrorKind, what: impl fmt::Display) -> StreamError {
+    JetStreamError::new(kind, what).into()
 }
 
 /// A tidings name (`A-Z a-z 0-9 - _ .`) as a NATS name (`A-Z a-z 0-9 - _`), one to one:
@@ -292,18 +318,21 @@ impl JetStreamBackend {
     /// of its durable subscriptions (administration, tests). Returns whether it existed.
     ///
     /// # Errors
-    /// [`StreamError::Backend`] when the server refused or did not answer.
+    /// [`StreamError::Backend`] when the server refused or did not answer (its
+    /// [`kind`](StreamError::kind) says which).
     pub fn delete_stream(&self, name: &str) -> Result<bool, StreamError> {
         check_name("stream", name)?;
         let js = self.shared.js.clone();
         let nats = nats_name(name);
         self.shared.call(self.shared.bound(8), async move {
-            let existed = js.delete_stream(&nats).await.map_err(backend_error)?;
-            for dlq in dead_letters::dlq_streams_of(&js, &nats)
+            let existed = js
+                .delete_stream(&nats)
                 .await
-                .map_err(backend_error)?
-            {
-                js.delete_stream(&dlq).await.map_err(backend_error)?;
+                .map_err(|e| seam(format_args!("deleting stream {nats}"), e))?;
+            for dlq in dead_letters::dlq_streams_of(&js, &nats).await? {
+                js.delete_stream(&dlq)
+                    .await
+                    .map_err(|e| seam(format_args!("deleting DLQ stream {dlq}"), e))?;
             }
             Ok(existed)
         })
@@ -316,10 +345,7 @@ impl DurableBackend for JetStreamBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::all()
-            .without_priority()
-            .without_dedup_store()
-            .first_offset(1)
+        CAPABILITIES
     }
 
     fn open_stream(
@@ -329,7 +355,7 @@ impl DurableBackend for JetStreamBackend {
     ) -> Result<Arc<dyn BackendStream>, StreamError> {
         Ok(Arc::new(stream::JsStream::open(
             Arc::clone(&self.shared),
-            config.name(),
+            config,
             patterns,
         )?))
     }

@@ -8,18 +8,25 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use async_nats::HeaderMap;
-use async_nats::jetstream::context::PublishErrorKind;
+use async_nats::jetstream::context::GetStreamErrorKind;
+use async_nats::jetstream::{ErrorCode, stream as js_stream};
+use tidings::StorageInfo;
 use tidings::durable::{BackendCursor, BackendStream, CursorSpec};
-use tidings::{Message, Pattern, StartAt, StreamError};
+use tidings::{Message, Pattern, Retention, StartAt, StreamConfig, StreamError};
 
 use super::codec::{self, Stored};
 use super::cursor::{CursorShared, JsCursor};
-use super::{Shared, backend_error, check_name, nats_name};
+use super::{Shared, check_name, nats_name};
+use crate::classify::seam;
 use crate::connect::JetStream;
-use crate::stream::StreamSpec;
+use crate::stream::{StreamSpec, StreamState, verify_answer};
+
+/// The stream metadata key holding the tidings patterns a stream was created with, one
+/// per line.
+pub(crate) const PATTERNS_KEY: &str = "tidings.patterns";
 
 /// A tidings stream on JetStream.
 pub(crate) struct JsStream {
@@ -50,11 +57,11 @@ pub(crate) async fn bounds(js: &JetStream, nats: &str) -> Result<(u64, u64), Str
         .context
         .get_stream(nats)
         .await
-        .map_err(|e| backend_error(format!("stream {nats}: {e}")))?;
+        .map_err(|e| seam(format_args!("stream {nats}"), e))?;
     let info = stream
         .info()
         .await
-        .map_err(|e| backend_error(format!("stream {nats}: {e}")))?;
+        .map_err(|e| seam(format_args!("stream {nats}"), e))?;
     Ok(state_bounds(
         info.state.messages,
         info.state.first_sequence,
@@ -79,15 +86,8 @@ pub(crate) async fn publish(
     headers: HeaderMap,
     payload: bytes::Bytes,
 ) -> Result<u64, StreamError> {
-    let map = |e: async_nats::jetstream::context::PublishError| match e.kind() {
-        PublishErrorKind::StreamNotFound => {
-            backend_error(format!("no stream captures subject {subject:?}"))
-        }
-        PublishErrorKind::TimedOut | PublishErrorKind::BrokenPipe => backend_error(format!(
-            "no acknowledgement within {:?} (server away?)",
-            js.request_timeout()
-        )),
-        _ => backend_error(format!("append refused: {e}")),
+    let map = |e: async_nats::jetstream::context::PublishError| {
+        seam(format_args!("appending to subject {subject:?}"), e)
     };
     let ack = js
         .context
@@ -107,20 +107,25 @@ pub(crate) fn headers_with_id(m: &Message, msg_id: &str) -> HeaderMap {
 }
 
 impl JsStream {
+    /// Opens the stream `config` names, creating it when it does not exist; an existing
+    /// one must have the same patterns and retention (R-LOG-5): it is never updated.
     pub(crate) fn open(
         shared: Arc<Shared>,
-        name: &str,
+        config: &StreamConfig,
         patterns: &[Pattern],
     ) -> Result<Self, StreamError> {
+        let name = config.name();
         check_name("stream", name)?;
         if patterns.is_empty() {
             return Err(StreamError::NoPattern(name.to_owned()));
         }
         let nats = nats_name(name);
-        let spec = StreamSpec::new(nats.clone(), patterns.iter().cloned());
         let js = shared.js.clone();
-        let state = shared.call(shared.bound(1), async move {
-            js.ensure_stream(&spec).await.map_err(backend_error)
+        let (stream, patterns_owned) = (name.to_owned(), patterns.to_vec());
+        let retention = *config.retention_policy();
+        let nats_for_open = nats.clone();
+        let state = shared.call(shared.bound(3), async move {
+            open_or_create(&js, &stream, &nats_for_open, &patterns_owned, retention).await
         })?;
         let (start, end) = state_bounds(state.messages, state.first_sequence, state.last_sequence);
         Ok(Self {
@@ -228,7 +233,7 @@ impl BackendStream for JsStream {
             let exists = self.shared.call(self.shared.bound(1), async move {
                 js.consumer_exists(&stream, &durable)
                     .await
-                    .map_err(backend_error)
+                    .map_err(|e| seam(format_args!("looking up consumer {durable}"), e))
             })?;
             if !exists {
                 let (start, end) = self.refresh()?;
@@ -247,18 +252,178 @@ impl BackendStream for JsStream {
         Ok(Box::new(cursor))
     }
 
-    fn apply_retention(&self, now: SystemTime) -> Result<tidings::RetentionReport, StreamError> {
-        let _ = now;
-        Err(StreamError::Unsupported {
-            feature: "apply_retention (the server applies the stream's limits itself)",
-            backend: super::BACKEND_NAME,
-        })
+    fn storage_info(&self) -> StorageInfo {
+        let mut info = StorageInfo::default();
+        info.location = format!("jetstream stream {}", self.nats);
+        info.durability = "server".to_owned();
+        info
     }
 
     fn close(&self) -> Result<(), StreamError> {
         self.closed.store(true, Ordering::Release);
         Ok(())
     }
+}
+
+/// The patterns as the stream's metadata keeps them.
+fn patterns_text(patterns: &[Pattern]) -> String {
+    patterns
+        .iter()
+        .map(Pattern::as_str)
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// A pattern list as a sorted set, for comparing.
+fn pattern_set(patterns: &str) -> Vec<&str> {
+    let mut set: Vec<&str> = patterns.lines().filter(|l| !l.is_empty()).collect();
+    set.sort_unstable();
+    set.dedup();
+    set
+}
+
+/// A retention as a stream's limits show it.
+fn limits_text(max_age: Duration, max_bytes: i64) -> String {
+    let age = if max_age.is_zero() {
+        "unlimited".to_owned()
+    } else {
+        format!("{max_age:?}")
+    };
+    let bytes = if max_bytes < 0 {
+        "unlimited".to_owned()
+    } else {
+        format!("{max_bytes} bytes")
+    };
+    format!("{{max_bytes: {bytes}, max_age: {age}}}")
+}
+
+/// Opens the JetStream stream `nats` for the tidings stream `stream` capturing `patterns`
+/// with `retention`: checks an existing one against them (never updating its settings),
+/// or creates it.
+async fn open_or_create(
+    js: &JetStream,
+    stream: &str,
+    nats: &str,
+    patterns: &[Pattern],
+    retention: Retention,
+) -> Result<StreamState, StreamError> {
+    let mut spec = StreamSpec::new(nats.to_owned(), patterns.iter().cloned());
+    if let Some(age) = retention.max_age {
+        spec = spec.max_age(age);
+    }
+    if let Some(bytes) = retention.max_bytes {
+        spec = spec.max_bytes(bytes);
+    }
+    let mut config = spec
+        .prepare()
+        .map_err(|e| seam(format_args!("stream {stream}"), e))?;
+    config
+        .metadata
+        .insert(PATTERNS_KEY.to_owned(), patterns_text(patterns));
+    match js.context.get_stream(nats).await {
+        Ok(mut existing) => {
+            let info = existing
+                .info()
+                .await
+                .map_err(|e| seam(format_args!("stream {nats}"), e))?;
+            let info = info.clone();
+            check_existing(js, stream, &config, info).await
+        }
+        Err(e)
+            if matches!(e.kind(), GetStreamErrorKind::JetStream(err)
+            if err.error_code() == ErrorCode::STREAM_NOT_FOUND) =>
+        {
+            match js.context.create_stream(config.clone()).await {
+                Ok(created) => {
+                    let info = created.cached_info();
+                    verify_answer(&config, &info.config)
+                        .map_err(|e| seam(format_args!("stream {stream}"), e))?;
+                    Ok(StreamState::of(info))
+                }
+                // Another process created it meanwhile: compare with what it made.
+                Err(e) => {
+                    let raced = matches!(e.kind(),
+                        async_nats::jetstream::context::CreateStreamErrorKind::JetStream(err)
+                            if err.error_code() == ErrorCode::STREAM_NAME_EXIST);
+                    if !raced {
+                        return Err(seam(format_args!("creating stream {nats}"), e));
+                    }
+                    let mut existing = js
+                        .context
+                        .get_stream(nats)
+                        .await
+                        .map_err(|e| seam(format_args!("stream {nats}"), e))?;
+                    let info = existing
+                        .info()
+                        .await
+                        .map_err(|e| seam(format_args!("stream {nats}"), e))?
+                        .clone();
+                    check_existing(js, stream, &config, info).await
+                }
+            }
+        }
+        Err(e) => Err(seam(format_args!("stream {nats}"), e)),
+    }
+}
+
+/// An existing stream, checked against the configuration asked for: other patterns or
+/// limits are [`StreamError::ConfigMismatch`]. A stream without the patterns in its
+/// metadata (an older build, or made by hand) is compared by its subjects and, when they
+/// agree, gets the metadata (nothing else of it changes).
+async fn check_existing(
+    js: &JetStream,
+    stream: &str,
+    asked: &js_stream::Config,
+    info: js_stream::Info,
+) -> Result<StreamState, StreamError> {
+    let requested = &asked.metadata[PATTERNS_KEY];
+    match info.config.metadata.get(PATTERNS_KEY) {
+        Some(stored) if pattern_set(stored) != pattern_set(requested) => {
+            return Err(StreamError::ConfigMismatch {
+                stream: stream.to_owned(),
+                setting: "patterns",
+                existing: format!("{:?}", pattern_set(stored)),
+                requested: format!("{:?}", pattern_set(requested)),
+            });
+        }
+        Some(_) => {}
+        None => {
+            let mut subjects = info.config.subjects.clone();
+            subjects.sort();
+            let mut wanted = asked.subjects.clone();
+            wanted.sort();
+            if subjects != wanted {
+                return Err(StreamError::ConfigMismatch {
+                    stream: stream.to_owned(),
+                    setting: "patterns",
+                    existing: format!("subjects {subjects:?}"),
+                    requested: format!("{:?} (subjects {wanted:?})", pattern_set(requested)),
+                });
+            }
+        }
+    }
+    if info.config.max_age != asked.max_age || info.config.max_bytes != asked.max_bytes {
+        return Err(StreamError::ConfigMismatch {
+            stream: stream.to_owned(),
+            setting: "retention",
+            existing: limits_text(info.config.max_age, info.config.max_bytes),
+            requested: limits_text(asked.max_age, asked.max_bytes),
+        });
+    }
+    if info.config.metadata.contains_key(PATTERNS_KEY) {
+        return Ok(StreamState::of(&info));
+    }
+    // Same subjects, no record of the patterns: adopt the requested ones.
+    let mut adopted = info.config.clone();
+    adopted
+        .metadata
+        .insert(PATTERNS_KEY.to_owned(), requested.clone());
+    let updated = js
+        .context
+        .update_stream(adopted)
+        .await
+        .map_err(|e| seam(format_args!("recording the patterns of stream {stream}"), e))?;
+    Ok(StreamState::of(&updated))
 }
 
 /// An offset a cursor may start at: retained, and at most the end.
@@ -288,7 +453,7 @@ async fn read_range(
         .context
         .get_stream_no_info(nats)
         .await
-        .map_err(|e| backend_error(format!("stream {nats}: {e}")))?;
+        .map_err(|e| seam(format_args!("stream {nats}"), e))?;
     let mut out = Vec::new();
     let mut seq = from;
     while out.len() < max && seq < end {
@@ -303,11 +468,14 @@ async fn read_range(
                     header: &header,
                 };
                 // A redrive copy reads as the message it copies.
-                out.push(codec::decode(&stored, limits).map_err(backend_error)?);
+                out.push(
+                    codec::decode(&stored, limits)
+                        .map_err(|e| seam(format_args!("stream {nats}"), e))?,
+                );
             }
             Err(e) => {
                 if !super::dead_letters::is_no_message(&e) {
-                    return Err(backend_error(format!("reading {nats} at {seq}: {e}")));
+                    return Err(seam(format_args!("reading {nats} at {seq}"), e));
                 }
             }
         }

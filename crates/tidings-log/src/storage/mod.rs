@@ -72,6 +72,12 @@ pub trait Storage: Send + Sync + fmt::Debug {
 /// The name of the lock file in a log directory.
 pub const LOCK_FILE: &str = "LOCK";
 
+/// The name of a file in a log directory that belongs to the application owning the log
+/// (tidings keeps a stream's patterns and retention in it). The log never reads or writes
+/// it and does not report it as a foreign file; a `META.tmp` left by an interrupted write
+/// is removed on open like any other `*.tmp`.
+pub const META_FILE: &str = "META";
+
 /// An exclusive lock on a log directory; released on drop.
 #[derive(Debug)]
 pub struct DirLock {

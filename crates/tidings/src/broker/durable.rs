@@ -137,7 +137,21 @@ impl Broker {
     /// The data directory, if the broker keeps its streams in the embedded log.
     #[must_use]
     pub fn data_dir(&self) -> Option<&Path> {
-        self.inner.durables.data_dir.as_deref()
+        self.inner
+            .durables
+            .data_dir
+            .as_deref()
+            .or_else(|| self.embedded_backend().map(|b| b.data_dir()))
+    }
+
+    /// The embedded log backend, if the broker keeps its streams there (built by
+    /// [`BrokerBuilder::data_dir`], or an [`EmbeddedBackend`](crate::embedded::EmbeddedBackend)
+    /// given to [`BrokerBuilder::durable_backend`]): where the embedded log's own details
+    /// are (stream directories, recovery reports, retention passes).
+    #[must_use]
+    pub fn embedded_backend(&self) -> Option<&crate::embedded::EmbeddedBackend> {
+        let backend: &dyn std::any::Any = &**self.inner.durables.backend().ok()?;
+        backend.downcast_ref()
     }
 
     /// The name of the durable backend (`"embedded-log"`, `"jetstream"`), if there is one.
@@ -149,12 +163,20 @@ impl Broker {
     /// Create — or, after a restart, reopen and recover — the stream `config.name`
     /// (R-LOG-1, R-LOG-2); in the embedded log, in `<data_dir>/streams/<name>/`. From now
     /// on every published message whose topic matches one of its patterns is appended to
-    /// it before publish returns. [`Stream::recovery`] tells what opening found.
+    /// it before publish returns. On the embedded log,
+    /// [`EmbeddedBackend::recovery`](crate::embedded::EmbeddedBackend::recovery) tells what
+    /// opening found.
+    ///
+    /// An existing stream is opened only with the patterns and retention it has: never
+    /// changed implicitly (R-LOG-5).
     ///
     /// # Errors
     /// No data dir or backend, bad name or pattern, the name already open in this broker,
-    /// or the backend could not open it (a corrupt or foreign file is reported with its
-    /// path, R-LIM-2).
+    /// the stream exists with other patterns or retention
+    /// ([`StreamError::ConfigMismatch`]), a setting the backend cannot honour
+    /// ([`StreamError::Unsupported`]), or the backend could not open it (a corrupt or
+    /// foreign file is reported with its path, R-LIM-2). Match on
+    /// [`StreamError::kind`].
     pub fn create_stream(&self, config: StreamConfig) -> Result<Stream, StreamError> {
         if self.is_closed() {
             return Err(StreamError::Closed);

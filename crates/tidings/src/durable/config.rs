@@ -1,36 +1,50 @@
-//! Stream configuration and where a durable subscription starts (R-LOG-1, R-LOG-4).
+//! Stream configuration and where a durable subscription starts (R-LOG-1, R-LOG-4,
+//! R-LOG-5, R-DIST-4).
+//!
+//! # Backend-neutral
+//! [`StreamConfig`] holds only what every durable backend honours or refuses: the
+//! stream's name, its patterns and its retention. A backend's own settings live with that
+//! backend — the embedded log's fsync policy, segment size, commit cadence and retention
+//! timer in [`EmbeddedStreamOptions`](crate::embedded::EmbeddedStreamOptions), JetStream's
+//! servers and replicas in `tidings-jetstream`. A setting a backend cannot honour is refused
+//! with [`StreamError::Unsupported`](crate::StreamError::Unsupported) naming it and the
+//! backend, never dropped.
+//!
+//! # Reopening
+//! Opening a stream that exists (after a restart, or from another process) with other
+//! patterns or another retention than it was created with is refused with
+//! [`StreamError::ConfigMismatch`](crate::StreamError::ConfigMismatch) naming both values;
+//! a stream is never changed implicitly.
 
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
-use tidings_log::{Fsync, LogConfig, Retention};
-
-/// Default number of completions between two durable commits of a subscription's position.
-pub const DEFAULT_COMMIT_EVERY: usize = 64;
-/// Default period of the retention timer of a stream with a retention policy.
-pub const DEFAULT_RETENTION_INTERVAL: Duration = Duration::from_secs(60);
+use tidings_log::Retention;
 
 /// A stream: a durable log capturing every published message whose topic matches one of
-/// its patterns. Stored in `<data_dir>/streams/<name>/`.
+/// its patterns, kept by the broker's durable backend (in the embedded log,
+/// `<data_dir>/streams/<name>/`).
 ///
 /// ```
-/// # use tidings::{StreamConfig, Fsync};
-/// let config = StreamConfig::new("orders", ["orders.#"]).fsync(Fsync::Always);
+/// # use std::time::Duration;
+/// # use tidings::{Retention, StreamConfig};
+/// let config = StreamConfig::new("orders", ["orders.#"]).retention(Retention {
+///     max_age: Some(Duration::from_secs(7 * 24 * 3600)),
+///     ..Retention::default()
+/// });
 /// assert_eq!(config.name(), "orders");
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 #[must_use]
 pub struct StreamConfig {
     pub(crate) name: String,
     pub(crate) patterns: Vec<String>,
-    pub(crate) log: LogConfig,
-    pub(crate) commit_every: usize,
-    pub(crate) retention_interval: Duration,
+    pub(crate) retention: Retention,
 }
 
 impl StreamConfig {
     /// A stream called `name` capturing topics matching any of `patterns` (AMQP-style
-    /// wildcards, like subscriptions). Defaults: `Fsync::Always`, keep everything, 64 MiB
-    /// segments, commit durable positions every 64 completions (and when idle / on close).
+    /// wildcards, like subscriptions), keeping everything. How durably an append is
+    /// stored is the backend's setting (the embedded log's default: fsync every append).
     pub fn new<I, S>(name: impl Into<String>, patterns: I) -> Self
     where
         I: IntoIterator<Item = S>,
@@ -39,9 +53,7 @@ impl StreamConfig {
         Self {
             name: name.into(),
             patterns: patterns.into_iter().map(Into::into).collect(),
-            log: LogConfig::default(),
-            commit_every: DEFAULT_COMMIT_EVERY,
-            retention_interval: DEFAULT_RETENTION_INTERVAL,
+            retention: Retention::default(),
         }
     }
     /// The stream's name.
@@ -49,43 +61,25 @@ impl StreamConfig {
     pub fn name(&self) -> &str {
         &self.name
     }
-    /// Fsync policy of the stream's log. Under `Always`, `publish` returns only once the
-    /// message is synced.
-    pub fn fsync(mut self, fsync: Fsync) -> Self {
-        self.log.fsync = fsync;
-        self
+    /// The patterns it captures, as given.
+    #[must_use]
+    pub fn patterns(&self) -> &[String] {
+        &self.patterns
     }
-    /// Size/age retention, applied after every segment roll, by
-    /// [`Stream::apply_retention`](crate::Stream::apply_retention), and on a timer every
-    /// [`retention_interval`](Self::retention_interval) — so an idle stream sheds old
-    /// segments too. Age is judged against the broker clock's wall time.
+    /// Size/age retention (default: keep everything). Every backend honours it: the
+    /// embedded log removes whole segments once they are entirely past a limit (after a
+    /// segment roll and on its retention timer, age judged against the broker clock's wall
+    /// time); JetStream sets the stream's `max_bytes`/`max_age` and the server removes
+    /// messages. Reopening an existing stream with another retention is refused
+    /// ([`StreamError::ConfigMismatch`](crate::StreamError::ConfigMismatch)).
     pub fn retention(mut self, retention: Retention) -> Self {
-        self.log.retention = retention;
+        self.retention = retention;
         self
     }
-    /// How often the broker applies this stream's retention when it has a policy (default
-    /// [`DEFAULT_RETENTION_INTERVAL`], 60 s; on the broker's clock, so a
-    /// [`ManualClock`](crate::ManualClock) drives it in tests). A duration too large to
-    /// represent means never (only rolls and explicit calls apply it then).
-    pub fn retention_interval(mut self, every: Duration) -> Self {
-        self.retention_interval = every.max(Duration::from_millis(1));
-        self
-    }
-    /// Segment size of the stream's log (at least `tidings_log::MIN_SEGMENT_BYTES`).
-    pub fn segment_bytes(mut self, bytes: u64) -> Self {
-        self.log.segment_bytes = bytes;
-        self
-    }
-    /// Replace the whole log configuration.
-    pub fn log_config(mut self, config: LogConfig) -> Self {
-        self.log = config;
-        self
-    }
-    /// Durable subscriptions of this stream write their position after this many
-    /// completions (≥ 1), besides when idle, on seek and on close. 1 = after every message.
-    pub fn commit_every(mut self, completions: usize) -> Self {
-        self.commit_every = completions.max(1);
-        self
+    /// The retention asked for.
+    #[must_use]
+    pub fn retention_policy(&self) -> &Retention {
+        &self.retention
     }
 }
 

@@ -1,13 +1,98 @@
-//! Errors of streams and durable subscriptions (R-LIM-1, R-LIM-2, R-LOG-4).
+//! Errors of streams and durable subscriptions (R-LIM-1, R-LIM-2, R-LOG-4, R-DIST-4).
+//!
+//! # Kinds
+//! Every [`StreamError`] has a [`StreamErrorKind`] ([`StreamError::kind`]), the same on every
+//! backend: a caller matches on "unsupported", "unavailable", "timed out", "refused",
+//! "auth", "TLS", "corrupt"… without knowing where the stream lives, and never on the
+//! message text. The underlying failure stays reachable through
+//! [`std::error::Error::source`] (a remote backend's own error, boxed, with its cause
+//! after it).
 
 use std::path::PathBuf;
 
 use tidings_log::{AppendError, OpenError, ReadError, RetentionError};
 
-use crate::error::SubscribeError;
+use crate::error::{SubscribeError, TransportError};
 use crate::topic::TopicError;
 
-/// Why a stream operation failed. Messages name the file or directory involved.
+/// What kind of failure a [`StreamError`] is, whatever the backend (DESIGN.md: "errors keep
+/// a kind and a source chain across the seam").
+///
+/// ```
+/// # use tidings::{StreamConfig, StreamErrorKind};
+/// let broker = tidings::Broker::builder().build()?;
+/// let err = broker.create_stream(StreamConfig::new("orders", ["orders.#"])).unwrap_err();
+/// assert_eq!(err.kind(), StreamErrorKind::Unsupported); // no durable backend
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum StreamErrorKind {
+    /// The backend cannot do what was asked: an option or an operation it does not have
+    /// (R-DIST-4), or a broker without a durable backend.
+    Unsupported,
+    /// A name, pattern or setting given by the caller is not valid.
+    InvalidInput,
+    /// The stream, durable subscription or record asked for does not exist.
+    NotFound,
+    /// Something of that name already exists (a stream opened twice in one broker).
+    AlreadyExists,
+    /// The name is held by someone else right now: a durable subscription already active,
+    /// a log directory locked by another broker.
+    InUse,
+    /// The stream exists with other settings than the ones asked for (patterns,
+    /// retention); nothing was changed (R-LOG-5).
+    ConfigMismatch,
+    /// An offset outside the retained part of the stream (R-LOG-4).
+    OutOfRange,
+    /// The remote engine cannot be reached: not connected, connection lost, no server
+    /// answering (R-DIST-5).
+    Unavailable,
+    /// The remote engine did not answer within its timeout; the outcome may be unknown.
+    TimedOut,
+    /// The engine refused the request (a server API error, a limit reached).
+    Refused,
+    /// The credentials were refused (R-SEC-1).
+    Auth,
+    /// TLS failed: handshake, certificate, or a TLS requirement not met (R-SEC-1).
+    Tls,
+    /// Stored data is unreadable or not tidings' own: a corrupt or foreign file, a record
+    /// that does not decode (R-LIM-2).
+    Corrupt,
+    /// A local file-system operation failed, or an earlier failed sync poisoned the
+    /// writer (R-LOG-3).
+    Io,
+    /// The broker, stream or cursor is closed.
+    Closed,
+    /// Anything else.
+    Other,
+}
+
+impl std::fmt::Display for StreamErrorKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Unsupported => "unsupported",
+            Self::InvalidInput => "invalid input",
+            Self::NotFound => "not found",
+            Self::AlreadyExists => "already exists",
+            Self::InUse => "in use",
+            Self::ConfigMismatch => "configuration mismatch",
+            Self::OutOfRange => "out of range",
+            Self::Unavailable => "unavailable",
+            Self::TimedOut => "timed out",
+            Self::Refused => "refused",
+            Self::Auth => "authentication failed",
+            Self::Tls => "TLS failed",
+            Self::Corrupt => "corrupt",
+            Self::Io => "I/O error",
+            Self::Closed => "closed",
+            Self::Other => "other",
+        })
+    }
+}
+
+/// Why a stream operation failed. Messages name the file or directory involved; match on
+/// [`kind`](Self::kind) (or on a variant) rather than on the text.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum StreamError {
@@ -138,21 +223,46 @@ pub enum StreamError {
     /// The broker is closed.
     #[error("the broker is closed")]
     Closed,
-    /// The durable backend cannot do what was asked (an option, or an operation).
+    /// The durable backend cannot do what was asked (an option, or an operation); kind
+    /// [`StreamErrorKind::Unsupported`] (R-DIST-4).
     #[error("{feature} is not supported by the {backend} backend")]
     Unsupported {
-        /// The option or operation.
+        /// The option or operation (e.g. `"message priority"`, `"StreamConfig::retention"`).
         feature: &'static str,
         /// The backend's name.
         backend: &'static str,
     },
-    /// A remote backend failed (connection, timeout, a refusal by the server).
-    #[error("{backend}: {reason}")]
+    /// The stream exists with another value of `setting` than the one asked for; it was
+    /// opened with neither, and nothing was changed (R-LOG-5). Kind
+    /// [`StreamErrorKind::ConfigMismatch`].
+    #[error(
+        "stream {stream:?} exists with {setting} {existing}, not the requested {requested}; \
+         nothing was changed (delete the stream, or open it with its stored {setting})"
+    )]
+    ConfigMismatch {
+        /// The stream.
+        stream: String,
+        /// The setting that differs: `"patterns"`, `"retention"`.
+        setting: &'static str,
+        /// What the stream has (e.g. the stored patterns, `["sh.#"]`).
+        existing: String,
+        /// What was asked for.
+        requested: String,
+    },
+    /// A backend failed: a remote engine (connection, timeout, a refusal by the server),
+    /// or a local operation without a variant of its own. `kind` says which; `source` is
+    /// the backend's own error (for `tidings-jetstream`, a `JetStreamError` carrying the
+    /// server's API error code when there is one), reachable with
+    /// [`std::error::Error::source`] and `downcast_ref`.
+    #[error("{backend}: {source}")]
     Backend {
         /// The backend's name.
         backend: &'static str,
-        /// What failed, as text.
-        reason: String,
+        /// What kind of failure it is.
+        kind: StreamErrorKind,
+        /// The backend's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync + 'static>,
     },
 }
 
@@ -177,6 +287,74 @@ pub struct CommitFailed {
 }
 
 impl StreamError {
+    /// What kind of failure this is, the same on every backend (see [`StreamErrorKind`]).
+    #[must_use]
+    pub fn kind(&self) -> StreamErrorKind {
+        use StreamErrorKind as K;
+        match self {
+            StreamError::NoDataDir | StreamError::Unsupported { .. } => K::Unsupported,
+            StreamError::InvalidName { .. }
+            | StreamError::InvalidPattern { .. }
+            | StreamError::NoPattern(_) => K::InvalidInput,
+            StreamError::AlreadyExists(_) => K::AlreadyExists,
+            StreamError::UnknownStream(_) => K::NotFound,
+            StreamError::DurableInUse { .. } => K::InUse,
+            StreamError::Open { source, .. } => match source {
+                OpenError::Config(_) => K::InvalidInput,
+                OpenError::Io { .. } => K::Io,
+                OpenError::Locked { .. } => K::InUse,
+                _ => K::Corrupt,
+            },
+            StreamError::OutOfRetention { .. } | StreamError::BeyondEnd { .. } => K::OutOfRange,
+            StreamError::Read { source, .. } => match source {
+                ReadError::OutOfRetention { .. } | ReadError::BeyondEnd { .. } => K::OutOfRange,
+                ReadError::Corrupt { .. } => K::Corrupt,
+                _ => K::Io,
+            },
+            StreamError::Append { source, .. } => match source {
+                AppendError::Closed => K::Closed,
+                AppendError::RecordTooLarge { .. } | AppendError::HeaderNameTooLong { .. } => {
+                    K::InvalidInput
+                }
+                _ => K::Io,
+            },
+            StreamError::Retention { .. } | StreamError::Io { .. } | StreamError::Poisoned(_) => {
+                K::Io
+            }
+            StreamError::BadOffsetFile { .. } | StreamError::Decode { .. } => K::Corrupt,
+            StreamError::Subscribe(e) => match e {
+                SubscribeError::InvalidPattern(_) | SubscribeError::InvalidOptions(_) => {
+                    K::InvalidInput
+                }
+                SubscribeError::TooManySubscriptions { .. } => K::Refused,
+                SubscribeError::Closed => K::Closed,
+                SubscribeError::AsyncHandlerNeedsTokio => K::Unsupported,
+                SubscribeError::Transport(t) => match t {
+                    TransportError::Unavailable { .. } => K::Unavailable,
+                    TransportError::Refused { .. } => K::Refused,
+                    TransportError::Closed { .. } => K::Closed,
+                },
+                SubscribeError::Spawn(_) => K::Io,
+            },
+            StreamError::Closed => K::Closed,
+            StreamError::ConfigMismatch { .. } => K::ConfigMismatch,
+            StreamError::Backend { kind, .. } => *kind,
+        }
+    }
+
+    /// A [`StreamError::Backend`] of `backend` with this `kind`, caused by `source`.
+    pub fn backend(
+        backend: &'static str,
+        kind: StreamErrorKind,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
+    ) -> Self {
+        StreamError::Backend {
+            backend,
+            kind,
+            source: source.into(),
+        }
+    }
+
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         StreamError::Io {
             path: path.into(),

@@ -40,7 +40,13 @@
 //!
 //! # Capabilities
 //! An option a backend cannot honour ([`Capabilities`]) is refused when it is asked for,
-//! with [`StreamError::Unsupported`] naming the option and the backend.
+//! with [`StreamError::Unsupported`] naming the option and the backend. The neutral
+//! [`StreamConfig`] holds only what every backend honours or refuses; a backend's own
+//! settings live with it.
+//!
+//! # Errors
+//! Every [`StreamError`] has a [`StreamErrorKind`], the same on every backend, and keeps
+//! the backend's own error as its source.
 //!
 //! # Durable DLQ (R-DEL-4)
 //! Each durable subscription has a durable dead-letter store kept by its cursor; it can be
@@ -48,8 +54,10 @@
 //! the stream before the entries leave the DLQ (loss-safe).
 //!
 //! # Retention
-//! Applied by the backend (the embedded log: after every segment roll) and on a timer by
-//! the broker's retention service, so idle streams shed old segments too.
+//! Applied by the backend (the embedded log: after every segment roll; JetStream: by the
+//! server) and, for a backend that asks for it
+//! ([`BackendStream::retention_interval`]), on a timer by the broker's retention service,
+//! so idle streams shed old segments too.
 
 pub(crate) mod config;
 pub(crate) mod error;
@@ -64,9 +72,9 @@ pub(crate) mod subscription;
 // What applications name is re-exported at the crate root (and only there); these
 // imports are the crate's own shorthand.
 pub(crate) use config::{StartAt, StreamConfig};
-pub(crate) use error::{CommitFailed, StreamError};
+pub(crate) use error::{CommitFailed, StreamError, StreamErrorKind};
 pub(crate) use registry::{Durables, check_name};
-pub(crate) use source::{CursorState, DurableDeadLetter};
+pub(crate) use source::{CursorState, DurableDeadLetter, StorageInfo};
 pub(crate) use spec::DurableSpec;
 pub(crate) use stream::Stream;
 pub(crate) use subscription::DurableSubscription;

@@ -125,10 +125,9 @@ impl Durables {
             return Err(StreamError::AlreadyExists(config.name));
         }
         let opened = backend.open_stream(&config, &patterns)?;
-        let retention = &config.log.retention;
-        let has_retention = retention.max_bytes.is_some() || retention.max_age.is_some();
+        // The broker's timer runs only for a backend that asks for it (the embedded log).
+        let has_retention = opened.retention_interval().is_some();
         let inner = Arc::new(OpenStream {
-            recovery: opened.recovery().cloned().unwrap_or_default(),
             backend: opened,
             patterns,
             backend_name: backend.name(),
@@ -197,17 +196,19 @@ impl Durables {
             };
             return Err(PublishError::Stream {
                 stream: s.name().to_owned(),
-                error: e.to_string(),
+                error: Arc::new(e),
+                appended_to: Vec::new(),
             });
         }
         let mut names = Vec::with_capacity(targets.len());
         for s in targets {
-            s.backend
-                .append(message)
-                .map_err(|e| PublishError::Stream {
+            if let Err(e) = s.backend.append(message) {
+                return Err(PublishError::Stream {
                     stream: s.name().to_owned(),
-                    error: format!("{e} (streams already holding the message: {names:?})"),
-                })?;
+                    error: Arc::new(e),
+                    appended_to: names,
+                });
+            }
             names.push(s.name().to_owned());
         }
         Ok(names)

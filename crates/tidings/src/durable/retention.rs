@@ -13,7 +13,6 @@
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
-use super::StreamError;
 use super::stream::OpenStream;
 use crate::clock::{Clock, ClockWaiter, deadline_after};
 use crate::driver::{Executor, FeedStep, Feeder, FeederHandle};
@@ -67,7 +66,7 @@ impl RetentionService {
 
     /// Apply `stream`'s retention every `retention_interval` from now on.
     pub(crate) fn add(&self, stream: Arc<OpenStream>) {
-        let every = stream.config.retention_interval;
+        let every = stream.retention_interval();
         let next = deadline_after(self.clock.now(), every);
         self.state.lock().streams.push((stream, next));
         self.wake();
@@ -79,7 +78,7 @@ impl RetentionService {
         let mut due = Vec::new();
         for (s, next) in &mut st.streams {
             if next.is_some_and(|n| n <= now) {
-                *next = deadline_after(now, s.config.retention_interval);
+                *next = deadline_after(now, s.retention_interval());
                 due.push(s.clone());
             }
         }
@@ -89,16 +88,8 @@ impl RetentionService {
     fn apply(&self, due: &[Arc<OpenStream>]) {
         let now = self.clock.wall();
         for s in due {
-            match s.backend.apply_retention(now) {
-                Ok(r) if !r.removed.is_empty() => tracing::debug!(
-                    "tidings: retention removed {} segment(s) of stream {}",
-                    r.removed.len(),
-                    s.name()
-                ),
-                Ok(_) => {}
-                // The backend applies retention itself.
-                Err(StreamError::Unsupported { .. }) => {}
-                Err(e) => tracing::warn!("tidings: retention of stream {}: {e}", s.name()),
+            if let Err(e) = s.backend.apply_retention(now) {
+                tracing::warn!("tidings: retention of stream {}: {e}", s.name());
             }
         }
     }

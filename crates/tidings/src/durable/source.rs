@@ -27,21 +27,20 @@
 //! signals "there may be more to fetch" through the [`CursorWaker`] it was opened with;
 //! waking is cheap and never blocks, so it may be called from any thread, under any lock.
 
+use std::any::Any;
 use std::fmt;
-use std::path::Path;
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use super::{CommitFailed, StartAt, StreamConfig, StreamError};
 use crate::dedup::DedupStore;
 use crate::dlq::DeadLetterReason;
 use crate::message::Message;
 use crate::topic::Pattern;
-use tidings_log::{RecoveryReport, RetentionReport};
 
-/// What a backend can do that the broker's options may ask for. An option the backend
-/// cannot honour is refused at subscribe or publish time with
-/// [`StreamError::Unsupported`], naming the option and the backend.
+/// What a backend can do, as the broker, its options and the conformance suite need to
+/// know it. An option the backend cannot honour is refused when it is asked for, with
+/// [`StreamError::Unsupported`] naming the option and the backend (R-DIST-4).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Capabilities {
@@ -49,6 +48,15 @@ pub struct Capabilities {
     pub priority: bool,
     /// [`DurableBackend::dedup_store`] is available (R-DEL-5 "durable").
     pub dedup_store: bool,
+    /// Stored messages are stamped with the broker's clock, so a
+    /// [`ManualClock`](crate::ManualClock) places them in time and `StartAt::Time` replays
+    /// by it. A backend stamping with a server's clock (JetStream) cannot.
+    pub manual_time: bool,
+    /// The committed position is a low watermark (R-LOG-3): after a restart *every*
+    /// offset from it on comes again, those already finished above it included. A backend
+    /// that acknowledges each message on its own (JetStream) redelivers only the
+    /// unfinished ones.
+    pub contiguous_commit: bool,
     /// The offset of the first message appended to an empty stream (0 for the embedded
     /// log; JetStream sequences start at 1).
     pub first_offset: u64,
@@ -61,6 +69,8 @@ impl Capabilities {
         Self {
             priority: true,
             dedup_store: true,
+            manual_time: true,
+            contiguous_commit: true,
             first_offset: 0,
         }
     }
@@ -76,6 +86,18 @@ impl Capabilities {
         self.dedup_store = false;
         self
     }
+    /// These capabilities without replay on a manual clock.
+    #[must_use]
+    pub const fn without_manual_time(mut self) -> Self {
+        self.manual_time = false;
+        self
+    }
+    /// These capabilities with a commit per message instead of a low watermark.
+    #[must_use]
+    pub const fn without_contiguous_commit(mut self) -> Self {
+        self.contiguous_commit = false;
+        self
+    }
     /// These capabilities with first offset `first`.
     #[must_use]
     pub const fn first_offset(mut self, first: u64) -> Self {
@@ -84,12 +106,28 @@ impl Capabilities {
     }
 }
 
+/// What a snapshot shows of where a stream is stored (R-OPS-1), in terms every backend
+/// can fill; what a backend does not know stays at its default (0, empty).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StorageInfo {
+    /// Bytes stored.
+    pub bytes: u64,
+    /// Storage units (the embedded log's segment files).
+    pub segments: u64,
+    /// Where it is stored: a directory, or a stream on a server.
+    pub location: String,
+    /// When an append counts as stored: `always`, `interval(100ms)`, `never` (the
+    /// embedded log's fsync policy), or what the server promises.
+    pub durability: String,
+}
+
 /// Where a broker's durable streams live. One backend serves one broker at a time.
 ///
 /// # Closing
 /// [`Broker::close`](crate::Broker::close) closes every cursor, then every stream, then
 /// calls [`DurableBackend::close`].
-pub trait DurableBackend: Send + Sync + fmt::Debug + 'static {
+pub trait DurableBackend: Any + Send + Sync + fmt::Debug {
     /// A short name used in errors and snapshots: `"embedded-log"`, `"jetstream"`.
     fn name(&self) -> &'static str;
 
@@ -97,12 +135,15 @@ pub trait DurableBackend: Send + Sync + fmt::Debug + 'static {
     fn capabilities(&self) -> Capabilities;
 
     /// Create the stream `config.name` capturing `patterns` (validated by the broker), or
-    /// open it again after a restart.
+    /// open it again after a restart (or from another process). Every setting of `config`
+    /// is honoured or refused; an existing stream is opened only if it has the same
+    /// patterns and retention, and is never changed (R-LOG-5).
     ///
     /// # Errors
     /// The backend could not create or open it ([`StreamError::Open`] for a local log,
-    /// [`StreamError::Backend`] for a remote one), or `config` asks for what it cannot do
-    /// ([`StreamError::Unsupported`]).
+    /// [`StreamError::Backend`] for a remote one), `config` asks for what it cannot do
+    /// ([`StreamError::Unsupported`]), or the stream exists with other settings
+    /// ([`StreamError::ConfigMismatch`]).
     fn open_stream(
         &self,
         config: &StreamConfig,
@@ -163,26 +204,28 @@ pub trait BackendStream: Send + Sync + fmt::Debug {
     /// failed.
     fn open_cursor(&self, spec: CursorSpec<'_>) -> Result<Box<dyn BackendCursor>, StreamError>;
 
-    /// The stream's directory, for a backend that keeps it in local files.
-    fn dir(&self) -> Option<&Path> {
+    /// How often the broker's retention timer should call
+    /// [`apply_retention`](Self::apply_retention) on this stream; `None` (the default):
+    /// never — the backend applies the retention itself (a server), or the stream keeps
+    /// everything.
+    fn retention_interval(&self) -> Option<Duration> {
         None
     }
 
-    /// What opening found and repaired, for a backend that recovers a local log.
-    fn recovery(&self) -> Option<&RecoveryReport> {
-        None
-    }
-
-    /// Apply the stream's retention now, judging age against `now`.
+    /// Apply the stream's retention now, judging age against `now` (the broker clock's
+    /// wall time); called by the broker's retention timer. The default does nothing.
     ///
     /// # Errors
-    /// [`StreamError::Unsupported`] where the backend applies retention itself.
-    fn apply_retention(&self, now: SystemTime) -> Result<RetentionReport, StreamError> {
+    /// Removing failed (logged by the broker, tried again at the next interval).
+    fn apply_retention(&self, now: SystemTime) -> Result<(), StreamError> {
         let _ = now;
-        Err(StreamError::Unsupported {
-            feature: "apply_retention",
-            backend: "this backend",
-        })
+        Ok(())
+    }
+
+    /// Where and how the stream is stored, for snapshots (R-OPS-1). Must not block for
+    /// long: the default is empty.
+    fn storage_info(&self) -> StorageInfo {
+        StorageInfo::default()
     }
 
     /// Stop accepting appends and release the stream (its cursors are closed first).
@@ -300,11 +343,6 @@ pub trait BackendCursor: Send + Sync {
         &self,
         select: &mut dyn FnMut(&DurableDeadLetter) -> bool,
     ) -> Result<usize, StreamError>;
-
-    /// The file the committed position is kept in, for a backend that keeps one.
-    fn offset_file(&self) -> Option<&Path> {
-        None
-    }
 
     /// Store the final position and release the name (it can be subscribed again at
     /// once). Idempotent.

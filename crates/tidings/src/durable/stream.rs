@@ -1,16 +1,13 @@
 //! An open stream: its configuration and patterns around the backend's stream, and the
 //! user's [`Stream`] handle on it.
 
-use std::path::Path;
 use std::sync::Arc;
-use std::time::SystemTime;
-
-use tidings_log::{RecoveryReport, RetentionReport};
+use std::time::Duration;
 
 use crate::message::Message;
 use crate::topic::Pattern;
 
-use super::source::BackendStream;
+use super::source::{BackendStream, StorageInfo};
 use super::{StreamConfig, StreamError};
 
 /// One stream open in a broker.
@@ -23,13 +20,17 @@ pub(crate) struct OpenStream {
     pub(crate) backend_name: &'static str,
     /// The backend stores priority.
     pub(crate) keeps_priority: bool,
-    /// What opening found (empty for a backend that does not recover local files).
-    pub(crate) recovery: RecoveryReport,
 }
 
 impl OpenStream {
     pub(crate) fn name(&self) -> &str {
         &self.config.name
+    }
+
+    /// The period of the broker's retention timer for this stream (`Duration::MAX`:
+    /// never, the backend applies retention itself).
+    pub(crate) fn retention_interval(&self) -> Duration {
+        self.backend.retention_interval().unwrap_or(Duration::MAX)
     }
 }
 
@@ -45,12 +46,6 @@ impl Stream {
     pub fn name(&self) -> &str {
         self.inner.name()
     }
-    /// Its directory (`<data_dir>/streams/<name>` for the embedded log); `None` for a
-    /// backend that keeps no local files.
-    #[must_use]
-    pub fn dir(&self) -> Option<&Path> {
-        self.inner.backend.dir()
-    }
     /// The patterns it captures.
     #[must_use]
     pub fn patterns(&self) -> &[Pattern] {
@@ -59,12 +54,6 @@ impl Stream {
     /// Its configuration.
     pub fn config(&self) -> &StreamConfig {
         &self.inner.config
-    }
-    /// What opening the log found and repaired (torn tail, rebuilt indexes, ignored files);
-    /// empty for a backend that keeps no local log.
-    #[must_use]
-    pub fn recovery(&self) -> &RecoveryReport {
-        &self.inner.recovery
     }
     /// The earliest retained offset.
     #[must_use]
@@ -86,14 +75,11 @@ impl Stream {
         self.inner.backend.read(from, max)
     }
 
-    /// Remove old segments per the stream's retention, judging age against `now`, now. The
-    /// log does this after every segment roll and the broker on a timer
-    /// ([`StreamConfig::retention_interval`]); call it to force a pass.
-    ///
-    /// # Errors
-    /// Removing failed, or the backend applies retention itself
-    /// ([`StreamError::Unsupported`]).
-    pub fn apply_retention(&self, now: SystemTime) -> Result<RetentionReport, StreamError> {
-        self.inner.backend.apply_retention(now)
+    /// Where and how the backend stores it (size, location, durability), as a snapshot
+    /// shows it. The embedded log's own details (directory, recovery report, a retention
+    /// pass on demand) are on [`EmbeddedBackend`](crate::embedded::EmbeddedBackend).
+    #[must_use]
+    pub fn storage_info(&self) -> StorageInfo {
+        self.inner.backend.storage_info()
     }
 }

@@ -1,7 +1,6 @@
 //! The user's handle on a durable subscription (R-LOG-3, R-LOG-4, R-BP-3, R-DEL-4).
 
 use std::fmt;
-use std::path::Path;
 use std::sync::{Arc, Weak};
 
 use crate::stats::SubscriptionStats;
@@ -132,12 +131,6 @@ impl DurableSubscription {
     #[must_use]
     pub fn error(&self) -> Option<String> {
         self.state().error
-    }
-    /// The committed-position file (`<data_dir>/consumers/<stream>/<name>.offset` for the
-    /// embedded log); `None` for a backend that keeps the position elsewhere.
-    #[must_use]
-    pub fn offset_file(&self) -> Option<&Path> {
-        self.feeder.cursor.offset_file()
     }
     /// Write the current position now (instead of waiting for the batch); returns it.
     ///

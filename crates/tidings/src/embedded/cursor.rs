@@ -25,7 +25,6 @@
 //! tail in a power cut) is clamped to the end at open, committed and logged, never trusted.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
 use std::sync::Arc;
 
 use parking_lot::{Mutex, MutexGuard};
@@ -497,10 +496,6 @@ impl BackendCursor for EmbeddedCursor {
             Some(e) => Err(e),
             None => Ok(done.len()),
         }
-    }
-
-    fn offset_file(&self) -> Option<&Path> {
-        Some(self.store.path())
     }
 
     fn close(&self) {

@@ -181,9 +181,8 @@ mod tests {
             .unwrap();
         drop(s);
         // R-LIM-2: a record that is not an id is reported with its place, not trusted.
-        let e = DurableDedupStore::open(fs, path, 3)
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("record 5"), "{e}");
+        let e = DurableDedupStore::open(fs, path, 3).unwrap_err();
+        assert!(matches!(e, StreamError::Decode { offset: 5, .. }), "{e:?}");
+        assert_eq!(e.kind(), crate::StreamErrorKind::Corrupt);
     }
 }

@@ -49,13 +49,23 @@ const MAX_OFFSET_FILE: u64 = 4096;
 /// Read a whole small file; `None` when it does not exist, `Some(Err(len))` when it is
 /// longer than [`MAX_OFFSET_FILE`] (never read into memory).
 fn read_all(storage: &dyn Storage, path: &Path) -> io::Result<Option<Result<Vec<u8>, u64>>> {
+    read_small(storage, path, MAX_OFFSET_FILE)
+}
+
+/// Read a whole file of at most `max` bytes; `None` when it does not exist, `Some(Err(len))`
+/// when it is longer (never read into memory).
+pub(crate) fn read_small(
+    storage: &dyn Storage,
+    path: &Path,
+    max: u64,
+) -> io::Result<Option<Result<Vec<u8>, u64>>> {
     let file = match storage.open(path, OpenMode::Read) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e),
     };
     let len = file.len()?;
-    if len > MAX_OFFSET_FILE {
+    if len > max {
         return Ok(Some(Err(len)));
     }
     let mut buf = vec![0; len as usize];
@@ -83,6 +93,31 @@ pub(crate) fn parse(bytes: &[u8]) -> Result<u64, &'static str> {
     digits
         .parse::<u64>()
         .map_err(|_| "offset does not fit in 64 bits")
+}
+
+/// Durably replace `path` (in `dir`) with `bytes`: write `tmp`, fsync it, rename it over
+/// `path`, fsync `dir`. A crash leaves the old or the new file, never a mix.
+pub(crate) fn replace_file(
+    storage: &dyn Storage,
+    dir: &Path,
+    (path, tmp): (&Path, &Path),
+    bytes: &[u8],
+) -> Result<(), StreamError> {
+    let tmp_err = |e| StreamError::io(tmp, e);
+    let f = storage.create(tmp).map_err(tmp_err)?;
+    let mut at = 0;
+    while at < bytes.len() {
+        match f.write_at(&bytes[at..], at as u64).map_err(tmp_err)? {
+            0 => return Err(tmp_err(io::ErrorKind::WriteZero.into())),
+            n => at += n,
+        }
+    }
+    f.sync_data().map_err(tmp_err)?;
+    drop(f);
+    storage
+        .rename(tmp, path)
+        .map_err(|e| StreamError::io(path, e))?;
+    sync_dir(storage, dir)
 }
 
 impl OffsetStore {
@@ -118,25 +153,13 @@ impl OffsetStore {
 
     /// Durably replace the committed position with `offset`.
     pub(crate) fn store(&self, offset: u64) -> Result<(), StreamError> {
-        let tmp_err = |e| StreamError::io(&self.tmp, e);
-        let f = self.storage.create(&self.tmp).map_err(tmp_err)?;
         let line = format!("{MAGIC}{offset}\n");
-        let mut at = 0;
-        while at < line.len() {
-            match f
-                .write_at(&line.as_bytes()[at..], at as u64)
-                .map_err(tmp_err)?
-            {
-                0 => return Err(tmp_err(io::ErrorKind::WriteZero.into())),
-                n => at += n,
-            }
-        }
-        f.sync_data().map_err(tmp_err)?;
-        drop(f);
-        self.storage
-            .rename(&self.tmp, &self.path)
-            .map_err(|e| StreamError::io(&self.path, e))?;
-        sync_dir(&*self.storage, &self.dir)
+        replace_file(
+            &*self.storage,
+            &self.dir,
+            (&self.path, &self.tmp),
+            line.as_bytes(),
+        )
     }
 }
 
@@ -155,8 +178,12 @@ mod tests {
         assert_eq!(s.load().unwrap(), Some(7));
         // R-LIM-2: a foreign file is a typed error naming the path.
         std::fs::write(s.path(), "hello").unwrap();
-        let e = s.load().unwrap_err().to_string();
-        assert!(e.contains("billing.offset"), "{e}");
+        let e = s.load().unwrap_err();
+        assert!(
+            matches!(&e, StreamError::BadOffsetFile { path, .. } if path == s.path()),
+            "{e:?}"
+        );
+        assert_eq!(e.kind(), crate::StreamErrorKind::Corrupt);
     }
 
     #[test]

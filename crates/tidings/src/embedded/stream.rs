@@ -10,17 +10,21 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Weak};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use parking_lot::RwLock;
 use tidings_log::{Fsync, Log, LogConfig, Record, RecoveryReport, RetentionReport, Storage};
 
-use crate::durable::{BackendCursor, BackendStream, CursorSpec, CursorWaker, StartAt, StreamError};
+use crate::durable::{
+    BackendCursor, BackendStream, CursorSpec, CursorWaker, StartAt, StorageInfo, StreamError,
+    StreamErrorKind,
+};
 use crate::message::{Message, millis_since_epoch};
 
 use super::codec;
 use super::cursor::{EmbeddedCursor, Opened};
 use super::offset_store::{OffsetStore, ensure_dir};
+use super::options::EmbeddedStreamOptions;
 
 /// An open embedded stream.
 #[derive(Debug)]
@@ -34,6 +38,8 @@ pub(crate) struct EmbeddedStream {
     storage: Arc<dyn Storage>,
     /// Completions between two commits of a cursor's position.
     pub(crate) commit_every: usize,
+    /// The options it was opened with.
+    options: EmbeddedStreamOptions,
     /// The wakers of the cursors reading it (dropped with their cursor).
     wakers: RwLock<Vec<Weak<CursorWaker>>>,
     /// This stream itself (its cursors hold an `Arc`).
@@ -47,7 +53,7 @@ impl EmbeddedStream {
         opened: (Log, RecoveryReport),
         dirs: (PathBuf, PathBuf),
         storage: Arc<dyn Storage>,
-        commit_every: usize,
+        options: EmbeddedStreamOptions,
     ) -> Arc<Self> {
         let ((log, recovery), (dir, consumers)) = (opened, dirs);
         Arc::new_cyclic(|me| Self {
@@ -57,7 +63,8 @@ impl EmbeddedStream {
             recovery,
             consumers,
             storage,
-            commit_every,
+            commit_every: options.commit_every,
+            options,
             wakers: RwLock::default(),
             me: me.clone(),
         })
@@ -108,6 +115,38 @@ impl EmbeddedStream {
     pub(crate) fn resolve(&self, at: StartAt) -> Result<u64, StreamError> {
         resolve(&self.log, &self.dir, at)
     }
+
+    /// What opening the log found and repaired.
+    pub(crate) fn recovery(&self) -> &RecoveryReport {
+        &self.recovery
+    }
+
+    /// Apply the retention now, judging age against `now`.
+    pub(crate) fn retention_pass(&self, now: SystemTime) -> Result<RetentionReport, StreamError> {
+        self.log
+            .apply_retention(millis_since_epoch(now))
+            .map_err(|source| StreamError::Retention {
+                dir: self.dir.clone(),
+                source,
+            })
+    }
+}
+
+/// Count and size the `*.seg` files of a log directory (0, 0 when it cannot be read).
+fn segment_files(storage: &dyn Storage, dir: &Path) -> (u64, u64) {
+    let Ok(entries) = storage.list_dir(dir) else {
+        return (0, 0);
+    };
+    entries
+        .iter()
+        .filter(|e| e.is_file && Path::new(&e.name).extension().is_some_and(|x| x == "seg"))
+        .fold((0, 0), |(n, bytes), e| {
+            let len = storage
+                .open(&dir.join(&e.name), tidings_log::storage::OpenMode::Read)
+                .and_then(|f| f.len())
+                .unwrap_or(0);
+            (n + 1, bytes + len)
+        })
 }
 
 /// Map a log read error, naming the directory.
@@ -234,27 +273,50 @@ impl BackendStream for EmbeddedStream {
         )))
     }
 
-    fn dir(&self) -> Option<&Path> {
-        Some(&self.dir)
+    fn retention_interval(&self) -> Option<Duration> {
+        // The log's retention is the stream's neutral one (set at open).
+        let policy = self.log.config().retention;
+        (policy.max_bytes.is_some() || policy.max_age.is_some())
+            .then_some(self.options.retention_interval)
     }
 
-    fn recovery(&self) -> Option<&RecoveryReport> {
-        Some(&self.recovery)
+    fn apply_retention(&self, now: SystemTime) -> Result<(), StreamError> {
+        let report = self.retention_pass(now)?;
+        if !report.removed.is_empty() {
+            tracing::debug!(
+                "tidings: retention removed {} segment(s) of stream {}",
+                report.removed.len(),
+                self.name
+            );
+        }
+        Ok(())
     }
 
-    fn apply_retention(&self, now: SystemTime) -> Result<RetentionReport, StreamError> {
-        self.log
-            .apply_retention(millis_since_epoch(now))
-            .map_err(|source| StreamError::Retention {
-                dir: self.dir.clone(),
-                source,
-            })
+    fn storage_info(&self) -> StorageInfo {
+        let (segments, bytes) = segment_files(&*self.storage, &self.dir);
+        StorageInfo {
+            bytes,
+            segments,
+            location: self.dir.display().to_string(),
+            durability: match self.options.log.fsync {
+                Fsync::Always => "always".to_owned(),
+                Fsync::Interval(i) => format!("interval({i:?})"),
+                Fsync::Never => "never".to_owned(),
+            },
+        }
     }
 
     fn close(&self) -> Result<(), StreamError> {
-        self.log.close().map_err(|e| StreamError::Backend {
-            backend: super::NAME,
-            reason: format!("closing {}: {e}", self.dir.display()),
+        self.log.close().map_err(|e| match e {
+            tidings_log::CloseError::Flush(source) => StreamError::Append {
+                dir: self.dir.clone(),
+                source,
+            },
+            other => StreamError::backend(
+                super::NAME,
+                StreamErrorKind::Io,
+                format!("closing {}: {other}", self.dir.display()),
+            ),
         })
     }
 }

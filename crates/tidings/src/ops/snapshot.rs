@@ -1,7 +1,6 @@
 //! One call that shows everything about a running broker (R-OPS-1, R-BP-3).
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::Path;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
@@ -212,17 +211,19 @@ pub struct StreamSnapshot {
     pub end_offset: u64,
     /// Records retained: `end_offset - start_offset`.
     pub records: u64,
-    /// Bytes of its segment files on disk.
+    /// Bytes stored (the embedded log: its segment files on disk; 0 where the backend
+    /// does not say).
     pub bytes: u64,
-    /// Number of segment files.
+    /// Number of segment files (0 where the backend has none).
     pub segments: u64,
     /// Retention: largest total size kept, in bytes.
     pub retention_max_bytes: Option<u64>,
     /// Retention: oldest age kept, in ms.
     pub retention_max_age_ms: Option<u64>,
-    /// Fsync policy, e.g. `always`, `interval(100ms)`, `never`.
+    /// When an append counts as stored: the embedded log's fsync policy (`always`,
+    /// `interval(100ms)`, `never`); empty where the backend does not say.
     pub fsync: String,
-    /// Its directory.
+    /// Where it is stored: the embedded log's directory, or the backend's own location.
     pub dir: String,
 }
 
@@ -324,36 +325,19 @@ fn durable_snapshot(d: &CursorFeeder) -> DurableSnapshot {
 
 fn stream_snapshot(s: &Stream) -> StreamSnapshot {
     let (start, end) = (s.start_offset(), s.end_offset());
-    let config = &s.config().log;
-    let (segments, bytes) = s.dir().map_or((0, 0), segment_files);
+    let retention = s.config().retention_policy();
+    let storage = s.storage_info();
     StreamSnapshot {
         name: s.name().to_owned(),
         patterns: s.patterns().iter().map(|p| p.as_str().to_owned()).collect(),
         start_offset: start,
         end_offset: end,
         records: end.saturating_sub(start),
-        bytes,
-        segments,
-        retention_max_bytes: config.retention.max_bytes,
-        retention_max_age_ms: config.retention.max_age.map(|a| a.as_millis() as u64),
-        fsync: match config.fsync {
-            tidings_log::Fsync::Always => "always".to_owned(),
-            tidings_log::Fsync::Interval(i) => format!("interval({i:?})"),
-            tidings_log::Fsync::Never => "never".to_owned(),
-        },
-        dir: s.dir().map(|d| d.display().to_string()).unwrap_or_default(),
+        bytes: storage.bytes,
+        segments: storage.segments,
+        retention_max_bytes: retention.max_bytes,
+        retention_max_age_ms: retention.max_age.map(|a| a.as_millis() as u64),
+        fsync: storage.durability,
+        dir: storage.location,
     }
-}
-
-/// Count and size the `*.seg` files of a log directory (0, 0 when it cannot be read).
-fn segment_files(dir: &Path) -> (u64, u64) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return (0, 0);
-    };
-    entries
-        .filter_map(Result::ok)
-        .filter(|e| e.path().extension().is_some_and(|x| x == "seg"))
-        .fold((0, 0), |(n, bytes), e| {
-            (n + 1, bytes + e.metadata().map_or(0, |m| m.len()))
-        })
 }

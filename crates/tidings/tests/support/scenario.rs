@@ -4,8 +4,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use tidings::{
-    Broker, DurableSpec, DurableSubscription, Fsync, HandlerError, ManualClock, Message, Priority,
-    Retry, StreamConfig, SubscribeOptions, Subscription,
+    Broker, DurableSpec, DurableSubscription, HandlerError, ManualClock, Message, Priority, Retry,
+    StreamConfig, SubscribeOptions, Subscription,
 };
 
 // The handles keep the subscriptions alive; not every test that shares this reads them.
@@ -30,7 +30,7 @@ pub fn start(dir: &Path) -> Scenario {
         .build()
         .unwrap();
     broker
-        .create_stream(StreamConfig::new("orders", ["orders.#"]).fsync(Fsync::Always))
+        .create_stream(StreamConfig::new("orders", ["orders.#"]))
         .unwrap();
     let billing = broker
         .subscribe(

@@ -1,0 +1,106 @@
+//! The embedded log's own per-stream settings: what only a local log has (R-LOG-1).
+//!
+//! The backend-neutral [`StreamConfig`](crate::StreamConfig) says what a stream captures and
+//! keeps; [`EmbeddedStreamOptions`] says how the embedded log stores it: the fsync policy,
+//! the segment size (and the rest of [`LogConfig`]), how often durable subscriptions write
+//! their position, and how often the broker's timer applies retention. An
+//! [`EmbeddedBackend`](super::EmbeddedBackend) has one set of defaults for every stream and
+//! may override them per stream name.
+
+use std::time::Duration;
+
+use tidings_log::{Fsync, LogConfig};
+
+/// Default number of completions between two durable commits of a subscription's position.
+pub const DEFAULT_COMMIT_EVERY: usize = 64;
+/// Default period of the retention timer of a stream with a retention policy.
+pub const DEFAULT_RETENTION_INTERVAL: Duration = Duration::from_secs(60);
+
+/// How the embedded log stores one stream. Defaults: `Fsync::Always` (an append returns
+/// once synced), 64 MiB segments, durable positions written every
+/// [`DEFAULT_COMMIT_EVERY`] completions (and when idle, on seek and on close), retention
+/// applied every [`DEFAULT_RETENTION_INTERVAL`] when the stream has a policy.
+///
+/// ```
+/// # use std::sync::Arc;
+/// use tidings::{Broker, Fsync, StreamConfig};
+/// use tidings::embedded::{EmbeddedBackend, EmbeddedStreamOptions};
+/// let dir = tempfile::tempdir()?;
+/// let backend = EmbeddedBackend::new(dir.path())
+///     // every stream: group commit every 10 ms
+///     .stream_defaults(EmbeddedStreamOptions::new().fsync(Fsync::Interval(
+///         std::time::Duration::from_millis(10),
+///     )))
+///     // but "audit" syncs every append
+///     .stream_options("audit", EmbeddedStreamOptions::new().fsync(Fsync::Always));
+/// let broker = Broker::builder().durable_backend(Arc::new(backend)).build()?;
+/// broker.create_stream(StreamConfig::new("audit", ["audit.#"]))?;
+/// # broker.close(std::time::Duration::from_secs(1));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use]
+pub struct EmbeddedStreamOptions {
+    pub(crate) log: LogConfig,
+    pub(crate) commit_every: usize,
+    pub(crate) retention_interval: Duration,
+}
+
+impl Default for EmbeddedStreamOptions {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl EmbeddedStreamOptions {
+    /// The defaults (see the type's docs).
+    pub fn new() -> Self {
+        Self {
+            log: LogConfig::default(),
+            commit_every: DEFAULT_COMMIT_EVERY,
+            retention_interval: DEFAULT_RETENTION_INTERVAL,
+        }
+    }
+    /// Fsync policy of the stream's log. Under `Always`, `publish` returns only once the
+    /// message is synced.
+    pub fn fsync(mut self, fsync: Fsync) -> Self {
+        self.log.fsync = fsync;
+        self
+    }
+    /// Segment size of the stream's log (at least `tidings_log::MIN_SEGMENT_BYTES`; a
+    /// smaller one is refused when the stream is opened).
+    pub fn segment_bytes(mut self, bytes: u64) -> Self {
+        self.log.segment_bytes = bytes;
+        self
+    }
+    /// Replace the whole log configuration. Retention is the neutral
+    /// [`StreamConfig::retention`](crate::StreamConfig::retention): a `config` whose
+    /// `retention` is set is refused when the stream is opened
+    /// ([`StreamError::Unsupported`](crate::StreamError::Unsupported) naming it), never
+    /// dropped.
+    pub fn log_config(mut self, config: LogConfig) -> Self {
+        self.log = config;
+        self
+    }
+    /// Durable subscriptions of the stream write their position after this many
+    /// completions (≥ 1), besides when idle, on seek and on close. 1 = after every message.
+    pub fn commit_every(mut self, completions: usize) -> Self {
+        self.commit_every = completions.max(1);
+        self
+    }
+    /// How often the broker applies the stream's retention when it has a policy (default
+    /// [`DEFAULT_RETENTION_INTERVAL`], 60 s; on the broker's clock, so a
+    /// [`ManualClock`](crate::ManualClock) drives it in tests). A duration too large to
+    /// represent means never (only segment rolls and
+    /// [`EmbeddedBackend::apply_retention`](super::EmbeddedBackend::apply_retention) apply
+    /// it then).
+    pub fn retention_interval(mut self, every: Duration) -> Self {
+        self.retention_interval = every.max(Duration::from_millis(1));
+        self
+    }
+    /// The log configuration (its `retention` is the stream's neutral one once open).
+    #[must_use]
+    pub fn log(&self) -> &LogConfig {
+        &self.log
+    }
+}
