@@ -38,12 +38,14 @@
 //!   (no long computations, no blocking I/O, no `Broker::request`). Use an async handler,
 //!   or move blocking work to `tokio::task::spawn_blocking`, otherwise.
 //!
-//! # Durable feeders
-//! A durable subscription's feeder is one task (R-EXE-4): it awaits a [`Notify`] (an
-//! append, room freed, a seek, a stop) and runs each step — log reads, offset commits with
-//! their fsync, durable-DLQ appends — through `spawn_blocking`, so no blocking file I/O runs
-//! on a runtime worker. Messages finished by a dispatcher task are handed to that step
-//! instead of being committed on the worker ([`FeederHandle::defers_io`]).
+//! # Services
+//! A broker service (a durable subscription's feeder, the retention and scheduler timers;
+//! see `super::service`) is one task (R-EXE-4): it runs each step — log reads, offset
+//! commits with their fsync, durable-DLQ appends — through `spawn_blocking`, so no blocking
+//! file I/O runs on a runtime worker, then awaits a [`Notify`] (an append, room freed, a
+//! seek, a clock jump, a stop) or the step's due time. Messages finished by a dispatcher
+//! task are handed to the feeder's next step instead of being committed on the worker
+//! ([`ServiceHandle::defers_io`]).
 //!
 //! # Waiting for tasks at close
 //! Close wakes every slot, so each one with work left has a task that sees the close, and
@@ -73,7 +75,7 @@ use crate::sync::Ordering;
 
 use super::live::LiveCount;
 use super::sleepers::{Sleepers, SlotKey, Woken, key_of};
-use super::{Executor, FeedStep, Feeder, FeederHandle, Wake};
+use super::{Executor, Service, ServiceHandle, ServiceStep, Wake};
 
 /// Deliveries a slot makes before yielding to the runtime, so a busy subscription cannot
 /// starve other tasks (sync handlers never reach an `.await`).
@@ -225,12 +227,13 @@ impl TokioExecutor {
     }
 }
 
-/// The tokio driver's handle on a feeder task.
-struct FeederTask(Arc<Notify>);
+/// The tokio driver's handle on a service's task.
+struct ServiceTask(Arc<Notify>);
 
-impl FeederHandle for FeederTask {
+impl ServiceHandle for ServiceTask {
     fn wake(&self) {
-        // A stored permit: a wake before the task awaits is not lost.
+        // A stored permit: a wake before the task awaits, or while its step runs, is not
+        // lost.
         self.0.notify_one();
     }
     fn defers_io(&self) -> bool {
@@ -238,47 +241,56 @@ impl FeederHandle for FeederTask {
     }
 }
 
-/// A feeder's task: each step on the blocking pool, waits on the notify.
-async fn feed(feeder: std::sync::Weak<dyn Feeder>, notify: Arc<Notify>) {
+/// A service's task: each step on the blocking pool, then a wait for the notify or the
+/// step's due time.
+async fn run_service(service: std::sync::Weak<dyn Service>, notify: Arc<Notify>) {
     loop {
-        let Some(f) = feeder.upgrade() else {
+        let Some(s) = service.upgrade() else {
             return;
         };
-        let step = ::tokio::task::spawn_blocking(move || f.step()).await;
+        let step = ::tokio::task::spawn_blocking(move || {
+            let step = s.step(s.clock().now());
+            // The real wait until the due time, asked of the service's clock while the
+            // service is at hand (the task holds it only weakly).
+            let hint = match step {
+                ServiceStep::WakeAt(at) => s.clock().wait_hint(at),
+                _ => None,
+            };
+            (step, hint)
+        })
+        .await;
         match step {
-            Ok(FeedStep::Again) => ::tokio::task::yield_now().await,
-            Ok(FeedStep::Idle) => notify.notified().await,
-            Ok(FeedStep::WakeAt(at)) => {
-                let hint = feeder.upgrade().and_then(|f| f.wait_hint(at));
-                match hint {
-                    Some(d) if d.is_zero() => {}
-                    Some(d) => {
-                        ::tokio::select! {
-                            () = notify.notified() => {}
-                            () = ::tokio::time::sleep(d) => {}
-                        }
+            Ok((ServiceStep::Again, _)) => ::tokio::task::yield_now().await,
+            Ok((ServiceStep::Idle, _)) => notify.notified().await,
+            Ok((ServiceStep::WakeAt(_), hint)) => match hint {
+                Some(d) if d.is_zero() => {}
+                Some(d) => {
+                    ::tokio::select! {
+                        () = notify.notified() => {}
+                        () = ::tokio::time::sleep(d) => {}
                     }
-                    None => notify.notified().await,
                 }
-            }
+                // A clock that moves only when told wakes its services when it does.
+                None => notify.notified().await,
+            },
             // Stopped, or the runtime is shutting down.
-            Ok(FeedStep::Stopped) | Err(_) => return,
+            Ok((ServiceStep::Stopped, _)) | Err(_) => return,
         }
     }
 }
 
 impl Executor for TokioExecutor {
-    fn start_feeder(
+    fn start_service(
         &self,
-        feeder: Arc<dyn Feeder>,
-    ) -> Result<Box<dyn FeederHandle>, SubscribeError> {
+        service: Arc<dyn Service>,
+    ) -> Result<Box<dyn ServiceHandle>, SubscribeError> {
         let notify = Arc::new(Notify::new());
         drop(
             self.shared
                 .handle
-                .spawn(feed(Arc::downgrade(&feeder), notify.clone())),
+                .spawn(run_service(Arc::downgrade(&service), notify.clone())),
         );
-        Ok(Box::new(FeederTask(notify)))
+        Ok(Box::new(ServiceTask(notify)))
     }
 
     fn start(&self, sub: &Arc<SubscriptionShell>) -> Result<(), SubscribeError> {
