@@ -52,7 +52,11 @@
 //! waits with a real-time deadline until no task is left. From a thread that is inside a
 //! tokio runtime context (a task, `block_on`, `spawn_blocking`), blocking could deadlock the
 //! runtime the tasks need, so the sync [`Broker::close`](crate::Broker::close) does not wait
-//! there: tasks still running are reported in `CloseReport::unjoined`.
+//! there: the tasks in a handler call then are reported in `CloseReport::unjoined` (each
+//! slot's run flags say whether its task is in one, from the poll that hands a delivery out
+//! to its report). A task in no handler call is not: it sees the close at its next poll and
+//! ends with no user code left to run — a handler that closes its own broker leaves a clean
+//! report when the other slots are idle, as under the thread and pool drivers.
 //! [`Broker::close_async`](crate::Broker::close_async) performs the waiting off the runtime's
 //! worker threads and so does wait.
 
@@ -314,6 +318,8 @@ impl Executor for TokioExecutor {
     }
 
     fn join(&self, deadline: Instant, subs: &[Arc<SubscriptionShell>]) -> Vec<String> {
+        // Inside the runtime nothing is waited for (see `wait_stopped`).
+        let waited = may_block();
         self.wait_stopped(Some(deadline));
         let me = self.shared.current_slot();
         let left = self
@@ -324,22 +330,31 @@ impl Executor for TokioExecutor {
         if left == 0 {
             return Vec::new();
         }
-        // The tasks left run a handler (anything else sees the close within the grace):
-        // their slots are the running ones.
+        // After waiting, the tasks left run a handler (anything else sees the close within
+        // the grace): their slots are the running ones. Without waiting, every task is still
+        // there; one that is not in a handler call sees the close at its next poll and ends
+        // with no user code left to run, so it is not left behind: only the slots in a
+        // handler call are (issue 25: a handler that closed its own broker had tasks in
+        // their idle grace reported, and so a later close from outside was not clean).
         let mut names = Vec::new();
         for sub in subs {
             for worker in 0..sub.workers() {
-                let running = sub
-                    .run_flags(worker)
-                    .is_some_and(|f| f.running.load(Ordering::Acquire));
-                if running && me != Some(key_of(sub, worker)) {
+                let Some(flags) = sub.run_flags(worker) else {
+                    continue;
+                };
+                if !flags.running.load(Ordering::Acquire) || me == Some(key_of(sub, worker)) {
+                    continue;
+                }
+                if waited || flags.in_handler() {
                     names.push(format!("tidings-{}-{}", sub.name, worker));
                 }
             }
         }
-        // Tasks of subscriptions removed before close, or not yet started when called from
-        // inside the runtime (which does not wait).
-        names.resize(names.len().max(left), "tidings-(unsubscribed)".to_owned());
+        // After waiting: tasks of subscriptions removed before close. (Without waiting,
+        // tasks that are starting or ending look the same, and run no handler.)
+        if waited {
+            names.resize(names.len().max(left), "tidings-(unsubscribed)".to_owned());
+        }
         names
     }
 
@@ -379,10 +394,22 @@ async fn run_slot(sub: Arc<SubscriptionShell>, worker: usize, guard: TaskGuard, 
     loop {
         let announce = idle_polls >= grace;
         let step = match sub.async_handler() {
-            // The shell's delivery step, as every driver runs it.
+            // The shell's delivery step (`Locked::step`), the slot marked in a handler call
+            // from the poll that hands the delivery out to its report (see `join`).
             None => {
                 let mut locked = sub.lock();
-                let step = in_slot(shared, key, || locked.step(worker, announce));
+                let step = in_slot(shared, key, || match locked.poll(worker, announce) {
+                    Poll::Deliver(delivery) => {
+                        flags.enter_handler();
+                        let outcome = locked.unlocked(|| sub.run(&delivery));
+                        locked.complete(delivery, outcome);
+                        flags.leave_handler();
+                        Step::Delivered
+                    }
+                    Poll::WakeAt(t) => Step::WakeAt(t),
+                    Poll::Idle => Step::Idle,
+                    Poll::Stopped => Step::Stopped,
+                });
                 if step == Step::Idle && announce {
                     flags.leave();
                     return;
@@ -449,13 +476,15 @@ async fn step_async(
     worker: usize,
     announce: bool,
 ) -> Step {
+    let flags = sub.run_flags(worker).expect("a scheduled slot exists");
     let poll = {
         let mut locked = sub.lock();
         let poll = locked.poll(worker, announce);
-        if matches!(poll, Poll::Idle) && announce {
-            sub.run_flags(worker)
-                .expect("a scheduled slot exists")
-                .leave();
+        match poll {
+            Poll::Idle if announce => flags.leave(),
+            // In a handler call until its report (see `join`), marked under the lock.
+            Poll::Deliver(_) => flags.enter_handler(),
+            _ => {}
         }
         poll
     };
@@ -476,6 +505,7 @@ async fn step_async(
             )
             .await;
             sub.complete(delivery, outcome);
+            flags.leave_handler();
             Step::Delivered
         }
         Poll::WakeAt(t) => Step::WakeAt(t),
