@@ -3,8 +3,9 @@
 //!
 //! The models run the drivers' own loops — the pool's `worker_loop` over its run queue and
 //! mailbox flags, the thread driver's `dispatch_loop` — on loom threads, against a real
-//! subscription shell. The broker services' wake/step protocol has its models in
-//! `services` (`loom_models/services.rs`).
+//! subscription shell. The broker services' wake protocol has its models in `services`
+//! (`loom_models/services.rs`); the durable feeder's wake/step protocol on these loops is
+//! modelled in `durable::loom_models`, the scheduler's timer in `crate::scheduler`.
 
 use std::sync::Arc;
 

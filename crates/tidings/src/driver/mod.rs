@@ -2,7 +2,7 @@
 //!
 //! A driver owns threads (or tasks) and real waiting; the subscription core owns every
 //! rule. Adding a driver means implementing `Executor` (start a subscription's dispatcher
-//! slots, stop them; start the broker's services, see [`service`]) and `Wake` (how a
+//! slots, stop them; start the broker's services, see `service.rs`) and `Wake` (how a
 //! publisher wakes an idle slot).
 
 use std::sync::Arc;

@@ -112,7 +112,7 @@ impl ServiceMailbox {
 }
 
 /// The pool's handle on a service.
-pub(super) struct PoolService(Arc<ServiceMailbox>);
+pub(crate) struct PoolService(Arc<ServiceMailbox>);
 
 impl ServiceHandle for PoolService {
     fn wake(&self) {
@@ -151,7 +151,7 @@ impl Ord for Timer {
     }
 }
 
-pub(super) struct Shared {
+pub(crate) struct Shared {
     id: u64,
     run_queue: Mutex<VecDeque<Task>>,
     work: Condvar,
@@ -334,7 +334,7 @@ impl Executor for PoolExecutor {
 }
 
 impl Shared {
-    pub(super) fn new(clock: Arc<dyn Clock>) -> Arc<Self> {
+    pub(crate) fn new(clock: Arc<dyn Clock>) -> Arc<Self> {
         Arc::new(Shared {
             id: NEXT_POOL.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             run_queue: Mutex::new(VecDeque::new()),
@@ -358,7 +358,7 @@ impl Shared {
 
     /// Give a service a mailbox and queue its first step (a feeder reads what the stream
     /// already holds).
-    pub(super) fn attach_service(self: &Arc<Self>, service: &Arc<dyn Service>) -> PoolService {
+    pub(crate) fn attach_service(self: &Arc<Self>, service: &Arc<dyn Service>) -> PoolService {
         let handle = PoolService(Arc::new(ServiceMailbox {
             state: AtomicU8::new(0),
             service: Arc::downgrade(service),
@@ -369,7 +369,7 @@ impl Shared {
     }
 
     /// Tell the worker and timer threads to exit once idle.
-    pub(super) fn stop(&self) {
+    pub(crate) fn stop(&self) {
         self.shutdown.store(true, Ordering::Release);
         drop(self.run_queue.lock());
         self.work.notify_all();
@@ -378,7 +378,7 @@ impl Shared {
     }
 }
 
-pub(super) fn worker_loop(pool: &Arc<Shared>) {
+pub(crate) fn worker_loop(pool: &Arc<Shared>) {
     CURRENT_POOL.with(|c| c.set(pool.id));
     loop {
         let task = {

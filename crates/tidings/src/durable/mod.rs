@@ -40,6 +40,8 @@
 mod config;
 mod error;
 pub(crate) mod feeder;
+#[cfg(all(test, tidings_loom))]
+mod loom_models;
 pub(crate) mod registry;
 mod retention;
 pub mod source;
