@@ -2,11 +2,11 @@
 //!
 //! One scheduler per broker: a min-heap keyed by (due time, publish sequence), so due
 //! messages are offered in due-time order and ties in publish order. Its timer (started on
-//! the first delayed publish) is run by the driver (R-EXE-4): a thread waiting for the
-//! earliest due time under the thread driver, the pool's timer and a worker under the pool
-//! driver, a task under tokio (its releases on the blocking pool), and `run_until_idle`
-//! under the manual driver. Nothing waits per message. Close cancels what is pending and
-//! reports it.
+//! the first delayed publish) is a service the driver runs (R-EXE-4, `driver::Service`):
+//! each step releases what is due and says when the earliest due time is; the driver
+//! waits for it (a thread of the thread driver, the pool's timer and a worker, a task with
+//! its releases on the blocking pool, `run_until_idle` under the manual driver). Nothing
+//! waits per message. Close cancels what is pending and reports it.
 //!
 //! # Never waiting on a queue
 //! The timer offers a due message without waiting (R-TIME-2, R-CORE-1): a full
@@ -20,14 +20,14 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crate::clock::Clock;
-use crate::driver::{Executor, FeedStep, Feeder, FeederHandle};
+use crate::driver::{Executor, Service, ServiceHandle, ServiceStep};
 use crate::error::SubscribeError;
 use crate::message::Message;
 use crate::subscription::SubscriptionId;
-use crate::sync::{Condvar, Mutex, wait_until};
+use crate::sync::Mutex;
 
 /// Offers a due message to one subscription.
 pub(crate) type Deliver = Box<dyn FnOnce(&Arc<Message>) + Send>;
@@ -87,11 +87,12 @@ struct State {
 #[derive(Default)]
 pub(crate) struct Scheduler {
     state: Mutex<State>,
-    changed: Condvar,
-    /// The driver's handle on the timer, once started.
-    timer: OnceLock<Box<dyn FeederHandle>>,
-    /// The timer itself (pool and tokio drivers hold it weakly), dropped at close.
-    timer_feeder: Mutex<Option<Arc<dyn Feeder>>>,
+    /// The driver's handle on the timer, once started (a one-time publication: until it is
+    /// set no timer runs, and the messages scheduled meanwhile are found by its first step).
+    timer: OnceLock<Box<dyn ServiceHandle>>,
+    /// The timer itself (the pool, tokio and manual drivers hold it weakly), dropped at
+    /// close.
+    timer_service: Mutex<Option<Arc<dyn Service>>>,
 }
 
 /// Hands a due message to the broker.
@@ -104,37 +105,31 @@ struct Timer {
     release: Release,
 }
 
-impl Feeder for Timer {
+impl Service for Timer {
     fn name(&self) -> String {
         "tidings-scheduler".into()
     }
-    /// Release what is due now; then wait for the next due time.
-    fn step(&self) -> FeedStep {
+    fn clock(&self) -> &dyn Clock {
+        self.clock.as_ref()
+    }
+    /// Release what is due at `now`; then run again at the next due time (or when a
+    /// message scheduled earlier than that, a clock jump or close wakes it).
+    fn step(&self, now: Instant) -> ServiceStep {
         let (due, next) = {
             let mut s = self.scheduler.state.lock();
             if s.closed {
-                return FeedStep::Stopped;
+                return ServiceStep::Stopped;
             }
-            let due = Scheduler::pop_due(&mut s, self.clock.now());
+            let due = Scheduler::pop_due(&mut s, now);
             (due, s.heap.peek().map(|Reverse(e)| e.due))
         };
         if !due.is_empty() {
             for entry in due {
                 (self.release)(entry);
             }
-            return FeedStep::Again;
+            return ServiceStep::Again;
         }
-        next.map_or(FeedStep::Idle, FeedStep::WakeAt)
-    }
-    fn run(&self) {
-        while let Some(due) = self.scheduler.wait_due(self.clock.as_ref()) {
-            for entry in due {
-                (self.release)(entry);
-            }
-        }
-    }
-    fn wait_hint(&self, at: Instant) -> Option<Duration> {
-        self.clock.wait_hint(at)
+        next.map_or(ServiceStep::Idle, ServiceStep::WakeAt)
     }
 }
 
@@ -147,33 +142,39 @@ pub(crate) enum Scheduled {
 }
 
 impl Scheduler {
-    /// Start the timer on `executor` (once, on the first delayed publish). The timer holds
-    /// the only strong reference to itself under the thread driver; the scheduler keeps it
-    /// alive otherwise.
+    /// Start the timer on `executor` (once, on the first delayed publish). The scheduler
+    /// keeps it alive until close (the thread driver's thread holds it too, until the timer
+    /// stops).
     pub(crate) fn start_timer(
         self: &Arc<Self>,
         clock: Arc<dyn Clock>,
         release: Release,
         executor: &dyn Executor,
     ) -> Result<(), SubscribeError> {
-        let timer: Arc<dyn Feeder> = Arc::new(Timer {
+        let timer: Arc<dyn Service> = Arc::new(Timer {
             scheduler: self.clone(),
             clock,
             release,
         });
-        let handle = executor.start_feeder(timer.clone())?;
+        let handle = executor.start_service(timer.clone())?;
         let _ = self.timer.set(handle); // started once (`timer_started`)
-        self.timer_feeder.lock().replace(timer);
+        self.timer_service.lock().replace(timer);
         self.notify();
         Ok(())
     }
 
-    /// Wake the timer: the earliest due time changed, the clock jumped, or close.
+    /// Wake the timer (after the change): the earliest due time changed, the clock jumped,
+    /// or close.
     fn notify(&self) {
-        self.changed.notify_all();
         if let Some(t) = self.timer.get() {
             t.wake();
         }
+    }
+
+    /// Manual driver: release what is due now, in the caller's thread (see
+    /// [`ServiceHandle::run_here`]). Returns the timer's steps that released something.
+    pub(crate) fn run_here(&self) -> usize {
+        self.timer.get().map_or(0, |t| t.run_here())
     }
 
     /// Wait for the timer's thread to end (thread driver; close, after `close`).
@@ -181,7 +182,7 @@ impl Scheduler {
         if let Some(t) = self.timer.get() {
             t.join();
         }
-        self.timer_feeder.lock().take();
+        self.timer_service.lock().take();
     }
 
     pub(crate) fn schedule(
@@ -213,12 +214,6 @@ impl Scheduler {
         Scheduled::Held { start_timer }
     }
 
-    /// Remove and return every message due at `now`, in (due, publish) order.
-    pub(crate) fn take_due(&self, now: Instant) -> Vec<Due> {
-        let mut s = self.state.lock();
-        Self::pop_due(&mut s, now)
-    }
-
     fn pop_due(s: &mut State, now: Instant) -> Vec<Due> {
         let mut due = Vec::new();
         while s.heap.peek().is_some_and(|Reverse(e)| e.due <= now) {
@@ -237,26 +232,8 @@ impl Scheduler {
         self.state.lock().heap.len()
     }
 
-    /// Timer thread body: block until something is due (or close), return it. `None` once
-    /// closed.
-    pub(crate) fn wait_due(&self, clock: &dyn Clock) -> Option<Vec<Due>> {
-        let mut s = self.state.lock();
-        loop {
-            if s.closed {
-                return None;
-            }
-            let due = Self::pop_due(&mut s, clock.now());
-            if !due.is_empty() {
-                return Some(due);
-            }
-            let next = s.heap.peek().map(|Reverse(e)| e.due);
-            wait_until(clock, &self.changed, &mut s, next);
-        }
-    }
-
     /// Wake the timer (the clock jumped).
     pub(crate) fn wake(&self) {
-        drop(self.state.lock());
         self.notify();
     }
 
@@ -284,12 +261,12 @@ mod loom_models {
 
     use super::*;
     use crate::clock::SystemClock;
+    use crate::driver::thread::ThreadExecutor;
     use crate::subscription::loom_models::{Tally, check, message, messages, number};
-    use crate::sync::thread;
 
-    /// The timer (the thread driver's `wait_due` loop) racing `schedule` and `close`
-    /// (R-TIME-2): a message scheduled while the timer waits is released, in order, and
-    /// close ends the timer.
+    /// The timer — a service on the thread driver's own service thread and loop — racing
+    /// `schedule` and `close` (R-TIME-2, R-EXE-4): a message scheduled while the timer
+    /// waits is released, in order, and close ends the timer.
     ///
     /// Guards against: `schedule` not waking the timer when its message becomes the
     /// earliest (the timer keeps waiting: a lost wake-up).
@@ -299,23 +276,20 @@ mod loom_models {
             let n = messages();
             let scheduler = Arc::new(Scheduler::default());
             let released = Arc::new(Tally::default());
-            let timer = {
-                let (scheduler, released) = (scheduler.clone(), released.clone());
-                thread::spawn(move || {
-                    while let Some(due) = scheduler.wait_due(&SystemClock) {
-                        for (m, _) in due {
-                            released.add(number(&m));
-                        }
-                    }
-                })
+            let release: Release = {
+                let released = released.clone();
+                Box::new(move |(m, _)| released.add(number(&m)))
             };
+            scheduler
+                .start_timer(Arc::new(SystemClock), release, &ThreadExecutor::new())
+                .expect("a timer thread");
             for i in 0..n {
                 let held = scheduler.schedule(SystemClock.now(), message(i), Target::Route, false);
                 assert!(matches!(held, Scheduled::Held { start_timer: false }));
             }
             assert_eq!(released.wait_for(n), (0..n).collect::<Vec<_>>());
             assert!(scheduler.close().is_empty(), "everything was released");
-            timer.join().expect("the timer ends at close");
+            scheduler.join_timer(); // the timer ends at close
             assert!(matches!(
                 scheduler.schedule(SystemClock.now(), message(n), Target::Route, false),
                 Scheduled::Closed

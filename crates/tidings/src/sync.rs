@@ -3,8 +3,10 @@
 //! Every lock, condition variable, atomic flag and model-visible thread that takes part in
 //! a protocol between threads — the subscription shell (offer, wake/park, `Block` waits,
 //! close, redrive, the finished hook), the drivers (the pool's mailbox flags and run queue,
-//! the thread driver's parking, the live counts close waits on), the scheduler and the
-//! request inbox — comes from here, so a model checker can swap them in:
+//! the thread driver's parking, the live counts close waits on), the broker's services and
+//! their wake/step protocol (a durable feeder's step lock, stop flag and hand-over of
+//! finished messages; the service threads' wake-up; the scheduler and retention state) and
+//! the request inbox — comes from here, so a model checker can swap them in:
 //!
 //! * normal builds: `parking_lot`'s `Mutex`/`Condvar`, `std`'s atomics and threads;
 //! * model-checking builds (`RUSTFLAGS="--cfg tidings_loom"`): `loom`'s, behind the same
@@ -19,8 +21,13 @@
 //!   (`Arc<dyn Wake>`), and no protocol here is carried by a reference count.
 //! * Id counters in `static`s stay `std` atomics: they only hand out unique numbers.
 //! * Spawning named OS threads and joining them with a deadline (the thread and pool
-//!   drivers' lifecycle) stays `std::thread`; the models start loom threads that run the
-//!   drivers' loops directly.
+//!   drivers' dispatcher and worker lifecycle) stays `std::thread`; the models start loom
+//!   threads that run the drivers' loops directly. The thread driver's service threads
+//!   (`driver::thread::service_loop`) are spawned and joined through [`thread`], so the
+//!   models run the driver's own `start_service` and `join`.
+//! * A service's driver handle is published once, through a `std::sync::OnceLock`, before
+//!   the wake that lets the service use it (a step that finds it unset is idle): a
+//!   one-time publication, not a protocol a model needs to interleave.
 //!
 //! # Time under the model checker
 //! loom has no time: a timed wait ([`Condvar::wait_for`], [`Condvar::wait_until`],
@@ -33,11 +40,9 @@ pub(crate) use parking_lot::{Condvar, Mutex, MutexGuard};
 #[cfg(not(tidings_loom))]
 pub(crate) use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize};
 #[cfg(not(tidings_loom))]
-#[allow(unused_imports)] // used by the models only
 pub(crate) use std::thread;
 
 #[cfg(tidings_loom)]
-#[allow(unused_imports)] // used by the models only
 pub(crate) use model::thread;
 #[cfg(tidings_loom)]
 pub(crate) use model::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Condvar, Mutex, MutexGuard};

@@ -409,6 +409,65 @@ async fn close_from_a_handler_reports_the_others_not_itself() {
     assert_eq!(report.unjoined, vec!["tidings-stuck-0".to_string()]); // R-CORE-6
 }
 
+// Issue 25 defect 10: a handler closes its own broker (the sync close, on its slot's task,
+// which cannot wait for the other tasks there) while another slot's task is alive but runs
+// no handler — it sleeps until a retry is due. That task sees the close at its next poll
+// and ends with no user code left to run, so it is not unjoined: the report — which a later
+// close from outside the runtime returns again — leaves no dispatcher unjoined, as under
+// the thread and pool drivers.
+#[test]
+fn close_from_a_handler_leaves_no_idle_dispatcher_unjoined() {
+    let (_rt, broker) = runtime_and_broker();
+    let retrying = broker
+        .subscribe(
+            "retry",
+            SubscribeOptions {
+                name: Some("retrying".into()),
+                retry: Retry::fixed(Duration::from_secs(3600), 3),
+                ..Default::default()
+            },
+            |_m: &Message| Err(HandlerError::retry("later")),
+        )
+        .unwrap();
+    let first = Arc::new(Mutex::new(None));
+    let (b, r) = (broker.clone(), first.clone());
+    let closer = SubscribeOptions {
+        name: Some("closer".into()),
+        ..Default::default()
+    };
+    let _closer = broker
+        .subscribe("close", closer, move |_m: &Message| {
+            *r.lock() = Some(b.close(Duration::ZERO));
+            Ok(())
+        })
+        .unwrap();
+    broker.publish(Message::to("retry")).unwrap();
+    let deadline = Instant::now() + PATIENCE;
+    // The failed attempt is reported: its task now waits for the retry, in no handler.
+    while retrying.stats().failures < 1 {
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for the first attempt"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    broker.publish(Message::to("close")).unwrap();
+    while first.lock().is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for the handler's close"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let from_handler = first.lock().take().unwrap();
+    assert!(from_handler.unjoined.is_empty(), "{from_handler:?}"); // R-CORE-6
+    let from_outside = broker.close(Duration::from_secs(5));
+    assert!(from_outside.unjoined.is_empty(), "{from_outside:?}"); // R-CORE-6
+    // The message waiting for its retry was abandoned, and reported (R-CORE-6).
+    assert_eq!(from_outside.undelivered.len(), 1, "{from_outside:?}");
+    assert!(retrying.stats().is_conserved()); // R-DEL-6
+}
+
 // A handler of one broker closing another broker on the same runtime is not one of the
 // other broker's tasks: that broker's own handler still running is reported, and a broker
 // with no task left reports nothing (and does not miscount).

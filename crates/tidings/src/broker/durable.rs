@@ -13,10 +13,10 @@ use tidings_log::Storage;
 
 use crate::clock::Now;
 use crate::dedup::DedupStore;
-use crate::durable::feeder::{CursorFeeder, FeedSink, Held, Offered, OnDue};
+use crate::durable::feeder::{CursorFeeder, FeedSink, Held, OnDue};
 use crate::durable::{
-    CursorSpec, CursorWaker, DurableBackend, DurableSpec, DurableSubscription, Finished, Outcome,
-    Stream, StreamConfig, StreamError, check_name,
+    CursorSpec, CursorWaker, DurableBackend, DurableSpec, DurableSubscription, Stream,
+    StreamConfig, StreamError, check_name,
 };
 use crate::error::SubscribeError;
 use crate::handler::Handler;
@@ -100,16 +100,11 @@ struct SubscriptionSink {
 }
 
 impl FeedSink for SubscriptionSink {
-    fn offer(&self, message: &Arc<Message>) -> Offered {
+    fn offer(&self, message: &Arc<Message>) -> FeedOffer {
         let Some(sub) = self.sub.upgrade() else {
-            return Offered::Closed;
+            return FeedOffer::Closed;
         };
-        match sub.offer_from_stream(message) {
-            FeedOffer::Taken => Offered::Taken,
-            FeedOffer::Filtered => Offered::Filtered,
-            FeedOffer::Full => Offered::Full,
-            FeedOffer::Closed => Offered::Closed,
-        }
+        sub.offer_from_stream(message)
     }
 
     fn offer_due_anyway(&self, message: &Arc<Message>) {
@@ -325,24 +320,12 @@ impl Broker {
         );
         let _ = wake_target.set(Arc::downgrade(&feeder)); // a new cell: not set before
         let hook = feeder.clone();
-        sub.shared.set_on_finished(Arc::new(move |items| {
-            hook.on_finished(
-                items
-                    .into_iter()
-                    .map(|f| {
-                        let outcome = match f.dead_letter {
-                            None => Outcome::Delivered,
-                            Some((reason, attempts)) => Outcome::DeadLettered { reason, attempts },
-                        };
-                        Finished::new(f.message, outcome)
-                    })
-                    .collect(),
-            );
-        }));
+        sub.shared
+            .set_on_finished(Arc::new(move |items| hook.on_finished(items)));
         // The driver runs the feeder (R-EXE-4): its own thread, a pool unit, a tokio task,
         // or `run_until_idle` in the caller's thread. Its steps stay idle until the handle
         // is in place, so every completion knows where its blocking I/O belongs.
-        let handle = match self.inner.executor.start_feeder(feeder.clone()) {
+        let handle = match self.inner.executor.start_service(feeder.clone()) {
             Ok(h) => h,
             Err(e) => {
                 feeder.shutdown();

@@ -73,10 +73,9 @@ impl BrokerInner {
         let mut delivered = 0;
         loop {
             let mut progress = 0;
-            for entry in self.scheduler.take_due(self.clock.now()) {
-                self.release(entry);
-                progress += 1;
-            }
+            // The broker's services, each stepped here by the manual driver: the scheduler's
+            // timer releases due delayed messages, then retention and the durable feeders.
+            progress += self.scheduler.run_here();
             progress += self.durables.run_now();
             for sub in self.live() {
                 for worker in 0..sub.workers() {

@@ -412,7 +412,8 @@ impl Broker {
 
     /// Manual driver: deliver everything deliverable at the clock's current time, in this
     /// thread, until nothing is left to do now (R-EXE-2). Returns the number of steps made
-    /// (handler calls, due delayed messages released, durable records moved). Does nothing
+    /// (handler calls, and the steps of the broker's services that did something: releasing
+    /// due delayed messages, moving durable records, applying retention). Does nothing
     /// (returns 0) under other drivers.
     ///
     /// # Re-entrancy (R-EXE-5)

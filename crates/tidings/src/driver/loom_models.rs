@@ -3,7 +3,9 @@
 //!
 //! The models run the drivers' own loops — the pool's `worker_loop` over its run queue and
 //! mailbox flags, the thread driver's `dispatch_loop` — on loom threads, against a real
-//! subscription shell.
+//! subscription shell. The broker services' wake protocol has its models in `services`
+//! (`loom_models/services.rs`); the durable feeder's wake/step protocol on these loops is
+//! modelled in `durable::loom_models`, the scheduler's timer in `crate::scheduler`.
 
 use std::sync::Arc;
 
@@ -17,7 +19,8 @@ use crate::sync::{AtomicBool, Mutex, Ordering, thread};
 
 use super::pool::{Shared, worker_loop};
 use super::thread::{Parking, dispatch_loop};
-use super::{FeedStep, Feeder, FeederHandle};
+
+mod services;
 
 /// Two pool workers, started on loom threads.
 fn pool_workers(pool: &Arc<Shared>) -> Vec<thread::JoinHandle<()>> {
@@ -100,66 +103,6 @@ fn pool_runs_a_slot_on_one_worker_at_a_time() {
         clock_jump.join().expect("the wake returns");
         assert_eq!(delivered.wait_for(n), (0..n).collect::<Vec<_>>());
         close_pool(&pool, &sub, workers);
-    });
-}
-
-/// A feeder whose steps take the work items handed to it.
-struct CountingFeeder {
-    work: Mutex<usize>,
-    taken: Tally,
-    inside: AtomicBool,
-}
-
-impl Feeder for CountingFeeder {
-    fn name(&self) -> String {
-        "model-feeder".into()
-    }
-    fn step(&self) -> FeedStep {
-        assert!(
-            !self.inside.swap(true, Ordering::AcqRel),
-            "two pool workers inside one feeder"
-        );
-        let items = std::mem::take(&mut *self.work.lock());
-        for _ in 0..items {
-            self.taken.add(0);
-        }
-        self.inside.store(false, Ordering::Release);
-        FeedStep::Idle
-    }
-    fn run(&self) {
-        // The thread driver's body; the pool (modelled here) runs `step` instead.
-        self.step();
-    }
-}
-
-/// The pool's feeder mailbox (`pending` + `scheduled`) loses no wake-up and never runs one
-/// feeder on two workers (R-EXE-4): work handed over while a step runs is taken by a
-/// later step.
-///
-/// Guards against: clearing `pending` after the step instead of before it — a wake during
-/// the step is then forgotten and its work never taken.
-#[test]
-fn pool_feeder_mailbox_loses_no_wakeup() {
-    check(|| {
-        let n = messages();
-        let feeder = Arc::new(CountingFeeder {
-            work: Mutex::new(0),
-            taken: Tally::default(),
-            inside: AtomicBool::new(false),
-        });
-        let pool = Shared::new(Arc::new(SystemClock));
-        let as_feeder: Arc<dyn Feeder> = feeder.clone();
-        let handle = pool.attach_feeder(&as_feeder);
-        let workers = pool_workers(&pool);
-        for _ in 0..n {
-            *feeder.work.lock() += 1;
-            handle.wake();
-        }
-        feeder.taken.wait_for(n);
-        pool.stop();
-        for w in workers {
-            w.join().expect("a pool worker returns");
-        }
     });
 }
 

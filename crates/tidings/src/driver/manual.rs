@@ -6,6 +6,10 @@
 //! [`Broker::settle`](crate::Broker::settle) also jumps a `ManualClock` to each next
 //! wake-up until nothing is scheduled.
 //!
+//! The broker's services (durable feeders, the retention and scheduler timers) run there
+//! too: `run_until_idle` steps each through [`ServiceHandle::run_here`] until it has
+//! nothing more to do now.
+//!
 //! # Re-entrant calls from handlers (R-EXE-5)
 //! A handler that `run_until_idle` is running may call back into the broker:
 //!
@@ -28,15 +32,37 @@
 //!   handler that an outer `close` is draining returns an empty report at once (it cannot
 //!   wait for itself); the outer close returns the full one.
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Instant;
 
 use crate::error::SubscribeError;
 use crate::subscription::shell::SubscriptionShell;
 
-use super::{Executor, Feeder, FeederHandle, Unscheduled, Wake};
+use super::{Executor, Service, ServiceHandle, ServiceStep, Wake};
 
 pub(crate) struct ManualExecutor;
+
+/// A service stepped only in the caller's thread ([`ServiceHandle::run_here`]).
+struct CallerRuns(Weak<dyn Service>);
+
+impl ServiceHandle for CallerRuns {
+    fn wake(&self) {
+        // Nothing runs until the caller drives it.
+    }
+    fn wakes_on_time(&self) -> bool {
+        false
+    }
+    fn run_here(&self) -> usize {
+        let Some(service) = self.0.upgrade() else {
+            return 0;
+        };
+        let mut progress = 0;
+        while service.step(service.clock().now()) == ServiceStep::Again {
+            progress += 1;
+        }
+        progress
+    }
+}
 
 struct NoWake;
 
@@ -50,12 +76,12 @@ impl Executor for ManualExecutor {
         sub.set_waker(Arc::new(NoWake));
         Ok(())
     }
-    fn start_feeder(
+    fn start_service(
         &self,
-        _feeder: Arc<dyn Feeder>,
-    ) -> Result<Box<dyn FeederHandle>, SubscribeError> {
-        // `run_until_idle` steps every durable feeder in the caller's thread.
-        Ok(Box::new(Unscheduled))
+        service: Arc<dyn Service>,
+    ) -> Result<Box<dyn ServiceHandle>, SubscribeError> {
+        // `run_until_idle` steps it in the caller's thread; its owner keeps it alive.
+        Ok(Box::new(CallerRuns(Arc::downgrade(&service))))
     }
     fn wait_stopped(&self, _deadline: Option<Instant>) -> bool {
         true

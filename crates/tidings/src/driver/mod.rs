@@ -2,7 +2,8 @@
 //!
 //! A driver owns threads (or tasks) and real waiting; the subscription core owns every
 //! rule. Adding a driver means implementing `Executor` (start a subscription's dispatcher
-//! slots, stop them) and `Wake` (how a publisher wakes an idle slot).
+//! slots, stop them; start the broker's services, see `service.rs`) and `Wake` (how a
+//! publisher wakes an idle slot).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -10,12 +11,15 @@ use std::time::Instant;
 use crate::error::SubscribeError;
 use crate::subscription::shell::{SubscriptionShell, Wake};
 
+pub(crate) use service::{Service, ServiceHandle, ServiceStep};
+
 mod handles;
 mod live;
 #[cfg(all(test, tidings_loom))]
 mod loom_models;
 pub(crate) mod manual;
 pub(crate) mod pool;
+mod service;
 #[cfg(any(feature = "tokio", all(test, tidings_loom)))]
 mod sleepers;
 pub(crate) mod thread;
@@ -74,70 +78,16 @@ impl Driver {
     }
 }
 
-/// What one step of a [`Feeder`] did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum FeedStep {
-    /// It made progress and may have more to do: run it again (after others had a turn).
-    Again,
-    /// Nothing to do until [`FeederHandle::wake`] (an append, room freed, a seek, stop).
-    Idle,
-    /// Nothing to do until this time on the feeder's clock, or a wake (a timer service).
-    WakeAt(Instant),
-    /// Stopped for good: never run it again.
-    Stopped,
-}
-
-/// A broker service the driver runs, such as a durable subscription's feeder (R-EXE-4):
-/// a thread of its own under the thread driver, a schedulable unit of the pool under the
-/// pool driver, a task (with its blocking I/O on the blocking pool) under tokio, and the
-/// caller's thread (`run_until_idle`) under the manual driver.
-pub(crate) trait Feeder: Send + Sync + 'static {
-    /// A name for its thread or task.
-    fn name(&self) -> String;
-    /// One bounded pass that never waits for more work (it may do blocking file I/O).
-    fn step(&self) -> FeedStep;
-    /// The thread driver's body: run until stopped, waiting (bounded) between passes.
-    fn run(&self);
-    /// How long a real thread or task should sleep to reach `at` on the feeder's clock
-    /// (`None`: until woken — a manual clock wakes the feeder when it moves).
-    #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // only the tokio driver sleeps
-    fn wait_hint(&self, at: Instant) -> Option<std::time::Duration> {
-        Some(at.saturating_duration_since(Instant::now()))
-    }
-}
-
-/// The driver's handle on a started [`Feeder`].
-pub(crate) trait FeederHandle: Send + Sync {
-    /// There may be new work (an append, room freed, a seek, a stop request).
-    fn wake(&self);
-    /// True when the thread that finishes a message must not do blocking I/O for it (a
-    /// tokio runtime worker): the finished messages are queued and handed to the feeder's
-    /// next step instead, which runs off the runtime's workers.
-    fn defers_io(&self) -> bool {
-        false
-    }
-    /// Wait for the feeder's thread to end, when it has one and it is not this thread
-    /// (the feeder was asked to stop and woken first).
-    fn join(&self) {}
-}
-
-/// A feeder handle that does nothing: the manual driver steps feeders in `run_until_idle`.
-pub(crate) struct Unscheduled;
-
-impl FeederHandle for Unscheduled {
-    fn wake(&self) {}
-}
-
 /// Runs subscriptions' dispatchers.
 pub(crate) trait Executor: Send + Sync {
     /// Start the dispatcher slots of a new subscription.
     fn start(&self, sub: &Arc<SubscriptionShell>) -> Result<(), SubscribeError>;
-    /// Start running `feeder` (see [`Feeder`]). The handle keeps no strong reference to it
-    /// except under the thread driver, whose thread holds one until it stops.
-    fn start_feeder(
+    /// Start running `service` (see [`Service`]). The handle keeps no strong reference to
+    /// it except under the thread driver, whose thread holds one until it stops.
+    fn start_service(
         &self,
-        feeder: Arc<dyn Feeder>,
-    ) -> Result<Box<dyn FeederHandle>, SubscribeError>;
+        service: Arc<dyn Service>,
+    ) -> Result<Box<dyn ServiceHandle>, SubscribeError>;
     /// Wait until every dispatcher has stopped, or `deadline` (real time; `None`: no
     /// deadline). True if all stopped. A dispatcher that is the calling thread is not
     /// waited for.

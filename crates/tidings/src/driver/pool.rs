@@ -13,10 +13,12 @@
 //! scheduling and running a subscription touch no second allocation, and an idle one holds
 //! no thread, no stack, and nothing of the driver's.
 //!
-//! A durable subscription's feeder is a schedulable unit too (R-EXE-4): woken by an append
-//! to its stream, room freed in its window, a seek or a stop; a worker runs one bounded
-//! step (at most one read batch), then re-queues it at the back or leaves it idle. So idle
-//! durable subscriptions cost no OS thread each.
+//! A broker service (a durable subscription's feeder, the retention and scheduler timers;
+//! see `super::service`) is a schedulable unit too (R-EXE-4): woken by an append to its
+//! stream, room freed in its window, a seek, a clock jump or a stop; a worker runs one
+//! bounded step (a feeder's: at most one read batch), then re-queues it at the back, parks
+//! it on the pool's timer until its due time, or leaves it idle. So idle durable
+//! subscriptions cost no OS thread each.
 
 use std::cell::Cell;
 use std::cmp::Reverse;
@@ -37,7 +39,7 @@ use crossbeam_utils::Backoff;
 
 use super::live::LiveCount;
 use super::thread::SPIN;
-use super::{Executor, FeedStep, Feeder, FeederHandle, Wake};
+use super::{Executor, Service, ServiceHandle, ServiceStep, Wake};
 
 /// Most deliveries a worker makes for one slot before yielding it.
 pub const BATCH: usize = 64;
@@ -56,37 +58,37 @@ enum Task {
         sub: Weak<SubscriptionShell>,
         worker: usize,
     },
-    /// A feeder's step.
-    Feeder(Arc<FeederMailbox>),
+    /// A service's step.
+    Service(Arc<ServiceMailbox>),
 }
 
-/// The mailbox of one feeder: one state word, [`SCHEDULED`] while queued or running (so no
-/// two workers are inside one feeder) and [`PENDING`] when woken since its current step
+/// The mailbox of one service: one state word, [`SCHEDULED`] while queued or running (so
+/// no two workers are inside one service) and [`PENDING`] when woken since its current step
 /// began. One word, changed only by read-modify-writes, so every wake is ordered against
 /// the step's end without relying on sequential consistency across two flags.
-struct FeederMailbox {
+struct ServiceMailbox {
     state: AtomicU8,
-    feeder: Weak<dyn Feeder>,
+    service: Weak<dyn Service>,
     pool: Arc<Shared>,
 }
 
-impl FeederMailbox {
+impl ServiceMailbox {
     fn enqueue(self: &Arc<Self>) {
         self.pool
             .run_queue
             .lock()
-            .push_back(Task::Feeder(self.clone()));
+            .push_back(Task::Service(self.clone()));
         self.pool.work.notify_one();
     }
 }
 
-/// [`FeederMailbox`] state: queued or running.
+/// [`ServiceMailbox`] state: queued or running.
 const SCHEDULED: u8 = 1;
-/// [`FeederMailbox`] state: woken since the current step began.
+/// [`ServiceMailbox`] state: woken since the current step began.
 const PENDING: u8 = 2;
 
-impl FeederMailbox {
-    /// New work: mark it pending, and queue the feeder unless it is queued or running
+impl ServiceMailbox {
+    /// New work: mark it pending, and queue the service unless it is queued or running
     /// already (a running step ends by seeing `PENDING` and runs again).
     fn wake(self: &Arc<Self>) {
         let before = self.state.fetch_or(SCHEDULED | PENDING, Ordering::AcqRel);
@@ -109,10 +111,10 @@ impl FeederMailbox {
     }
 }
 
-/// The pool's handle on a feeder.
-pub(super) struct PoolFeeder(Arc<FeederMailbox>);
+/// The pool's handle on a service.
+pub(crate) struct PoolService(Arc<ServiceMailbox>);
 
-impl FeederHandle for PoolFeeder {
+impl ServiceHandle for PoolService {
     fn wake(&self) {
         self.0.wake();
     }
@@ -128,8 +130,8 @@ struct Timer {
 enum TimerTarget {
     /// A dispatcher slot waiting for a retry.
     Slot(Weak<SubscriptionShell>, usize),
-    /// A feeder waiting for its next due time (a timer service).
-    Feeder(Weak<FeederMailbox>),
+    /// A service waiting for its next due time.
+    Service(Weak<ServiceMailbox>),
 }
 
 impl PartialEq for Timer {
@@ -149,7 +151,7 @@ impl Ord for Timer {
     }
 }
 
-pub(super) struct Shared {
+pub(crate) struct Shared {
     id: u64,
     run_queue: Mutex<VecDeque<Task>>,
     work: Condvar,
@@ -289,11 +291,11 @@ impl PoolExecutor {
 }
 
 impl Executor for PoolExecutor {
-    fn start_feeder(
+    fn start_service(
         &self,
-        feeder: Arc<dyn Feeder>,
-    ) -> Result<Box<dyn FeederHandle>, SubscribeError> {
-        Ok(Box::new(self.shared.attach_feeder(&feeder)))
+        service: Arc<dyn Service>,
+    ) -> Result<Box<dyn ServiceHandle>, SubscribeError> {
+        Ok(Box::new(self.shared.attach_service(&service)))
     }
 
     fn start(&self, sub: &Arc<SubscriptionShell>) -> Result<(), SubscribeError> {
@@ -332,7 +334,7 @@ impl Executor for PoolExecutor {
 }
 
 impl Shared {
-    pub(super) fn new(clock: Arc<dyn Clock>) -> Arc<Self> {
+    pub(crate) fn new(clock: Arc<dyn Clock>) -> Arc<Self> {
         Arc::new(Shared {
             id: NEXT_POOL.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             run_queue: Mutex::new(VecDeque::new()),
@@ -354,12 +356,12 @@ impl Shared {
         self.wake_all(sub);
     }
 
-    /// Give a feeder a mailbox and queue its first step (it reads what the stream already
-    /// holds).
-    pub(super) fn attach_feeder(self: &Arc<Self>, feeder: &Arc<dyn Feeder>) -> PoolFeeder {
-        let handle = PoolFeeder(Arc::new(FeederMailbox {
+    /// Give a service a mailbox and queue its first step (a feeder reads what the stream
+    /// already holds).
+    pub(crate) fn attach_service(self: &Arc<Self>, service: &Arc<dyn Service>) -> PoolService {
+        let handle = PoolService(Arc::new(ServiceMailbox {
             state: AtomicU8::new(0),
-            feeder: Arc::downgrade(feeder),
+            service: Arc::downgrade(service),
             pool: self.clone(),
         }));
         handle.wake();
@@ -367,7 +369,7 @@ impl Shared {
     }
 
     /// Tell the worker and timer threads to exit once idle.
-    pub(super) fn stop(&self) {
+    pub(crate) fn stop(&self) {
         self.shutdown.store(true, Ordering::Release);
         drop(self.run_queue.lock());
         self.work.notify_all();
@@ -376,7 +378,7 @@ impl Shared {
     }
 }
 
-pub(super) fn worker_loop(pool: &Arc<Shared>) {
+pub(crate) fn worker_loop(pool: &Arc<Shared>) {
     CURRENT_POOL.with(|c| c.set(pool.id));
     loop {
         let task = {
@@ -400,27 +402,27 @@ pub(super) fn worker_loop(pool: &Arc<Shared>) {
         };
         match task {
             Task::Slot { sub, worker } => run_slot(pool, sub, worker),
-            Task::Feeder(mailbox) => run_feeder(&mailbox),
+            Task::Service(mailbox) => run_service(&mailbox),
         }
     }
 }
 
-/// Run one step of a feeder, then re-queue it, leave it idle, or drop it (stopped/gone).
-fn run_feeder(mailbox: &Arc<FeederMailbox>) {
-    let Some(feeder) = mailbox.feeder.upgrade() else {
+/// Run one step of a service, then re-queue it, leave it idle, or drop it (stopped/gone).
+fn run_service(mailbox: &Arc<ServiceMailbox>) {
+    let Some(service) = mailbox.service.upgrade() else {
         return; // its owner is gone: it stays `SCHEDULED`, so it is never queued again
     };
     mailbox.begin_step();
-    let step = feeder.step();
+    let step = service.step(service.clock().now());
     match step {
-        FeedStep::Again => mailbox.enqueue(),
-        FeedStep::Stopped => {}
-        FeedStep::Idle | FeedStep::WakeAt(_) => {
-            if let FeedStep::WakeAt(due) = step {
+        ServiceStep::Again => mailbox.enqueue(),
+        ServiceStep::Stopped => {}
+        ServiceStep::Idle | ServiceStep::WakeAt(_) => {
+            if let ServiceStep::WakeAt(due) = step {
                 park(
                     &mailbox.pool,
                     due,
-                    TimerTarget::Feeder(Arc::downgrade(mailbox)),
+                    TimerTarget::Service(Arc::downgrade(mailbox)),
                 );
             }
             if mailbox.end_step() {
@@ -500,7 +502,7 @@ fn timer_loop(pool: &Arc<Shared>) {
                     }
                 }
                 // Due work runs on a worker, never on the timer thread.
-                TimerTarget::Feeder(mailbox) => {
+                TimerTarget::Service(mailbox) => {
                     if let Some(mailbox) = mailbox.upgrade() {
                         mailbox.wake();
                     }

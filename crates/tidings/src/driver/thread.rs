@@ -5,22 +5,25 @@
 //! only by waiting — when idle (or until a retry is due). A publisher wakes an
 //! idle thread only when the core says that slot was idle, so a busy dispatcher costs its
 //! publishers no system call.
+//!
+//! Each broker service (a durable feeder, the retention timer, the scheduler's timer; see
+//! `super::service`) has a thread of its own running the one generic [`service_loop`].
 
 use std::cell::Cell;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crossbeam_utils::Backoff;
 
 use crate::error::SubscribeError;
 use crate::subscription::shell::{Step, SubscriptionShell};
-use crate::sync::{Condvar, Mutex, Ordering, protocol_thread_local};
+use crate::sync::{Condvar, Mutex, Ordering, protocol_thread_local, thread};
 
 use super::handles::Handles;
 use super::live::LiveCount;
-use super::{Executor, Feeder, FeederHandle, Wake};
+use super::{Executor, Service, ServiceHandle, ServiceStep, Wake};
 
 static NEXT_EXECUTOR: AtomicU64 = AtomicU64::new(1);
 
@@ -79,16 +82,76 @@ impl ThreadExecutor {
     }
 }
 
-/// A feeder's own thread.
-struct FeederThread(Mutex<Option<JoinHandle<()>>>);
+/// How long the generic service loop waits at most before it steps its service again,
+/// woken or not. Services need no such step (every change that gives one work wakes it);
+/// it bounds the cost of a wake-up lost outside the service protocol (a backend's cursor
+/// waker that does not fire), as the feeder's own loop did before the driver owned it.
+pub(super) const SERVICE_MAX_WAIT: Duration = Duration::from_millis(50);
 
-impl FeederHandle for FeederThread {
+/// The wake-up of a service's thread: a flag set by [`ServiceHandle::wake`] and consumed
+/// by the loop's wait, so a wake that arrives while a step runs makes the next wait return
+/// at once instead of being lost.
+#[derive(Default)]
+pub(super) struct Signal {
+    woken: Mutex<bool>,
+    cv: Condvar,
+}
+
+impl Signal {
+    /// Leave a wake-up (after the change that gives the service work).
+    pub(super) fn wake(&self) {
+        *self.woken.lock() = true;
+        self.cv.notify_one();
+    }
+
+    /// Wait until woken since the last wait, or at most `wait`; take the wake-up.
+    fn wait(&self, wait: Duration) {
+        let mut woken = self.woken.lock();
+        if !*woken {
+            // Under the model checker a timed wait waits for a notify: a lost wake-up
+            // shows as a deadlock instead of being papered over by the bound.
+            let _ = self.cv.wait_for(&mut woken, wait);
+        }
+        *woken = false;
+    }
+}
+
+/// The thread driver's loop for every service (R-EXE-4): step at the clock's `now`; after a
+/// step that may have more to do step again, otherwise wait for a wake or the next due
+/// time, at most [`SERVICE_MAX_WAIT`]; return once the service stopped.
+pub(super) fn service_loop(service: &dyn Service, signal: &Signal) {
+    loop {
+        let clock = service.clock();
+        let wait = match service.step(clock.now()) {
+            ServiceStep::Again => continue,
+            ServiceStep::Stopped => return,
+            ServiceStep::Idle => SERVICE_MAX_WAIT,
+            // `None`: a clock that moves only when told wakes its services when it does.
+            ServiceStep::WakeAt(at) => clock
+                .wait_hint(at)
+                .map_or(SERVICE_MAX_WAIT, |d| d.min(SERVICE_MAX_WAIT)),
+        };
+        if !wait.is_zero() {
+            signal.wait(wait);
+        }
+    }
+}
+
+/// A service's own thread. Spawned through `crate::sync`, unlike the dispatchers' threads:
+/// the models run the real `start_service` and `join` on model threads.
+struct ServiceThread {
+    signal: Arc<Signal>,
+    thread: Mutex<Option<thread::JoinHandle<()>>>,
+}
+
+impl ServiceHandle for ServiceThread {
     fn wake(&self) {
-        // The feeder waits on its own condition (room, appends) with a bounded wait.
+        self.signal.wake();
     }
     fn join(&self) {
-        if let Some(h) = self.0.lock().take()
-            && h.thread().id() != std::thread::current().id()
+        let h = self.thread.lock().take();
+        if let Some(h) = h
+            && h.thread().id() != thread::current().id()
         {
             let _ = h.join();
         }
@@ -96,15 +159,20 @@ impl FeederHandle for FeederThread {
 }
 
 impl Executor for ThreadExecutor {
-    fn start_feeder(
+    fn start_service(
         &self,
-        feeder: Arc<dyn Feeder>,
-    ) -> Result<Box<dyn FeederHandle>, SubscribeError> {
-        let h = std::thread::Builder::new()
-            .name(feeder.name())
-            .spawn(move || feeder.run())
+        service: Arc<dyn Service>,
+    ) -> Result<Box<dyn ServiceHandle>, SubscribeError> {
+        let signal = Arc::new(Signal::default());
+        let waiter = signal.clone();
+        let h = thread::Builder::new()
+            .name(service.name())
+            .spawn(move || service_loop(service.as_ref(), &waiter))
             .map_err(|e| SubscribeError::Spawn(e.to_string()))?;
-        Ok(Box::new(FeederThread(Mutex::new(Some(h)))))
+        Ok(Box::new(ServiceThread {
+            signal,
+            thread: Mutex::new(Some(h)),
+        }))
     }
 
     fn start(&self, sub: &Arc<SubscriptionShell>) -> Result<(), SubscribeError> {

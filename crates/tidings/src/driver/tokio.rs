@@ -38,19 +38,25 @@
 //!   (no long computations, no blocking I/O, no `Broker::request`). Use an async handler,
 //!   or move blocking work to `tokio::task::spawn_blocking`, otherwise.
 //!
-//! # Durable feeders
-//! A durable subscription's feeder is one task (R-EXE-4): it awaits a [`Notify`] (an
-//! append, room freed, a seek, a stop) and runs each step — log reads, offset commits with
-//! their fsync, durable-DLQ appends — through `spawn_blocking`, so no blocking file I/O runs
-//! on a runtime worker. Messages finished by a dispatcher task are handed to that step
-//! instead of being committed on the worker ([`FeederHandle::defers_io`]).
+//! # Services
+//! A broker service (a durable subscription's feeder, the retention and scheduler timers;
+//! see `super::service`) is one task (R-EXE-4): it runs each step — log reads, offset
+//! commits with their fsync, durable-DLQ appends — through `spawn_blocking`, so no blocking
+//! file I/O runs on a runtime worker, then awaits a [`Notify`] (an append, room freed, a
+//! seek, a clock jump, a stop) or the step's due time. Messages finished by a dispatcher
+//! task are handed to the feeder's next step instead of being committed on the worker
+//! ([`ServiceHandle::defers_io`]).
 //!
 //! # Waiting for tasks at close
 //! Close wakes every slot, so each one with work left has a task that sees the close, and
 //! waits with a real-time deadline until no task is left. From a thread that is inside a
 //! tokio runtime context (a task, `block_on`, `spawn_blocking`), blocking could deadlock the
 //! runtime the tasks need, so the sync [`Broker::close`](crate::Broker::close) does not wait
-//! there: tasks still running are reported in `CloseReport::unjoined`.
+//! there: the tasks in a handler call then are reported in `CloseReport::unjoined` (each
+//! slot's run flags say whether its task is in one, from the poll that hands a delivery out
+//! to its report). A task in no handler call is not: it sees the close at its next poll and
+//! ends with no user code left to run — a handler that closes its own broker leaves a clean
+//! report when the other slots are idle, as under the thread and pool drivers.
 //! [`Broker::close_async`](crate::Broker::close_async) performs the waiting off the runtime's
 //! worker threads and so does wait.
 
@@ -73,7 +79,7 @@ use crate::sync::Ordering;
 
 use super::live::LiveCount;
 use super::sleepers::{Sleepers, SlotKey, Woken, key_of};
-use super::{Executor, FeedStep, Feeder, FeederHandle, Wake};
+use super::{Executor, Service, ServiceHandle, ServiceStep, Wake};
 
 /// Deliveries a slot makes before yielding to the runtime, so a busy subscription cannot
 /// starve other tasks (sync handlers never reach an `.await`).
@@ -225,12 +231,13 @@ impl TokioExecutor {
     }
 }
 
-/// The tokio driver's handle on a feeder task.
-struct FeederTask(Arc<Notify>);
+/// The tokio driver's handle on a service's task.
+struct ServiceTask(Arc<Notify>);
 
-impl FeederHandle for FeederTask {
+impl ServiceHandle for ServiceTask {
     fn wake(&self) {
-        // A stored permit: a wake before the task awaits is not lost.
+        // A stored permit: a wake before the task awaits, or while its step runs, is not
+        // lost.
         self.0.notify_one();
     }
     fn defers_io(&self) -> bool {
@@ -238,47 +245,56 @@ impl FeederHandle for FeederTask {
     }
 }
 
-/// A feeder's task: each step on the blocking pool, waits on the notify.
-async fn feed(feeder: std::sync::Weak<dyn Feeder>, notify: Arc<Notify>) {
+/// A service's task: each step on the blocking pool, then a wait for the notify or the
+/// step's due time.
+async fn run_service(service: std::sync::Weak<dyn Service>, notify: Arc<Notify>) {
     loop {
-        let Some(f) = feeder.upgrade() else {
+        let Some(s) = service.upgrade() else {
             return;
         };
-        let step = ::tokio::task::spawn_blocking(move || f.step()).await;
+        let step = ::tokio::task::spawn_blocking(move || {
+            let step = s.step(s.clock().now());
+            // The real wait until the due time, asked of the service's clock while the
+            // service is at hand (the task holds it only weakly).
+            let hint = match step {
+                ServiceStep::WakeAt(at) => s.clock().wait_hint(at),
+                _ => None,
+            };
+            (step, hint)
+        })
+        .await;
         match step {
-            Ok(FeedStep::Again) => ::tokio::task::yield_now().await,
-            Ok(FeedStep::Idle) => notify.notified().await,
-            Ok(FeedStep::WakeAt(at)) => {
-                let hint = feeder.upgrade().and_then(|f| f.wait_hint(at));
-                match hint {
-                    Some(d) if d.is_zero() => {}
-                    Some(d) => {
-                        ::tokio::select! {
-                            () = notify.notified() => {}
-                            () = ::tokio::time::sleep(d) => {}
-                        }
+            Ok((ServiceStep::Again, _)) => ::tokio::task::yield_now().await,
+            Ok((ServiceStep::Idle, _)) => notify.notified().await,
+            Ok((ServiceStep::WakeAt(_), hint)) => match hint {
+                Some(d) if d.is_zero() => {}
+                Some(d) => {
+                    ::tokio::select! {
+                        () = notify.notified() => {}
+                        () = ::tokio::time::sleep(d) => {}
                     }
-                    None => notify.notified().await,
                 }
-            }
+                // A clock that moves only when told wakes its services when it does.
+                None => notify.notified().await,
+            },
             // Stopped, or the runtime is shutting down.
-            Ok(FeedStep::Stopped) | Err(_) => return,
+            Ok((ServiceStep::Stopped, _)) | Err(_) => return,
         }
     }
 }
 
 impl Executor for TokioExecutor {
-    fn start_feeder(
+    fn start_service(
         &self,
-        feeder: Arc<dyn Feeder>,
-    ) -> Result<Box<dyn FeederHandle>, SubscribeError> {
+        service: Arc<dyn Service>,
+    ) -> Result<Box<dyn ServiceHandle>, SubscribeError> {
         let notify = Arc::new(Notify::new());
         drop(
             self.shared
                 .handle
-                .spawn(feed(Arc::downgrade(&feeder), notify.clone())),
+                .spawn(run_service(Arc::downgrade(&service), notify.clone())),
         );
-        Ok(Box::new(FeederTask(notify)))
+        Ok(Box::new(ServiceTask(notify)))
     }
 
     fn start(&self, sub: &Arc<SubscriptionShell>) -> Result<(), SubscribeError> {
@@ -302,6 +318,8 @@ impl Executor for TokioExecutor {
     }
 
     fn join(&self, deadline: Instant, subs: &[Arc<SubscriptionShell>]) -> Vec<String> {
+        // Inside the runtime nothing is waited for (see `wait_stopped`).
+        let waited = may_block();
         self.wait_stopped(Some(deadline));
         let me = self.shared.current_slot();
         let left = self
@@ -312,22 +330,31 @@ impl Executor for TokioExecutor {
         if left == 0 {
             return Vec::new();
         }
-        // The tasks left run a handler (anything else sees the close within the grace):
-        // their slots are the running ones.
+        // After waiting, the tasks left run a handler (anything else sees the close within
+        // the grace): their slots are the running ones. Without waiting, every task is still
+        // there; one that is not in a handler call sees the close at its next poll and ends
+        // with no user code left to run, so it is not left behind: only the slots in a
+        // handler call are (issue 25: a handler that closed its own broker had tasks in
+        // their idle grace reported, and so a later close from outside was not clean).
         let mut names = Vec::new();
         for sub in subs {
             for worker in 0..sub.workers() {
-                let running = sub
-                    .run_flags(worker)
-                    .is_some_and(|f| f.running.load(Ordering::Acquire));
-                if running && me != Some(key_of(sub, worker)) {
+                let Some(flags) = sub.run_flags(worker) else {
+                    continue;
+                };
+                if !flags.running.load(Ordering::Acquire) || me == Some(key_of(sub, worker)) {
+                    continue;
+                }
+                if waited || flags.in_handler() {
                     names.push(format!("tidings-{}-{}", sub.name, worker));
                 }
             }
         }
-        // Tasks of subscriptions removed before close, or not yet started when called from
-        // inside the runtime (which does not wait).
-        names.resize(names.len().max(left), "tidings-(unsubscribed)".to_owned());
+        // After waiting: tasks of subscriptions removed before close. (Without waiting,
+        // tasks that are starting or ending look the same, and run no handler.)
+        if waited {
+            names.resize(names.len().max(left), "tidings-(unsubscribed)".to_owned());
+        }
         names
     }
 
@@ -367,10 +394,22 @@ async fn run_slot(sub: Arc<SubscriptionShell>, worker: usize, guard: TaskGuard, 
     loop {
         let announce = idle_polls >= grace;
         let step = match sub.async_handler() {
-            // The shell's delivery step, as every driver runs it.
+            // The shell's delivery step (`Locked::step`), the slot marked in a handler call
+            // from the poll that hands the delivery out to its report (see `join`).
             None => {
                 let mut locked = sub.lock();
-                let step = in_slot(shared, key, || locked.step(worker, announce));
+                let step = in_slot(shared, key, || match locked.poll(worker, announce) {
+                    Poll::Deliver(delivery) => {
+                        flags.enter_handler();
+                        let outcome = locked.unlocked(|| sub.run(&delivery));
+                        locked.complete(delivery, outcome);
+                        flags.leave_handler();
+                        Step::Delivered
+                    }
+                    Poll::WakeAt(t) => Step::WakeAt(t),
+                    Poll::Idle => Step::Idle,
+                    Poll::Stopped => Step::Stopped,
+                });
                 if step == Step::Idle && announce {
                     flags.leave();
                     return;
@@ -437,13 +476,15 @@ async fn step_async(
     worker: usize,
     announce: bool,
 ) -> Step {
+    let flags = sub.run_flags(worker).expect("a scheduled slot exists");
     let poll = {
         let mut locked = sub.lock();
         let poll = locked.poll(worker, announce);
-        if matches!(poll, Poll::Idle) && announce {
-            sub.run_flags(worker)
-                .expect("a scheduled slot exists")
-                .leave();
+        match poll {
+            Poll::Idle if announce => flags.leave(),
+            // In a handler call until its report (see `join`), marked under the lock.
+            Poll::Deliver(_) => flags.enter_handler(),
+            _ => {}
         }
         poll
     };
@@ -464,6 +505,7 @@ async fn step_async(
             )
             .await;
             sub.complete(delivery, outcome);
+            flags.leave_handler();
             Step::Delivered
         }
         Poll::WakeAt(t) => Step::WakeAt(t),

@@ -13,11 +13,26 @@
 //! commit never passes it.
 //!
 //! # Who runs it
-//! The driver (R-EXE-4): [`Feeder::run`] on a thread of its own under the thread driver,
-//! [`Feeder::step`] as a pool unit, a tokio task (steps on the blocking pool), or
-//! `run_until_idle` in the caller's thread under the manual driver. Completions reached
-//! on a thread that must not block (a tokio worker) are handed to the next step
-//! ([`FeederHandle::defers_io`]).
+//! The driver (R-EXE-4): the feeder is a [`Service`], one bounded [`Service::step`] at a time,
+//! stepped by the thread driver's generic service loop, as a pool unit, by a tokio task on
+//! the blocking pool, or by `run_until_idle` in the caller's thread under the manual driver.
+//! Completions reached on a thread that must not block (a tokio worker) are handed to the
+//! next step ([`ServiceHandle::defers_io`]).
+//!
+//! # The wake/step protocol
+//! Every lock and flag here comes from `crate::sync`, so the models in
+//! `driver::loom_models` run this code under loom:
+//! * whatever may give the feeder work (an append through the cursor's waker, a completion,
+//!   a seek, a stop) makes its change, then calls [`CursorFeeder::wake`]; the driver steps
+//!   the feeder again after a step that such a wake overlapped;
+//! * the step lock makes one step at a time, and lets `seek` and `shutdown` wait for a step
+//!   under way (the pool and tokio drivers have no thread to join);
+//! * `stop` is read by each step under the step lock: after `shutdown` took that lock, no
+//!   step touches the cursor again;
+//! * finished messages handed over by a tokio worker wait in `deferred` until the next step,
+//!   or `shutdown`, reports them — each exactly once; once `shutdown` took them, a later
+//!   hand-over is dropped (those messages stay above the final position and are redelivered
+//!   after a restart, like any message not finished before close).
 //!
 //! # Storing the position when idle
 //! An idle feeder lets the cursor store its position, but at most once per
@@ -26,7 +41,10 @@
 //! (two fsyncs in the embedded log) would compete with the stream's own syncs. A step
 //! that skips the store asks to run again when the gap is over, so the position of a
 //! subscription that went quiet is stored within that gap. On a clock that moves only
-//! when told (a manual clock) there is no gap: every idle step stores.
+//! when told (a manual clock), or under a driver that steps it only when told (the manual
+//! driver: [`ServiceHandle::wakes_on_time`]), there is no gap: every idle step stores.
+//! Under that driver a step that waits for room stores too, since the next step waits for
+//! the caller's next `run_until_idle`.
 //!
 //! # Closing
 //! [`CursorFeeder::shutdown`] stops the feeder, waits for a step under way, reports what a
@@ -34,40 +52,23 @@
 //! Messages still outstanding were not finished: they are redelivered after a restart.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex};
-
 use crate::clock::Clock;
-use crate::driver::{FeedStep, Feeder, FeederHandle};
+use crate::driver::{Service, ServiceHandle, ServiceStep};
 use crate::message::Message;
 use crate::subscription::SubscriptionId;
+use crate::subscription::shell::FeedOffer;
+use crate::sync::{AtomicBool, Mutex, Ordering};
 
 use super::source::{BackendCursor, Finished, Outcome};
 use super::{StartAt, StreamError};
 
-/// Longest wait of the thread driver's loop before it lets an idle cursor store its
-/// position and re-checks the stop flag.
-const IDLE_WAIT: Duration = Duration::from_millis(50);
 /// Most messages fetched per step.
 const BATCH: usize = 256;
 /// Least time between two stores of the position by an idle feeder (see the module docs).
-pub(crate) const IDLE_COMMIT_GAP: Duration = IDLE_WAIT;
-
-/// What offering one message to the subscription did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Offered {
-    /// Queued (or dead-lettered at once; the completion reports it).
-    Taken,
-    /// The subscription's filters excluded it: finished without delivery.
-    Filtered,
-    /// The queue has no room: nothing was counted; offer it again later.
-    Full,
-    /// The subscription is closed.
-    Closed,
-}
+pub(crate) const IDLE_COMMIT_GAP: Duration = Duration::from_millis(50);
 
 /// What holding a message until its delivery time did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,8 +88,10 @@ pub(crate) type OnDue = Box<dyn FnOnce(&Arc<Message>) + Send>;
 /// (the broker implements it; the feeder never sees either).
 pub(crate) trait FeedSink: Send + Sync + 'static {
     /// Offer a message from the stream, never waiting: the room check and the offer happen
-    /// under one subscription lock.
-    fn offer(&self, message: &Arc<Message>) -> Offered;
+    /// under one subscription lock (the subscription's own answer,
+    /// [`SubscriptionShell::offer_from_stream`](crate::subscription::shell::SubscriptionShell::offer_from_stream);
+    /// [`FeedOffer::Closed`] once it is gone).
+    fn offer(&self, message: &Arc<Message>) -> FeedOffer;
     /// Offer a message that fell due while the queue is full: the ordinary overflow policy
     /// decides (an overflow is dead-lettered durably and finished, never lost); the
     /// scheduler cannot wait.
@@ -108,25 +111,25 @@ pub(crate) struct CursorFeeder {
     pub(crate) cursor: Box<dyn BackendCursor>,
     sink: Arc<dyn FeedSink>,
     window: usize,
+    /// Asked to stop: the next step returns `Stopped` without touching the cursor.
     stop: AtomicBool,
-    /// The driver's handle on this feeder; unset until started.
-    handle: OnceLock<Box<dyn FeederHandle>>,
+    /// The driver's handle on this feeder; unset until started (a one-time publication
+    /// before the wake in [`CursorFeeder::started`]: a step that finds it unset is idle).
+    handle: OnceLock<Box<dyn ServiceHandle>>,
     /// Held for one step (or the final close), so shutdown and seek wait for a step under
     /// way on a pool worker or the blocking pool.
     step: Mutex<()>,
     /// Fetched, not yet taken by the queue (it was full): offered first next step.
     backlog: Mutex<VecDeque<Arc<Message>>>,
-    /// Finished messages handed over by a thread that must not block (a tokio worker).
-    deferred: Mutex<Vec<Finished>>,
+    /// Finished messages handed over by a thread that must not block (a tokio worker);
+    /// `None` once shutdown took the last of them.
+    deferred: Mutex<Option<Vec<Finished>>>,
     /// The cursor failed to fetch: no fetch until a seek.
     halted: AtomicBool,
     /// When an idle step last let the cursor store its position (broker clock).
     last_idle: Mutex<Option<Instant>>,
     /// The broker's clock: paces the idle stores.
     clock: Arc<dyn Clock>,
-    /// The thread driver's loop waits here for a wake.
-    woken: Mutex<bool>,
-    wakeup: Condvar,
     /// This feeder itself (callbacks hold it weakly).
     me: Weak<CursorFeeder>,
 }
@@ -154,18 +157,16 @@ impl CursorFeeder {
             handle: OnceLock::new(),
             step: Mutex::new(()),
             backlog: Mutex::new(VecDeque::new()),
-            deferred: Mutex::new(Vec::new()),
+            deferred: Mutex::new(Some(Vec::new())),
             halted: AtomicBool::new(false),
             last_idle: Mutex::new(None),
             clock,
-            woken: Mutex::new(false),
-            wakeup: Condvar::new(),
             me: me.clone(),
         })
     }
 
     /// Hand over the driver's handle; its steps were idle until now.
-    pub(crate) fn started(&self, handle: Box<dyn FeederHandle>) {
+    pub(crate) fn started(&self, handle: Box<dyn ServiceHandle>) {
         let _ = self.handle.set(handle); // a new feeder: not set before
         self.wake();
     }
@@ -174,10 +175,9 @@ impl CursorFeeder {
         self.stop.load(Ordering::Acquire)
     }
 
-    /// There may be work: an append, room freed, a seek, a stop request. Never blocks.
+    /// There may be work: an append, room freed, a seek, a stop request (made before this
+    /// call). Never blocks.
     pub(crate) fn wake(&self) {
-        *self.woken.lock() = true;
-        self.wakeup.notify_all();
         if let Some(h) = self.handle.get() {
             h.wake();
         }
@@ -194,7 +194,13 @@ impl CursorFeeder {
             h.join();
         }
         let _step = self.step.lock();
-        self.finish_deferred();
+        // Closes the hand-over too: what a worker hands over from now on is not reported.
+        let items = self.deferred.lock().take();
+        if let Some(items) = items
+            && !items.is_empty()
+        {
+            self.report(&items);
+        }
         self.cursor.close();
     }
 
@@ -215,11 +221,19 @@ impl CursorFeeder {
     /// feeder is woken: room may have been freed in its window or queue.
     pub(crate) fn on_finished(&self, items: Vec<Finished>) {
         if self.handle.get().is_some_and(|h| h.defers_io()) {
-            self.deferred.lock().extend(items);
+            if let Some(deferred) = self.deferred.lock().as_mut() {
+                deferred.extend(items);
+            }
         } else {
             self.report(&items);
         }
         self.wake();
+    }
+
+    /// Manual driver: step the feeder in the caller's thread until it has nothing more to
+    /// offer now (an idle step stores the position). Returns the steps that made progress.
+    pub(crate) fn run_here(&self) -> usize {
+        self.handle.get().map_or(0, |h| h.run_here())
     }
 
     fn report(&self, items: &[Finished]) {
@@ -228,16 +242,19 @@ impl CursorFeeder {
         }
     }
 
+    /// Report what a worker handed over (under the step lock).
     fn finish_deferred(&self) {
-        let items = std::mem::take(&mut *self.deferred.lock());
-        if !items.is_empty() {
+        let items = self.deferred.lock().as_mut().map(std::mem::take);
+        if let Some(items) = items
+            && !items.is_empty()
+        {
             self.report(&items);
         }
     }
 
     /// Offer one fetched message: held until due when delayed, finished at once when
     /// filtered out.
-    fn offer(&self, message: &Arc<Message>) -> Offered {
+    fn offer(&self, message: &Arc<Message>) -> FeedOffer {
         if message.deliver_at().is_some() {
             let me = self.me.clone();
             let on_due: OnDue = Box::new(move |m| {
@@ -246,13 +263,13 @@ impl CursorFeeder {
                 }
             });
             match self.sink.hold(message, on_due) {
-                Held::Waiting => return Offered::Taken,
-                Held::Closed => return Offered::Closed,
+                Held::Waiting => return FeedOffer::Taken,
+                Held::Closed => return FeedOffer::Closed,
                 Held::NotDelayed => {}
             }
         }
         let offered = self.sink.offer(message);
-        if offered == Offered::Filtered {
+        if offered == FeedOffer::Filtered {
             self.report(&[Finished::new(message.clone(), Outcome::Filtered)]);
         }
         offered
@@ -262,154 +279,147 @@ impl CursorFeeder {
     /// a filtered one is reported like a completion).
     fn offer_due(&self, message: &Arc<Message>) {
         match self.sink.offer(message) {
-            Offered::Filtered => {
+            FeedOffer::Filtered => {
                 self.on_finished(vec![Finished::new(message.clone(), Outcome::Filtered)]);
             }
-            Offered::Full => self.sink.offer_due_anyway(message),
-            Offered::Taken | Offered::Closed => {}
+            FeedOffer::Full => self.sink.offer_due_anyway(message),
+            FeedOffer::Taken | FeedOffer::Closed => {}
         }
     }
 
     /// Offer `messages` in order; the first the queue refuses and those after it are kept
     /// for the next step. `None` when all were taken.
-    fn offer_all(&self, messages: impl IntoIterator<Item = Arc<Message>>) -> Option<FeedStep> {
+    fn offer_all(&self, messages: impl IntoIterator<Item = Arc<Message>>) -> Option<Pass> {
         let mut messages = messages.into_iter();
         while let Some(m) = messages.next() {
             match self.offer(&m) {
-                Offered::Taken | Offered::Filtered => {}
+                FeedOffer::Taken | FeedOffer::Filtered => {}
                 // Woken by the next completion.
-                Offered::Full => {
+                FeedOffer::Full => {
                     // The backlog is empty here (taken at the start of the step, under
                     // the step lock): fetch order is kept.
                     let mut backlog = self.backlog.lock();
                     backlog.push_back(m);
                     backlog.extend(messages);
-                    return Some(FeedStep::Idle);
+                    return Some(Pass::Waiting);
                 }
                 // Never finished: redelivered after a restart.
-                Offered::Closed => return Some(FeedStep::Stopped),
+                FeedOffer::Closed => return Some(Pass::Stopped),
             }
         }
         None
     }
 
-    /// One bounded pass that never waits: report what was handed over, offer the backlog,
-    /// then fetch what the window has room for and offer it. An idle feeder lets the
-    /// cursor store its position.
-    fn step_once(&self) -> FeedStep {
-        if self.handle.get().is_none() {
-            return FeedStep::Idle; // started, but not yet handed its handle: woken then
-        }
-        let _step = self.step.lock();
+    /// One pass under the step lock: report what was handed over, offer the backlog, then
+    /// fetch what the window has room for and offer it.
+    fn pass(&self) -> Pass {
         self.finish_deferred();
-        if self.stopping() {
-            return FeedStep::Stopped;
-        }
         let backlog: Vec<Arc<Message>> = self.backlog.lock().drain(..).collect();
         if !backlog.is_empty()
-            && let Some(step) = self.offer_all(backlog)
+            && let Some(pass) = self.offer_all(backlog)
         {
-            return step;
+            return pass;
         }
         if self.halted.load(Ordering::Acquire) {
-            return FeedStep::Idle; // until a seek
+            return Pass::Waiting; // until a seek
         }
         let outstanding = self.cursor.state().outstanding;
         if outstanding >= self.window {
-            return FeedStep::Idle; // woken when a completion frees room
+            return Pass::Waiting; // woken when a completion frees room
         }
         let fetched = match self.cursor.fetch((self.window - outstanding).min(BATCH)) {
             Ok(m) => m,
-            Err(StreamError::Closed) => return FeedStep::Stopped,
+            Err(StreamError::Closed) => return Pass::Stopped,
             Err(e) => {
                 tracing::error!("tidings: durable {} stopped fetching: {e}", self.name);
                 self.halted.store(true, Ordering::Release);
-                return FeedStep::Idle;
+                return Pass::Waiting;
             }
         };
         if fetched.is_empty() {
-            // Idle at the end of the stream: store the position if it moved (paced);
-            // woken by the next append.
-            return self.idle_store();
+            return Pass::Dry; // woken by the next append
         }
-        match self.offer_all(fetched.into_iter().map(Arc::new)) {
-            Some(step) => step,
-            None => FeedStep::Again,
-        }
+        self.offer_all(fetched.into_iter().map(Arc::new))
+            .unwrap_or(Pass::Again)
     }
 
     /// Nothing to fetch: let the cursor store its position, unless it did less than
     /// [`IDLE_COMMIT_GAP`] ago; then run again when the gap is over (or on a wake).
-    fn idle_store(&self) -> FeedStep {
-        let now = self.clock.now();
-        let mut last = self.last_idle.lock();
+    fn idle_store(&self, now: Instant, handle: &dyn ServiceHandle) -> ServiceStep {
+        let last = *self.last_idle.lock();
         if let Some(due) = last.map(|at| at + IDLE_COMMIT_GAP)
             && due > now
-            // A clock that moves only when told would never reach `due` by itself.
+            // A driver or clock that moves only when told would never reach `due` by
+            // itself.
+            && handle.wakes_on_time()
             && self.clock.wait_hint(due).is_some()
         {
-            return FeedStep::WakeAt(due);
+            return ServiceStep::WakeAt(due);
         }
-        *last = Some(now);
-        drop(last);
-        self.cursor.idle();
-        FeedStep::Idle
+        self.store(now);
+        ServiceStep::Idle
     }
 
-    /// The thread driver's loop: steps, and between them a bounded wait for a wake (until
-    /// a step's `WakeAt`, at most [`IDLE_WAIT`]). A wait that times out lets the cursor
-    /// store its position.
-    fn run_loop(&self) {
-        loop {
-            let wait = match self.step_once() {
-                FeedStep::Again => continue,
-                FeedStep::Stopped => return,
-                FeedStep::Idle => IDLE_WAIT,
-                FeedStep::WakeAt(at) => self
-                    .clock
-                    .wait_hint(at)
-                    .map_or(IDLE_WAIT, |d| d.min(IDLE_WAIT)),
-            };
-            let mut woken = self.woken.lock();
-            let timed_out =
-                !*woken && !self.stopping() && self.wakeup.wait_for(&mut woken, wait).timed_out();
-            *woken = false;
-            drop(woken);
-            if timed_out {
-                *self.last_idle.lock() = Some(self.clock.now());
-                self.cursor.idle();
-            }
-        }
-    }
-
-    /// Manual driver: step until nothing more can be done now, then let the cursor store
-    /// its position. Returns the steps that made progress.
-    pub(crate) fn run_now(&self) -> usize {
-        let mut progress = 0;
-        while self.step_once() == FeedStep::Again {
-            progress += 1;
-        }
+    /// Let the cursor store its position (if it moved) now.
+    fn store(&self, now: Instant) {
+        *self.last_idle.lock() = Some(now);
         self.cursor.idle();
-        progress
     }
 }
 
-impl Feeder for CursorFeeder {
+/// What one pass of a step did (see [`CursorFeeder::pass`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pass {
+    /// Offered what it fetched: there may be more.
+    Again,
+    /// Nothing to fetch: the stream's end.
+    Dry,
+    /// Waiting for room (window or queue full) or a seek (halted).
+    Waiting,
+    /// The cursor or the subscription is closed.
+    Stopped,
+}
+
+impl Service for CursorFeeder {
     fn name(&self) -> String {
         format!("tidings-feeder-{}", self.name)
     }
-    fn step(&self) -> FeedStep {
-        self.step_once()
+
+    fn clock(&self) -> &dyn Clock {
+        self.clock.as_ref()
     }
-    fn run(&self) {
-        self.run_loop();
-    }
-    fn wait_hint(&self, at: Instant) -> Option<Duration> {
-        self.clock.wait_hint(at)
+
+    /// One bounded pass that never waits: report what was handed over, offer the backlog,
+    /// then fetch what the window has room for and offer it. A feeder that ran dry lets the
+    /// cursor store its position (paced, see the module docs).
+    fn step(&self, now: Instant) -> ServiceStep {
+        let Some(handle) = self.handle.get() else {
+            return ServiceStep::Idle; // started, but not yet handed its handle: woken then
+        };
+        let handle = handle.as_ref();
+        let _step = self.step.lock();
+        if self.stopping() {
+            return ServiceStep::Stopped; // `shutdown` reports what was handed over
+        }
+        match self.pass() {
+            Pass::Again => ServiceStep::Again,
+            Pass::Stopped => ServiceStep::Stopped,
+            Pass::Dry => self.idle_store(now, handle),
+            Pass::Waiting => {
+                // A driver that steps the feeder only when told (the manual driver) may
+                // not step it again before the caller looks at the position: store what
+                // was finished so far now. The others step it again as room is freed, and
+                // store when it runs dry.
+                if !handle.wakes_on_time() {
+                    self.store(now);
+                }
+                ServiceStep::Idle
+            }
+        }
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(tidings_loom)))]
 mod tests {
     use std::sync::atomic::AtomicUsize;
 
@@ -429,17 +439,21 @@ mod tests {
         }
     }
 
-    /// An empty cursor that counts the idle stores it was asked for.
+    /// An empty cursor that counts the idle stores, finished messages and closes it was
+    /// asked for.
     #[derive(Default)]
     struct EmptyCursor {
         idles: Arc<AtomicUsize>,
+        finished: Arc<AtomicUsize>,
+        closed: Arc<AtomicUsize>,
     }
 
     impl BackendCursor for EmptyCursor {
         fn fetch(&self, _max: usize) -> Result<Vec<Message>, StreamError> {
             Ok(Vec::new())
         }
-        fn finish(&self, _done: &[Finished]) -> Result<(), StreamError> {
+        fn finish(&self, done: &[Finished]) -> Result<(), StreamError> {
+            self.finished.fetch_add(done.len(), Ordering::SeqCst);
             Ok(())
         }
         fn idle(&self) {
@@ -466,14 +480,26 @@ mod tests {
         ) -> Result<usize, StreamError> {
             Ok(0)
         }
-        fn close(&self) {}
+        fn close(&self) {
+            self.closed.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// A tokio worker's handle: finished messages are handed to the next step.
+    struct Deferring;
+
+    impl ServiceHandle for Deferring {
+        fn wake(&self) {}
+        fn defers_io(&self) -> bool {
+            true
+        }
     }
 
     struct NoSink;
 
     impl FeedSink for NoSink {
-        fn offer(&self, _message: &Arc<Message>) -> Offered {
-            Offered::Closed
+        fn offer(&self, _message: &Arc<Message>) -> FeedOffer {
+            FeedOffer::Closed
         }
         fn offer_due_anyway(&self, _message: &Arc<Message>) {}
         fn hold(&self, _message: &Arc<Message>, _on_due: OnDue) -> Held {
@@ -481,14 +507,28 @@ mod tests {
         }
     }
 
-    struct NoHandle;
+    /// A driver's handle that does nothing; `on_time`: whether its driver steps the feeder
+    /// by itself at a due time.
+    struct NoHandle {
+        on_time: bool,
+    }
 
-    impl FeederHandle for NoHandle {
+    impl ServiceHandle for NoHandle {
         fn wake(&self) {}
+        fn wakes_on_time(&self) -> bool {
+            self.on_time
+        }
     }
 
     /// A started feeder over an empty cursor on `clock`, and the cursor's idle-store count.
     fn idle_feeder(clock: Arc<dyn Clock>) -> (Arc<CursorFeeder>, Arc<AtomicUsize>) {
+        idle_feeder_on(clock, true)
+    }
+
+    fn idle_feeder_on(
+        clock: Arc<dyn Clock>,
+        on_time: bool,
+    ) -> (Arc<CursorFeeder>, Arc<AtomicUsize>) {
         let cursor = EmptyCursor::default();
         let idles = cursor.idles.clone();
         let feeder = CursorFeeder::new(
@@ -500,7 +540,7 @@ mod tests {
             8,
             clock,
         );
-        feeder.started(Box::new(NoHandle));
+        feeder.started(Box::new(NoHandle { on_time }));
         (feeder, idles)
     }
 
@@ -511,25 +551,83 @@ mod tests {
         let t0 = Instant::now();
         let clock = Arc::new(SteppedClock(Mutex::new(t0)));
         let (feeder, idles) = idle_feeder(clock.clone());
-        assert_eq!(feeder.step_once(), FeedStep::Idle);
+        assert_eq!(feeder.step(clock.now()), ServiceStep::Idle);
         assert_eq!(idles.load(Ordering::SeqCst), 1);
         // Dry again within the gap: no store, run again at its end.
         *clock.0.lock() = t0 + IDLE_COMMIT_GAP / 2;
-        assert_eq!(feeder.step_once(), FeedStep::WakeAt(t0 + IDLE_COMMIT_GAP));
+        assert_eq!(
+            feeder.step(clock.now()),
+            ServiceStep::WakeAt(t0 + IDLE_COMMIT_GAP)
+        );
         assert_eq!(idles.load(Ordering::SeqCst), 1);
         // The gap is over: the store happens.
         *clock.0.lock() = t0 + IDLE_COMMIT_GAP;
-        assert_eq!(feeder.step_once(), FeedStep::Idle);
+        assert_eq!(feeder.step(clock.now()), ServiceStep::Idle);
         assert_eq!(idles.load(Ordering::SeqCst), 2);
     }
 
     /// On a clock that moves only when told, every idle step stores (no pacing).
     #[test]
     fn a_manual_clock_stores_on_every_idle_step() {
-        let (feeder, idles) = idle_feeder(Arc::new(crate::ManualClock::new()));
+        let clock = Arc::new(crate::ManualClock::new());
+        let (feeder, idles) = idle_feeder(clock.clone());
         for n in 1..=3 {
-            assert_eq!(feeder.step_once(), FeedStep::Idle);
+            assert_eq!(feeder.step(clock.now()), ServiceStep::Idle);
             assert_eq!(idles.load(Ordering::SeqCst), n);
         }
+    }
+
+    /// Under a driver that steps the feeder only when told (the manual driver), every idle
+    /// step stores too: a due time would wait for the next `run_until_idle`.
+    #[test]
+    fn a_driver_that_steps_only_when_told_stores_on_every_idle_step() {
+        let clock = Arc::new(SteppedClock(Mutex::new(Instant::now())));
+        let (feeder, idles) = idle_feeder_on(clock.clone(), false);
+        for n in 1..=3 {
+            assert_eq!(feeder.step(clock.now()), ServiceStep::Idle);
+            assert_eq!(idles.load(Ordering::SeqCst), n);
+        }
+    }
+
+    /// A stopped feeder's step touches nothing; `shutdown` reports what a worker handed
+    /// over, once, and a hand-over after it is dropped (redelivered after a restart).
+    #[test]
+    fn shutdown_reports_the_hand_over_once() {
+        let clock = Arc::new(crate::ManualClock::new());
+        let cursor = EmptyCursor::default();
+        let (finished, closed) = (cursor.finished.clone(), cursor.closed.clone());
+        let feeder = CursorFeeder::new(
+            "bill",
+            "orders",
+            SubscriptionId(1),
+            Box::new(cursor),
+            Arc::new(NoSink),
+            8,
+            clock.clone(),
+        );
+        feeder.started(Box::new(Deferring));
+        let done = |n: usize| {
+            let m = crate::message::MessageBuilder::new("t")
+                .build_detached()
+                .expect("a message");
+            vec![Finished::new(Arc::new(m), Outcome::Delivered); n]
+        };
+        feeder.on_finished(done(2));
+        assert_eq!(
+            finished.load(Ordering::SeqCst),
+            0,
+            "handed over, not reported"
+        );
+        feeder.shutdown();
+        assert_eq!(finished.load(Ordering::SeqCst), 2);
+        assert_eq!(closed.load(Ordering::SeqCst), 1);
+        assert_eq!(feeder.step(clock.now()), ServiceStep::Stopped);
+        feeder.on_finished(done(1));
+        feeder.shutdown();
+        assert_eq!(
+            finished.load(Ordering::SeqCst),
+            2,
+            "nothing after the shutdown"
+        );
     }
 }

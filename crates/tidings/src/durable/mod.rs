@@ -62,6 +62,8 @@
 pub(crate) mod config;
 pub(crate) mod error;
 pub(crate) mod feeder;
+#[cfg(all(test, tidings_loom))]
+mod loom_models;
 pub(crate) mod registry;
 mod retention;
 pub(crate) mod source;

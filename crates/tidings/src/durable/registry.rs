@@ -163,9 +163,9 @@ impl Durables {
     /// to offer now, and the retention that fell due on the manual clock (idle streams
     /// included). Returns the steps that made progress.
     pub(crate) fn run_now(&self) -> usize {
-        let mut progress = self.retention.get().map_or(0, |r| r.run_due());
+        let mut progress = self.retention.get().map_or(0, |r| r.run_here());
         for f in self.live_feeders() {
-            progress += f.run_now();
+            progress += f.run_here();
         }
         progress
     }

@@ -2,22 +2,22 @@
 //! that stopped receiving messages still sheds its old segments — the log itself applies
 //! retention only after a segment roll, which an idle stream never has.
 //!
-//! One service per broker, created with its first stream that has a retention policy, and
-//! run by the driver (R-EXE-4): a thread of its own under the thread driver, the pool's
-//! timer and a worker under the pool driver, a task (its passes on the blocking pool) under
-//! tokio, and [`Broker::run_until_idle`](crate::Broker::run_until_idle) in the caller's
-//! thread under the manual driver. It waits on the broker's clock (a
+//! One service per broker (`driver::Service`), created with its first stream that has a
+//! retention policy, and run by the driver (R-EXE-4): a thread of its own under the thread
+//! driver, the pool's timer and a worker under the pool driver, a task (its passes on the
+//! blocking pool) under tokio, and [`Broker::run_until_idle`](crate::Broker::run_until_idle)
+//! in the caller's thread under the manual driver. It waits on the broker's clock (a
 //! [`ManualClock`](crate::ManualClock) wakes it when advanced). Age is judged against the
 //! broker clock's wall time.
 
 use std::sync::{Arc, OnceLock, Weak};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use super::stream::OpenStream;
 use crate::clock::{Clock, ClockWaiter, deadline_after};
-use crate::driver::{Executor, FeedStep, Feeder, FeederHandle};
+use crate::driver::{Executor, Service, ServiceHandle, ServiceStep};
 use crate::error::SubscribeError;
-use crate::sync::{Condvar, Mutex, MutexGuard, wait_until};
+use crate::sync::Mutex;
 
 struct State {
     /// Each stream with a retention policy, and when it is next due (`None` = never).
@@ -28,9 +28,8 @@ struct State {
 pub(crate) struct RetentionService {
     clock: Arc<dyn Clock>,
     state: Mutex<State>,
-    cv: Condvar,
-    /// The driver's handle on this service.
-    handle: OnceLock<Box<dyn FeederHandle>>,
+    /// The driver's handle on this service (set once, at start).
+    handle: OnceLock<Box<dyn ServiceHandle>>,
 }
 
 impl RetentionService {
@@ -45,20 +44,18 @@ impl RetentionService {
                 streams: Vec::new(),
                 stop: false,
             }),
-            cv: Condvar::new(),
             handle: OnceLock::new(),
         });
         let waiter: Weak<dyn ClockWaiter> = Arc::downgrade(&svc) as Weak<dyn ClockWaiter>;
         svc.clock.register_waiter(waiter);
-        let handle = executor.start_feeder(svc.clone())?;
+        let handle = executor.start_service(svc.clone())?;
         let _ = svc.handle.set(handle); // a new service: not set before
         svc.wake();
         Ok(svc)
     }
 
+    /// Step again: a stream was added, the clock jumped, or stop (the change made first).
     fn wake(&self) {
-        drop(self.state.lock());
-        self.cv.notify_all();
         if let Some(h) = self.handle.get() {
             h.wake();
         }
@@ -72,9 +69,8 @@ impl RetentionService {
         self.wake();
     }
 
-    /// Take the streams due now and move their next due time on.
-    fn take_due(&self, st: &mut State) -> Vec<Arc<OpenStream>> {
-        let now = self.clock.now();
+    /// Take the streams due at `now` and move their next due time on.
+    fn take_due(st: &mut State, now: Instant) -> Vec<Arc<OpenStream>> {
         let mut due = Vec::new();
         for (s, next) in &mut st.streams {
             if next.is_some_and(|n| n <= now) {
@@ -94,34 +90,10 @@ impl RetentionService {
         }
     }
 
-    /// Manual driver: apply what is due now, in the caller's thread. Returns how many
-    /// streams were checked.
-    pub(crate) fn run_due(&self) -> usize {
-        let due = {
-            let mut st = self.state.lock();
-            if st.stop {
-                return 0;
-            }
-            self.take_due(&mut st)
-        };
-        self.apply(&due);
-        due.len()
-    }
-
-    fn run(&self) {
-        let mut st = self.state.lock();
-        loop {
-            if st.stop {
-                return;
-            }
-            let due = self.take_due(&mut st);
-            if !due.is_empty() {
-                MutexGuard::unlocked(&mut st, || self.apply(&due));
-                continue;
-            }
-            let next = st.streams.iter().filter_map(|(_, n)| *n).min();
-            wait_until(self.clock.as_ref(), &self.cv, &mut st, next);
-        }
+    /// Manual driver: apply what is due now, in the caller's thread (see
+    /// [`ServiceHandle::run_here`]). Returns the steps that applied something.
+    pub(crate) fn run_here(&self) -> usize {
+        self.handle.get().map_or(0, |h| h.run_here())
     }
 
     /// Stop, and join the thread under the thread driver (broker close). Idempotent.
@@ -138,37 +110,29 @@ impl RetentionService {
     }
 }
 
-impl Feeder for RetentionService {
+impl Service for RetentionService {
     fn name(&self) -> String {
         "tidings-retention".into()
     }
-    /// Apply what is due now; then wait for the next due time (pool timer, tokio sleep).
-    fn step(&self) -> FeedStep {
-        let due = {
+    fn clock(&self) -> &dyn Clock {
+        self.clock.as_ref()
+    }
+    /// Apply what is due at `now`; then run again at the next due time.
+    fn step(&self, now: Instant) -> ServiceStep {
+        let (due, next) = {
             let mut st = self.state.lock();
             if st.stop {
-                return FeedStep::Stopped;
+                return ServiceStep::Stopped;
             }
-            self.take_due(&mut st)
+            let due = Self::take_due(&mut st, now);
+            let next = st.streams.iter().filter_map(|(_, n)| *n).min();
+            (due, next)
         };
         if !due.is_empty() {
             self.apply(&due);
-            return FeedStep::Again;
+            return ServiceStep::Again;
         }
-        let next = self
-            .state
-            .lock()
-            .streams
-            .iter()
-            .filter_map(|(_, n)| *n)
-            .min();
-        next.map_or(FeedStep::Idle, FeedStep::WakeAt)
-    }
-    fn run(&self) {
-        RetentionService::run(self);
-    }
-    fn wait_hint(&self, at: Instant) -> Option<Duration> {
-        self.clock.wait_hint(at)
+        next.map_or(ServiceStep::Idle, ServiceStep::WakeAt)
     }
 }
 

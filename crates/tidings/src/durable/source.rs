@@ -395,40 +395,9 @@ impl fmt::Debug for CursorWaker {
     }
 }
 
-/// A message that finished for good, reported to its cursor.
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct Finished {
-    /// The message (its [`Message::offset`] is its offset in the stream).
-    pub message: Arc<Message>,
-    /// How it finished.
-    pub outcome: Outcome,
-}
-
-impl Finished {
-    /// `message` finished with `outcome`.
-    #[must_use]
-    pub fn new(message: Arc<Message>, outcome: Outcome) -> Self {
-        Self { message, outcome }
-    }
-}
-
-/// How a message finished.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Outcome {
-    /// Its handler succeeded.
-    Delivered,
-    /// The subscription's filter (header filters, predicate) excluded it.
-    Filtered,
-    /// It was dead-lettered; the cursor stores it in the durable DLQ.
-    DeadLettered {
-        /// Why.
-        reason: DeadLetterReason,
-        /// Handler attempts made.
-        attempts: u32,
-    },
-}
+// One type from a subscription's finished hook to the cursor: defined by the subscription
+// (this module depends on it, never the other way round), part of this seam.
+pub use crate::subscription::{Finished, Outcome};
 
 /// An entry of a durable subscription's dead-letter store (R-DEL-4).
 #[derive(Debug, Clone)]

@@ -11,13 +11,45 @@ use std::sync::Arc;
 use crate::dlq::{DeadLetter, DeadLetterReason};
 use crate::message::Message;
 
-/// A message that finished for good: delivered (`dead_letter: None`) or dead-lettered with
-/// this reason and attempt count. Reported to a durable subscription's finished hook, which
-/// advances its committed position.
+// `Finished` and `Outcome` are the durable seam's public types (`tidings::durable`
+// re-exports them for backends: `BackendCursor::finish`). They are defined here, by the
+// subscription whose finished hook produces them, because the arrows point from durable
+// code to the subscription and never back: one type from the hook to the cursor, with no
+// mapping between mirrors.
+
+/// A message that finished for good, reported to its cursor.
 #[derive(Debug, Clone)]
-pub(crate) struct Finished {
-    pub(crate) message: Arc<Message>,
-    pub(crate) dead_letter: Option<(DeadLetterReason, u32)>,
+#[non_exhaustive]
+pub struct Finished {
+    /// The message (its [`Message::offset`] is its offset in the stream).
+    pub message: Arc<Message>,
+    /// How it finished.
+    pub outcome: Outcome,
+}
+
+impl Finished {
+    /// `message` finished with `outcome`.
+    #[must_use]
+    pub fn new(message: Arc<Message>, outcome: Outcome) -> Self {
+        Self { message, outcome }
+    }
+}
+
+/// How a message finished.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Outcome {
+    /// Its handler succeeded.
+    Delivered,
+    /// The subscription's filter (header filters, predicate) excluded it.
+    Filtered,
+    /// It was dead-lettered; the cursor stores it in the durable DLQ.
+    DeadLettered {
+        /// Why.
+        reason: DeadLetterReason,
+        /// Handler attempts made.
+        attempts: u32,
+    },
 }
 
 /// Called (outside the subscription lock) with messages that finished for good.

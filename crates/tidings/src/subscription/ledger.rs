@@ -60,7 +60,7 @@ pub(crate) struct Ledger {
 }
 
 pub(crate) use super::effects::Finished;
-use super::effects::FinishedHook;
+use super::effects::{FinishedHook, Outcome};
 
 /// A durable subscription's finished messages, not yet reported, and who they go to. Kept
 /// in the ledger rather than beside the core so that a subscription without one pays
@@ -98,10 +98,8 @@ impl Ledger {
     /// Note a successful delivery for the completion hook, when enabled.
     pub(crate) fn completed(&mut self, message: &Arc<Message>) {
         if let Some(c) = &mut self.completions {
-            c.items.push(Finished {
-                message: message.clone(),
-                dead_letter: None,
-            });
+            c.items
+                .push(Finished::new(message.clone(), Outcome::Delivered));
         }
     }
 
@@ -118,10 +116,13 @@ impl Ledger {
         if let Some(c) = &mut self.completions
             && !matches!(reason, DeadLetterReason::Shutdown)
         {
-            c.items.push(Finished {
-                message: message.clone(),
-                dead_letter: Some((reason.clone(), attempts)),
-            });
+            c.items.push(Finished::new(
+                message.clone(),
+                Outcome::DeadLettered {
+                    reason: reason.clone(),
+                    attempts,
+                },
+            ));
         }
         if !keep {
             return;

@@ -17,4 +17,6 @@ pub(crate) mod shell;
 pub(crate) mod slots;
 
 pub use self::core::Refusal;
+// The durable seam's report of a finished message (re-exported by `crate::durable`).
+pub use effects::{Finished, Outcome};
 pub use handle::{Subscription, SubscriptionId};

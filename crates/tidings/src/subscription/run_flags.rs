@@ -27,7 +27,8 @@ pub(crate) struct RunFlags {
     /// The tokio driver's sleep handshake ([`WOKEN`], [`SLEEPING`]) between a slot task
     /// waiting for a retry's due time and the wakes that must reach it (see
     /// `driver::sleepers`). One atomic, so the two sides are ordered by its read-modify-
-    /// writes alone.
+    /// writes alone. Also whether the slot's task is in a handler call ([`IN_HANDLER`]),
+    /// in the same byte so that the flags of slot 0 still fit where they do.
     #[cfg_attr(not(any(feature = "tokio", all(test, tidings_loom))), allow(dead_code))]
     sleep: AtomicU8,
 }
@@ -38,6 +39,10 @@ const WOKEN: u8 = 1;
 #[cfg(any(feature = "tokio", all(test, tidings_loom)))]
 /// The slot's task sleeps with its waker registered: a wake-up must also wake it.
 const SLEEPING: u8 = 2;
+#[cfg(feature = "tokio")]
+/// The slot's task is in a handler call: from the poll that handed the delivery out (under
+/// the subscription's lock) to its completion.
+const IN_HANDLER: u8 = 4;
 
 /// The run flags of every slot but the first (see the module docs): `None` for a
 /// single-slot subscription, so it pays one pointer.
@@ -92,6 +97,28 @@ impl RunFlags {
     /// The task stops sleeping (woken, or its timer fired).
     pub(crate) fn stop_sleeping(&self) {
         self.sleep.fetch_and(!SLEEPING, Ordering::AcqRel);
+    }
+}
+
+/// Whether the slot's task is in a handler call (the tokio driver's: what a close that
+/// cannot wait for the tasks reports as left running). Read-modify-writes, like every other
+/// change to the byte the sleep handshake shares.
+#[cfg(feature = "tokio")]
+impl RunFlags {
+    /// A delivery was handed out to the slot's task: called under the subscription's lock,
+    /// so a close that took the lock after the poll sees it.
+    pub(crate) fn enter_handler(&self) {
+        self.sleep.fetch_or(IN_HANDLER, Ordering::AcqRel);
+    }
+
+    /// The delivery's outcome was reported.
+    pub(crate) fn leave_handler(&self) {
+        self.sleep.fetch_and(!IN_HANDLER, Ordering::AcqRel);
+    }
+
+    /// True while the slot's task is in a handler call.
+    pub(crate) fn in_handler(&self) -> bool {
+        self.sleep.load(Ordering::Acquire) & IN_HANDLER != 0
     }
 }
 

@@ -42,7 +42,7 @@ use crate::message::{IdGenerator, Message, MessageBuilder, MessageId};
 use crate::options::{Concurrency, Settings, SubscribeOptions};
 use crate::stats::SubscriptionStats;
 use crate::subscription::core::{Core, Delivery, Offered, Poll};
-use crate::subscription::effects::{Effects, Finished};
+use crate::subscription::effects::{Effects, Finished, Outcome};
 use crate::subscription::lanes::fnv1a;
 use crate::subscription::ledger::Completions;
 
@@ -583,7 +583,11 @@ impl Harness {
 
     /// The one place that reads a finished report's fields.
     fn finished_parts(&self, f: Finished) -> (String, Option<(DeadLetterReason, u32)>) {
-        (self.label(&f.message), f.dead_letter)
+        let dead_letter = match f.outcome {
+            Outcome::DeadLettered { reason, attempts } => Some((reason, attempts)),
+            Outcome::Delivered | Outcome::Filtered => None,
+        };
+        (self.label(&f.message), dead_letter)
     }
 
     /// The invariants every step keeps (see the module docs).
