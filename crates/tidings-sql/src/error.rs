@@ -208,7 +208,10 @@ impl DeliveryError {
     pub fn is_database(&self) -> bool {
         matches!(
             self,
-            Self::Unavailable { .. } | Self::Begin { .. } | Self::Record { .. } | Self::Commit { .. }
+            Self::Unavailable { .. }
+                | Self::Begin { .. }
+                | Self::Record { .. }
+                | Self::Commit { .. }
         )
     }
 }

@@ -129,7 +129,10 @@ impl fmt::Display for LaunchError {
                 output,
             } => write!(f, "{tool} failed ({status}):\n{output}"),
             Self::Exited { status, log } => {
-                write!(f, "postgres exited before it was ready ({status}); log:\n{log}")
+                write!(
+                    f,
+                    "postgres exited before it was ready ({status}); log:\n{log}"
+                )
             }
             Self::NotReady { log } => write!(
                 f,
@@ -228,7 +231,16 @@ impl PostgresServer {
             .tool("initdb")
             .arg("-D")
             .arg(server.data_dir())
-            .args(["-U", USER, "-A", "trust", "-E", "UTF8", "--locale=C", "--no-sync"])
+            .args([
+                "-U",
+                USER,
+                "-A",
+                "trust",
+                "-E",
+                "UTF8",
+                "--locale=C",
+                "--no-sync",
+            ])
             .output()
             .map_err(io("run initdb"))?;
         if !initdb.status.success() {
@@ -459,17 +471,19 @@ pub fn find_bin_dir() -> Option<PathBuf> {
     if let Some(dir) = std::env::var_os(BIN_ENV).filter(|p| !p.is_empty()) {
         return Some(PathBuf::from(dir));
     }
-    let newest = fs::read_dir("/usr/lib/postgresql").ok().and_then(|entries| {
-        entries
-            .filter_map(Result::ok)
-            .filter_map(|e| {
-                let version: u32 = e.file_name().to_str()?.parse().ok()?;
-                let bin = e.path().join("bin");
-                bin.join("initdb").is_file().then_some((version, bin))
-            })
-            .max_by_key(|(v, _)| *v)
-            .map(|(_, bin)| bin)
-    });
+    let newest = fs::read_dir("/usr/lib/postgresql")
+        .ok()
+        .and_then(|entries| {
+            entries
+                .filter_map(Result::ok)
+                .filter_map(|e| {
+                    let version: u32 = e.file_name().to_str()?.parse().ok()?;
+                    let bin = e.path().join("bin");
+                    bin.join("initdb").is_file().then_some((version, bin))
+                })
+                .max_by_key(|(v, _)| *v)
+                .map(|(_, bin)| bin)
+        });
     newest.or_else(|| {
         std::env::var_os("PATH").and_then(|paths| {
             std::env::split_paths(&paths)
@@ -518,7 +532,13 @@ pub fn ensure_installed() -> Result<PathBuf, LaunchError> {
         "apt-get install postgresql",
         Command::new("apt-get")
             .env("DEBIAN_FRONTEND", "noninteractive")
-            .args(["install", "-y", "-qq", "--no-install-recommends", "postgresql"]),
+            .args([
+                "install",
+                "-y",
+                "-qq",
+                "--no-install-recommends",
+                "postgresql",
+            ]),
     )?;
     find_bin_dir().ok_or_else(|| {
         install_error(

@@ -8,8 +8,8 @@ use postgres::NoTls;
 use tidings::{Handler, HandlerError, Message};
 
 use super::{
-    COLUMNS_SQL, KIND_SQL, check_columns, check_kind, create_sql, parse_config, refs,
-    rows, table_error,
+    COLUMNS_SQL, KIND_SQL, check_columns, check_kind, create_sql, parse_config, refs, rows,
+    table_error,
 };
 use crate::error::{DbError, DeliveryError, OpenError, PruneError, QueryError};
 use crate::table::TableName;

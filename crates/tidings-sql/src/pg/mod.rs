@@ -226,7 +226,11 @@ pub(crate) fn rows(pg: &[tokio_postgres::Row]) -> Result<Vec<Row>, QueryError> {
     let Some(first) = pg.first() else {
         return Ok(Vec::new());
     };
-    let columns: Arc<[String]> = first.columns().iter().map(|c| c.name().to_owned()).collect();
+    let columns: Arc<[String]> = first
+        .columns()
+        .iter()
+        .map(|c| c.name().to_owned())
+        .collect();
     pg.iter()
         .map(|row| {
             let values = row
