@@ -129,7 +129,7 @@ pub use error::{
 #[cfg(feature = "postgres")]
 pub use pg::{AsyncPgTx, DEFAULT_CONNECT_TIMEOUT, PgTx, Postgres, PostgresAsync};
 #[cfg(feature = "sqlite")]
-pub use sqlite::{Sqlite, SqliteTx};
+pub use sqlite::{BUSY_TIMEOUT, Sqlite, SqliteTx};
 pub use table::{MAX_TABLE_NAME_LEN, TableName};
 pub use value::{Row, Value};
 

@@ -6,12 +6,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
-use tidings::{
-    Broker, Driver, Handler, HandlerError, Message, MessageId, Retry, SubscribeOptions,
-};
-use tidings_sql::{
-    AsyncPgTx, DeliveryError, OpenError, PgTx, QueryError, Transactional, Value,
-};
+use tidings::{Broker, Driver, Handler, HandlerError, Message, MessageId, Retry, SubscribeOptions};
+use tidings_sql::{AsyncPgTx, DeliveryError, OpenError, PgTx, QueryError, Transactional, Value};
 use tidings_testkit::postgres::PostgresServer;
 
 const TABLE: &str = "processed_messages";
@@ -127,7 +123,11 @@ fn blocking_handler_commits_once_and_rolls_back_failures() {
     broker.run_until_idle();
     assert_eq!(sub.stats().delivered, 1);
     assert_eq!(sub.stats().failures, 2);
-    assert_eq!(balance(&server, "bob"), 4, "the failed attempts left nothing");
+    assert_eq!(
+        balance(&server, "bob"),
+        4,
+        "the failed attempts left nothing"
+    );
     assert_eq!(recorded(&server, TABLE).len(), 2);
     assert_eq!(flaky.stats().rolled_back, 2);
     assert!(matches!(
@@ -139,7 +139,9 @@ fn blocking_handler_commits_once_and_rolls_back_failures() {
     // not commit (and is not acknowledged).
     let swallow = Transactional::postgres(&conn, TABLE, |tx, m: &Message| {
         add(tx, m)?;
-        let e = tx.execute("INSERT INTO nowhere VALUES (1)", &[]).unwrap_err();
+        let e = tx
+            .execute("INSERT INTO nowhere VALUES (1)", &[])
+            .unwrap_err();
         assert!(e.to_string().contains("nowhere"), "{e}");
         assert!(matches!(
             tx.execute("SELECT 1", &[]),
@@ -213,7 +215,11 @@ fn blocking_handler_commits_once_and_rolls_back_failures() {
         .unwrap();
     assert!(n >= 2, "{n}");
     ledger.handle(&m).unwrap();
-    assert_eq!(balance(&server, "alice"), 60, "a pruned id is processed again");
+    assert_eq!(
+        balance(&server, "alice"),
+        60,
+        "a pruned id is processed again"
+    );
 }
 
 // R-DEL-7: bad input at start.

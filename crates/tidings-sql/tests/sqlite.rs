@@ -37,7 +37,9 @@ fn balance(path: &Path, account: &str) -> i64 {
 fn recorded(path: &Path) -> Vec<String> {
     let conn = rusqlite::Connection::open(path).unwrap();
     let mut stmt = conn
-        .prepare(&format!("SELECT message_id FROM {TABLE} ORDER BY message_id"))
+        .prepare(&format!(
+            "SELECT message_id FROM {TABLE} ORDER BY message_id"
+        ))
         .unwrap();
     stmt.query_map([], |r| r.get(0))
         .unwrap()
@@ -90,7 +92,10 @@ fn commits_the_effect_with_the_id_and_skips_the_redelivery() {
     assert_eq!(ledger.handle(&m), Ok(()));
     assert_eq!(balance(&db, "alice"), 30);
     let s = ledger.stats();
-    assert_eq!((s.committed, s.skipped, s.rolled_back, s.failed), (1, 2, 0, 0));
+    assert_eq!(
+        (s.committed, s.skipped, s.rolled_back, s.failed),
+        (1, 2, 0, 0)
+    );
 
     // Through a broker: the same id published three times is one effect.
     let broker = manual_broker();
@@ -152,7 +157,10 @@ fn a_handler_error_rolls_back_and_the_message_is_retried() {
     broker.run_until_idle();
     let stats = sub.stats();
     assert_eq!(stats.delivered, 1);
-    assert_eq!(stats.failures, 1, "the second failing attempt, then success");
+    assert_eq!(
+        stats.failures, 1,
+        "the second failing attempt, then success"
+    );
     assert_eq!(balance(&db, "alice"), 7);
     assert_eq!(recorded(&db).len(), 1);
     let s = ledger.stats();
@@ -192,7 +200,9 @@ fn a_panic_rolls_back_and_the_message_is_retried() {
     let sub = broker
         .subscribe("payments.#", retrying(3), ledger.clone())
         .unwrap();
-    broker.publish(payment("bob", 11).to_parts_builder()).unwrap();
+    broker
+        .publish(payment("bob", 11).to_parts_builder())
+        .unwrap();
     broker.run_until_idle();
     assert_eq!(sub.stats().delivered, 1);
     assert_eq!(sub.stats().failures, 1);
@@ -220,11 +230,15 @@ fn a_rejecting_handler_dead_letters_without_recording() {
     let sub = broker
         .subscribe("payments.#", retrying(5), ledger.clone())
         .unwrap();
-    broker.publish(payment("alice", 3).to_parts_builder()).unwrap();
+    broker
+        .publish(payment("alice", 3).to_parts_builder())
+        .unwrap();
     broker.run_until_idle();
     let dead = sub.dead_letters();
     assert_eq!(dead.len(), 1);
-    assert!(matches!(&dead[0].reason, DeadLetterReason::Rejected { error } if error == "account frozen"));
+    assert!(
+        matches!(&dead[0].reason, DeadLetterReason::Rejected { error } if error == "account frozen")
+    );
     assert_eq!(sub.stats().attempts, 1, "not retried");
     assert_eq!(balance(&db, "alice"), 0);
     assert!(recorded(&db).is_empty());
@@ -236,7 +250,10 @@ fn bad_table_names_are_refused() {
     let tmp = tempfile::tempdir().unwrap();
     let db = tmp.path().join("x.db");
     for (name, check) in [
-        ("", &(|e: &TableNameError| *e == TableNameError::Empty) as &dyn Fn(&_) -> bool),
+        (
+            "",
+            &(|e: &TableNameError| *e == TableNameError::Empty) as &dyn Fn(&_) -> bool,
+        ),
         ("x; DROP TABLE accounts", &|e| {
             matches!(e, TableNameError::BadChar { found: ';', .. })
         }),
@@ -244,7 +261,9 @@ fn bad_table_names_are_refused() {
             matches!(e, TableNameError::BadChar { found: '"', .. })
         }),
         ("9lives", &|e| matches!(e, TableNameError::BadStart { .. })),
-        ("sqlite_master", &|e| matches!(e, TableNameError::Reserved { .. })),
+        ("sqlite_master", &|e| {
+            matches!(e, TableNameError::Reserved { .. })
+        }),
     ] {
         match Transactional::sqlite(&db, name, add) {
             Err(OpenError::InvalidTableName { name: n, error }) => {
@@ -271,7 +290,10 @@ fn a_table_of_another_shape_is_refused_naming_it() {
     .unwrap();
     let e = Transactional::sqlite(&db, "seen", add).unwrap_err();
     let text = e.to_string();
-    assert!(matches!(&e, OpenError::TableShape { table, .. } if table == "seen"), "{e:?}");
+    assert!(
+        matches!(&e, OpenError::TableShape { table, .. } if table == "seen"),
+        "{e:?}"
+    );
     assert!(text.contains("`seen`"), "{text}");
     assert!(text.contains("column message_id is missing"), "{text}");
     assert!(text.contains("unexpected column payload"), "{text}");
@@ -332,7 +354,11 @@ fn a_broken_database_is_retried_never_acknowledged() {
     let stats = sub.stats();
     assert_eq!(stats.delivered, 0, "never acknowledged");
     assert_eq!(stats.dead_lettered.retries_exhausted, 1);
-    assert_eq!(ledger.stats().failed, 1 + stats.attempts, "every attempt failed");
+    assert_eq!(
+        ledger.stats().failed,
+        1 + stats.attempts,
+        "every attempt failed"
+    );
 
     // The database is back: re-drive the dead letter.
     std::fs::write(&db, &good).unwrap();
@@ -369,7 +395,11 @@ fn pruning_forgets_old_ids() {
     );
     assert!(recorded(&db).is_empty());
     ledger.handle(&a).unwrap();
-    assert_eq!(balance(&db, "alice"), 1 + 2 + 1, "a pruned id is processed again");
+    assert_eq!(
+        balance(&db, "alice"),
+        1 + 2 + 1,
+        "a pruned id is processed again"
+    );
 }
 
 // The transaction's query API: rows, types, errors as values.
@@ -394,7 +424,8 @@ fn queries_in_the_transaction() {
         assert_eq!(r.blob(4)?, &[1, 2]);
         assert!(r.integer(0).is_err());
         assert_eq!(
-            tx.query_opt("SELECT 1 WHERE 0", &[])?.map(|r| r.values().to_vec()),
+            tx.query_opt("SELECT 1 WHERE 0", &[])?
+                .map(|r| r.values().to_vec()),
             None
         );
         assert_eq!(
@@ -402,13 +433,19 @@ fn queries_in_the_transaction() {
                 .map(|r| r.values().to_vec()),
             Some(vec![Value::Integer(1)])
         );
-        let err = tx.execute("INSERT INTO nowhere VALUES (1)", &[]).unwrap_err();
+        let err = tx
+            .execute("INSERT INTO nowhere VALUES (1)", &[])
+            .unwrap_err();
         s.set(err.to_string());
         Ok(())
     })
     .unwrap();
     ledger.handle(&payment("bob", 0)).unwrap();
-    assert!(seen.get().contains("no such table: nowhere"), "{}", seen.get());
+    assert!(
+        seen.get().contains("no such table: nowhere"),
+        "{}",
+        seen.get()
+    );
 }
 
 /// A tiny shared string cell for the test above.

@@ -23,6 +23,24 @@ use crate::{Inner, Outcome, Transactional, insert_sql, millis, panic_text, prune
 /// subscribe it with `subscribe_async` under the tokio driver, which runs it on tokio's
 /// blocking pool. Never call it on a runtime worker directly (the blocking client would
 /// panic there).
+///
+/// # Connection
+/// A connection string, in libpq's `key=value` form or as a `postgresql://` URL
+/// (`host=127.0.0.1 port=5432 user=app dbname=app`). Without a `connect_timeout`, one of
+/// [`DEFAULT_CONNECT_TIMEOUT`](crate::DEFAULT_CONNECT_TIMEOUT) is used, so an unreachable
+/// server fails a delivery instead of hanging it. TLS is not offered yet (`NoTls`): use a
+/// local socket or a trusted network.
+///
+/// # The table
+/// `CREATE TABLE IF NOT EXISTS "<table>" (message_id text PRIMARY KEY, processed_at
+/// bigint NOT NULL)` in the connection's current schema; `processed_at` is milliseconds
+/// since the UNIX epoch (the consumer's clock).
+///
+/// # Aborted transactions
+/// PostgreSQL aborts a transaction at its first failed statement; every later statement
+/// fails too. This crate remembers it: later statements through the same transaction get
+/// [`QueryError::Aborted`], and a handler that returns `Ok` anyway gets
+/// [`DeliveryError::Aborted`] (rolled back, retried).
 pub struct Postgres {
     config: postgres::Config,
     client: Mutex<Option<postgres::Client>>,
@@ -137,7 +155,7 @@ where
     F: Fn(&mut PgTx<'_>, &Message) -> Result<(), HandlerError> + Send + Sync + 'static,
 {
     /// A blocking handler running `handler` in a transaction of the PostgreSQL database
-    /// `conn` names (a connection string, see [the module docs](self)), recording ids in
+    /// `conn` names (a connection string, see [`Postgres`]), recording ids in
     /// `table` (created if absent, in the current schema).
     ///
     /// Blocks while it connects; do not call it on a tokio runtime worker (use

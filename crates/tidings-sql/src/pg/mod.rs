@@ -1,24 +1,7 @@
 //! PostgreSQL through rust-postgres: blocking ([`Transactional::postgres`]) and async
 //! ([`Transactional::postgres_async`]).
 //!
-//! # Connection
-//! A connection string, in libpq's `key=value` form or as a `postgresql://` URL
-//! (`host=127.0.0.1 port=5432 user=app dbname=app`). Without a `connect_timeout`, one of
-//! [`DEFAULT_CONNECT_TIMEOUT`] is used, so an unreachable server fails a delivery instead
-//! of hanging it. TLS is not offered yet (`NoTls`): use a local socket or a trusted
-//! network.
-//!
-//! # The table
-//! `CREATE TABLE IF NOT EXISTS "<table>" (message_id text PRIMARY KEY, processed_at
-//! bigint NOT NULL)` in the connection's current schema; `processed_at` is milliseconds
-//! since the UNIX epoch (the consumer's clock).
-//!
-//! # Aborted transactions
-//! PostgreSQL aborts a transaction at its first failed statement; every later statement
-//! fails too. This crate remembers it: later statements through the same transaction get
-//! [`QueryError::Aborted`](crate::QueryError::Aborted), and a handler that returns `Ok`
-//! anyway gets [`DeliveryError::Aborted`](crate::DeliveryError::Aborted) (rolled back,
-//! retried).
+//! See [`Postgres`] for the connection string, the table and aborted transactions.
 //!
 //! [`Transactional::postgres`]: crate::Transactional::postgres
 //! [`Transactional::postgres_async`]: crate::Transactional::postgres_async

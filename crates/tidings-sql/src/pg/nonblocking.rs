@@ -22,7 +22,8 @@ use crate::{Inner, Outcome, Transactional, insert_sql, millis, panic_text, prune
 /// The PostgreSQL database of an async [`Transactional`] handler: one connection, whose
 /// I/O runs as a task on the tokio runtime that opened it; opened again after it was lost
 /// (or after a delivery future was dropped half-way, which may have left a transaction
-/// open on it).
+/// open on it). Connection string, table and aborted transactions as for
+/// [`Postgres`](crate::Postgres).
 pub struct PostgresAsync {
     config: tokio_postgres::Config,
     slot: tokio::sync::Mutex<Slot>,
@@ -180,7 +181,7 @@ where
     Fut: Future<Output = Result<(), HandlerError>> + Send + 'static,
 {
     /// An async handler running `handler` in a transaction of the PostgreSQL database
-    /// `conn` names (a connection string, see [the module docs](super)), recording ids in
+    /// `conn` names (a connection string, see [`Postgres`](crate::Postgres)), recording ids in
     /// `table` (created if absent, in the current schema). Subscribe it with
     /// `Broker::subscribe_async` under the tokio driver.
     ///
