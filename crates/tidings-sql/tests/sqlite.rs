@@ -408,7 +408,7 @@ fn queries_in_the_transaction() {
     let tmp = tempfile::tempdir().unwrap();
     let db = tmp.path().join("q.db");
     create_accounts(&db);
-    let seen = Arc::new(parking_lot_free::Cell::default());
+    let seen = Arc::new(text_cell::Cell::default());
     let s = seen.clone();
     let ledger = Transactional::sqlite(&db, TABLE, move |tx, _m: &Message| {
         let rows = tx.query(
@@ -449,7 +449,7 @@ fn queries_in_the_transaction() {
 }
 
 /// A tiny shared string cell for the test above.
-mod parking_lot_free {
+mod text_cell {
     use std::sync::Mutex;
 
     #[derive(Default)]

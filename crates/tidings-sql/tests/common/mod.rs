@@ -253,7 +253,7 @@ pub fn kill_loop(
                     break;
                 }
             }
-            std::thread::sleep(Duration::from_micros(1_000 + rng.below(40_000)));
+            std::thread::sleep(Duration::from_micros(1_000 + rng.below(80_000)));
         }
         child.0.kill().expect("SIGKILL");
         child.0.wait().expect("wait");
