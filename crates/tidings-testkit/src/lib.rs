@@ -15,6 +15,7 @@ pub mod durable_macros;
 pub mod durable_suite;
 pub mod helpers;
 pub mod nats;
+pub mod postgres;
 pub mod process;
 pub mod suite;
 

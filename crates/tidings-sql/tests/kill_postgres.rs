@@ -1,0 +1,160 @@
+//! R-DEL-7 on PostgreSQL (a real server, started by the testkit), with real SIGKILLs: a ledger handler adds each payment to its
+//! account inside the transaction that records the payment's id. The consuming process
+//! is killed 50 times at random points (while it starts, between the insert and the
+//! commit, between the commit and the acknowledgement); the durable stream redelivers
+//! what was not acknowledged. At the end every account holds exactly the sum of its
+//! distinct payments, and every payment id is recorded once. `TIDINGS_LONG=1`: 300 kills.
+//! Without PostgreSQL installed the test installs it (root, apt-get) or fails with the fix;
+//! `TIDINGS_SKIP_POSTGRES=1` skips it with a notice.
+//!
+//! R-DEL-1: a payment whose transaction was cut by a kill is not recorded (checked after
+//! every kill whose last payment was in flight) and is delivered again.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use common::{Ledger, TABLE};
+use tidings::{HandlerError, Message};
+use tidings_sql::{PgTx, Postgres, Transactional};
+use tidings_testkit::postgres::PostgresServer;
+
+struct PgLedger(String);
+
+impl PgLedger {
+    fn client(&self) -> postgres::Client {
+        postgres::Client::connect(&self.0, postgres::NoTls).expect("connect")
+    }
+}
+
+impl Ledger for PgLedger {
+    fn balances(&self) -> BTreeMap<String, i64> {
+        self.client()
+            .query("SELECT id, balance FROM accounts", &[])
+            .unwrap()
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect()
+    }
+    fn processed(&self) -> BTreeSet<String> {
+        self.client()
+            .query(&format!("SELECT message_id FROM {TABLE}"), &[])
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect()
+    }
+}
+
+fn create_accounts(conn: &str) {
+    let mut client = postgres::Client::connect(conn, postgres::NoTls).unwrap();
+    client
+        .batch_execute("CREATE TABLE accounts (id text PRIMARY KEY, balance bigint NOT NULL)")
+        .unwrap();
+    for i in 0..common::ACCOUNTS {
+        client
+            .execute(
+                "INSERT INTO accounts VALUES ($1, 0)",
+                &[&common::account_name(i)],
+            )
+            .unwrap();
+    }
+}
+
+type Ledgers = Transactional<Postgres, fn(&mut PgTx<'_>, &Message) -> Result<(), HandlerError>>;
+
+fn add_payment(tx: &mut PgTx<'_>, message: &Message) -> Result<(), HandlerError> {
+    let (account, amount) = common::parse(message)?;
+    let changed = tx.execute(
+        "UPDATE accounts SET balance = balance + $1 WHERE id = $2",
+        &[amount.into(), account.into()],
+    )?;
+    if changed != 1 {
+        return Err(HandlerError::reject("no such account"));
+    }
+    if std::env::var_os(common::ROLE_ENV).is_some() {
+        common::note_in_transaction(message);
+    }
+    Ok(())
+}
+
+fn ledger_handler(conn: &str) -> Ledgers {
+    Transactional::postgres(conn, TABLE, add_payment as fn(&mut PgTx<'_>, &Message) -> _)
+        .expect("the ledger handler")
+}
+
+#[test]
+fn postgres_kill_loop() {
+    if std::env::var_os(common::ROLE_ENV).is_some() {
+        let dir = PathBuf::from(std::env::var_os(common::DIR_ENV).unwrap());
+        let db = std::env::var(common::DB_ENV).unwrap();
+        common::child_loop(&dir, |broker| {
+            let handler = ledger_handler(&db);
+            let _sub = Box::leak(Box::new(common::subscribe_ledger(broker, handler.clone())));
+            Box::new(move || {
+                let s = handler.stats();
+                (s.committed, s.skipped)
+            })
+        });
+    }
+    // R-DEL-7
+    let (cycles, messages) = if common::long() {
+        (300, 3000)
+    } else {
+        (50, 500)
+    };
+    let Some(server) = PostgresServer::for_test() else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("broker");
+    let db = server.conn_string();
+    create_accounts(&db);
+    let payments = common::payments(messages, 0x5eed);
+    common::publish_all(&dir, &payments);
+    let ledger = PgLedger(db.clone());
+    let report = common::kill_loop(
+        "postgres_kill_loop",
+        &dir,
+        &db,
+        &ledger,
+        cycles,
+        0xdead_beef,
+    );
+
+    // Finish the stream in this process.
+    let broker = common::ledger_broker(&dir);
+    let handler = ledger_handler(&db);
+    let sub = common::subscribe_ledger(&broker, handler.clone());
+    common::wait_for("every payment", Duration::from_secs(120), || {
+        ledger.processed().len() == messages
+    });
+    drop(sub);
+    broker.close(Duration::from_secs(10));
+    let (wrong, detail) = common::mismatches(&ledger, &payments);
+    let last = handler.stats();
+    eprintln!(
+        "postgres kill loop: {} cycles ({} while starting, {} inside a payment's transaction), \
+         {messages} messages, {} committed and {} duplicates skipped by the children, \
+         {} committed and {} duplicates skipped by the last run, {wrong} balance mismatches",
+        report.cycles,
+        report.killed_starting,
+        report.killed_in_transaction,
+        report.committed,
+        report.skipped,
+        last.committed,
+        last.skipped,
+    );
+    assert_eq!(wrong, 0, "balances (got, want): {detail:?}");
+    common::assert_all_recorded(&ledger, &payments);
+    assert!(
+        report.killed_in_transaction > 0,
+        "no kill landed inside a transaction: {report:?}"
+    );
+    assert!(
+        report.skipped + last.skipped > 0,
+        "no redelivery was skipped: {report:?}"
+    );
+}
