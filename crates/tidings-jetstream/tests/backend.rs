@@ -1,6 +1,6 @@
 //! `JetStreamBackend` through the durable-source seam, against a real `nats-server`
-//! (started by the testkit launcher; skipped with a notice when the binary is missing,
-//! failing when `TIDINGS_REQUIRE_NATS=1`).
+//! (started by the testkit launcher, which installs a missing binary; skipped, with a notice,
+//! only under `TIDINGS_SKIP_NATS=1`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -7,15 +7,15 @@
 //! each message on its own instead of committing a low watermark (after a restart only the
 //! unfinished messages come again).
 //!
-//! Without a `nats-server` binary every case is skipped with a notice, or fails under
-//! `TIDINGS_REQUIRE_NATS=1` (as in CI).
+//! Without a `nats-server` binary the launcher installs one (or the cases fail with the fix);
+//! they skip, with a notice, only under `TIDINGS_SKIP_NATS=1`.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use tidings::{Broker, BrokerBuilder, StreamConfig, StreamError};
 use tidings_jetstream::{ConnectOptions, JetStreamBackend};
-use tidings_testkit::nats::{NatsServer, NatsServerOptions};
+use tidings_testkit::nats::{NatsServer, NatsServerOptions, install};
 use tidings_testkit::{Capabilities, DurableBackend, DurableStore};
 
 /// JetStream on a fresh server per case.
@@ -35,12 +35,14 @@ impl DurableBackend for JetStream {
         tidings_jetstream::CAPABILITIES
     }
     fn unavailable(&self) -> Option<String> {
-        if NatsServer::binary().is_some() {
-            return None;
+        if install::skip_requested() {
+            return Some(format!("{}=1", install::SKIP_ENV));
         }
-        // Panics under TIDINGS_REQUIRE_NATS=1; otherwise prints the skip notice.
-        let _ = NatsServer::for_test(NatsServerOptions::new());
-        Some("no nats-server binary (set TIDINGS_NATS_SERVER)".to_owned())
+        // Installs a missing binary, or fails the case with the fix.
+        if let Err(e) = install::ensure_binary() {
+            panic!("the JetStream cases need a nats-server: {e}");
+        }
+        None
     }
     fn open(&self) -> Box<dyn DurableStore> {
         let server = NatsServer::start(NatsServerOptions::new())

@@ -1,6 +1,6 @@
 //! The JetStream durable source against a real `nats-server` (started by the testkit
-//! launcher; skipped with a notice when the binary is missing, failing when
-//! `TIDINGS_REQUIRE_NATS=1`). Every server a test starts is stopped when the test ends.
+//! launcher, which installs a missing binary; skipped, with a notice, only under
+//! `TIDINGS_SKIP_NATS=1`). Every server a test starts is stopped when the test ends.
 
 use std::collections::BTreeSet;
 use std::net::TcpListener;

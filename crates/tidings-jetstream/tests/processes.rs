@@ -8,8 +8,8 @@
 //! the kernel and survives it). The parent counts the lines.
 //!
 //! Every server and child a test starts is stopped when the test ends (dropped guards);
-//! without a `nats-server` binary the tests skip with a notice (or fail with
-//! `TIDINGS_REQUIRE_NATS=1`).
+//! a missing `nats-server` is installed by the launcher (the tests skip, with a notice, only
+//! under `TIDINGS_SKIP_NATS=1`).
 
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};

@@ -4,8 +4,8 @@
 //! server is away, the client reconnects by itself, and every message whose publish was
 //! acknowledged is handled.
 //!
-//! Without a `nats-server` binary the test skips with a notice (or fails with
-//! `TIDINGS_REQUIRE_NATS=1`). The server it starts is stopped when it ends.
+//! A missing `nats-server` is installed by the launcher (the test skips, with a notice, only
+//! under `TIDINGS_SKIP_NATS=1`). The server it starts is stopped when it ends.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

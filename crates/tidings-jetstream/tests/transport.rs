@@ -1,6 +1,6 @@
 //! Buffered subscriptions and request-reply over NATS core (`NatsTransport`), between two
 //! brokers with two connections on one real `nats-server` (started by the testkit launcher;
-//! skipped with a notice when the binary is missing, failing when `TIDINGS_REQUIRE_NATS=1`).
+//! a missing binary is installed; skipped, with a notice, only under `TIDINGS_SKIP_NATS=1`).
 
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tidings::{
-    Broker, Driver, Handler, HandlerError, Message, StartAt, StreamConfig, SubscribeOptions,
+    Broker, Driver, DurableSpec, Handler, HandlerError, Message, StreamConfig, SubscribeOptions,
 };
 use tidings_sql::{Sqlite, SqliteTx, Transactional};
 
@@ -115,10 +115,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let first = ledger(&db)?;
     let b = broker(&dir)?;
     let sub = b.subscribe_durable(
-        "ledger",
-        "payments",
-        "payments.#",
-        StartAt::Earliest,
+        DurableSpec::new("payments").name("ledger"),
         SubscribeOptions::default(),
         first.clone(),
     )?;
@@ -131,10 +128,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // consumer process on the same database: all skipped, nothing applied twice.
     let second = ledger(&db)?;
     let _replay = b.subscribe_durable(
-        "ledger-replay",
-        "payments",
-        "payments.#",
-        StartAt::Earliest,
+        DurableSpec::new("payments").name("ledger-replay"),
         SubscribeOptions::default(),
         second.clone(),
     )?;

@@ -16,7 +16,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use tidings::{
-    Broker, DurableSubscription, Handler, Message, MessageId, StartAt, StreamConfig,
+    Broker, DurableSpec, DurableSubscription, Handler, Message, MessageId, StreamConfig,
     SubscribeOptions,
 };
 
@@ -104,10 +104,7 @@ pub fn ledger_broker(dir: &Path) -> Broker {
 pub fn subscribe_ledger(broker: &Broker, handler: impl Handler) -> DurableSubscription {
     broker
         .subscribe_durable(
-            DURABLE,
-            STREAM,
-            "payments.#",
-            StartAt::Earliest,
+            DurableSpec::new(STREAM).name(DURABLE),
             SubscribeOptions::default(),
             handler,
         )

@@ -47,7 +47,9 @@ impl NodeConfig {
     }
 }
 
-/// A running JetStream cluster owned by a test. See the [module docs](self).
+/// A running JetStream cluster owned by a test: three (or n) nodes on 127.0.0.1, each with
+/// its own store, that a test can kill and restart one by one and ask which node leads a
+/// stream or a consumer. Dropping it kills every node and removes their directories.
 #[derive(Debug)]
 pub struct NatsCluster {
     nodes: Vec<NatsServer>,
