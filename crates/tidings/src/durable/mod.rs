@@ -46,7 +46,6 @@
 //! so idle streams shed old segments too.
 
 mod config;
-mod error;
 pub(crate) mod feeder;
 pub(crate) mod registry;
 mod retention;
@@ -54,8 +53,8 @@ pub mod source;
 mod stream;
 mod subscription;
 
+pub use crate::error::{CommitFailed, StreamError, StreamErrorKind};
 pub use config::{StartAt, StreamConfig};
-pub use error::{CommitFailed, StreamError, StreamErrorKind};
 pub(crate) use registry::{Durables, check_name};
 pub use source::{
     BackendCursor, BackendStream, Capabilities, CursorSpec, CursorState, CursorWaker,
