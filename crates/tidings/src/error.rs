@@ -2,8 +2,12 @@
 
 use std::sync::Arc;
 
-use crate::durable::StreamError;
 use crate::topic::TopicError;
+
+// The stream errors live in this concept (not in `durable`) so that `PublishError::Stream`
+// can carry one without an import cycle; `tidings::durable` re-exports them.
+mod stream;
+pub use stream::{CommitFailed, StreamError, StreamErrorKind};
 
 /// A configuration value was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -202,12 +202,14 @@ pub use dedup::{DedupStore, Deduplicating, InMemoryDedupStore};
 pub use dlq::{DeadLetter, DeadLetterReason};
 pub use driver::Driver;
 pub use durable::config::{StartAt, StreamConfig};
-pub use durable::error::{CommitFailed, StreamError, StreamErrorKind};
 pub use durable::source::{CursorState, DurableDeadLetter, StorageInfo};
 pub use durable::spec::DurableSpec;
 pub use durable::stream::Stream;
 pub use durable::subscription::DurableSubscription;
-pub use error::{ConfigError, PublishError, SubscribeError, TransportError};
+pub use error::{
+    CommitFailed, ConfigError, PublishError, StreamError, StreamErrorKind, SubscribeError,
+    TransportError,
+};
 pub use filter::{FilterError, HeaderFilter, HeaderLookup, MAX_FILTER_DEPTH, MAX_FILTER_TERMS};
 pub use handler::{FnHandler, Handler, HandlerError, IntoHandlerResult, handler_fn};
 #[cfg(feature = "serde")]

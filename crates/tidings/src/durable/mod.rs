@@ -60,7 +60,6 @@
 //! so idle streams shed old segments too.
 
 pub(crate) mod config;
-pub(crate) mod error;
 pub(crate) mod feeder;
 #[cfg(all(test, tidings_loom))]
 mod loom_models;
@@ -73,8 +72,8 @@ pub(crate) mod subscription;
 
 // What applications name is re-exported at the crate root (and only there); these
 // imports are the crate's own shorthand.
+pub(crate) use crate::error::{CommitFailed, StreamError, StreamErrorKind};
 pub(crate) use config::{StartAt, StreamConfig};
-pub(crate) use error::{CommitFailed, StreamError, StreamErrorKind};
 pub(crate) use registry::{Durables, check_name};
 pub(crate) use source::{CursorState, DurableDeadLetter, StorageInfo};
 pub(crate) use spec::DurableSpec;

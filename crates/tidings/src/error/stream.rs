@@ -12,7 +12,7 @@ use std::path::PathBuf;
 
 use tidings_log::{AppendError, OpenError, ReadError, RetentionError};
 
-use crate::error::{SubscribeError, TransportError};
+use super::{SubscribeError, TransportError};
 use crate::topic::TopicError;
 
 /// What kind of failure a [`StreamError`] is, whatever the backend (DESIGN.md: "errors keep
