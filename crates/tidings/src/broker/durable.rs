@@ -107,12 +107,6 @@ impl FeedSink for SubscriptionSink {
         sub.offer_from_stream(message)
     }
 
-    fn offer_due_anyway(&self, message: &Arc<Message>) {
-        if let Some(sub) = self.sub.upgrade() {
-            let _ = sub.offer(message);
-        }
-    }
-
     fn hold(&self, message: &Arc<Message>, on_due: OnDue) -> Held {
         let (Some(broker), Some(sub)) = (self.broker.upgrade(), self.sub.upgrade()) else {
             return Held::Closed;

@@ -10,7 +10,11 @@
 //! # Delayed messages
 //! A message with a future delivery time waits in the broker's scheduler (R-TIME-2) and is
 //! offered to this subscription alone when due; it stays outstanding meanwhile, so the
-//! commit never passes it.
+//! commit never passes it. Held messages do **not** take room in the window: messages due
+//! now behind them are fetched and delivered at once (a backlog of delayed messages must not
+//! hold back immediate ones). Memory stays bounded: at most [`max_held`] messages are held
+//! per subscription; with that many waiting, the feeder fetches nothing more until some
+//! fall due (the consumer lags, nothing is refused: R-BP-2).
 //!
 //! # Who runs it
 //! The driver (R-EXE-4): the feeder is a [`Service`], one bounded [`Service::step`] at a time,
@@ -60,13 +64,21 @@ use crate::driver::{Service, ServiceHandle, ServiceStep};
 use crate::message::Message;
 use crate::subscription::SubscriptionId;
 use crate::subscription::shell::FeedOffer;
-use crate::sync::{AtomicBool, Mutex, Ordering};
+use crate::sync::{AtomicBool, AtomicUsize, Mutex, Ordering};
 
 use super::source::{BackendCursor, Finished, Outcome};
 use super::{StartAt, StreamError};
 
 /// Most messages fetched per step.
 const BATCH: usize = 256;
+/// Fewest delayed messages a subscription may hold in the scheduler (see [`max_held`]).
+const MIN_HELD: usize = 4096;
+
+/// How many delayed messages a durable subscription with this window holds in memory at
+/// most: the window or [`MIN_HELD`], whichever is larger.
+pub(crate) fn max_held(window: usize) -> usize {
+    window.max(MIN_HELD)
+}
 /// Least time between two stores of the position by an idle feeder (see the module docs).
 pub(crate) const IDLE_COMMIT_GAP: Duration = Duration::from_millis(50);
 
@@ -92,10 +104,6 @@ pub(crate) trait FeedSink: Send + Sync + 'static {
     /// [`SubscriptionShell::offer_from_stream`](crate::subscription::shell::SubscriptionShell::offer_from_stream);
     /// [`FeedOffer::Closed`] once it is gone).
     fn offer(&self, message: &Arc<Message>) -> FeedOffer;
-    /// Offer a message that fell due while the queue is full: the ordinary overflow policy
-    /// decides (an overflow is dead-lettered durably and finished, never lost); the
-    /// scheduler cannot wait.
-    fn offer_due_anyway(&self, message: &Arc<Message>);
     /// Hold `message` until its delivery time, when it has one in the future (R-TIME-2).
     fn hold(&self, message: &Arc<Message>, on_due: OnDue) -> Held;
 }
@@ -111,6 +119,9 @@ pub(crate) struct CursorFeeder {
     pub(crate) cursor: Box<dyn BackendCursor>,
     sink: Arc<dyn FeedSink>,
     window: usize,
+    /// Delayed messages held in the scheduler: outstanding in the cursor, but not in the
+    /// window (see the module docs).
+    held: AtomicUsize,
     /// Asked to stop: the next step returns `Stopped` without touching the cursor.
     stop: AtomicBool,
     /// The driver's handle on this feeder; unset until started (a one-time publication
@@ -119,7 +130,8 @@ pub(crate) struct CursorFeeder {
     /// Held for one step (or the final close), so shutdown and seek wait for a step under
     /// way on a pool worker or the blocking pool.
     step: Mutex<()>,
-    /// Fetched, not yet taken by the queue (it was full): offered first next step.
+    /// Fetched (or fallen due) and not yet taken by the queue (it was full): offered first
+    /// next step.
     backlog: Mutex<VecDeque<Arc<Message>>>,
     /// Finished messages handed over by a thread that must not block (a tokio worker);
     /// `None` once shutdown took the last of them.
@@ -153,6 +165,7 @@ impl CursorFeeder {
             cursor,
             sink,
             window: window.max(1),
+            held: AtomicUsize::new(0),
             stop: AtomicBool::new(false),
             handle: OnceLock::new(),
             step: Mutex::new(()),
@@ -262,10 +275,17 @@ impl CursorFeeder {
                     f.offer_due(m);
                 }
             });
+            // Counted before the scheduler can call back (it may, at once, on its thread).
+            self.held.fetch_add(1, Ordering::AcqRel);
             match self.sink.hold(message, on_due) {
                 Held::Waiting => return FeedOffer::Taken,
-                Held::Closed => return FeedOffer::Closed,
-                Held::NotDelayed => {}
+                Held::Closed => {
+                    self.held.fetch_sub(1, Ordering::AcqRel);
+                    return FeedOffer::Closed;
+                }
+                Held::NotDelayed => {
+                    self.held.fetch_sub(1, Ordering::AcqRel);
+                }
             }
         }
         let offered = self.sink.offer(message);
@@ -276,13 +296,25 @@ impl CursorFeeder {
     }
 
     /// A held message fell due (on the scheduler's thread, which may be a runtime worker:
-    /// a filtered one is reported like a completion).
+    /// a filtered one is reported like a completion; one the queue has no room for waits
+    /// in the backlog, taking room in the window).
     fn offer_due(&self, message: &Arc<Message>) {
+        // Leaves the scheduler for the queue: it takes room in the window from now on, and
+        // the feeder may fetch again if it stopped at the held limit.
+        let was = self.held.fetch_sub(1, Ordering::AcqRel);
+        if was >= max_held(self.window) {
+            self.wake();
+        }
         match self.sink.offer(message) {
             FeedOffer::Filtered => {
                 self.on_finished(vec![Finished::new(message.clone(), Outcome::Filtered)]);
             }
-            FeedOffer::Full => self.sink.offer_due_anyway(message),
+            // The queue has no room (more fell due at once than it holds): the feeder
+            // offers it first when a completion frees room — never an overflow.
+            FeedOffer::Full => {
+                self.backlog.lock().push_back(message.clone());
+                self.wake();
+            }
             FeedOffer::Taken | FeedOffer::Closed => {}
         }
     }
@@ -296,8 +328,9 @@ impl CursorFeeder {
                 FeedOffer::Taken | FeedOffer::Filtered => {}
                 // Woken by the next completion.
                 FeedOffer::Full => {
-                    // The backlog is empty here (taken at the start of the step, under
-                    // the step lock): fetch order is kept.
+                    // The backlog held nothing fetched here (taken at the start of the
+                    // step, under the step lock; only messages falling due join it
+                    // meanwhile): fetch order is kept.
                     let mut backlog = self.backlog.lock();
                     backlog.push_back(m);
                     backlog.extend(messages);
@@ -323,11 +356,16 @@ impl CursorFeeder {
         if self.halted.load(Ordering::Acquire) {
             return Pass::Waiting; // until a seek
         }
-        let outstanding = self.cursor.state().outstanding;
-        if outstanding >= self.window {
-            return Pass::Waiting; // woken when a completion frees room
+        // Held (delayed) messages are outstanding but take no room in the window.
+        let held = self.held.load(Ordering::Acquire);
+        let in_window = self.cursor.state().outstanding.saturating_sub(held);
+        let held_room = max_held(self.window).saturating_sub(held);
+        if in_window >= self.window || held_room == 0 {
+            // Woken when a completion frees room, or a held message falls due.
+            return Pass::Waiting;
         }
-        let fetched = match self.cursor.fetch((self.window - outstanding).min(BATCH)) {
+        let room = (self.window - in_window).min(held_room).min(BATCH);
+        let fetched = match self.cursor.fetch(room) {
             Ok(m) => m,
             Err(StreamError::Closed) => return Pass::Stopped,
             Err(e) => {
@@ -501,7 +539,6 @@ mod tests {
         fn offer(&self, _message: &Arc<Message>) -> FeedOffer {
             FeedOffer::Closed
         }
-        fn offer_due_anyway(&self, _message: &Arc<Message>) {}
         fn hold(&self, _message: &Arc<Message>, _on_due: OnDue) -> Held {
             Held::Closed
         }

@@ -115,9 +115,6 @@ impl FeedSink for TallySink {
         self.0.add(number(message));
         FeedOffer::Taken
     }
-    fn offer_due_anyway(&self, _message: &Arc<Message>) {
-        unreachable!("no delayed messages in these models")
-    }
     fn hold(&self, _message: &Arc<Message>, _on_due: OnDue) -> Held {
         Held::NotDelayed
     }
