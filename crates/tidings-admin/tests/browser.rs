@@ -1,4 +1,4 @@
-//! The dashboard in a real browser (R-OPS-4, issue 13 test 1): Debian's
+//! The dashboard in a real browser (R-OPS-4): Debian's
 //! `chromium-headless-shell` loads the page from a live admin server and the test asserts
 //! on the rendered DOM (`--dump-dom`) after the page's own JavaScript ran.
 //!

@@ -84,7 +84,7 @@ fn demo_admin_serves_the_demo_broker_until_for_ends_then_exits_0() {
             "{name} missing from {body}"
         ); // R-OPS-4
     }
-    // The demo's durable part is on the same broker (issue 29): its stream, with the 50
+    // The demo's durable part is on the same broker: its stream, with the 50
     // orders, and its three durable subscriptions over it, fraud's durable DLQ included.
     let snap: serde_json::Value = serde_json::from_str(body).expect("snapshot JSON");
     let streams = snap["streams"].as_array().expect("streams");

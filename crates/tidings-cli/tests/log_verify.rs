@@ -1,4 +1,4 @@
-//! `tidings log verify` names the damaged index file (issue 9 item 15, R-LIM-2).
+//! `tidings log verify` names the damaged index file (R-LIM-2).
 
 use std::process::Command;
 

@@ -1,4 +1,4 @@
-//! R-LOG-2, R-LIM-2 (issue 9 item 12): payloads are user data, so a record's payload may hold
+//! R-LOG-2, R-LIM-2: payloads are user data, so a record's payload may hold
 //! bytes that are valid frames of the log's own format. A torn tail whose payload embeds such
 //! frames is still a torn tail (truncated, the records before it kept); damage in the middle of
 //! the log is still refused, never silently truncated.
@@ -59,7 +59,7 @@ fn all_records(log: &tidings_log::Log) -> Vec<StoredRecord> {
     log.read(log.start_offset(), usize::MAX).unwrap()
 }
 
-/// The reproducer of issue 9 item 12: 5 records, then a 200 KB record whose payload embeds, at
+/// The reproducer: 5 records, then a 200 KB record whose payload embeds, at
 /// byte 64, valid frames for offsets 5-7; the segment is cut 200, 4096 and 100,000 bytes into
 /// that record.
 #[test]

@@ -1,4 +1,4 @@
-//! R-LIM-2, R-LOG-2 (issue 9 item 14): a last segment that is a huge zero-filled or sparse file
+//! R-LIM-2, R-LOG-2: a last segment that is a huge zero-filled or sparse file
 //! (its length reached the disk, its data did not) is recovered in bounded memory: every read
 //! the recovery makes is bounded by the scan window, whatever the file length.
 

@@ -130,7 +130,7 @@ fn verify_reports_every_problem_with_path_and_offset() {
     assert!(ins.segments[0].problem.is_some());
 }
 
-/// Issue 9 item 15: a damaged time index (`.tix`) is reported under its own name, not under the
+/// A damaged time index (`.tix`) is reported under its own name, not under the
 /// offset index's; a damaged offset index under the `.idx` name.
 #[test]
 fn verify_names_the_damaged_index_file() {

@@ -22,8 +22,8 @@ use parking_lot::Mutex;
 ///
 /// Every queued message carries one, for the oldest-age gauge (R-BP-3). It is read from the
 /// wall clock, which every publish reads anyway to stamp the message, so enqueueing costs no
-/// clock read of its own (a monotonic read per publish was ~10% of a one-subscriber publish
-/// under `perf`). Like every use of `wall()`, it is a stamp, never a deadline: a wall clock
+/// clock read of its own (a monotonic read per publish is a measurable part of a
+/// one-subscriber publish). Like every use of `wall()`, it is a stamp, never a deadline: a wall clock
 /// stepped back makes the gauge read low (never negative) until the queue turns over. An
 /// `Instant` would also take 16 bytes, and with up to a queue's capacity of them per
 /// subscription the difference is cache lines the dispatcher walks through.

@@ -6,9 +6,7 @@
 //! it, usually on another thread. With glibc's allocator that free lands in the publisher's
 //! arena under its lock, while the publisher, whose per-thread cache those frees never refill,
 //! takes the same lock to allocate: the two threads contend on the arena lock for every
-//! message (`perf record -g target/release/examples/hot_path 3000000 pool 1` put 10% of the
-//! publisher's samples on waking the other side of that lock, and `malloc`, `_int_malloc` and
-//! `_int_free` on another 8%).
+//! message (the profile is in BENCHMARKS.md, "Measurements behind design choices").
 //!
 //! # How
 //!

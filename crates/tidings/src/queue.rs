@@ -16,7 +16,7 @@
 //! # Memory
 //! An empty queue that was never pushed to is one null pointer: its levels, key map and
 //! head index (~200 bytes before any message) are allocated on the first push and kept,
-//! so an idle subscription does not carry them (issue 12).
+//! so an idle subscription does not carry them.
 
 use std::borrow::Borrow;
 use std::cmp::Reverse;

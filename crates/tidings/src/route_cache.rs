@@ -24,18 +24,16 @@
 //! The cache is split into [`SHARDS`] shards, and each thread that publishes reads and fills
 //! one of them (assigned round-robin at its first publish). Every shard holds its own copy of
 //! an entry, in allocations of its own: a lookup takes the shard's read lock and clones the
-//! entry's topic and targets, three atomic writes, and with one shared cache those went to the
-//! same three cache lines from every publisher thread (`perf record -g
-//! target/release/examples/hot_path 2000000 pool 1 4`: 13% of the samples, on those three
-//! instructions). A change empties every shard.
+//! entry's topic and targets, three atomic writes, which with one shared cache would go to
+//! the same three cache lines from every publisher thread. A change empties every shard.
 //!
 //! # Size
 //! At most [`MAX_ROUTES`] topics are cached per shard; inserting into a full shard first
 //! evicts an arbitrary quarter of it (hash order), so a changing set of hot topics keeps
 //! being cached. A topic published from several threads is held once per shard they use (at
 //! most [`SHARDS`] times), and a route to n subscriptions takes 8·n bytes per copy: a topic
-//! that reaches 1,000,000 subscriptions from 8 publisher threads holds 64 MB of routes, where
-//! one shared cache held 8 MB.
+//! that reaches 1,000,000 subscriptions from 8 publisher threads holds 64 MB of routes (8 MB
+//! per shard).
 
 use std::cell::Cell;
 use std::collections::HashMap;

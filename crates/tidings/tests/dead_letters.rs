@@ -31,7 +31,7 @@ fn collector(broker: &Broker, topic: &str) -> (Subscription, Arc<Mutex<Vec<Arc<M
     (sub, got)
 }
 
-// ---------------------------------------------------------------- item 5: redrive
+// ---------------------------------------------------------------- redrive
 
 // R-DEL-4: redrive on an unsubscribed subscription re-offers nothing, so it removes nothing.
 #[test]
@@ -98,7 +98,7 @@ fn redrive_removes_only_what_was_accepted() {
     assert!(s.is_conserved(), "{s:?}"); // R-DEL-6
 }
 
-// ---------------------------------------------------------------- item 6: forward
+// ---------------------------------------------------------------- forward
 
 // R-DEL-4: a dead letter carrying the maximum number of headers is still forwarded to the
 // dead-letter topic: tidings' metadata does not count against the user's header limit.
@@ -145,7 +145,7 @@ fn a_failed_forward_is_counted_and_the_entry_kept() {
     assert_eq!(sub.dead_letters().len(), 2); // R-DEL-4
 }
 
-// ---------------------------------------------------------------- item 7: reserved headers
+// ---------------------------------------------------------------- reserved headers
 
 // R-DEL-4: a user cannot set tidings' dead-letter metadata: headers with the reserved
 // `tidings-` prefix are refused at publish, so the loop guard cannot be spoofed.

@@ -1,4 +1,4 @@
-//! Regression tests for durable streams and subscriptions (issue 9 items 7, 10, 11, 13):
+//! Regression tests for durable streams and subscriptions:
 //! spoofed durable DLQ metadata (R-DEL-4), redrive stealing a durable window (R-BP-2),
 //! re-subscribing right after a drop (R-LOG-3), and a committed offset beyond the end of the
 //! stream (R-LOG-3, R-LIM-2).

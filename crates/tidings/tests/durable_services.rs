@@ -433,7 +433,7 @@ impl Storage for RuntimeGatedStorage {
 }
 
 #[cfg(feature = "tokio")]
-/// Issue 10 test 2, R-EXE-4: durable subscriptions on a current-thread runtime make
+/// R-EXE-4: durable subscriptions on a current-thread runtime make
 /// progress while their commits fsync (one per message) and dead letters are appended to
 /// the durable DLQ with an fsync. Each fsync waits for the runtime thread to run another
 /// task, so one made on the runtime thread would never return (here: fails after 5 s).

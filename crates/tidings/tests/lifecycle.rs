@@ -38,7 +38,7 @@ fn responder(broker: &Broker, topic: &str) -> Subscription {
         .unwrap()
 }
 
-// ---------------------------------------------------------------- item 1: Duration::MAX
+// ---------------------------------------------------------------- Duration::MAX
 
 // R-LIM-1: a request timeout whose deadline overflows `Instant` means "no deadline".
 #[test]
@@ -114,7 +114,7 @@ fn block_with_duration_max_waits_for_room() {
     assert_eq!(sub.stats().delivered, 2);
 }
 
-// ---------------------------------------------------------------- item 8: close report
+// ---------------------------------------------------------------- close report
 
 /// Close under load with handlers failing retryably while close(ZERO) runs: the report and
 /// the `Shutdown` dead letters must agree exactly, per subscription and by message id.
@@ -251,7 +251,7 @@ fn handler_failing_after_close_began_is_in_the_report() {
     assert_eq!(report.undelivered[0].message.id(), shutdown[0].message.id()); // R-CORE-6
 }
 
-// ---------------------------------------------------------------- item 9: request at close
+// ---------------------------------------------------------------- request at close
 
 // R-CORE-6, R-PAT-1: a request pending when close runs is woken at once with a closed
 // error, not left to its 60 s timeout.
@@ -287,7 +287,7 @@ fn close_wakes_a_pending_request_with_closed() {
     ); // R-CORE-6
 }
 
-// ---------------------------------------------------------------- item 21: second close
+// ---------------------------------------------------------------- second close
 
 // R-CORE-6: a second, concurrent close waits for the first and returns the same report.
 #[test]
@@ -325,7 +325,7 @@ fn concurrent_close_waits_and_returns_the_same_report() {
     assert_eq!(ids(&broker.close(Duration::ZERO)), ids(&r1)); // R-CORE-6
 }
 
-// ---------------------------------------------------------------- item 16: scheduler
+// ---------------------------------------------------------------- scheduler
 
 // R-TIME-2, R-CORE-1: a subscription whose `Block` queue is full does not delay another
 // subscription's due delayed messages: the scheduler never waits on a queue.
@@ -381,7 +381,7 @@ fn a_full_block_queue_does_not_stall_the_scheduler() {
     assert_eq!(fast.stats().delivered, 1);
 }
 
-// ---------------------------------------------------------------- item 18: inbox
+// ---------------------------------------------------------------- inbox
 
 // R-PAT-1, R-CORE-1: the internal reply inbox is not a user subscription: not listed, not
 // counted against max_subscriptions, not removable.
@@ -411,7 +411,7 @@ fn the_reply_inbox_is_internal() {
     assert_eq!(text(&reply.unwrap()), "re:b"); // R-PAT-1
 }
 
-// ---------------------------------------------------------------- item 11: settle, wait_idle
+// ---------------------------------------------------------------- settle, wait_idle
 
 // R-EXE-2: settle runs a manual broker to quiescence, jumping the clock to each wake-up.
 #[test]
@@ -493,7 +493,7 @@ fn wait_idle_waits_for_live_drivers() {
     assert!(broker.wait_idle(PATIENCE));
 }
 
-// Issue 12: subscriptions of one pattern share one copy of its text; an equivalent but
+// Subscriptions of one pattern share one copy of its text; an equivalent but
 // differently written pattern keeps its own (each subscription reports what it was given),
 // and the sharing outlives the subscription it came from.
 #[test]

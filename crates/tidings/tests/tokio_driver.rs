@@ -409,7 +409,7 @@ async fn close_from_a_handler_reports_the_others_not_itself() {
     assert_eq!(report.unjoined, vec!["tidings-stuck-0".to_string()]); // R-CORE-6
 }
 
-// Issue 25 defect 10: a handler closes its own broker (the sync close, on its slot's task,
+// A handler closes its own broker (the sync close, on its slot's task,
 // which cannot wait for the other tasks there) while another slot's task is alive but runs
 // no handler — it sleeps until a retry is due. That task sees the close at its next poll
 // and ends with no user code left to run, so it is not unjoined: the report — which a later

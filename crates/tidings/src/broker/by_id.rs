@@ -2,8 +2,8 @@
 //!
 //! A `BTreeMap<SubscriptionId, Arc<SubscriptionShell>>` stores every id twice — as the key,
 //! and in the subscription it points to. Keyed by the subscription itself (ordered by its
-//! id), an entry is one pointer and a B-tree node holds half the bytes (issue 12: what
-//! the registry adds to each idle subscription). Lookups by id still work: an entry
+//! id), an entry is one pointer and a B-tree node holds half the bytes (what the
+//! registry adds to each idle subscription). Lookups by id still work: an entry
 //! borrows as its id.
 
 use std::borrow::Borrow;

@@ -167,7 +167,7 @@ pub(crate) struct Shared {
 
 /// A dispatcher slot's mailbox: its run flags, in the subscription's shell (see
 /// `subscription::run_flags`). A publisher's wake and a worker's run touch these and the
-/// subscription, nothing else of the driver's (issue 12: 100,000 subscriptions).
+/// subscription, nothing else of the driver's (so 100,000 subscriptions cost memory only).
 struct Mailbox<'a> {
     sub: &'a SubscriptionShell,
     worker: usize,

@@ -4,8 +4,8 @@
 //! do unless that task sleeps: a task that runs polls the subscription again anyway. So the
 //! waker's side is one read-modify-write of the slot's sleep flags
 //! ([`RunFlags::leave_wakeup`]), and only when it finds the task asleep does it take the
-//! task's waker from the [`Sleepers`] map, whose size follows the sleeping tasks (issue 12:
-//! a publisher offering into a busy slot used to take a driver-wide lock for this).
+//! task's waker from the [`Sleepers`] map, whose size follows the sleeping tasks: a publisher
+//! offering into a busy slot takes no driver-wide lock.
 //!
 //! # The handshake
 //! The task registers its waker first, then sets `SLEEPING` ([`RunFlags::fall_asleep`]);

@@ -7,7 +7,7 @@
 //! slot's `scheduled` flag clear sets it and spawns the slot's task on the runtime; a wake
 //! that finds it set does nothing more, because that task polls again. So there is at most
 //! one task per slot (max active == 1), and an idle subscription holds no task, no future,
-//! and nothing of the driver's (issue 12: a task is 256 bytes).
+//! and nothing of the driver's (a task is 256 bytes).
 //!
 //! The task runs the thread driver's loop as an `async fn`: poll the subscription core, run
 //! the handler, report the outcome, and yield to the runtime every [`BATCH`] deliveries.
@@ -90,12 +90,9 @@ const BATCH: u32 = 64;
 /// the new task (a spawn allocates a task and may cost a parked worker's futex round trip).
 /// With many busy subscriptions the run queue is long, so one yield lasts about as long as
 /// a publisher takes to reach every subscription once, and the grace decides whether the
-/// next message finds the tasks alive. 100,000 subscriptions, full-mode runs of
-/// `tidings-bench scale/subs=100000/tokio`: 2 gave 0.79–0.86M deliveries/s, 8 gave
-/// 0.64–1.62M, 16 gave 2.02–2.50M, 64 gave 2.00–2.03M; the fan-out and latency cases moved
-/// within their noise. (Quick mode, whose rounds are a few messages long, favours fewer: 2
-/// gave 0.85–0.92M there against 8's 0.61–0.64M, because a grace that outlasts the round is
-/// spent for nothing.)
+/// next message finds the tasks alive. The value comes from the 100,000-subscription case of
+/// `tidings-bench` (the figures per value are in BENCHMARKS.md, "Measurements behind design
+/// choices").
 const IDLE_YIELDS: u32 = 16;
 
 thread_local! {
@@ -334,8 +331,8 @@ impl Executor for TokioExecutor {
         // the grace): their slots are the running ones. Without waiting, every task is still
         // there; one that is not in a handler call sees the close at its next poll and ends
         // with no user code left to run, so it is not left behind: only the slots in a
-        // handler call are (issue 25: a handler that closed its own broker had tasks in
-        // their idle grace reported, and so a later close from outside was not clean).
+        // handler call are (a task in its idle grace or asleep until a retry is not
+        // running user code, and reporting it would make every later close unclean).
         let mut names = Vec::new();
         for sub in subs {
             for worker in 0..sub.workers() {

@@ -117,8 +117,8 @@ enum Flavor {
 /// # Memory
 /// What never changes after subscribe is one shared [`Settings`]; the books beyond the
 /// delivery counters are allocated on first use ([`Ledger`]), and the queues on the first
-/// message, so an idle subscription's core is 136 bytes (issue 12; a unit test below keeps it
-/// from growing back unnoticed).
+/// message, so an idle subscription's core is 136 bytes (a unit test below keeps it from
+/// growing back unnoticed).
 pub(crate) struct Core {
     settings: Arc<Settings>,
     flavor: Flavor,
@@ -684,7 +684,7 @@ impl Core {
 
 #[cfg(all(test, target_pointer_width = "64"))]
 mod tests {
-    // Issue 12: every idle subscription holds one core. Growing it is a deliberate choice:
+    // Every idle subscription holds one core. Growing it is a deliberate choice:
     // update this figure and the `bytes-per-sub` benchmark notes together.
     #[test]
     fn an_idle_core_stays_small() {

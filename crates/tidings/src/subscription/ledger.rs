@@ -8,7 +8,7 @@
 //! The books are split by use: [`Counts`], which every delivery touches, lives inline in the
 //! core; the [`Ledger`] — refusals and dead letters by reason, failures, the dead-letter
 //! queue, forwards, the close report, durable completions — is allocated on its first use,
-//! so a subscription that has only ever delivered (or is idle) does not carry it (issue 12).
+//! so a subscription that has only ever delivered (or is idle) does not carry it.
 
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};

@@ -5,8 +5,8 @@
 //! let two workers inside it. It needs two flags per slot for that. They live in the
 //! subscription's shell — slot 0's in what was padding beside the shell's own flags, the
 //! others in one thin box for a multi-slot subscription — so an idle subscription holds no
-//! driver allocation of its own for them (issue 12: the pool's 64-byte per-subscription
-//! mailbox, the tokio driver's 64-byte slot record). The thread and manual drivers never
+//! driver allocation of its own for them (the pool's 64-byte per-subscription mailbox, the
+//! tokio driver's 64-byte slot record). The thread and manual drivers never
 //! touch them.
 
 #[cfg(any(feature = "tokio", all(test, tidings_loom)))]

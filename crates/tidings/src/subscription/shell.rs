@@ -163,9 +163,8 @@ pub(crate) struct SubscriptionShell {
     /// The sans-IO core; locked only here, and through [`Locked`]. Written by the
     /// dispatcher at every delivery, so it lives in an allocation of its own: publishers
     /// reading the fields of the shell (filters, the ingress) do not miss on each of its
-    /// writes (16 subscribers, 1 publisher, pool driver: 4.1-4.6M -> 6.0-6.6M deliveries/s).
-    /// A box, not cache-line padding: padding the shell cost ~420 bytes per idle
-    /// subscription (1,164 vs 741 B, `tidings-bench --quick scale`).
+    /// writes. A box, not cache-line padding, which would cost every idle subscription
+    /// hundreds of bytes (figures in BENCHMARKS.md, "Measurements behind design choices").
     core: Box<Mutex<Core>>,
     /// Publishers' fast path into a single-dispatcher subscription (see `super::ingress`);
     /// moved into the core under its lock before anything reads or changes it.
