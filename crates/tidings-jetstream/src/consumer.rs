@@ -56,6 +56,9 @@ pub struct ConsumerSpec {
     ack_wait: Duration,
     backoff: Vec<Duration>,
     inactive_threshold: Duration,
+    /// Prepended to every filter subject and stripped from every delivered subject (the
+    /// durable backend's streams keep topics under a subject namespace of their own).
+    subject_prefix: String,
 }
 
 impl ConsumerSpec {
@@ -72,7 +75,15 @@ impl ConsumerSpec {
             ack_wait: DEFAULT_ACK_WAIT,
             backoff: Vec::new(),
             inactive_threshold: DEFAULT_INACTIVE_THRESHOLD,
+            subject_prefix: String::new(),
         }
+    }
+
+    /// Topics are stored under `prefix` (`<prefix><topic>`): filters get it, delivered
+    /// subjects lose it.
+    pub(crate) fn subject_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.subject_prefix = prefix.into();
+        self
     }
 
     /// Where a *new* consumer starts; an existing durable resumes where it was (use
@@ -117,7 +128,10 @@ impl ConsumerSpec {
     /// The settings the server must report back for this spec.
     #[must_use]
     pub fn settings(&self) -> ConsumerSettings {
-        let mut filter_subjects = filter_subjects(&self.pattern);
+        let mut filter_subjects: Vec<String> = filter_subjects(&self.pattern)
+            .into_iter()
+            .map(|s| format!("{}{s}", self.subject_prefix))
+            .collect();
         filter_subjects.sort();
         ConsumerSettings {
             filter_subjects,
@@ -533,7 +547,8 @@ impl Durable {
         let mut deliveries = Vec::with_capacity(raw.len());
         let mut skipped = 0;
         for message in raw {
-            let delivery = Delivery::new(message, self.js.request_timeout)?;
+            let delivery =
+                Delivery::new(message, self.js.request_timeout, &self.spec.subject_prefix)?;
             let matches = Topic::new(&delivery.topic).is_ok_and(|t| self.spec.pattern.matches(&t));
             if matches {
                 deliveries.push(delivery);
@@ -579,19 +594,15 @@ impl Durable {
                 match item {
                     Ok(m) => out.push(m),
                     Err(e) => {
-                        // The client reports a pull's error status as text only: 409
-                        // "Consumer Deleted", or 503 "no responders" on a live connection,
-                        // mean nothing serves this consumer's pulls any more.
+                        // The client reports a pull's error status as text only: ask the
+                        // server whether the consumer is still there, by the info
+                        // request's typed error kind.
                         let detail = e.to_string();
-                        let lower = detail.to_ascii_lowercase();
-                        let gone = lower.contains("consumer deleted")
-                            || (lower.contains(": 503") && self.js.is_connected());
-                        return Err(if gone {
-                            FetchError::ConsumerGone {
+                        return Err(match self.info().await {
+                            Err(InfoError::ConsumerGone { .. }) => FetchError::ConsumerGone {
                                 durable: self.spec.durable.clone(),
-                            }
-                        } else {
-                            unavailable(detail)
+                            },
+                            _ => unavailable(detail),
                         });
                     }
                 }
@@ -740,6 +751,7 @@ impl Delivery {
     fn new(
         message: async_nats::jetstream::Message,
         request_timeout: Duration,
+        prefix: &str,
     ) -> Result<Self, FetchError> {
         let info = message.info().map_err(|e| FetchError::Unavailable {
             detail: format!("delivery without JetStream metadata: {e}"),
@@ -767,7 +779,12 @@ impl Delivery {
             }
         }
         Ok(Self {
-            topic: message.subject.to_string(),
+            topic: message
+                .subject
+                .as_str()
+                .strip_prefix(prefix)
+                .unwrap_or(message.subject.as_str())
+                .to_owned(),
             message,
             headers,
             id,

@@ -46,7 +46,7 @@ pub mod transport;
 
 pub use backend::{
     BACKEND_NAME, CAPABILITIES, DEFAULT_MAX_DELIVERIES, JetStreamBackend, JetStreamBackendBuilder,
-    MAX_NAME_BYTES,
+    MAX_NAME_BYTES, record_subject,
 };
 pub use connect::{
     ConnectOptions, DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT, JetStream,

@@ -24,12 +24,12 @@
 //! publisher cannot be made to wait. Refusals are counted by the subscription.
 //!
 //! # Durable streams on the same broker
-//! A JetStream append is a NATS publish on the message's subject, which core subscribers
-//! receive. [`Transport::carries_appends`] is true for the JetStream backend, so a broker
-//! with both sends a message captured by a stream once (the append) and every other message
-//! once (a core publish). **Both must connect to the same NATS server or cluster**: the
-//! broker cannot check that. JetStream refuses overlapping stream subjects, so at most one
-//! stream holds a topic and an append is never seen twice.
+//! A JetStream append is published on the stream's own subject namespace
+//! (`$TIDINGS.s.<stream>.<topic>`, see [`record_subject`](crate::record_subject)), which no
+//! core subscription covers, so [`Transport::carries_appends`] is false: a broker with both
+//! appends a message its streams capture *and* sends it with a core publish, and every
+//! message reaches core subscribers exactly once. Nothing published on a topic is ever
+//! stored in a stream.
 //!
 //! # Failure (R-DIST-5)
 //! Publishing while the connection is down fails at once with
@@ -59,7 +59,6 @@ use futures_util::{FutureExt, StreamExt};
 use tidings::transport::{Deliver, Delivered, Received, Transport, TransportSubscription};
 use tidings::{Limits, Message, Pattern, Topic, TransportError};
 
-use crate::backend::BACKEND_NAME;
 use crate::backend::codec::{self, Stored};
 use crate::backend::runtime::Runtime;
 use crate::connect::{ConnectOptions, JetStream};
@@ -331,8 +330,10 @@ impl Transport for NatsTransport {
         }))
     }
 
-    fn carries_appends(&self, backend: &str) -> bool {
-        backend == BACKEND_NAME
+    fn carries_appends(&self, _backend: &str) -> bool {
+        // Appends live in the streams' own subject namespace: core subscribers never see
+        // them.
+        false
     }
 
     fn close(&self) {

@@ -407,7 +407,8 @@ fn a_message_appended_to_a_jetstream_stream_is_sent_once() {
         t.contains(&"orders.end".to_owned()) && t.contains(&"other.end".to_owned())
     }));
     assert!(b.wait_idle(PATIENCE));
-    // The append is the publish on the subject: core subscribers see it once, not twice.
+    // The append lives in the stream's own subjects and the core publish carries the
+    // message to core subscribers: they see it once, not twice (R-DIST-2).
     let t = topics(&seen);
     assert_eq!(t.iter().filter(|t| *t == "orders.new").count(), 10, "{t:?}");
     assert_eq!(t.iter().filter(|t| *t == "other.new").count(), 10, "{t:?}");

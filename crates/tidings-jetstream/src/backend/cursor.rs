@@ -27,12 +27,36 @@
 //! finish, skip, seek, redrive) and otherwise at most every 200 ms, so the feeder's
 //! per-step look at the state costs no round trip while nothing moves.
 //!
+//! # What is handed out
+//! A record whose topic no pattern of the stream matches (a producer writing into the
+//! stream's subject namespace by hand) is acknowledged and counted as skipped by the filter.
+//! A record that is not a tidings message (a header that does not parse) is dead-lettered
+//! [`Rejected`](DeadLetterReason::Rejected), the reason naming the header, and counted as
+//! skipped: one bad record never stops the subscription.
+//!
+//! # Handler starts, not fetches, count (R-DEL-6)
+//! The server counts a delivery for every fetch, including messages fetched ahead that no
+//! handler started before their process died or closed. So the server's count is used
+//! only to notice that a message came back unfinished (delivered more than once): such a
+//! *returned* message is handed out alone — nothing else of this subscription is fetched
+//! while it is outstanding, and it waits until nothing else is — after one durable write
+//! counting the handler start (`<dlq>_s`, see the DLQ's docs). A clean close takes the
+//! count back for the returned message it held. A returned message with
+//! `max(max_deliveries − 1, 1)` counted starts is dead-lettered
+//! [`RetriesExhausted`](DeadLetterReason::RetriesExhausted) with that many attempts plus
+//! the first, uncounted one. Bound: a message that kills every process it reaches kills at
+//! most `max(max_deliveries, 2)` of them; a message fetched behind it is never
+//! dead-lettered for it. Messages never returned cost nothing extra.
+//!
 //! # Seek and close
 //! [`BackendCursor::seek`] deletes the consumer and creates it again at the new start
 //! (JetStream cannot move a consumer): unfinished deliveries of every process sharing it
-//! are dropped. [`BackendCursor::close`] nak's what this process fetched and did not
-//! finish, so it is handed out again at once (to the next subscriber of the name, or
-//! another process sharing it).
+//! are dropped. Another process sharing the name finds its pull refused while the
+//! consumer is gone and rebinds to the one the seek creates (the consumer's absence is
+//! read from the info request's typed error kind); only a consumer still absent after
+//! [`REBIND_GRACE`] stops the cursor. [`BackendCursor::close`] nak's what this process
+//! fetched and did not finish, so it is handed out again at once (to the next subscriber
+//! of the name, or another process sharing it).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -42,13 +66,14 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use tidings::durable::{BackendCursor, CursorSpec, CursorWaker, Finished, Outcome};
 use tidings::{
-    CursorState, DeadLetterReason, DurableDeadLetter, Message, Pattern, StartAt, StreamError,
+    CursorState, DeadLetterReason, DurableDeadLetter, Message, MessageId, MessageParts, Pattern,
+    StartAt, StreamError, Topic,
 };
 
 use super::codec::{self, Stored, TARGET};
 use super::dead_letters::DeadLetters;
 use super::stream::{bounds, check_offset};
-use super::{Settings, Shared, keep_alive, nats_name};
+use super::{Settings, Shared, keep_alive, nats_name, subject_prefix};
 use crate::classify::{js_error, seam};
 use crate::consumer::{ConsumerSpec, Delivery, Durable};
 use crate::error::FetchError;
@@ -64,6 +89,14 @@ struct Inner {
     transient: Option<String>,
     /// The sequence after the last one handed out.
     handed: u64,
+    /// From the first returned message of a pull on, in stream order, waiting: a returned
+    /// one (`true`) goes out alone, the others once no returned one is out.
+    returned: std::collections::VecDeque<(Arc<Delivery>, Message, bool)>,
+    /// The returned message handed out alone and not finished: its sequence and the
+    /// handler starts counted before it.
+    alone: Option<(u64, u32)>,
+    /// Since when the consumer is missing on the server (a seek elsewhere recreates it).
+    gone_since: Option<Instant>,
 }
 
 /// What the cursor and its background tasks share.
@@ -84,9 +117,14 @@ impl CursorShared {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Every delivery handed out and not finished.
+    /// Every delivery held: handed out and not finished, or returned and waiting.
     pub(crate) fn held(&self) -> Vec<Arc<Delivery>> {
-        self.lock().outstanding.values().cloned().collect()
+        let g = self.lock();
+        g.outstanding
+            .values()
+            .cloned()
+            .chain(g.returned.iter().map(|(d, _, _)| Arc::clone(d)))
+            .collect()
     }
 
     pub(crate) fn note_keep_alive(&self, n: usize) {
@@ -113,6 +151,8 @@ pub(crate) struct JsCursor {
     durable: Mutex<Arc<Durable>>,
     spec: ConsumerSpec,
     stream: String,
+    /// The stream's patterns: a record none matches is skipped.
+    patterns: Arc<Vec<Pattern>>,
     dlq: DeadLetters,
     tasks: Mutex<Option<Tasks>>,
     /// The last consumer info read, with the change count before it was read.
@@ -159,10 +199,15 @@ const INFO_TTL: Duration = Duration::from_millis(200);
 /// publishes missed while reconnecting).
 const IDLE_WAKE: Duration = Duration::from_secs(1);
 
+/// How long a cursor waits for its consumer to be there again (a seek by another process
+/// deletes and recreates it) before it stops with an error.
+pub(crate) const REBIND_GRACE: Duration = Duration::from_secs(10);
+
 fn consumer_spec(settings: &Settings, stream: &str, name: &str, filter: &Pattern) -> ConsumerSpec {
     ConsumerSpec::new(stream, nats_name(name), filter.clone())
         .ack_wait(settings.ack_wait)
         .inactive_threshold(settings.inactive_threshold)
+        .subject_prefix(subject_prefix(stream))
 }
 
 impl JsCursor {
@@ -171,6 +216,7 @@ impl JsCursor {
         shared: Arc<Shared>,
         stream: &str,
         subjects: Vec<String>,
+        patterns: Vec<Pattern>,
         spec: CursorSpec<'_>,
     ) -> Result<Self, StreamError> {
         let cspec = consumer_spec(&shared.settings, stream, spec.name, spec.filter);
@@ -204,6 +250,7 @@ impl JsCursor {
             durable: Mutex::new(Arc::new(durable)),
             spec: cspec,
             stream: stream.to_owned(),
+            patterns: Arc::new(patterns),
             dlq,
             tasks: Mutex::new(Some(Tasks { watch, keep_alive })),
             cached: Mutex::new(None),
@@ -299,26 +346,65 @@ async fn watch(js: crate::connect::JetStream, subjects: Vec<String>, cursor: Arc
     }
 }
 
-/// `e` as this crate's error: the [`JetStreamError`] it carries, or one of its kind caused
-/// by it.
-fn into_js(context: &str, e: StreamError) -> JetStreamError {
-    let kind = e.kind();
-    match e {
-        StreamError::Backend { source, .. } if source.is::<JetStreamError>() => source
-            .downcast::<JetStreamError>()
-            .map_or_else(|_| JetStreamError::new(kind, context), |j| *j),
-        other => JetStreamError::new(kind, context).caused_by(other),
+/// What became of one delivery.
+enum Taken {
+    /// Hand it out.
+    Out(Arc<Delivery>, Message),
+    /// It came back unfinished: hand it out alone, when nothing else is out.
+    Returned(Arc<Delivery>, Message),
+    /// Skipped, dead-lettered here, or already held.
+    Done,
+}
+
+/// The topic a record that does not decode is dead-lettered under when its own is not one.
+const UNDECODABLE: &str = "tidings.undecodable";
+
+/// Dead-letters a record that is not a tidings message ([`DeadLetterReason::Rejected`],
+/// the reason naming the field) and terminates it. A failure leaves it to come back after
+/// the ack wait.
+async fn reject(
+    cursor: &CursorShared,
+    dlq: &DeadLetters,
+    settings: &Settings,
+    d: &Delivery,
+    why: &codec::DecodeError,
+) {
+    let Ok(topic) = Topic::new(d.topic()).or_else(|_| Topic::new(UNDECODABLE)) else {
+        return;
+    };
+    let id = MessageId::from_u128(u128::from(d.sequence()));
+    let mut parts = MessageParts::new(id, topic.clone(), d.published());
+    parts.payload = d.payload_bytes();
+    parts.offset = Some(d.sequence());
+    let message = Message::from_parts(parts, &settings.limits).or_else(|_| {
+        let mut parts = MessageParts::new(id, topic, d.published());
+        parts.offset = Some(d.sequence());
+        Message::from_parts(parts, &settings.limits)
+    });
+    let Ok(message) = message else {
+        return;
+    };
+    let reason = DeadLetterReason::Rejected {
+        error: why.to_string(),
+    };
+    let stored = dlq.put(&message, &reason, 1).await;
+    if let Err(e) = stored {
+        cursor.lock().transient = Some(format!("dead-lettering an undecodable record: {e}"));
+        return;
+    }
+    if d.term().await.is_ok() {
+        cursor.skipped_by_filter.fetch_add(1, Ordering::Relaxed);
     }
 }
 
-/// Takes one delivery: `Some` to hand out, `None` when it was skipped, dead-lettered here
-/// or is already held; `Err` is the reason fetching must stop.
+/// Takes one delivery (see [`Taken`]); `Err` is the reason fetching must stop.
 async fn take(
     cursor: &CursorShared,
     dlq: &DeadLetters,
     settings: &Settings,
+    patterns: &[Pattern],
     d: Delivery,
-) -> Result<Option<(Arc<Delivery>, Message)>, JetStreamError> {
+) -> Result<Taken, JetStreamError> {
     if let Some(target) = d.headers().get(TARGET)
         && target != cursor.name
     {
@@ -327,18 +413,25 @@ async fn take(
             .await
             .map_err(|e| js_error("acknowledging a redrive copy for another name", e))?;
         cursor.skipped_by_filter.fetch_add(1, Ordering::Relaxed);
-        return Ok(None);
+        return Ok(Taken::Done);
     }
     let seq = d.sequence();
     let delivered = d.delivered();
     let d = Arc::new(d);
-    if let Some(held) = cursor.lock().outstanding.get_mut(&seq) {
-        // Handed out again by the server while still held here (an ack wait passed
-        // despite the keep-alive): keep the newer handle, do not hand it out twice.
-        *held = Arc::clone(&d);
-        return Ok(None);
+    {
+        let mut g = cursor.lock();
+        if let Some(held) = g.outstanding.get_mut(&seq) {
+            // Handed out again by the server while still held here (an ack wait passed
+            // despite the keep-alive): keep the newer handle, do not hand it out twice.
+            *held = Arc::clone(&d);
+            return Ok(Taken::Done);
+        }
+        if let Some(waiting) = g.returned.iter_mut().find(|(w, _, _)| w.sequence() == seq) {
+            waiting.0 = Arc::clone(&d);
+            return Ok(Taken::Done);
+        }
     }
-    let message = {
+    let decoded = {
         let header = |n: &str| d.headers().get(n).map(str::to_owned);
         let stored = Stored {
             subject: d.topic(),
@@ -348,28 +441,126 @@ async fn take(
             header: &header,
         };
         codec::decode(&stored, &settings.limits)
-            .map_err(|e| js_error(format_args!("durable {}", cursor.name), e))?
     };
-    if delivered > u64::from(settings.max_deliveries) {
-        // The processes it was handed to stopped before finishing it, this many times:
-        // dead-letter it rather than risk the next one.
-        let attempts = u32::try_from(delivered - 1).unwrap_or(u32::MAX);
+    let message = match decoded {
+        Ok(m) => m,
+        Err(why) => {
+            // One bad record (a foreign producer's) never stops the subscription.
+            reject(cursor, dlq, settings, &d, &why).await;
+            return Ok(Taken::Done);
+        }
+    };
+    if !patterns.iter().any(|p| p.matches(message.topic())) {
+        // In the stream's namespace but matched by none of its patterns (R-RT-1): written
+        // there by hand, never by tidings.
+        d.ack()
+            .await
+            .map_err(|e| js_error("acknowledging a record no pattern matches", e))?;
+        cursor.skipped_by_filter.fetch_add(1, Ordering::Relaxed);
+        return Ok(Taken::Done);
+    }
+    if delivered > 1 {
+        return Ok(Taken::Returned(d, message));
+    }
+    Ok(Taken::Out(d, message))
+}
+
+/// Before a returned message is handed out alone: its counted handler starts, and either
+/// one more counted (`Some(before)`), or, at the limit, the message dead-lettered (`None`).
+async fn count_start(
+    dlq: &DeadLetters,
+    settings: &Settings,
+    d: &Delivery,
+    m: &Message,
+) -> Result<Option<u32>, StreamError> {
+    let seq = d.sequence();
+    let starts = dlq.starts(seq).await?;
+    if starts >= settings.max_deliveries.saturating_sub(1).max(1) {
+        // Started this many times alone, plus the first time, and never finished: its
+        // processes died running it.
+        let attempts = starts.saturating_add(1);
         let reason = DeadLetterReason::RetriesExhausted {
             attempts,
             last_error: format!(
-                "handed out {attempts} times without being finished (the processes \
-                 holding it stopped or lost the server)"
+                "its handler started {attempts} times without being finished (the \
+                 processes running it stopped or lost the server)"
             ),
         };
-        dlq.put(&message, &reason, attempts)
-            .await
-            .map_err(|e| into_js("storing a dead letter", e))?;
+        dlq.put(m, &reason, attempts).await?;
         d.term()
             .await
-            .map_err(|e| js_error("terminating a dead-lettered message", e))?;
+            .map_err(|e| seam("terminating a dead-lettered message", e))?;
         return Ok(None);
     }
-    Ok(Some((d, message)))
+    dlq.set_starts(seq, starts + 1).await?;
+    Ok(Some(starts))
+}
+
+/// What one pull brought.
+#[derive(Default)]
+struct Pulled {
+    out: Vec<(Arc<Delivery>, Message)>,
+    returned: Vec<(Arc<Delivery>, Message, bool)>,
+    /// The consumer is not on the server (for now: a seek elsewhere recreates it).
+    gone: bool,
+}
+
+impl JsCursor {
+    /// Hands out what waits behind a returned message: the returned one alone when nothing
+    /// else is out, the others up to `max` while no returned one is out; `None` when
+    /// nothing waits.
+    fn fetch_returned(&self, max: usize) -> Option<Vec<Message>> {
+        let (d, m) = {
+            let mut g = self.cursor.lock();
+            if g.alone.is_some() {
+                return Some(Vec::new());
+            }
+            let (_, _, returned) = g.returned.front()?;
+            if !returned {
+                let mut out = Vec::new();
+                while out.len() < max && g.returned.front().is_some_and(|(_, _, r)| !r) {
+                    let (d, m, _) = g.returned.pop_front()?;
+                    let seq = d.sequence();
+                    g.handed = g.handed.max(seq + 1);
+                    g.outstanding.insert(seq, d);
+                    out.push(m);
+                }
+                return Some(out);
+            }
+            if !g.outstanding.is_empty() {
+                return Some(Vec::new());
+            }
+            let (d, m, _) = g.returned.pop_front()?;
+            (d, m)
+        };
+        let (dlq, settings) = (self.dlq.clone(), self.shared.settings.clone());
+        let (dd, mm) = (Arc::clone(&d), m.clone());
+        let counted = self.shared.call(self.shared.bound(4), async move {
+            count_start(&dlq, &settings, &dd, &mm).await
+        });
+        self.shared.changed();
+        let mut g = self.cursor.lock();
+        match counted {
+            Ok(Some(before)) => {
+                let seq = d.sequence();
+                g.alone = Some((seq, before));
+                g.handed = g.handed.max(seq + 1);
+                g.outstanding.insert(seq, d);
+                Some(vec![m])
+            }
+            Ok(None) => {
+                drop(g);
+                self.cursor.wake();
+                Some(Vec::new())
+            }
+            Err(e) => {
+                // Server away: tried again at the next wake (kept alive meanwhile).
+                g.transient = Some(e.to_string());
+                g.returned.push_front((d, m, true));
+                Some(Vec::new())
+            }
+        }
+    }
 }
 
 impl BackendCursor for JsCursor {
@@ -383,40 +574,47 @@ impl BackendCursor for JsCursor {
         if max == 0 {
             return Ok(Vec::new());
         }
+        if let Some(alone) = self.fetch_returned(max) {
+            return Ok(alone);
+        }
         let durable = self.durable();
         let (cursor, dlq) = (Arc::clone(&self.cursor), self.dlq.clone());
         let settings = self.shared.settings.clone();
+        let patterns = Arc::clone(&self.patterns);
         let bound = self
             .shared
             .bound(2 + u32::try_from(max.min(64)).unwrap_or(64));
         let pulled = self.shared.call(bound, async move {
-            let pulled: Result<Vec<(Arc<Delivery>, Message)>, JetStreamError> = async {
+            let pulled: Result<Pulled, JetStreamError> = async {
                 let fetched = match durable.fetch(max, Duration::ZERO).await {
                     Ok(f) => f,
-                    Err(e @ FetchError::ConsumerGone { .. }) => {
-                        return Err(js_error(
-                            "the durable consumer was deleted on the server (inactivity \
-                             threshold, or an administrator); seek to create it again",
-                            e,
-                        ));
+                    Err(FetchError::ConsumerGone { .. }) => {
+                        return Ok(Pulled {
+                            gone: true,
+                            ..Pulled::default()
+                        });
                     }
                     Err(e) => {
                         // Retried at the next wake; the client reconnects by itself.
                         cursor.lock().transient = Some(e.to_string());
-                        return Ok(Vec::new());
+                        return Ok(Pulled::default());
                     }
                 };
                 cursor
                     .skipped_by_filter
                     .fetch_add(fetched.skipped, Ordering::Relaxed);
-                let mut out = Vec::with_capacity(fetched.deliveries.len());
+                let mut pulled = Pulled::default();
                 for d in fetched.deliveries {
-                    if let Some((d, m)) = take(&cursor, &dlq, &settings, d).await? {
-                        out.push((d, m));
+                    match take(&cursor, &dlq, &settings, &patterns, d).await? {
+                        // Stream order: nothing overtakes a returned message.
+                        Taken::Out(d, m) if pulled.returned.is_empty() => pulled.out.push((d, m)),
+                        Taken::Out(d, m) => pulled.returned.push((d, m, false)),
+                        Taken::Returned(d, m) => pulled.returned.push((d, m, true)),
+                        Taken::Done => {}
                     }
                 }
                 cursor.lock().transient = None;
-                Ok(out)
+                Ok(pulled)
             }
             .await;
             Ok(pulled)
@@ -436,24 +634,49 @@ impl BackendCursor for JsCursor {
         };
         self.shared.changed();
         let mut g = self.cursor.lock();
-        let mut out = Vec::with_capacity(pulled.len());
-        for (d, m) in pulled {
+        if pulled.gone {
+            let since = *g.gone_since.get_or_insert_with(Instant::now);
+            if since.elapsed() < REBIND_GRACE {
+                // A seek elsewhere deletes and recreates it: pull again at the next wake.
+                g.transient = Some("the durable consumer is not on the server".to_owned());
+                return Ok(Vec::new());
+            }
+            let stop = JetStreamError::new(
+                tidings::StreamErrorKind::Unavailable,
+                format_args!(
+                    "the durable consumer was deleted on the server and not recreated \
+                     within {REBIND_GRACE:?} (inactivity threshold, or an administrator); \
+                     seek to create it again"
+                ),
+            );
+            g.error = Some(stop.clone());
+            return Err(stop.into());
+        }
+        g.gone_since = None;
+        let mut out = Vec::with_capacity(pulled.out.len());
+        for (d, m) in pulled.out {
             let seq = d.sequence();
             g.handed = g.handed.max(seq + 1);
             g.outstanding.insert(seq, d);
             out.push(m);
         }
+        g.returned.extend(pulled.returned);
         Ok(out)
     }
 
     fn finish(&self, done: &[Finished]) -> Result<(), StreamError> {
         let mut work = Vec::with_capacity(done.len());
+        let mut wake = false;
         {
             let mut g = self.cursor.lock();
             for f in done {
                 let Some(seq) = f.message.offset() else {
                     continue;
                 };
+                if g.alone.is_some_and(|(alone, _)| alone == seq) {
+                    g.alone = None;
+                    wake = true;
+                }
                 // Unknown: finished after a seek or close; the server hands it out again.
                 if let Some(d) = g.outstanding.remove(&seq) {
                     work.push((d, Arc::clone(&f.message), f.outcome.clone()));
@@ -497,6 +720,10 @@ impl BackendCursor for JsCursor {
             first_error.map_or(Ok(()), Err)
         });
         self.shared.changed();
+        if wake {
+            // The next returned message may go out now.
+            self.cursor.wake();
+        }
         result
     }
 
@@ -511,6 +738,9 @@ impl BackendCursor for JsCursor {
             let mut g = self.cursor.lock();
             // Void once the consumer is deleted; late finishes of them are ignored.
             g.outstanding.clear();
+            g.returned.clear();
+            g.alone = None;
+            g.gone_since = None;
             g.error = None;
             g.handed = 0;
         }
@@ -639,17 +869,27 @@ impl BackendCursor for JsCursor {
         }
         self.stop_tasks();
         let mut held = self.cursor.held();
-        self.cursor.lock().outstanding.clear();
+        let alone = {
+            let mut g = self.cursor.lock();
+            g.outstanding.clear();
+            g.returned.clear();
+            g.alone.take()
+        };
         if held.is_empty() {
             return;
         }
+        let dlq = self.dlq.clone();
         // Handed out again at once rather than after the ack wait, in stream order (the
         // server redelivers in the order it was told).
         held.sort_by_key(|d| d.sequence());
         let bound = self
             .shared
-            .bound(u32::try_from(held.len()).unwrap_or(u32::MAX / 2));
+            .bound(u32::try_from(held.len() + 1).unwrap_or(u32::MAX / 2));
         let _ = self.shared.call(bound, async move {
+            if let Some((seq, before)) = alone {
+                // A clean close is no death: the start counted for it is taken back.
+                let _ = dlq.set_starts(seq, before).await;
+            }
             for d in &held {
                 if d.nak(None).await.is_err() {
                     // Server away: the rest come back after the ack wait anyway.

@@ -6,6 +6,21 @@
 //! `Nats-Msg-Id` is derived from the message offset, so storing the same dead letter twice
 //! (a retry after a lost ack) keeps one entry.
 //!
+//! # A dead letter larger than the server accepts
+//! An entry whose copy (message plus DLQ headers) would exceed the server's
+//! `max_payload` is stored as a *reference* instead: the DLQ headers (the error cut to
+//! [`REF_ERROR_BYTES`]), the message's id and topic and `tidings-dlq-ref`, no payload. It
+//! reads back as the original record, fetched from its stream by offset (a terminated
+//! record stays until the stream's retention removes it); once retention removed it, as
+//! the message's id and topic with an empty payload. So recording a dead letter never
+//! fails for its size, and a subscription never stops on one.
+//!
+//! # Handler starts
+//! A second stream next to the DLQ, `<dlq>_s`, counts the *handler starts* of messages
+//! that came back unfinished (see the cursor's docs): the last entry on
+//! `$TIDINGS.start.<stream>.<durable>.<offset>` holds the count (one entry kept per
+//! subject, a week at most).
+//!
 //! # Loss safety
 //! A dead letter is acknowledged by the DLQ stream *before* the original is terminated; a
 //! redrive copy is acknowledged by the original stream *before* its entry is deleted.
@@ -24,10 +39,36 @@ use crate::connect::JetStream;
 
 /// The header carrying a dead letter's topic (the DLQ subject is the DLQ's own).
 const DLQ_TOPIC: &str = "tidings-dlq-topic";
+/// Marks an entry that refers to the original record instead of copying it.
+const DLQ_REF: &str = "tidings-dlq-ref";
+/// The longest handler error a reference entry keeps (escaped bytes).
+pub(crate) const REF_ERROR_BYTES: usize = 1024;
+
+/// Bytes a header block takes on the wire (`NATS/1.0\r\n`, `name: value\r\n` each, `\r\n`).
+fn header_bytes(h: &HeaderMap) -> usize {
+    let mut n = 12;
+    for (name, values) in h.iter() {
+        let name: &str = name.as_ref();
+        for v in values {
+            n += name.len() + 2 + v.as_str().len() + 2;
+        }
+    }
+    n
+}
 
 /// Whether a raw-message error means "no message at that sequence" (deleted or purged).
 pub(crate) fn is_no_message(e: &async_nats::jetstream::stream::RawMessageError) -> bool {
     use async_nats::jetstream::stream::RawMessageErrorKind as K;
+    match e.kind() {
+        K::NoMessageFound => true,
+        K::JetStream(err) => err.error_code() == async_nats::jetstream::ErrorCode::NO_MESSAGE_FOUND,
+        _ => false,
+    }
+}
+
+/// Whether a last-by-subject lookup found no message.
+fn is_no_last_message(e: &async_nats::jetstream::stream::LastRawMessageError) -> bool {
+    use async_nats::jetstream::stream::LastRawMessageErrorKind as K;
     match e.kind() {
         K::NoMessageFound => true,
         K::JetStream(err) => err.error_code() == async_nats::jetstream::ErrorCode::NO_MESSAGE_FOUND,
@@ -58,6 +99,13 @@ pub(crate) struct DeadLetters {
     subject: String,
     durable: String,
     limits: Limits,
+    /// The JetStream name of the stream the dead letters come from.
+    source: String,
+    /// Its subject namespace (`<prefix><topic>`), where a redrive copy is appended.
+    prefix: String,
+    /// The stream counting handler starts, and its subjects' prefix.
+    starts: String,
+    starts_subject: String,
 }
 
 impl DeadLetters {
@@ -70,7 +118,44 @@ impl DeadLetters {
             subject: format!("$TIDINGS.dlq.{nats}.{d}"),
             durable: durable.to_owned(),
             limits,
+            source: nats.to_owned(),
+            prefix: super::subject_prefix(nats),
+            // Escaped names never hold `_s`: no DLQ is called this.
+            starts: format!("{nats}_x{d}_s"),
+            starts_subject: format!("$TIDINGS.start.{nats}.{d}."),
         }
+    }
+
+    /// The handler starts counted for the record at `offset` (0 when none were).
+    pub(crate) async fn starts(&self, offset: u64) -> Result<u32, StreamError> {
+        let stream = self
+            .js
+            .context
+            .get_stream_no_info(&self.starts)
+            .await
+            .map_err(|e| seam(format_args!("stream {}", self.starts), e))?;
+        let subject = format!("{}{offset}", self.starts_subject);
+        match stream.get_last_raw_message_by_subject(&subject).await {
+            Ok(raw) => Ok(std::str::from_utf8(&raw.payload)
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(0)),
+            Err(e) if is_no_last_message(&e) => Ok(0),
+            Err(e) => Err(seam(format_args!("handler starts of {offset}"), e)),
+        }
+    }
+
+    /// Records `count` handler starts for the record at `offset`, durably.
+    pub(crate) async fn set_starts(&self, offset: u64, count: u32) -> Result<(), StreamError> {
+        let subject = format!("{}{offset}", self.starts_subject);
+        publish(
+            &self.js,
+            subject,
+            HeaderMap::new(),
+            count.to_string().into_bytes().into(),
+        )
+        .await?;
+        Ok(())
     }
 
     /// Creates the DLQ stream (or finds it).
@@ -86,6 +171,19 @@ impl DeadLetters {
             .get_or_create_stream(config)
             .await
             .map_err(|e| seam(format_args!("DLQ stream {}", self.stream), e))?;
+        let starts = async_nats::jetstream::stream::Config {
+            name: self.starts.clone(),
+            subjects: vec![format!("{}*", self.starts_subject)],
+            storage: async_nats::jetstream::stream::StorageType::File,
+            max_messages_per_subject: 1,
+            max_age: std::time::Duration::from_secs(7 * 24 * 3600),
+            ..Default::default()
+        };
+        self.js
+            .context
+            .get_or_create_stream(starts)
+            .await
+            .map_err(|e| seam(format_args!("stream {}", self.starts), e))?;
         Ok(())
     }
 
@@ -110,7 +208,36 @@ impl DeadLetters {
         if let Some(e) = error {
             headers.insert(DLQ_ERROR, codec::escape(e).as_str());
         }
-        publish(&self.js, self.subject.clone(), headers, m.payload().clone()).await?;
+        let max = self.js.client.server_info().max_payload;
+        if header_bytes(&headers) + m.payload().len() <= max {
+            publish(&self.js, self.subject.clone(), headers, m.payload().clone()).await?;
+            return Ok(());
+        }
+        // Too large to copy: a reference to the original record.
+        let mut r = HeaderMap::new();
+        r.insert(
+            async_nats::header::NATS_MESSAGE_ID,
+            format!("dlq:{offset}:{}", m.id()).as_str(),
+        );
+        r.insert("tidings-id", m.id().to_string().as_str());
+        r.insert(DLQ_REF, "1");
+        r.insert(DLQ_REASON, reason.name());
+        r.insert(DLQ_ATTEMPTS, attempts.to_string().as_str());
+        r.insert(DLQ_OFFSET, offset.to_string().as_str());
+        r.insert(DLQ_TOPIC, m.topic().as_str());
+        if let Some(e) = error {
+            let mut e = codec::escape(e);
+            if e.len() > REF_ERROR_BYTES {
+                let mut cut = REF_ERROR_BYTES;
+                // Never inside a `%XX` (escaped text is ASCII).
+                while cut > 0 && e.as_bytes()[cut.saturating_sub(2)..cut].contains(&b'%') {
+                    cut -= 1;
+                }
+                e.truncate(cut);
+            }
+            r.insert(DLQ_ERROR, e.as_str());
+        }
+        publish(&self.js, self.subject.clone(), r, bytes::Bytes::new()).await?;
         Ok(())
     }
 
@@ -125,15 +252,21 @@ impl DeadLetters {
                 Err(e) if is_no_message(&e) => continue,
                 Err(e) => return Err(seam(format_args!("DLQ {} at {seq}", self.stream), e)),
             };
-            out.push((seq, self.decode(&raw)?));
+            out.push((seq, self.decode(&raw).await?));
         }
         Ok(out)
     }
 
-    fn decode(
+    async fn decode(
         &self,
         raw: &async_nats::jetstream::message::StreamMessage,
     ) -> Result<DurableDeadLetter, StreamError> {
+        let reference = codec::lookup(&raw.headers, DLQ_REF).is_some();
+        let offset_header = codec::lookup(&raw.headers, DLQ_OFFSET).and_then(|o| o.parse().ok());
+        let original = match offset_header {
+            Some(offset) if reference => self.original(offset).await?,
+            _ => None,
+        };
         let header = |n: &str| codec::lookup(&raw.headers, n);
         let bad = |why: &str| {
             backend_error(
@@ -152,8 +285,11 @@ impl DeadLetters {
             published: SystemTime::from(raw.time),
             header: &header,
         };
-        let message = codec::decode(&stored, &self.limits)
-            .map_err(|e| seam(format_args!("DLQ {}", self.stream), e))?;
+        let message = match original {
+            Some(m) => m,
+            None => codec::decode(&stored, &self.limits)
+                .map_err(|e| seam(format_args!("DLQ {}", self.stream), e))?,
+        };
         let attempts: u32 = header(DLQ_ATTEMPTS)
             .and_then(|a| a.parse().ok())
             .ok_or_else(|| bad("no attempts"))?;
@@ -174,6 +310,34 @@ impl DeadLetters {
             other => return Err(bad(&format!("unknown reason {other:?}"))),
         };
         Ok(DurableDeadLetter::new(message, reason, attempts))
+    }
+
+    /// The record at `offset` of the source stream, when it is still there and decodes.
+    async fn original(&self, offset: u64) -> Result<Option<Message>, StreamError> {
+        let stream = self
+            .js
+            .context
+            .get_stream_no_info(&self.source)
+            .await
+            .map_err(|e| seam(format_args!("stream {}", self.source), e))?;
+        let raw = match stream.get_raw_message(offset).await {
+            Ok(raw) => raw,
+            Err(e) if is_no_message(&e) => return Ok(None),
+            Err(e) => return Err(seam(format_args!("{} at {offset}", self.source), e)),
+        };
+        let header = |n: &str| codec::lookup(&raw.headers, n);
+        let stored = Stored {
+            subject: raw
+                .subject
+                .as_str()
+                .strip_prefix(&self.prefix)
+                .unwrap_or(raw.subject.as_str()),
+            payload: raw.payload.clone(),
+            sequence: offset,
+            published: SystemTime::from(raw.time),
+            header: &header,
+        };
+        Ok(codec::decode(&stored, &self.limits).ok())
     }
 
     /// The DLQ stream's handle (no info round trip beyond the lookup).
@@ -208,7 +372,7 @@ impl DeadLetters {
         headers.insert(TARGET, self.durable.as_str());
         publish(
             &self.js,
-            m.topic().as_str().to_owned(),
+            format!("{}{}", self.prefix, m.topic().as_str()),
             headers,
             m.payload().clone(),
         )

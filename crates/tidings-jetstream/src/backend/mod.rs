@@ -4,13 +4,27 @@
 //!
 //! | seam | JetStream |
 //! |---|---|
-//! | [`BackendStream`] | a stream, file storage; append = publish with ack, `Nats-Msg-Id` = message id |
+//! | [`BackendStream`] | a stream, file storage, on subjects of its own; append = publish with ack, `Nats-Msg-Id` = message id |
 //! | [`BackendCursor`] | a durable pull consumer, explicit ack, filter superset + client re-check |
 //! | finished: delivered / filtered | ack |
-//! | finished: dead-lettered | publish to the subscription's DLQ stream, await its ack, *then* term |
+//! | finished: dead-lettered | publish to the subscription's DLQ stream (a reference when too large), await its ack, *then* term |
 //! | message outstanding | in-progress acks every third of the ack wait (retry in place never hits it) |
-//! | seek | the consumer is deleted and created again at the new start |
+//! | message returned unfinished | handed out alone after its handler start is counted durably |
+//! | seek | the consumer is deleted and created again at the new start; sharers rebind |
 //! | close | what was fetched and not finished is nak'ed: redelivered at once, to this name |
+//!
+//! # Subjects
+//! A stream holds exactly what its patterns match (R-RT-1, R-LOG-5), whatever else travels
+//! on the server: its records live on subjects of its own, the topic `t` of stream `s` on
+//! `$TIDINGS.s.<s>.t` ([`record_subject`]; `s` escaped as below), which no core publish
+//! uses (a topic cannot begin with `$`). So a [`NatsTransport`](crate::NatsTransport) on the
+//! same server, or any client publishing on a topic, never adds to a stream. A producer
+//! that is not tidings publishes to [`record_subject`] to append; what it writes there is
+//! still re-checked against the stream's patterns by every cursor (skipped, counted, when
+//! none matches), and a record that does not decode as a tidings message is dead-lettered
+//! `Rejected` with the reason naming the header (counted as skipped), never stopping the
+//! subscription. A stream made by a build that stored records on the topics themselves is
+//! refused with [`StreamError::ConfigMismatch`] (setting `subjects`).
 //!
 //! # Threads
 //! The seam is synchronous; async-nats runs on a current-thread runtime on a thread this
@@ -39,19 +53,28 @@
 //! # Names
 //! tidings names allow `.`, NATS names do not: `_` is written `__` and `.` is written `_d`
 //! in stream and consumer names. The DLQ of durable `d` on stream `s` is the stream
-//! `<s>_x<d>` capturing the subject `$TIDINGS.dlq.<s>.<d>` (a stream capturing `*.>` would
-//! overlap it and is refused by the server when the DLQ is created). Names are at most
-//! [`MAX_NAME_BYTES`] long.
+//! `<s>_x<d>` capturing the subject `$TIDINGS.dlq.<s>.<d>`; the count of handler starts of
+//! its returned messages is the stream `<s>_x<d>_s`. Names are at most [`MAX_NAME_BYTES`]
+//! long.
 //!
 //! # What differs from the embedded log
 //! - Offsets are stream sequences: the first is 1 ([`Capabilities::first_offset`]).
 //! - No priority ([`Capabilities`]): the broker refuses a durable message with a priority.
 //! - `StartAt::Time` uses the server's store time, not the message timestamp.
 //! - Retention is the server's: no broker timer runs for it.
-//! - A message delivered more than [`JetStreamBackendBuilder::max_deliveries`] times
-//!   without being finished (its processes kept dying) is dead-lettered by the next
-//!   process that receives it, with that reason; the server itself never stops
-//!   redelivering, so no message can sit unacknowledged forever.
+//! - Only a handler start counts toward [`JetStreamBackendBuilder::max_deliveries`], not a
+//!   fetch: a message that comes back unfinished (its process died or closed) is handed
+//!   out alone, its start counted durably first, and a clean close takes the count back. A
+//!   message whose handler started `max(max_deliveries, 2)` times without finishing is
+//!   dead-lettered `RetriesExhausted` by the next process; messages fetched behind it
+//!   never are. The server itself never stops redelivering, so no message can sit
+//!   unacknowledged forever.
+//! - A dead letter whose copy would exceed the server's `max_payload` is stored as a
+//!   reference to the original record (read back from the stream while it is retained):
+//!   recording a dead letter never fails for its size.
+//! - A seek deletes and recreates the consumer: other processes sharing the name rebind
+//!   to the new one (within 10 s); only a consumer gone
+//!   for longer (inactivity threshold, an administrator) stops them with an error.
 //!
 //! [`Capabilities`]: tidings::durable::Capabilities
 //! [`Capabilities::first_offset`]: tidings::durable::Capabilities
@@ -174,6 +197,29 @@ pub(crate) fn nats_name(name: &str) -> String {
         }
     }
     out
+}
+
+/// The subject namespace of the tidings stream whose JetStream name is `nats`: a topic
+/// `t` of it is stored on the subject `$TIDINGS.s.<nats>.t`, which no core publish uses (a
+/// topic cannot begin with `$`).
+pub(crate) fn subject_prefix(nats: &str) -> String {
+    format!("$TIDINGS.s.{nats}.")
+}
+
+/// The NATS subject a record of topic `topic` is stored on in the tidings stream `stream`
+/// on this backend: what a producer that is not tidings publishes to when it wants its
+/// records in that stream (see the [module docs](self#subjects)). A plain publish on the
+/// topic itself is never stored.
+///
+/// ```
+/// assert_eq!(
+///     tidings_jetstream::record_subject("orders.v2", "orders.eu"),
+///     "$TIDINGS.s.orders_dv2.orders.eu"
+/// );
+/// ```
+#[must_use]
+pub fn record_subject(stream: &str, topic: &str) -> String {
+    format!("{}{topic}", subject_prefix(&nats_name(stream)))
 }
 
 /// The longest stream or durable name: both, escaped, must fit in one NATS stream name

@@ -19,7 +19,7 @@ use tidings::{Message, Pattern, Retention, StartAt, StreamConfig, StreamError};
 
 use super::codec::{self, Stored};
 use super::cursor::{CursorShared, JsCursor};
-use super::{Shared, check_name, nats_name};
+use super::{Shared, check_name, nats_name, subject_prefix};
 use crate::classify::seam;
 use crate::connect::JetStream;
 use crate::stream::{StreamSpec, StreamState, verify_answer};
@@ -38,6 +38,10 @@ pub(crate) struct JsStream {
     closed: AtomicBool,
     /// The subjects the stream captures (what its cursors watch).
     subjects: Vec<String>,
+    /// Its patterns (what its cursors re-check a record against).
+    patterns: Vec<Pattern>,
+    /// The subject namespace of its records (`<prefix><topic>`).
+    prefix: String,
     /// Its cursors, woken by an append through this backend.
     cursors: Mutex<Vec<Weak<CursorShared>>>,
 }
@@ -120,6 +124,7 @@ impl JsStream {
             return Err(StreamError::NoPattern(name.to_owned()));
         }
         let nats = nats_name(name);
+        let prefix = subject_prefix(&nats);
         let js = shared.js.clone();
         let (stream, patterns_owned) = (name.to_owned(), patterns.to_vec());
         let retention = *config.retention_policy();
@@ -136,6 +141,8 @@ impl JsStream {
             end: Arc::new(AtomicU64::new(end)),
             closed: AtomicBool::new(false),
             subjects: state.subjects,
+            patterns: patterns.to_vec(),
+            prefix,
             cursors: Mutex::new(Vec::new()),
         })
     }
@@ -171,7 +178,7 @@ impl BackendStream for JsStream {
         }
         let js = self.shared.js.clone();
         let headers = headers_with_id(message, &message.id().to_string());
-        let subject = message.topic().as_str().to_owned();
+        let subject = format!("{}{}", self.prefix, message.topic().as_str());
         let payload = message.payload().clone();
         let seq = self.shared.call(self.shared.bound(1), async move {
             publish(&js, subject, headers, payload).await
@@ -211,11 +218,12 @@ impl BackendStream for JsStream {
         let js = self.shared.js.clone();
         let nats = self.nats.clone();
         let limits = self.shared.settings.limits;
+        let prefix = self.prefix.clone();
         let bound = self
             .shared
             .bound(u32::try_from(max.min(64)).unwrap_or(64) + 1);
         self.shared.call(bound, async move {
-            read_range(&js, &nats, from, end, max, &limits).await
+            read_range(&js, &nats, &prefix, from, end, max, &limits).await
         })
     }
 
@@ -244,6 +252,7 @@ impl BackendStream for JsStream {
             Arc::clone(&self.shared),
             &self.nats,
             self.subjects.clone(),
+            self.patterns.clone(),
             spec,
         )?;
         let mut cursors = self.lock_cursors();
@@ -317,6 +326,13 @@ async fn open_or_create(
     let mut config = spec
         .prepare()
         .map_err(|e| seam(format_args!("stream {stream}"), e))?;
+    // The records live in a subject namespace of the stream's own: nothing published on
+    // the topics themselves (a transport on the same server) is ever stored.
+    let prefix = subject_prefix(nats);
+    config.subjects = crate::subject::stream_subjects(patterns)
+        .into_iter()
+        .map(|s| format!("{prefix}{s}"))
+        .collect();
     config
         .metadata
         .insert(PATTERNS_KEY.to_owned(), patterns_text(patterns));
@@ -377,6 +393,9 @@ async fn check_existing(
     info: js_stream::Info,
 ) -> Result<StreamState, StreamError> {
     let requested = &asked.metadata[PATTERNS_KEY];
+    let (mut subjects, mut wanted) = (info.config.subjects.clone(), asked.subjects.clone());
+    subjects.sort();
+    wanted.sort();
     match info.config.metadata.get(PATTERNS_KEY) {
         Some(stored) if pattern_set(stored) != pattern_set(requested) => {
             return Err(StreamError::ConfigMismatch {
@@ -386,12 +405,19 @@ async fn check_existing(
                 requested: format!("{:?}", pattern_set(requested)),
             });
         }
+        Some(_) if subjects != wanted => {
+            // Made by a build that stored records on the topics themselves.
+            return Err(StreamError::ConfigMismatch {
+                stream: stream.to_owned(),
+                setting: "subjects",
+                existing: format!("subjects {subjects:?}"),
+                requested: format!(
+                    "subjects {wanted:?} (records in the stream's own subject namespace)"
+                ),
+            });
+        }
         Some(_) => {}
         None => {
-            let mut subjects = info.config.subjects.clone();
-            subjects.sort();
-            let mut wanted = asked.subjects.clone();
-            wanted.sort();
             if subjects != wanted {
                 return Err(StreamError::ConfigMismatch {
                     stream: stream.to_owned(),
@@ -444,6 +470,7 @@ pub(crate) fn check_offset(n: u64, start: u64, end: u64) -> Result<(), StreamErr
 async fn read_range(
     js: &JetStream,
     nats: &str,
+    prefix: &str,
     from: u64,
     end: u64,
     max: usize,
@@ -461,7 +488,11 @@ async fn read_range(
             Ok(raw) => {
                 let header = |n: &str| codec::lookup(&raw.headers, n);
                 let stored = Stored {
-                    subject: raw.subject.as_str(),
+                    subject: raw
+                        .subject
+                        .as_str()
+                        .strip_prefix(prefix)
+                        .unwrap_or(raw.subject.as_str()),
                     payload: raw.payload.clone(),
                     sequence: raw.sequence,
                     published: SystemTime::from(raw.time),

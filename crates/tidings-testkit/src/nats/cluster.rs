@@ -98,6 +98,7 @@ impl NatsCluster {
                 port: client,
                 token: None,
                 tls: None,
+                max_payload: None,
                 cluster: Some(NodeConfig {
                     name: node_name(i),
                     http_port: http,

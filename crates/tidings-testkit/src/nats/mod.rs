@@ -52,6 +52,9 @@ pub struct NatsServerOptions {
     pub token: Option<String>,
     /// When set, every client must speak TLS (`tls { ... }`).
     pub tls: Option<TlsFiles>,
+    /// When set, the largest message the server accepts (`max_payload`, bytes; the
+    /// server's default is 1 MiB).
+    pub max_payload: Option<u32>,
 }
 
 /// The server's side of TLS: its certificate chain and key (PEM files), and, for mutual
@@ -104,6 +107,13 @@ impl NatsServerOptions {
     #[must_use]
     pub fn tls(mut self, tls: TlsFiles) -> Self {
         self.tls = Some(tls);
+        self
+    }
+
+    /// Lowers (or raises) the largest message the server accepts to `bytes`.
+    #[must_use]
+    pub fn max_payload(mut self, bytes: u32) -> Self {
+        self.max_payload = Some(bytes);
         self
     }
 }
@@ -199,6 +209,7 @@ pub struct NatsServer {
     port: u16,
     token: Option<String>,
     tls: Option<TlsFiles>,
+    max_payload: Option<u32>,
     /// Set for a node of a [`NatsCluster`].
     cluster: Option<cluster::NodeConfig>,
     child: Option<Child>,
@@ -265,6 +276,7 @@ impl NatsServer {
             port: 0,
             token: options.token,
             tls: options.tls,
+            max_payload: options.max_payload,
             cluster: None,
             child: None,
         };
@@ -366,6 +378,9 @@ impl NatsServer {
             self.port,
             store.display().to_string()
         );
+        if let Some(bytes) = self.max_payload {
+            config.push_str(&format!("max_payload: {bytes}\n"));
+        }
         if let Some(token) = &self.token {
             config.push_str(&format!("authorization {{\n  token: \"{token}\"\n}}\n"));
         }
