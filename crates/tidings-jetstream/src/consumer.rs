@@ -580,12 +580,17 @@ impl Durable {
                     Ok(m) => out.push(m),
                     Err(e) => {
                         // The client reports a pull's error status as text only: 409
-                        // "Consumer Deleted", or 503 "no responders" on a live connection,
-                        // mean nothing serves this consumer's pulls any more.
+                        // "Consumer Deleted" means the consumer is gone. A 503 "no
+                        // responders" on a live connection means nothing serves its pulls
+                        // right now: it was deleted, or (in a cluster) its leader died and
+                        // another is being elected; the server's answer about the
+                        // consumer tells which (R-DIST-7).
                         let detail = e.to_string();
                         let lower = detail.to_ascii_lowercase();
                         let gone = lower.contains("consumer deleted")
-                            || (lower.contains(": 503") && self.js.is_connected());
+                            || (lower.contains(": 503")
+                                && self.js.is_connected()
+                                && self.confirmed_gone().await);
                         return Err(if gone {
                             FetchError::ConsumerGone {
                                 durable: self.spec.durable.clone(),
@@ -642,6 +647,16 @@ impl Durable {
         self.consumer = reopened.consumer;
         self.settings = reopened.settings;
         Ok(())
+    }
+
+    /// Whether the server answers that this consumer does not exist (a timeout or an
+    /// election under way is not an answer).
+    async fn confirmed_gone(&self) -> bool {
+        use async_nats::jetstream::context::ConsumerInfoErrorKind as K;
+        matches!(
+            self.consumer.get_info().await,
+            Err(e) if matches!(e.kind(), K::NotFound | K::StreamNotFound)
+        )
     }
 
     /// A failed info request as an [`InfoError`], by its kind.
