@@ -333,7 +333,7 @@ impl Run {
             cluster,
             broker,
             handled,
-            subscription: subscription,
+            subscription,
             published,
             threads,
         })
