@@ -10,14 +10,17 @@
 //! Counting is off except inside a measurement window ([`Window`]), so the other benchmarks
 //! pay one relaxed load per allocation and nothing else. Inside a window, every allocation,
 //! reallocation and free adjusts a signed live-bytes counter; the window's result is the net
-//! growth, which for "create S idle subscriptions and keep them" is their footprint.
+//! growth, which for "create S idle subscriptions and keep them" is their footprint. It also
+//! counts allocation calls (a `realloc` that moves counts as one), for "allocations per
+//! message" in steady state.
 
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 
 static ENABLED: AtomicBool = AtomicBool::new(false);
 static SEEN: AtomicBool = AtomicBool::new(false);
 static LIVE: AtomicI64 = AtomicI64::new(0);
+static CALLS: AtomicU64 = AtomicU64::new(0);
 
 /// Wraps [`System`] and counts live bytes while a [`Window`] is open.
 #[derive(Debug, Default, Clone, Copy)]
@@ -45,6 +48,13 @@ fn count(delta: i64) {
     }
 }
 
+#[inline]
+fn count_call() {
+    if ENABLED.load(Ordering::Relaxed) {
+        CALLS.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
 // SAFETY: every call forwards to `System` with the caller's layout and pointer unchanged;
 // the counters never affect the returned memory.
 unsafe impl GlobalAlloc for CountingAlloc {
@@ -53,6 +63,7 @@ unsafe impl GlobalAlloc for CountingAlloc {
         let p = unsafe { System.alloc(layout) };
         if !p.is_null() {
             count(layout.size() as i64);
+            count_call();
         }
         p
     }
@@ -61,6 +72,7 @@ unsafe impl GlobalAlloc for CountingAlloc {
         let p = unsafe { System.alloc_zeroed(layout) };
         if !p.is_null() {
             count(layout.size() as i64);
+            count_call();
         }
         p
     }
@@ -74,6 +86,9 @@ unsafe impl GlobalAlloc for CountingAlloc {
         let p = unsafe { System.realloc(ptr, layout, new_size) };
         if !p.is_null() {
             count(new_size as i64 - layout.size() as i64);
+            if p != ptr {
+                count_call();
+            }
         }
         p
     }
@@ -83,6 +98,7 @@ unsafe impl GlobalAlloc for CountingAlloc {
 #[derive(Debug)]
 pub struct Window {
     start: i64,
+    calls: u64,
 }
 
 impl Window {
@@ -93,7 +109,13 @@ impl Window {
         ENABLED.store(true, Ordering::SeqCst);
         Self {
             start: LIVE.load(Ordering::SeqCst),
+            calls: CALLS.load(Ordering::SeqCst),
         }
+    }
+    /// Allocation calls (including moving reallocations) since `open`, on every thread.
+    #[must_use]
+    pub fn allocations(&self) -> u64 {
+        CALLS.load(Ordering::SeqCst) - self.calls
     }
     /// Net bytes allocated and still live since `open`.
     #[must_use]

@@ -26,6 +26,7 @@
 //! counting allocator installed in the *binary* (see [`alloc::CountingAlloc`]).
 
 pub mod alloc;
+mod alloc_publish;
 mod env;
 mod fanout;
 mod harness;
@@ -264,6 +265,7 @@ pub fn case_names() -> Vec<String> {
     names.extend(fanout::case_names());
     names.extend(latency::case_names());
     names.extend(scale::case_names());
+    names.extend(alloc_publish::case_names());
     names.extend(perkey::case_names());
     names.extend(matching::case_names());
     names.extend(logbench::case_names());
@@ -307,6 +309,7 @@ pub fn run(args: &BenchArgs) -> Result<Report, BenchError> {
     progress(fanout::run(&plan, &env, &filter));
     progress(latency::run(&plan, &env, &filter));
     progress(scale::run(&plan, &env, &filter));
+    progress(alloc_publish::run(&plan, &filter));
     progress(perkey::run(&plan, &env, &filter));
     progress(matching::run(&plan, &filter));
     progress(logbench::run(&plan, &filter));

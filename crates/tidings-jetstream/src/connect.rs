@@ -8,9 +8,20 @@
 //! [`MIN_SERVER_VERSION`] is refused: older servers silently ignore `filter_subjects` and
 //! would deliver every subject of the stream.
 //!
+//! # Clusters (R-DIST-7)
+//! Give the client every node's URL ([`ConnectOptions::server`],
+//! [`ConnectOptions::servers`]): [`connect`](ConnectOptions::connect) succeeds when any of
+//! them answers within the connect timeout (each attempt gets an equal share of it), and
+//! when the node it is connected to dies the client moves to another one by itself. The
+//! servers are tried in random order (spreading clients over the cluster) unless
+//! [`ConnectOptions::keep_server_order`] is set. The client also learns the other nodes
+//! from the cluster itself, but only the URLs given here are known before the first
+//! connection.
+//!
 //! # After connecting
-//! The client reconnects by itself when the connection drops; while the server is away,
-//! operations fail with their `TimedOut`/`Unavailable` errors after the request timeout.
+//! The client reconnects by itself when the connection drops (to the same server or, given
+//! several, to any); while no server is reachable, operations fail with their
+//! `TimedOut`/`Unavailable` errors after the request timeout.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -103,7 +114,8 @@ enum Auth {
     CredentialsFile(PathBuf),
 }
 
-/// How to connect to a NATS server with JetStream: address, credentials, TLS and timeouts.
+/// How to connect to a NATS server with JetStream: addresses, credentials, TLS and
+/// timeouts.
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), tidings_jetstream::ConnectError> {
@@ -116,10 +128,25 @@ enum Auth {
 ///     .await?;
 /// # Ok(()) }
 /// ```
+///
+/// A cluster: every node's URL, so the client fails over between them (R-DIST-7).
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), tidings_jetstream::ConnectError> {
+/// let js = tidings_jetstream::ConnectOptions::servers([
+///     "nats://10.0.0.1:4222",
+///     "nats://10.0.0.2:4222",
+///     "nats://10.0.0.3:4222",
+/// ])
+/// .connect()
+/// .await?;
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
 #[must_use]
 pub struct ConnectOptions {
-    url: String,
+    urls: Vec<String>,
+    keep_server_order: bool,
     auth: Auth,
     root_certificates: Vec<PathBuf>,
     client_certificate: Option<(PathBuf, PathBuf)>,
@@ -140,7 +167,8 @@ impl fmt::Debug for ConnectOptions {
             Auth::CredentialsFile(_) => "credentials file",
         };
         f.debug_struct("ConnectOptions")
-            .field("url", &self.url)
+            .field("urls", &self.urls)
+            .field("keep_server_order", &self.keep_server_order)
             .field("auth", &auth)
             .field("require_tls", &self.require_tls)
             .field("connect_timeout", &self.connect_timeout)
@@ -154,8 +182,20 @@ impl ConnectOptions {
     /// Options for the server at `url` (`nats://host:port`, `tls://host:port`, or
     /// `host:port`), without credentials or TLS requirements, with the default timeouts.
     pub fn new(url: impl Into<String>) -> Self {
+        Self::servers([url])
+    }
+
+    /// Options for a cluster whose nodes are at `urls` (each as for [`new`](Self::new)):
+    /// the client connects to any of them and fails over between them. An empty list fails
+    /// at [`connect`](Self::connect) with [`ConnectError::InvalidUrl`].
+    pub fn servers<I, S>(urls: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
         Self {
-            url: url.into(),
+            urls: urls.into_iter().map(Into::into).collect(),
+            keep_server_order: false,
             auth: Auth::None,
             root_certificates: Vec::new(),
             client_certificate: None,
@@ -164,6 +204,27 @@ impl ConnectOptions {
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             name: None,
         }
+    }
+
+    /// Adds another server (a node of the same cluster) the client may connect and fail
+    /// over to.
+    pub fn server(mut self, url: impl Into<String>) -> Self {
+        self.urls.push(url.into());
+        self
+    }
+
+    /// The server URLs given, in order.
+    #[must_use]
+    pub fn server_urls(&self) -> &[String] {
+        &self.urls
+    }
+
+    /// Tries the servers in the order given — at connect and at every reconnect — instead
+    /// of in random order (default `false`): the first one that answers is used, so a
+    /// process can prefer a node of its own.
+    pub fn keep_server_order(mut self, keep: bool) -> Self {
+        self.keep_server_order = keep;
+        self
     }
 
     /// Authenticates with a token (replaces other credentials).
@@ -213,7 +274,8 @@ impl ConnectOptions {
         self
     }
 
-    /// Bounds establishing the connection (default [`DEFAULT_CONNECT_TIMEOUT`]).
+    /// Bounds establishing the connection (default [`DEFAULT_CONNECT_TIMEOUT`]); with
+    /// several servers, each attempt gets an equal share of it.
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
         self
@@ -235,20 +297,34 @@ impl ConnectOptions {
     /// Connects, checks the server's version ([`MIN_SERVER_VERSION`]) and that JetStream is
     /// available to this account.
     ///
-    /// Returns within the connect timeout plus one request timeout.
+    /// Returns within the connect timeout plus one request timeout. Given several servers,
+    /// it succeeds when any of them answers.
     ///
     /// # Errors
     ///
-    /// A [`ConnectError`]: bad address, unreachable server, timeout, refused credentials,
-    /// TLS failure, unreadable credentials file, a server too old, or no JetStream.
+    /// A [`ConnectError`]: bad address (or none), no server reachable, timeout, refused
+    /// credentials, TLS failure, unreadable credentials file, a server too old, or no
+    /// JetStream. An error naming a URL names every URL given, comma-separated.
     pub async fn connect(self) -> Result<JetStream, ConnectError> {
-        let url = self.url.clone();
-        let server: async_nats::ServerAddr =
-            url.parse()
-                .map_err(|e: std::io::Error| ConnectError::InvalidUrl {
-                    url: url.clone(),
-                    detail: e.to_string(),
-                })?;
+        let url = self.urls.join(", ");
+        if self.urls.is_empty() {
+            return Err(ConnectError::InvalidUrl {
+                url,
+                detail: "no server URL given".to_owned(),
+            });
+        }
+        let servers = self
+            .urls
+            .iter()
+            .map(|u| {
+                u.parse::<async_nats::ServerAddr>()
+                    .map_err(|e: std::io::Error| ConnectError::InvalidUrl {
+                        url: u.clone(),
+                        detail: e.to_string(),
+                    })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let attempts = u32::try_from(servers.len()).unwrap_or(u32::MAX);
         let mut options = match &self.auth {
             Auth::None => async_nats::ConnectOptions::new(),
             Auth::Token(t) => async_nats::ConnectOptions::with_token(t.clone()),
@@ -273,22 +349,25 @@ impl ConnectOptions {
         }
         options = options
             .require_tls(self.require_tls)
-            .connection_timeout(self.connect_timeout)
+            .connection_timeout(self.connect_timeout / attempts)
             .request_timeout(Some(self.request_timeout));
+        if self.keep_server_order {
+            options = options.retain_servers_order();
+        }
         if let Some(name) = &self.name {
             options = options.name(name);
         }
-        let client = match tokio::time::timeout(self.connect_timeout, options.connect(server)).await
-        {
-            Err(_elapsed) => {
-                return Err(ConnectError::TimedOut {
-                    url,
-                    after: self.connect_timeout,
-                });
-            }
-            Ok(Err(e)) => return Err(map_connect_error(&url, self.connect_timeout, &e)),
-            Ok(Ok(client)) => client,
-        };
+        let client =
+            match tokio::time::timeout(self.connect_timeout, options.connect(servers)).await {
+                Err(_elapsed) => {
+                    return Err(ConnectError::TimedOut {
+                        url,
+                        after: self.connect_timeout,
+                    });
+                }
+                Ok(Err(e)) => return Err(map_connect_error(&url, self.connect_timeout, &e)),
+                Ok(Ok(client)) => client,
+            };
         let info = client.server_info();
         let version = check_server_version(&info.version)?;
         if !info.jetstream {

@@ -658,7 +658,9 @@ impl Durable {
     /// A failed info request as an [`InfoError`], by its kind.
     fn info_error(&self, e: &async_nats::jetstream::context::ConsumerInfoError) -> InfoError {
         use async_nats::jetstream::context::ConsumerInfoErrorKind as K;
-        if e.kind() == K::NotFound {
+        // A timeout or an election under way (in a cluster) is not an answer: only the
+        // server saying the consumer or its stream does not exist is (R-DIST-7).
+        if matches!(e.kind(), K::NotFound | K::StreamNotFound) {
             return InfoError::ConsumerGone {
                 durable: self.spec.durable.clone(),
             };

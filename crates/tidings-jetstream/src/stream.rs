@@ -62,6 +62,7 @@ pub struct StreamSpec {
     duplicate_window: Duration,
     max_age: Option<Duration>,
     max_bytes: Option<u64>,
+    replicas: usize,
 }
 
 impl StreamSpec {
@@ -75,7 +76,18 @@ impl StreamSpec {
             duplicate_window: DEFAULT_DUPLICATE_WINDOW,
             max_age: None,
             max_bytes: None,
+            replicas: 1,
         }
+    }
+
+    /// Keeps `n` copies of the stream, each on another server of the cluster (default 1;
+    /// 0 counts as 1). Durable consumers created on it without a count of their own get as
+    /// many. A server or cluster that cannot place them refuses the stream
+    /// ([`StreamError::Refused`], or [`StreamError::Unavailable`] while the cluster has no
+    /// meta leader).
+    pub fn replicas(mut self, n: usize) -> Self {
+        self.replicas = n.max(1);
+        self
     }
 
     /// How long a message id is remembered for deduplication.
@@ -118,6 +130,7 @@ impl StreamSpec {
             max_bytes: self
                 .max_bytes
                 .map_or(-1, |b| i64::try_from(b).unwrap_or(i64::MAX)),
+            num_replicas: self.replicas,
             ..Default::default()
         }
     }
@@ -185,6 +198,11 @@ pub(crate) fn verify_answer(
     }
     if got.max_bytes != sent.max_bytes {
         return Err(StreamError::ConfigDropped { field: "max_bytes" });
+    }
+    if got.num_replicas.max(1) != sent.num_replicas.max(1) {
+        return Err(StreamError::ConfigDropped {
+            field: "num_replicas",
+        });
     }
     Ok(())
 }

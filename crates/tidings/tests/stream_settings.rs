@@ -253,3 +253,26 @@ fn a_log_held_by_another_broker_is_in_use() {
         .unwrap_err();
     assert_eq!(again.kind(), StreamErrorKind::AlreadyExists, "{again:?}");
 }
+
+#[test]
+fn the_embedded_log_keeps_one_replica_and_refuses_more() {
+    // R-DIST-4, R-DIST-7: one log on one disk; asking for copies elsewhere is refused, naming
+    // the option and the backend, and creates nothing.
+    let dir = tempfile::tempdir().unwrap();
+    let b = broker(dir.path());
+    let err = b
+        .create_stream(StreamConfig::new("copies", ["c.#"]).replicas(3))
+        .unwrap_err();
+    assert_eq!(err.kind(), StreamErrorKind::Unsupported);
+    assert!(
+        matches!(&err, StreamError::Unsupported { feature, backend: "embedded-log" }
+            if feature.starts_with("StreamConfig::replicas")),
+        "{err:?}"
+    );
+    // One replica is what the log is: accepted, also when asked for explicitly.
+    let s = b
+        .create_stream(StreamConfig::new("copies", ["c.#"]).replicas(1))
+        .unwrap();
+    assert_eq!(s.config().replica_count(), 1);
+    b.close(Duration::from_secs(5));
+}

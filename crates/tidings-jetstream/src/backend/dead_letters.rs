@@ -96,6 +96,8 @@ pub(crate) struct DeadLetters {
     js: JetStream,
     /// The JetStream name of the DLQ stream.
     stream: String,
+    /// The JetStream name of the stream whose dead letters it keeps.
+    parent: String,
     subject: String,
     durable: String,
     limits: Limits,
@@ -115,6 +117,7 @@ impl DeadLetters {
         Self {
             js,
             stream: format!("{nats}_x{d}"),
+            parent: nats.to_owned(),
             subject: format!("$TIDINGS.dlq.{nats}.{d}"),
             durable: durable.to_owned(),
             limits,
@@ -158,12 +161,24 @@ impl DeadLetters {
         Ok(())
     }
 
-    /// Creates the DLQ stream (or finds it).
+    /// Creates the DLQ stream (or finds it), with as many replicas as its stream: a dead
+    /// letter is as safe as the message it was (R-DIST-7).
     pub(crate) async fn ensure(&self) -> Result<(), StreamError> {
+        let replicas = self
+            .js
+            .context
+            .get_stream(&self.parent)
+            .await
+            .map_err(|e| seam(format_args!("stream {}", self.parent), e))?
+            .cached_info()
+            .config
+            .num_replicas
+            .max(1);
         let config = async_nats::jetstream::stream::Config {
             name: self.stream.clone(),
             subjects: vec![self.subject.clone()],
             storage: async_nats::jetstream::stream::StorageType::File,
+            num_replicas: replicas,
             ..Default::default()
         };
         self.js

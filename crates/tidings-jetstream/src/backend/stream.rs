@@ -128,9 +128,18 @@ impl JsStream {
         let js = shared.js.clone();
         let (stream, patterns_owned) = (name.to_owned(), patterns.to_vec());
         let retention = *config.retention_policy();
+        let replicas = config.replica_count();
         let nats_for_open = nats.clone();
         let state = shared.call(shared.bound(3), async move {
-            open_or_create(&js, &stream, &nats_for_open, &patterns_owned, retention).await
+            open_or_create(
+                &js,
+                &stream,
+                &nats_for_open,
+                &patterns_owned,
+                retention,
+                replicas,
+            )
+            .await
         })?;
         let (start, end) = state_bounds(state.messages, state.first_sequence, state.last_sequence);
         Ok(Self {
@@ -307,16 +316,17 @@ fn limits_text(max_age: Duration, max_bytes: i64) -> String {
 }
 
 /// Opens the JetStream stream `nats` for the tidings stream `stream` capturing `patterns`
-/// with `retention`: checks an existing one against them (never updating its settings),
-/// or creates it.
+/// with `retention` and `replicas` copies: checks an existing one against them (never
+/// updating its settings), or creates it.
 async fn open_or_create(
     js: &JetStream,
     stream: &str,
     nats: &str,
     patterns: &[Pattern],
     retention: Retention,
+    replicas: usize,
 ) -> Result<StreamState, StreamError> {
-    let mut spec = StreamSpec::new(nats.to_owned(), patterns.iter().cloned());
+    let mut spec = StreamSpec::new(nats.to_owned(), patterns.iter().cloned()).replicas(replicas);
     if let Some(age) = retention.max_age {
         spec = spec.max_age(age);
     }
@@ -434,6 +444,14 @@ async fn check_existing(
             setting: "retention",
             existing: limits_text(info.config.max_age, info.config.max_bytes),
             requested: limits_text(asked.max_age, asked.max_bytes),
+        });
+    }
+    if info.config.num_replicas.max(1) != asked.num_replicas.max(1) {
+        return Err(StreamError::ConfigMismatch {
+            stream: stream.to_owned(),
+            setting: "replicas",
+            existing: info.config.num_replicas.max(1).to_string(),
+            requested: asked.num_replicas.max(1).to_string(),
         });
     }
     if info.config.metadata.contains_key(PATTERNS_KEY) {

@@ -3,10 +3,11 @@
 //!
 //! # Backend-neutral
 //! [`StreamConfig`] holds only what every durable backend honours or refuses: the
-//! stream's name, its patterns and its retention. A backend's own settings live with that
-//! backend — the embedded log's fsync policy, segment size, commit cadence and retention
-//! timer in [`EmbeddedStreamOptions`](crate::embedded::EmbeddedStreamOptions), JetStream's
-//! servers and replicas in `tidings-jetstream`. A setting a backend cannot honour is refused
+//! stream's name, its patterns, its retention and its replica count. A backend's own
+//! settings live with that backend — the embedded log's fsync policy, segment size, commit
+//! cadence and retention timer in
+//! [`EmbeddedStreamOptions`](crate::embedded::EmbeddedStreamOptions), JetStream's servers
+//! in `tidings-jetstream`. A setting a backend cannot honour is refused
 //! with [`StreamError::Unsupported`](crate::StreamError::Unsupported) naming it and the
 //! backend, never dropped.
 //!
@@ -39,6 +40,7 @@ pub struct StreamConfig {
     pub(crate) name: String,
     pub(crate) patterns: Vec<String>,
     pub(crate) retention: Retention,
+    pub(crate) replicas: usize,
 }
 
 impl StreamConfig {
@@ -54,6 +56,7 @@ impl StreamConfig {
             name: name.into(),
             patterns: patterns.into_iter().map(Into::into).collect(),
             retention: Retention::default(),
+            replicas: 1,
         }
     }
     /// The stream's name.
@@ -80,6 +83,23 @@ impl StreamConfig {
     #[must_use]
     pub fn retention_policy(&self) -> &Retention {
         &self.retention
+    }
+    /// How many copies of the stream a replicating backend keeps, each on another node
+    /// (default 1; R-DIST-7). JetStream creates the stream with `num_replicas: n` (at most
+    /// 5, the server's limit), its durable consumers and DLQ streams with as many; a cluster
+    /// that cannot place them refuses the stream when it is created. The embedded log
+    /// keeps one copy: it accepts 1 and refuses more with
+    /// [`StreamError::Unsupported`](crate::StreamError::Unsupported). Reopening an existing
+    /// stream with another count is refused
+    /// ([`StreamError::ConfigMismatch`](crate::StreamError::ConfigMismatch)). 0 counts as 1.
+    pub fn replicas(mut self, n: usize) -> Self {
+        self.replicas = n.max(1);
+        self
+    }
+    /// The replica count asked for (at least 1).
+    #[must_use]
+    pub fn replica_count(&self) -> usize {
+        self.replicas
     }
 }
 

@@ -202,6 +202,13 @@ impl DurableBackend for EmbeddedBackend {
         config: &StreamConfig,
         _patterns: &[Pattern],
     ) -> Result<Arc<dyn BackendStream>, StreamError> {
+        if config.replica_count() != 1 {
+            // One log on one disk: a second copy would be a promise it cannot keep (R-DIST-4).
+            return Err(StreamError::Unsupported {
+                feature: "StreamConfig::replicas above 1",
+                backend: NAME,
+            });
+        }
         let options = self.options_for(&config.name).clone();
         if options.log.retention != Retention::default() {
             return Err(StreamError::Unsupported {
