@@ -89,7 +89,14 @@ impl EmbeddedStreamOptions {
         self
     }
     /// Durable subscriptions of the stream write their position after this many
-    /// completions (≥ 1), besides when idle, on seek and on close. 1 = after every message.
+    /// completions (≥ 1), and at the first completion a second after the last write,
+    /// besides when idle, on seek and on close. 1 = after every message.
+    ///
+    /// What a crash redelivers is what finished since the last write: with the defaults,
+    /// at most 64 messages or about one second of completions (plus one handler's run),
+    /// well inside the default duplicate window of two minutes that drops the outputs a
+    /// redelivered input publishes again (R-DEL-7,
+    /// [`StreamConfig::duplicate_window`](crate::StreamConfig::duplicate_window)).
     pub fn commit_every(mut self, completions: usize) -> Self {
         self.commit_every = completions.max(1);
         self
