@@ -7,7 +7,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use tidings::durable::{
-    BackendCursor, BackendStream, CursorSpec, CursorWaker, DurableBackend, Finished, Outcome,
+    Appended, BackendCursor, BackendStream, CursorSpec, CursorWaker, DurableBackend, Finished,
+    Outcome,
 };
 use tidings::{
     Broker, DeadLetterReason, Driver, Message, Pattern, Priority, Retention, StartAt, StreamConfig,
@@ -137,12 +138,18 @@ fn outcomes_dead_letters_with_reasons_and_every_field() {
         .priority(Priority::Normal)
         .build_detached()
         .expect("valid");
-    assert_eq!(s.append(&full).expect("append"), 1);
-    // Dedup: the same message id is stored once (Nats-Msg-Id).
-    assert_eq!(s.append(&full).expect("append again"), 1);
+    assert_eq!(s.append(&full).expect("append"), Appended::stored(1));
+    // Dedup (R-DEL-7): the same message id is stored once (Nats-Msg-Id), and the append
+    // says so.
+    assert_eq!(
+        s.append(&full).expect("append again"),
+        Appended::duplicate_of(1)
+    );
     for i in 1..5 {
         assert_eq!(
-            s.append(&msg("orders.created", &format!("m{i}"))).unwrap(),
+            s.append(&msg("orders.created", &format!("m{i}")))
+                .unwrap()
+                .offset,
             i + 1
         );
     }
@@ -547,7 +554,7 @@ fn calls_from_inside_a_tokio_runtime_do_not_nest() {
         )
         .expect("connects");
         let s = stream(&b, "inside", &["inside"]);
-        assert_eq!(s.append(&msg("inside", "x")).expect("append"), 1);
+        assert_eq!(s.append(&msg("inside", "x")).expect("append").offset, 1);
         let c = cursor(&*s, "in", "inside", StartAt::Earliest, 1);
         assert_eq!(payloads(&fetch_n(&*c.cursor, 1)), ["x"]);
         drop(c);
@@ -562,7 +569,7 @@ fn calls_from_inside_a_tokio_runtime_do_not_nest() {
         tokio::spawn(async move {
             let b = JetStreamBackend::connect(ConnectOptions::new(url)).expect("connects");
             let s = stream(&b, "inside", &["inside"]);
-            assert_eq!(s.append(&msg("inside", "y")).expect("append"), 2);
+            assert_eq!(s.append(&msg("inside", "y")).expect("append").offset, 2);
         })
         .await
         .expect("the task did not panic");

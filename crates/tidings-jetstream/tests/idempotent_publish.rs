@@ -67,3 +67,68 @@ fn a_publish_retried_with_its_id_is_stored_once() {
     first.close(std::time::Duration::from_secs(5));
     second.close(std::time::Duration::from_secs(5));
 }
+
+// R-DEL-7, R-LOG-5: the neutral duplicate window is the JetStream stream's: the publish
+// report names the stream that held the message already; another window on reopen is a
+// ConfigMismatch; a window JetStream cannot keep (zero, longer than max_age) is refused.
+#[test]
+fn the_duplicate_window_is_the_streams_and_is_reported() {
+    use std::time::Duration;
+    use tidings::{Retention, StreamError};
+    let Some(server) = NatsServer::for_test(NatsServerOptions::new()) else {
+        return;
+    };
+    let broker = broker_on(&server);
+    let config =
+        StreamConfig::new("refunds", ["refunds.#"]).duplicate_window(Duration::from_secs(30));
+    broker.create_stream(config.clone()).expect("stream");
+    let id = MessageId::new();
+    let publish = || {
+        broker
+            .publish(Message::to("refunds.issued").id(id).payload("1"))
+            .expect("publish")
+    };
+    assert!(!publish().is_duplicate());
+    assert_eq!(publish().duplicate_in, ["refunds"]);
+    let other = broker_on(&server);
+    let err = other
+        .create_stream(StreamConfig::new("refunds", ["refunds.#"]))
+        .expect_err("another window");
+    assert!(
+        matches!(
+            &err,
+            StreamError::ConfigMismatch {
+                setting: "duplicate_window",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    other
+        .create_stream(config)
+        .expect("its own window opens it");
+    for refused in [
+        StreamConfig::new("zero", ["zero.#"]).duplicate_window(Duration::ZERO),
+        StreamConfig::new("endless", ["endless.#"]).duplicate_window(Duration::MAX),
+        StreamConfig::new("short", ["short.#"])
+            .retention(Retention {
+                max_age: Some(Duration::from_secs(10)),
+                ..Retention::default()
+            })
+            .duplicate_window(Duration::from_secs(60)),
+    ] {
+        let err = broker.create_stream(refused).expect_err("refused");
+        assert!(matches!(err, StreamError::Unsupported { .. }), "{err:?}");
+    }
+    // The default with a short max_age is max_age (the server's own rule): accepted.
+    broker
+        .create_stream(
+            StreamConfig::new("brief", ["brief.#"]).retention(Retention {
+                max_age: Some(Duration::from_secs(10)),
+                ..Retention::default()
+            }),
+        )
+        .expect("default window shortened to max_age");
+    broker.close(Duration::from_secs(5));
+    other.close(Duration::from_secs(5));
+}

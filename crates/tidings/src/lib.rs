@@ -201,7 +201,7 @@ pub use codec::{
 pub use dedup::{DedupStore, Deduplicating, InMemoryDedupStore};
 pub use dlq::{DeadLetter, DeadLetterReason};
 pub use driver::Driver;
-pub use durable::config::{StartAt, StreamConfig};
+pub use durable::config::{DEFAULT_DUPLICATE_WINDOW, StartAt, StreamConfig};
 pub use durable::source::{CursorState, DurableDeadLetter, StorageInfo};
 pub use durable::spec::DurableSpec;
 pub use durable::stream::Stream;

@@ -17,9 +17,16 @@ pub struct PublishReport {
     /// True when the message was held for delayed delivery: it will be offered when due,
     /// and `accepted`/`refused` are zero/empty now.
     pub scheduled: bool,
-    /// Durable streams the message was appended to, in name order (R-LOG-1). Under
-    /// `Fsync::Always` it is synced in each of them when publish returns.
+    /// Durable streams that hold the message, in name order (R-LOG-1): it was appended to
+    /// each, or (see `duplicate_in`) each already held it. Under `Fsync::Always` it is
+    /// synced in each of them when publish returns.
     pub streams: Vec<String>,
+    /// The streams of `streams` that already held a message with this id within their
+    /// duplicate window (R-DEL-7, [`StreamConfig::duplicate_window`](crate::StreamConfig::duplicate_window)):
+    /// nothing was stored there, and their durable subscriptions get nothing new. Buffered
+    /// subscriptions are not a stream's: they were offered the message all the same
+    /// (`accepted`/`refused`).
+    pub duplicate_in: Vec<String>,
 }
 
 impl PublishReport {
@@ -27,6 +34,12 @@ impl PublishReport {
     #[must_use]
     pub fn matched(&self) -> usize {
         self.accepted + self.refused.len()
+    }
+    /// True when at least one stream already held the message (R-DEL-7): a retried
+    /// publish that had been stored before.
+    #[must_use]
+    pub fn is_duplicate(&self) -> bool {
+        !self.duplicate_in.is_empty()
     }
     /// Refusals with the given reason.
     #[must_use]

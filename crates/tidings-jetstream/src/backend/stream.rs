@@ -4,7 +4,12 @@
 //! [`BackendStream::append`] returns once the server acknowledged the publish (fsynced on
 //! a server with `sync_interval: always`); offsets are the stream sequences it assigns, in
 //! append order. The message id is the `Nats-Msg-Id`: appending the same message twice
-//! within the stream's duplicate window stores it once and returns the first offset.
+//! within the stream's duplicate window stores it once and returns the first offset, with
+//! [`Appended::duplicate`] set (the PubAck's `duplicate`). The window is the neutral
+//! [`StreamConfig::duplicate_window_duration`], judged by the server's clock and kept by it
+//! across restarts; zero, one the server cannot express, or one longer than the retention's
+//! `max_age` is refused ([`StreamError::Unsupported`]), another window than an existing
+//! stream's is [`StreamError::ConfigMismatch`] (R-LOG-5).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -14,7 +19,7 @@ use async_nats::HeaderMap;
 use async_nats::jetstream::context::GetStreamErrorKind;
 use async_nats::jetstream::{ErrorCode, stream as js_stream};
 use tidings::StorageInfo;
-use tidings::durable::{BackendCursor, BackendStream, CursorSpec};
+use tidings::durable::{Appended, BackendCursor, BackendStream, CursorSpec};
 use tidings::{Message, Pattern, Retention, StartAt, StreamConfig, StreamError};
 
 use super::codec::{self, Stored};
@@ -90,6 +95,19 @@ pub(crate) async fn publish(
     headers: HeaderMap,
     payload: bytes::Bytes,
 ) -> Result<u64, StreamError> {
+    publish_acked(js, subject, headers, payload)
+        .await
+        .map(|a| a.offset)
+}
+
+/// [`publish`], saying whether the server found the `Nats-Msg-Id` within the stream's
+/// duplicate window (R-DEL-7: then nothing was stored and the sequence is the first copy's).
+pub(crate) async fn publish_acked(
+    js: &JetStream,
+    subject: String,
+    headers: HeaderMap,
+    payload: bytes::Bytes,
+) -> Result<Appended, StreamError> {
     let map = |e: async_nats::jetstream::context::PublishError| {
         seam(format_args!("appending to subject {subject:?}"), e)
     };
@@ -100,7 +118,11 @@ pub(crate) async fn publish(
         .map_err(map)?
         .await
         .map_err(map)?;
-    Ok(ack.sequence)
+    Ok(if ack.duplicate {
+        Appended::duplicate_of(ack.sequence)
+    } else {
+        Appended::stored(ack.sequence)
+    })
 }
 
 /// The headers of `m` plus its `Nats-Msg-Id`.
@@ -128,18 +150,16 @@ impl JsStream {
         let js = shared.js.clone();
         let (stream, patterns_owned) = (name.to_owned(), patterns.to_vec());
         let retention = *config.retention_policy();
+        let window = duplicate_window(config)?;
         let replicas = config.replica_count();
         let nats_for_open = nats.clone();
         let state = shared.call(shared.bound(3), async move {
-            open_or_create(
-                &js,
-                &stream,
-                &nats_for_open,
-                &patterns_owned,
+            let limits = Limits {
                 retention,
+                window,
                 replicas,
-            )
-            .await
+            };
+            open_or_create(&js, &stream, &nats_for_open, &patterns_owned, limits).await
         })?;
         let (start, end) = state_bounds(state.messages, state.first_sequence, state.last_sequence);
         Ok(Self {
@@ -181,7 +201,7 @@ impl BackendStream for JsStream {
         &self.name
     }
 
-    fn append(&self, message: &Message) -> Result<u64, StreamError> {
+    fn append(&self, message: &Message) -> Result<Appended, StreamError> {
         if self.closed.load(Ordering::Acquire) {
             return Err(StreamError::Closed);
         }
@@ -189,9 +209,13 @@ impl BackendStream for JsStream {
         let headers = headers_with_id(message, &message.id().to_string());
         let subject = format!("{}{}", self.prefix, message.topic().as_str());
         let payload = message.payload().clone();
-        let seq = self.shared.call(self.shared.bound(1), async move {
-            publish(&js, subject, headers, payload).await
+        let appended = self.shared.call(self.shared.bound(1), async move {
+            publish_acked(&js, subject, headers, payload).await
         })?;
+        if appended.duplicate {
+            return Ok(appended);
+        }
+        let seq = appended.offset;
         self.end.fetch_max(seq + 1, Ordering::Relaxed);
         self.shared.changed();
         // The cursors' own watch sees the publish too, later: a manual driver's next step
@@ -199,7 +223,7 @@ impl BackendStream for JsStream {
         for c in self.lock_cursors().iter().filter_map(Weak::upgrade) {
             c.wake();
         }
-        Ok(seq)
+        Ok(appended)
     }
 
     fn start_offset(&self) -> u64 {
@@ -315,18 +339,61 @@ fn limits_text(max_age: Duration, max_bytes: i64) -> String {
     format!("{{max_bytes: {bytes}, max_age: {age}}}")
 }
 
+/// The stream's duplicate window as JetStream can keep it (R-DEL-7): not zero (the server
+/// would put its default in its place), at most what the server's nanosecond count holds,
+/// and at most the retention's `max_age` (the server refuses a longer one).
+fn duplicate_window(config: &StreamConfig) -> Result<Duration, StreamError> {
+    let window = config.duplicate_window_duration();
+    let unsupported = |feature| StreamError::Unsupported {
+        feature,
+        backend: super::BACKEND_NAME,
+    };
+    if window.is_zero() {
+        return Err(unsupported(
+            "StreamConfig::duplicate_window(Duration::ZERO): a JetStream stream always keeps \
+             a duplicate window",
+        ));
+    }
+    if i64::try_from(window.as_nanos()).is_err() {
+        return Err(unsupported(
+            "a duplicate window longer than JetStream's limit (i64::MAX nanoseconds)",
+        ));
+    }
+    if let Some(age) = config.retention_policy().max_age
+        && !age.is_zero()
+        && window > age
+    {
+        return Err(unsupported(
+            "a duplicate window longer than the retention's max_age",
+        ));
+    }
+    Ok(window)
+}
+
+/// The settings a stream is created with and an existing one is checked against.
+struct Limits {
+    retention: Retention,
+    window: Duration,
+    replicas: usize,
+}
+
 /// Opens the JetStream stream `nats` for the tidings stream `stream` capturing `patterns`
-/// with `retention` and `replicas` copies: checks an existing one against them (never
+/// with `limits` (retention, duplicate window, replicas): checks an existing one against them (never
 /// updating its settings), or creates it.
 async fn open_or_create(
     js: &JetStream,
     stream: &str,
     nats: &str,
     patterns: &[Pattern],
-    retention: Retention,
-    replicas: usize,
+    Limits {
+        retention,
+        window,
+        replicas,
+    }: Limits,
 ) -> Result<StreamState, StreamError> {
-    let mut spec = StreamSpec::new(nats.to_owned(), patterns.iter().cloned()).replicas(replicas);
+    let mut spec = StreamSpec::new(nats.to_owned(), patterns.iter().cloned())
+        .duplicate_window(window)
+        .replicas(replicas);
     if let Some(age) = retention.max_age {
         spec = spec.max_age(age);
     }
@@ -452,6 +519,14 @@ async fn check_existing(
             setting: "replicas",
             existing: info.config.num_replicas.max(1).to_string(),
             requested: asked.num_replicas.max(1).to_string(),
+        });
+    }
+    if info.config.duplicate_window != asked.duplicate_window {
+        return Err(StreamError::ConfigMismatch {
+            stream: stream.to_owned(),
+            setting: "duplicate_window",
+            existing: format!("{:?}", info.config.duplicate_window),
+            requested: format!("{:?}", asked.duplicate_window),
         });
     }
     if info.config.metadata.contains_key(PATTERNS_KEY) {

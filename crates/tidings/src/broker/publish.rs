@@ -53,7 +53,7 @@ impl BrokerInner {
         ));
         crate::telemetry::trace::record_published(&span, &message);
         // Durable streams first: a failed append fails the publish (src/durable).
-        let streams = self.durables.append(&message)?;
+        let (streams, duplicate_in) = self.durables.append(&message)?;
         let mut report = match self.due_time(&message, &now) {
             // With a transport a delayed message travels now; receivers hold it, and a
             // held message is routed when due, to the subscriptions there are then.
@@ -65,6 +65,7 @@ impl BrokerInner {
             }
         };
         report.streams = streams;
+        report.duplicate_in = duplicate_in;
         Ok(report)
     }
 
@@ -100,6 +101,7 @@ impl BrokerInner {
             refused: Vec::new(),
             scheduled: true,
             streams: Vec::new(),
+            duplicate_in: Vec::new(),
         })
     }
 
@@ -200,9 +202,10 @@ impl BrokerInner {
             .headers
             .insert("tidings-dlq-original-id", original.id().to_string());
         let message = Arc::new(message);
-        let streams = self.durables.append(&message)?;
+        let (streams, duplicate_in) = self.durables.append(&message)?;
         let mut report = self.dispatch(&message, !streams.is_empty(), None, &now)?;
         report.streams = streams;
+        report.duplicate_in = duplicate_in;
         Ok(report)
     }
 
@@ -249,6 +252,7 @@ impl BrokerInner {
             refused: Vec::new(),
             scheduled: false,
             streams: Vec::new(),
+            duplicate_in: Vec::new(),
         };
         for sub in targets.iter() {
             match sub.offer_at(message, now) {

@@ -77,6 +77,7 @@ impl BrokerInner {
             // A delayed message travels now; each receiving broker holds it until due.
             scheduled: message.deliver_at().is_some(),
             streams: Vec::new(),
+            duplicate_in: Vec::new(),
         })
     }
 

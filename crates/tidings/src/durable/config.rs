@@ -11,15 +11,29 @@
 //! with [`StreamError::Unsupported`](crate::StreamError::Unsupported) naming it and the
 //! backend, never dropped.
 //!
+//! # Duplicate window (R-DEL-7)
+//! Every stream remembers the ids of the messages appended within its duplicate window
+//! ([`StreamConfig::duplicate_window`], default [`DEFAULT_DUPLICATE_WINDOW`], two minutes
+//! like JetStream's): appending an id again within it stores nothing, and the publish
+//! reports the stream in [`PublishReport::duplicate_in`](crate::PublishReport::duplicate_in).
+//! This makes a publish retried with its id ([`MessageBuilder::id`](crate::MessageBuilder::id))
+//! and the outputs of a redelivered input
+//! ([`MessageBuilder::caused_by`](crate::MessageBuilder::caused_by)) land once — as long
+//! as the retry comes within the window.
+//!
 //! # Reopening
 //! Opening a stream that exists (after a restart, or from another process) with other
-//! patterns or another retention than it was created with is refused with
+//! patterns, another retention or another duplicate window than it was created with is
+//! refused with
 //! [`StreamError::ConfigMismatch`](crate::StreamError::ConfigMismatch) naming both values;
 //! a stream is never changed implicitly.
 
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use tidings_log::Retention;
+
+/// Default duplicate window of a stream (R-DEL-7): two minutes, JetStream's default.
+pub const DEFAULT_DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
 
 /// A stream: a durable log capturing every published message whose topic matches one of
 /// its patterns, kept by the broker's durable backend (in the embedded log,
@@ -41,6 +55,8 @@ pub struct StreamConfig {
     pub(crate) patterns: Vec<String>,
     pub(crate) retention: Retention,
     pub(crate) replicas: usize,
+    /// `None`: the default (see [`StreamConfig::duplicate_window_duration`]).
+    pub(crate) duplicate_window: Option<Duration>,
 }
 
 impl StreamConfig {
@@ -57,6 +73,7 @@ impl StreamConfig {
             patterns: patterns.into_iter().map(Into::into).collect(),
             retention: Retention::default(),
             replicas: 1,
+            duplicate_window: None,
         }
     }
     /// The stream's name.
@@ -100,6 +117,46 @@ impl StreamConfig {
     #[must_use]
     pub fn replica_count(&self) -> usize {
         self.replicas
+    }
+    /// How long the stream remembers a message id (R-DEL-7): appending a message whose id
+    /// was appended within `window` stores nothing and reports the earlier copy
+    /// ([`PublishReport::duplicate_in`](crate::PublishReport::duplicate_in)); buffered
+    /// subscriptions still receive such a publish (they are not the stream's), durable
+    /// subscriptions do not (nothing new is stored).
+    ///
+    /// Default [`DEFAULT_DUPLICATE_WINDOW`] (2 minutes), shortened to the retention's
+    /// `max_age` when that is shorter (as JetStream does); the window survives restarts on
+    /// every backend. `Duration::ZERO` turns it off on the embedded log (every append is
+    /// stored, no id is kept); JetStream cannot turn it off and refuses it
+    /// ([`StreamError::Unsupported`](crate::StreamError::Unsupported)).
+    ///
+    /// * **Embedded log:** judged by the broker's clock — a message's timestamp, stamped
+    ///   at publish, against the earlier copy's — so a
+    ///   [`ManualClock`](crate::ManualClock) steps past it. The ids are kept in memory,
+    ///   bounded by the window's age *and* by
+    ///   [`EmbeddedStreamOptions::duplicate_window_entries`](crate::embedded::EmbeddedStreamOptions::duplicate_window_entries)
+    ///   (the most recent appends; an id pushed out by the count is forgotten early), and
+    ///   rebuilt from the log's tail when the stream is opened. `Duration::MAX` means "as
+    ///   many as the entry cap holds".
+    /// * **JetStream:** the stream's `duplicate_window`, judged by the server's clock;
+    ///   a window longer than the retention's `max_age` (or than the server can express)
+    ///   is refused.
+    ///
+    /// Reopening an existing stream with another window is refused
+    /// ([`StreamError::ConfigMismatch`](crate::StreamError::ConfigMismatch)).
+    pub fn duplicate_window(mut self, window: Duration) -> Self {
+        self.duplicate_window = Some(window);
+        self
+    }
+    /// The duplicate window in force: the one asked for, else the default
+    /// ([`DEFAULT_DUPLICATE_WINDOW`], or the retention's `max_age` when shorter).
+    #[must_use]
+    pub fn duplicate_window_duration(&self) -> Duration {
+        self.duplicate_window
+            .unwrap_or_else(|| match self.retention.max_age {
+                Some(age) if !age.is_zero() => age.min(DEFAULT_DUPLICATE_WINDOW),
+                _ => DEFAULT_DUPLICATE_WINDOW,
+            })
     }
 }
 

@@ -82,6 +82,6 @@ pub(crate) use subscription::DurableSubscription;
 
 // The seam a backend implements: reachable here only.
 pub use source::{
-    BackendCursor, BackendStream, Capabilities, CursorSpec, CursorWaker, DurableBackend, Finished,
-    Outcome,
+    Appended, BackendCursor, BackendStream, Capabilities, CursorSpec, CursorWaker, DurableBackend,
+    Finished, Outcome,
 };

@@ -27,6 +27,9 @@ use super::source::DurableBackend;
 use super::stream::{OpenStream, Stream};
 use super::{StreamConfig, StreamError};
 
+/// The streams a publish reached, and those of them that already held the message.
+pub(crate) type Appends = (Vec<String>, Vec<String>);
+
 /// Check a stream, subscription or dedup store name: a backend may make a file name of it.
 pub(crate) fn check_name(what: &'static str, name: &str) -> Result<(), StreamError> {
     let bad = |reason| StreamError::InvalidName {
@@ -170,11 +173,12 @@ impl Durables {
         progress
     }
 
-    /// Append `message` to every matching stream; the names of those that hold it.
+    /// Append `message` to every matching stream; the names of those that hold it, and of
+    /// those among them that already held it (R-DEL-7: nothing stored there).
     /// Returns at once (no allocation, no lock) when the broker has no stream.
-    pub(crate) fn append(&self, message: &Message) -> Result<Vec<String>, PublishError> {
+    pub(crate) fn append(&self, message: &Message) -> Result<Appends, PublishError> {
         if !self.any.load(Ordering::Acquire) {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), Vec::new()));
         }
         let targets: Vec<Arc<OpenStream>> = self
             .streams
@@ -184,7 +188,7 @@ impl Durables {
             .cloned()
             .collect();
         if targets.is_empty() {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), Vec::new()));
         }
         // Refused before anything is stored: a backend that cannot keep the priority.
         if message.priority() != Priority::Normal
@@ -201,17 +205,25 @@ impl Durables {
             });
         }
         let mut names = Vec::with_capacity(targets.len());
+        let mut duplicate_in = Vec::new();
         for s in targets {
-            if let Err(e) = s.backend.append(message) {
-                return Err(PublishError::Stream {
-                    stream: s.name().to_owned(),
-                    error: Arc::new(e),
-                    appended_to: names,
-                });
+            match s.backend.append(message) {
+                Ok(appended) => {
+                    if appended.duplicate {
+                        duplicate_in.push(s.name().to_owned());
+                    }
+                }
+                Err(e) => {
+                    return Err(PublishError::Stream {
+                        stream: s.name().to_owned(),
+                        error: Arc::new(e),
+                        appended_to: names,
+                    });
+                }
             }
             names.push(s.name().to_owned());
         }
-        Ok(names)
+        Ok((names, duplicate_in))
     }
 
     /// Broker close: stop every feeder, close every cursor (each writes its position;

@@ -179,9 +179,16 @@ pub trait BackendStream: Send + Sync + fmt::Debug {
 
     /// Store `message` (its topic matched the stream's patterns); returns its offset.
     ///
+    /// # Duplicate window (R-DEL-7)
+    /// When the stream's [`StreamConfig::duplicate_window_duration`] is not zero and a
+    /// message with the same [`Message::id`] was appended within it (also before a
+    /// restart), nothing is stored: the result is the earlier copy's offset with
+    /// [`Appended::duplicate`] set. A backend judges the window by its own clock and says
+    /// which in its docs.
+    ///
     /// # Errors
     /// Not stored: publish fails with the error and offers the message to nobody.
-    fn append(&self, message: &Message) -> Result<u64, StreamError>;
+    fn append(&self, message: &Message) -> Result<Appended, StreamError>;
 
     /// The earliest retained offset, as last known.
     fn start_offset(&self) -> u64;
@@ -233,6 +240,36 @@ pub trait BackendStream: Send + Sync + fmt::Debug {
     /// # Errors
     /// Flushing or releasing failed (logged by the broker).
     fn close(&self) -> Result<(), StreamError>;
+}
+
+/// What [`BackendStream::append`] did with a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Appended {
+    /// Where the message is stored: its new offset, or the earlier copy's for a duplicate.
+    pub offset: u64,
+    /// True when the stream already held a message with this id within its duplicate
+    /// window: nothing was stored (R-DEL-7).
+    pub duplicate: bool,
+}
+
+impl Appended {
+    /// Stored now, at `offset`.
+    #[must_use]
+    pub const fn stored(offset: u64) -> Self {
+        Self {
+            offset,
+            duplicate: false,
+        }
+    }
+    /// Already held at `offset`: nothing stored.
+    #[must_use]
+    pub const fn duplicate_of(offset: u64) -> Self {
+        Self {
+            offset,
+            duplicate: true,
+        }
+    }
 }
 
 /// What a durable subscription asks of its cursor.

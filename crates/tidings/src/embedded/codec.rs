@@ -143,6 +143,22 @@ pub(crate) fn decode_targeted(
     Ok((decode(r)?, target))
 }
 
+/// The message id of a record as published (R-DEL-7: the duplicate window's rebuild at
+/// open): `None` for a redrive copy (not a publish) and for a record that does not carry a
+/// version-1 metadata block (a foreign producer's). Reads only the block's first bytes.
+pub(crate) fn published_id(r: &StoredRecord) -> Option<u128> {
+    let (name, meta) = r.headers.first()?;
+    if name != META_HEADER {
+        return None;
+    }
+    let mut c = Cursor(meta);
+    if c.u8().ok()? != VERSION {
+        return None;
+    }
+    c.take(2).ok()?;
+    c.u128().ok()
+}
+
 struct Cursor<'a>(&'a [u8]);
 
 impl<'a> Cursor<'a> {

@@ -8,7 +8,11 @@
 //! for dead letters only after it was appended to the durable DLQ log. Messages abandoned
 //! at close never finish, so they are redelivered after a restart. The position is written
 //! (temp file, fsync, rename, fsync dir; see `offset_store`) every `commit_every`
-//! completions, when the feeder is idle, on seek and on close. A failed write **poisons**
+//! completions, at the first completion [`COMMIT_AT_LEAST_EVERY`] (1 s) after the last
+//! write, when the feeder is idle, on seek and on close. The time bound keeps a crash's
+//! redelivery of finished messages short — well inside a stream's duplicate window
+//! (R-DEL-7: the outputs a redelivered input publishes again are dropped only within it) —
+//! also for slow handlers, which would take long to reach `commit_every`. A failed write **poisons**
 //! the cursor ([`CommitFailed`]): after a failed fsync the file's state is unknown, so it
 //! is never retried; nothing more is read or committed.
 //!
@@ -26,6 +30,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, MutexGuard};
 use tidings_log::{Log, ReadError};
@@ -55,6 +60,8 @@ struct Position {
     /// Last position written to the offset file.
     committed: u64,
     since_commit: usize,
+    /// When `since_commit` was last reset (real time: it bounds what a crash redelivers).
+    counting_since: Instant,
     /// Offsets skipped because retention removed them before they were read.
     skipped: u64,
     /// Records the filter excluded.
@@ -76,6 +83,9 @@ impl Position {
         self.pending.first().copied().unwrap_or(self.cursor)
     }
 }
+
+/// Completions are written at the latest at the first one this long after the last write.
+pub(crate) const COMMIT_AT_LEAST_EVERY: Duration = Duration::from_secs(1);
 
 /// One durable subscription's position in an embedded stream, with its offset file and
 /// durable dead-letter log (`consumers/<stream>/<name>.offset`, `<name>.dlq/`).
@@ -127,6 +137,7 @@ impl EmbeddedCursor {
                 pending: BTreeSet::new(),
                 committed: opened.position,
                 since_commit: 0,
+                counting_since: Instant::now(),
                 skipped: 0,
                 skipped_by_filter: 0,
                 error: None,
@@ -168,6 +179,7 @@ impl EmbeddedCursor {
             }
             // Completions from now on count towards the next write.
             st.since_commit = 0;
+            st.counting_since = Instant::now();
             let wm = st.watermark();
             if wm == st.committed {
                 return Ok(wm); // the file holds it already
@@ -188,6 +200,7 @@ impl EmbeddedCursor {
         let stored = self.store.store(position);
         self.record_commit(st, position, stored)?;
         st.since_commit = 0;
+        st.counting_since = Instant::now();
         Ok(())
     }
 
@@ -224,8 +237,9 @@ impl EmbeddedCursor {
     }
 
     /// `offset` finished (delivered, dead-lettered durably, or filtered). Every
-    /// `commit_every` completions the watermark is written, unless a write is under way
-    /// (then the count stays due: see "Locks").
+    /// `commit_every` completions, or at the first one [`COMMIT_AT_LEAST_EVERY`] after the
+    /// last write, the watermark is written, unless a write is under way (then the count
+    /// stays due: see "Locks").
     fn finish_offset(&self, offset: u64) {
         let due = {
             let mut st = self.state.lock();
@@ -233,6 +247,7 @@ impl EmbeddedCursor {
                 st.since_commit += 1;
             }
             st.since_commit >= self.commit_every
+                || (st.since_commit > 0 && st.counting_since.elapsed() >= COMMIT_AT_LEAST_EVERY)
         };
         if due && let Some(commit) = self.commit.try_lock() {
             self.flush(commit);

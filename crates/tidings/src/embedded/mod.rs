@@ -12,6 +12,7 @@
 //! | path | content | module |
 //! |---|---|---|
 //! | `streams/<stream>/` | the stream's log, one record per message | `stream`, `codec` |
+//! | `streams/<stream>/META` | its patterns, retention and duplicate window | `stream_meta` |
 //! | `consumers/<stream>/<name>.offset` | a durable subscription's committed position | `offset_store` |
 //! | `consumers/<stream>/<name>.dlq/` | its durable dead-letter log | `dlq_record` |
 //! | `dedup/<name>/` | a durable dedup store | `dedup_log` |
@@ -28,6 +29,7 @@ pub(crate) mod codec;
 mod cursor;
 mod dedup_log;
 pub(crate) mod dlq_record;
+mod id_window;
 pub mod offline;
 pub(crate) mod offset_store;
 mod options;
@@ -48,7 +50,10 @@ use crate::topic::Pattern;
 
 pub use dedup_log::DurableDedupStore;
 use offset_store::ensure_dir;
-pub use options::{DEFAULT_COMMIT_EVERY, DEFAULT_RETENTION_INTERVAL, EmbeddedStreamOptions};
+pub use options::{
+    DEFAULT_COMMIT_EVERY, DEFAULT_DUPLICATE_WINDOW_ENTRIES, DEFAULT_RETENTION_INTERVAL,
+    EmbeddedStreamOptions,
+};
 
 /// The backend's name in errors and snapshots.
 pub(crate) const NAME: &str = "embedded-log";
@@ -245,6 +250,7 @@ impl DurableBackend for EmbeddedBackend {
             (dir, consumers),
             self.storage.clone(),
             options,
+            config.duplicate_window_duration(),
         );
         let mut open = self.open.lock();
         open.retain(|_, w| w.strong_count() > 0);

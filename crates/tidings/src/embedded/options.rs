@@ -15,11 +15,15 @@ use tidings_log::{Fsync, LogConfig};
 pub const DEFAULT_COMMIT_EVERY: usize = 64;
 /// Default period of the retention timer of a stream with a retention policy.
 pub const DEFAULT_RETENTION_INTERVAL: Duration = Duration::from_secs(60);
+/// Default cap on the ids a stream's duplicate window keeps in memory (R-DEL-7): about
+/// 64 bytes each, so at most about 6.4 MB per stream.
+pub const DEFAULT_DUPLICATE_WINDOW_ENTRIES: usize = 100_000;
 
 /// How the embedded log stores one stream. Defaults: `Fsync::Always` (an append returns
 /// once synced), 64 MiB segments, durable positions written every
 /// [`DEFAULT_COMMIT_EVERY`] completions (and when idle, on seek and on close), retention
-/// applied every [`DEFAULT_RETENTION_INTERVAL`] when the stream has a policy.
+/// applied every [`DEFAULT_RETENTION_INTERVAL`] when the stream has a policy, at most
+/// [`DEFAULT_DUPLICATE_WINDOW_ENTRIES`] ids in the duplicate window.
 ///
 /// ```
 /// # use std::sync::Arc;
@@ -44,6 +48,7 @@ pub struct EmbeddedStreamOptions {
     pub(crate) log: LogConfig,
     pub(crate) commit_every: usize,
     pub(crate) retention_interval: Duration,
+    pub(crate) duplicate_window_entries: usize,
 }
 
 impl Default for EmbeddedStreamOptions {
@@ -59,6 +64,7 @@ impl EmbeddedStreamOptions {
             log: LogConfig::default(),
             commit_every: DEFAULT_COMMIT_EVERY,
             retention_interval: DEFAULT_RETENTION_INTERVAL,
+            duplicate_window_entries: DEFAULT_DUPLICATE_WINDOW_ENTRIES,
         }
     }
     /// Fsync policy of the stream's log. Under `Always`, `publish` returns only once the
@@ -83,7 +89,14 @@ impl EmbeddedStreamOptions {
         self
     }
     /// Durable subscriptions of the stream write their position after this many
-    /// completions (≥ 1), besides when idle, on seek and on close. 1 = after every message.
+    /// completions (≥ 1), and at the first completion a second after the last write,
+    /// besides when idle, on seek and on close. 1 = after every message.
+    ///
+    /// What a crash redelivers is what finished since the last write: with the defaults,
+    /// at most 64 messages or about one second of completions (plus one handler's run),
+    /// well inside the default duplicate window of two minutes that drops the outputs a
+    /// redelivered input publishes again (R-DEL-7,
+    /// [`StreamConfig::duplicate_window`](crate::StreamConfig::duplicate_window)).
     pub fn commit_every(mut self, completions: usize) -> Self {
         self.commit_every = completions.max(1);
         self
@@ -96,6 +109,17 @@ impl EmbeddedStreamOptions {
     /// it then).
     pub fn retention_interval(mut self, every: Duration) -> Self {
         self.retention_interval = every.max(Duration::from_millis(1));
+        self
+    }
+    /// The most ids the stream's duplicate window
+    /// ([`StreamConfig::duplicate_window`](crate::StreamConfig::duplicate_window), R-DEL-7)
+    /// keeps in memory (≥ 1; default [`DEFAULT_DUPLICATE_WINDOW_ENTRIES`]), and the most
+    /// records read from the log's tail to rebuild it at open. The window holds the ids
+    /// appended within its age *and* among the last `entries` appends: past this many
+    /// appends within the window, the oldest ids are forgotten early (a retry of one of
+    /// them would be stored again). Size it to the appends a window's time brings.
+    pub fn duplicate_window_entries(mut self, entries: usize) -> Self {
+        self.duplicate_window_entries = entries.max(1);
         self
     }
     /// The log configuration (its `retention` is the stream's neutral one once open).

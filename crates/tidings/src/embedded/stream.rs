@@ -4,6 +4,11 @@
 //! Offsets grow by append order, from 0. Under `Fsync::Always` an append returns only once
 //! the record is synced.
 //!
+//! # Duplicate window (R-DEL-7)
+//! A publish whose message id was appended within the stream's window stores nothing and
+//! reports the first offset (`id_window`); the window is rebuilt from the log's tail at
+//! open. Redrive copies are appended without it: they repeat an id on purpose.
+//!
 //! # Waking
 //! Every append (a publish, or a redrive copy) wakes the feeders of the cursors open on
 //! the stream, through the [`CursorWaker`] each cursor was opened with.
@@ -16,13 +21,14 @@ use parking_lot::RwLock;
 use tidings_log::{Fsync, Log, LogConfig, Record, RecoveryReport, RetentionReport, Storage};
 
 use crate::durable::{
-    BackendCursor, BackendStream, CursorSpec, CursorWaker, StartAt, StorageInfo, StreamError,
-    StreamErrorKind,
+    Appended, BackendCursor, BackendStream, CursorSpec, CursorWaker, StartAt, StorageInfo,
+    StreamError, StreamErrorKind,
 };
 use crate::message::{Message, millis_since_epoch};
 
 use super::codec;
 use super::cursor::{EmbeddedCursor, Opened};
+use super::id_window::{Claim, IdWindow};
 use super::offset_store::{OffsetStore, ensure_dir};
 use super::options::EmbeddedStreamOptions;
 
@@ -40,6 +46,8 @@ pub(crate) struct EmbeddedStream {
     pub(crate) commit_every: usize,
     /// The options it was opened with.
     options: EmbeddedStreamOptions,
+    /// The ids appended within the duplicate window; `None`: the window is off (zero).
+    window: Option<IdWindow>,
     /// The wakers of the cursors reading it (dropped with their cursor).
     wakers: RwLock<Vec<Weak<CursorWaker>>>,
     /// This stream itself (its cursors hold an `Arc`).
@@ -54,8 +62,15 @@ impl EmbeddedStream {
         dirs: (PathBuf, PathBuf),
         storage: Arc<dyn Storage>,
         options: EmbeddedStreamOptions,
+        duplicate_window: Duration,
     ) -> Arc<Self> {
         let ((log, recovery), (dir, consumers)) = (opened, dirs);
+        let window = (!duplicate_window.is_zero()).then(|| {
+            let window = IdWindow::new(duplicate_window, options.duplicate_window_entries);
+            let kept = window.rebuild(&log);
+            tracing::debug!("tidings: stream {name}: duplicate window rebuilt with {kept} id(s)");
+            window
+        });
         Arc::new_cyclic(|me| Self {
             name: name.to_owned(),
             log,
@@ -65,6 +80,7 @@ impl EmbeddedStream {
             storage,
             commit_every: options.commit_every,
             options,
+            window,
             wakers: RwLock::default(),
             me: me.clone(),
         })
@@ -192,8 +208,24 @@ impl BackendStream for EmbeddedStream {
         &self.name
     }
 
-    fn append(&self, message: &Message) -> Result<u64, StreamError> {
-        self.append_record(&codec::encode(message))
+    fn append(&self, message: &Message) -> Result<Appended, StreamError> {
+        let Some(window) = &self.window else {
+            return self
+                .append_record(&codec::encode(message))
+                .map(Appended::stored);
+        };
+        let (id, at) = (
+            message.id().as_u128(),
+            millis_since_epoch(message.timestamp()),
+        );
+        match window.claim(id, at) {
+            Claim::Duplicate(offset) => Ok(Appended::duplicate_of(offset)),
+            Claim::Append => {
+                let result = self.append_record(&codec::encode(message));
+                window.resolve(id, at, result.as_ref().ok().copied());
+                result.map(Appended::stored)
+            }
+        }
     }
 
     fn start_offset(&self) -> u64 {

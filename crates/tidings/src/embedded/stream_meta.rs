@@ -1,6 +1,6 @@
 //! A stream's own record of what it was created with: `streams/<name>/META` (R-LOG-5).
 //!
-//! The file holds the stream's patterns and retention, as text:
+//! The file holds the stream's patterns, retention and duplicate window, as text:
 //!
 //! ```text
 //! tidings-stream 1
@@ -8,13 +8,16 @@
 //! pattern orders.eu.*
 //! max_bytes 1048576
 //! max_age_ms 604800000
+//! duplicate_window_ms 120000
 //! ```
 //!
-//! (`max_bytes`/`max_age_ms` only when set). It is written when the stream is created (or
+//! (`max_bytes`/`max_age_ms` only when set; the window in whole milliseconds, saturating at
+//! `u64::MAX`, 0 = off). A file without a `duplicate_window_ms` line (written before the
+//! window existed) adopts the requested window: the line is added, nothing else changes. It is written when the stream is created (or
 //! first opened by a build that writes it: such a directory adopts the requested settings),
 //! atomically through the backend's [`Storage`] (`META.tmp`, fsync, rename, fsync the
-//! directory), and checked at every later open: other patterns or another retention are
-//! refused with [`StreamError::ConfigMismatch`] naming both, and nothing is changed. The log
+//! directory), and checked at every later open: other patterns, another retention or another
+//! duplicate window are refused with [`StreamError::ConfigMismatch`] naming both, and nothing is changed. The log
 //! itself never reads the file ([`tidings_log::META_FILE`]).
 
 use std::path::Path;
@@ -24,6 +27,7 @@ use tidings_log::{META_FILE, Retention, Storage};
 
 use crate::durable::{StreamConfig, StreamError, StreamErrorKind};
 
+use super::id_window::window_millis;
 use super::offset_store::{read_small, replace_file};
 
 const MAGIC: &str = "tidings-stream 1";
@@ -35,6 +39,8 @@ const MAX_META: u64 = 1 << 20;
 pub(crate) struct StreamMeta {
     pub(crate) patterns: Vec<String>,
     pub(crate) retention: Retention,
+    /// The duplicate window in whole milliseconds; `None` in a file written before it.
+    pub(crate) duplicate_window_ms: Option<u64>,
 }
 
 impl StreamMeta {
@@ -42,6 +48,7 @@ impl StreamMeta {
         Self {
             patterns: config.patterns().to_vec(),
             retention: *config.retention_policy(),
+            duplicate_window_ms: Some(window_millis(config.duplicate_window_duration())),
         }
     }
 
@@ -56,6 +63,9 @@ impl StreamMeta {
         if let Some(a) = self.retention.max_age {
             out.push_str(&format!("max_age_ms {}\n", a.as_millis()));
         }
+        if let Some(w) = self.duplicate_window_ms {
+            out.push_str(&format!("duplicate_window_ms {w}\n"));
+        }
         out
     }
 
@@ -68,6 +78,7 @@ impl StreamMeta {
         let mut meta = Self {
             patterns: Vec::new(),
             retention: Retention::default(),
+            duplicate_window_ms: None,
         };
         let number = |v: &str, what: &str| {
             v.parse::<u64>()
@@ -79,6 +90,9 @@ impl StreamMeta {
                 Some(("max_bytes", v)) => meta.retention.max_bytes = Some(number(v, "max_bytes")?),
                 Some(("max_age_ms", v)) => {
                     meta.retention.max_age = Some(Duration::from_millis(number(v, "max_age_ms")?));
+                }
+                Some(("duplicate_window_ms", v)) => {
+                    meta.duplicate_window_ms = Some(number(v, "duplicate_window_ms")?);
                 }
                 _ => return Err(format!("unknown line {line:?}")),
             }
@@ -150,7 +164,33 @@ pub(crate) fn check_or_write(
             requested: show_retention(&requested.retention),
         });
     }
-    Ok(())
+    match (existing.duplicate_window_ms, requested.duplicate_window_ms) {
+        (Some(had), Some(asked)) if had != asked => Err(StreamError::ConfigMismatch {
+            stream: stream.to_owned(),
+            setting: "duplicate_window",
+            existing: show_window(had),
+            requested: show_window(asked),
+        }),
+        // Written before the window existed: adopt the requested one.
+        (None, Some(_)) => {
+            let tmp = dir.join(format!("{META_FILE}.tmp"));
+            let adopted = StreamMeta {
+                duplicate_window_ms: requested.duplicate_window_ms,
+                ..existing
+            };
+            replace_file(storage, dir, (&path, &tmp), adopted.encode().as_bytes())
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Display a duplicate window for a mismatch error.
+fn show_window(ms: u64) -> String {
+    match ms {
+        0 => "off (0)".to_owned(),
+        u64::MAX => "unbounded (entry cap only)".to_owned(),
+        ms => format!("{:?}", Duration::from_millis(ms)),
+    }
 }
 
 #[cfg(test)]
@@ -165,6 +205,7 @@ mod tests {
                 max_bytes: Some(1 << 20),
                 max_age: Some(Duration::from_secs(60)),
             },
+            duplicate_window_ms: Some(u64::MAX),
         };
         assert_eq!(StreamMeta::decode(meta.encode().as_bytes()), Ok(meta));
         assert!(StreamMeta::decode(b"garbage").is_err());
