@@ -11,7 +11,7 @@ use tidings::{
     SubscribeOptions, TransportError,
 };
 use tidings_jetstream::{ConnectOptions, JetStreamBackend, NatsTransport};
-use tidings_testkit::backend::{Backend, ThreadedBackend};
+use tidings_testkit::driver::{DriverUnderTest, ThreadedDriver};
 use tidings_testkit::nats::{NatsServer, NatsServerOptions};
 use tidings_testkit::suite;
 
@@ -419,7 +419,7 @@ struct OverNats {
     server: NatsServer,
 }
 
-impl Backend for OverNats {
+impl DriverUnderTest for OverNats {
     fn name(&self) -> String {
         "nats-transport".into()
     }
@@ -430,7 +430,7 @@ impl Backend for OverNats {
             .transport(Arc::new(transport))
     }
     fn settle(&self, broker: &Broker, what: &str, cond: &mut dyn FnMut() -> bool) {
-        ThreadedBackend::new("nats-transport", Driver::Thread).settle(broker, what, cond);
+        ThreadedDriver::new("nats-transport", Driver::Thread).settle(broker, what, cond);
     }
 }
 
