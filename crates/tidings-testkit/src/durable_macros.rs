@@ -3,7 +3,7 @@
 //! In a crate's `tests/conformance.rs`:
 //!
 //! ```ignore
-//! // `MyBackend` implements `tidings_testkit::DurableBackend`; its store's `attach` calls
+//! // `MyBackend` implements `tidings_testkit::DurableTarget`; its store's `attach` calls
 //! // `BrokerBuilder::durable_backend(..)`.
 //! tidings_testkit::durable_conformance!(my_backend, MyBackend::new());
 //! ```
@@ -38,11 +38,11 @@ macro_rules! durable_cases {
             use super::*;
             fn run(name: &str, case: $crate::durable_suite::DurableCaseFn) {
                 let driver: Box<dyn $crate::DriverUnderTest> = Box::new($driver);
-                let durable: Box<dyn $crate::DurableBackend> = Box::new($durable);
+                let durable: Box<dyn $crate::DurableTarget> = Box::new($durable);
                 let outcome =
                     $crate::durable_suite::run(name, case, driver.as_ref(), durable.as_ref());
                 // A backend with every capability runs every assertion.
-                if $crate::DurableBackend::caps(durable.as_ref()) == $crate::Capabilities::all() {
+                if $crate::DurableTarget::caps(durable.as_ref()) == $crate::Capabilities::all() {
                     assert_eq!(outcome, $crate::Outcome::Ran, "{name}");
                 }
             }

@@ -1,5 +1,5 @@
 //! The durable cases of the suite: each function is one test, run under every driver
-//! ([`DriverUnderTest`], R-EXE-1) against every durable backend ([`DurableBackend`], R-DIST-2).
+//! ([`DriverUnderTest`], R-EXE-1) against every durable backend ([`DurableTarget`], R-DIST-2).
 //!
 //! Each case works on a fresh store and a [`ManualClock`] of its own under every driver, so
 //! a retry or a message timestamp moves only when the case moves time: a handler held in
@@ -17,7 +17,7 @@ use tidings::*;
 
 use crate::Capabilities;
 use crate::driver::DriverUnderTest;
-use crate::durable::{DurableBackend, DurableStore, Outcome};
+use crate::durable::{DurableStore, DurableTarget, Outcome};
 use crate::helpers::text;
 
 /// The stream every case uses, capturing `suite.#`.
@@ -35,7 +35,7 @@ struct Rig<'a> {
 }
 
 impl<'a> Rig<'a> {
-    fn new(driver: &'a dyn DriverUnderTest, durable: &dyn DurableBackend) -> Self {
+    fn new(driver: &'a dyn DriverUnderTest, durable: &dyn DurableTarget) -> Self {
         Self {
             driver,
             store: durable.open(),
@@ -183,7 +183,7 @@ fn dlq_payloads(d: &DurableSubscription) -> Vec<String> {
 /// keeps the commit below it while later keys finish; after the restart the subscription
 /// starts exactly at the commit, nothing is lost, and the only duplicates are messages
 /// finished above the commit.
-pub fn resume_after_restart(b: &dyn DriverUnderTest, d: &dyn DurableBackend) -> Outcome {
+pub fn resume_after_restart(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> Outcome {
     let rig = Rig::new(b, d);
     let l = rig.label.clone();
     let broker = rig.start();
@@ -285,7 +285,7 @@ pub fn resume_after_restart(b: &dyn DriverUnderTest, d: &dyn DurableBackend) -> 
 /// Replay by offset (R-LOG-4): new subscriptions from `Offset`, `Earliest` and `Latest`,
 /// then `seek` to an offset, the latest and the earliest; a position outside the stream is
 /// a typed error that changes nothing.
-pub fn replay_by_offset(b: &dyn DriverUnderTest, d: &dyn DurableBackend) -> Outcome {
+pub fn replay_by_offset(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> Outcome {
     let rig = Rig::new(b, d);
     let l = rig.label.clone();
     let broker = rig.start();
@@ -375,7 +375,7 @@ pub fn replay_by_offset(b: &dyn DriverUnderTest, d: &dyn DurableBackend) -> Outc
 /// Replay by time (R-LOG-4): messages published a second apart on the manual clock; a
 /// subscription or a `seek` at a time starts at the first message at or after it.
 /// Needs [`Capabilities::manual_time`].
-pub fn replay_by_time(b: &dyn DriverUnderTest, d: &dyn DurableBackend) -> Outcome {
+pub fn replay_by_time(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> Outcome {
     let rig = Rig::new(b, d);
     if !rig.caps.manual_time {
         return Outcome::Skipped(format!(
@@ -448,7 +448,7 @@ pub fn replay_by_time(b: &dyn DriverUnderTest, d: &dyn DurableBackend) -> Outcom
 /// attempt with `Rejected`, a failing one after its retries with `RetriesExhausted` and the
 /// attempts and last error; the commit passes both (R-LOG-3); the entries survive a
 /// restart and are not redelivered.
-pub fn durable_dlq_reasons(b: &dyn DriverUnderTest, d: &dyn DurableBackend) -> Outcome {
+pub fn durable_dlq_reasons(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> Outcome {
     let rig = Rig::new(b, d);
     let l = rig.label.clone();
     let broker = rig.start();
@@ -560,7 +560,7 @@ pub fn durable_dlq_reasons(b: &dyn DriverUnderTest, d: &dyn DurableBackend) -> O
 /// for this subscription only, delivered, and leave the DLQ; the rest stays across a
 /// restart; one redriven while still refused comes back at its new offset; the drain
 /// empties the DLQ durably.
-pub fn durable_dlq_redrive_and_drain(b: &dyn DriverUnderTest, d: &dyn DurableBackend) -> Outcome {
+pub fn durable_dlq_redrive_and_drain(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> Outcome {
     let rig = Rig::new(b, d);
     let l = rig.label.clone();
     let broker = rig.start();
@@ -664,7 +664,7 @@ pub fn durable_dlq_redrive_and_drain(b: &dyn DriverUnderTest, d: &dyn DurableBac
 /// to retry, publishing goes on, nothing is refused, at most `capacity` messages are
 /// outstanding and the lag grows exactly (R-BP-3); once time moves, it catches up in order
 /// and the lag reaches 0.
-pub fn lag_and_slow_consumer(b: &dyn DriverUnderTest, d: &dyn DurableBackend) -> Outcome {
+pub fn lag_and_slow_consumer(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> Outcome {
     const CAPACITY: usize = 4;
     let rig = Rig::new(b, d);
     let l = rig.label.clone();
@@ -724,7 +724,7 @@ pub fn lag_and_slow_consumer(b: &dyn DriverUnderTest, d: &dyn DurableBackend) ->
 /// A durable subscription's filter pattern has the AMQP topic semantics (R-RT-1): `*` is
 /// one word, `#` zero or more anywhere; messages it filters out are finished (the commit
 /// passes them).
-pub fn durable_filter(b: &dyn DriverUnderTest, d: &dyn DurableBackend) -> Outcome {
+pub fn durable_filter(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> Outcome {
     let rig = Rig::new(b, d);
     let l = rig.label.clone();
     let broker = rig.start();
@@ -792,7 +792,7 @@ pub fn durable_filter(b: &dyn DriverUnderTest, d: &dyn DurableBackend) -> Outcom
 /// correlation id, payload, the publish time on the manual clock (with
 /// [`Capabilities::manual_time`]) and priority (with [`Capabilities::priority`]); its offset
 /// is the stream's.
-pub fn durable_message_fields(b: &dyn DriverUnderTest, d: &dyn DurableBackend) -> Outcome {
+pub fn durable_message_fields(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> Outcome {
     let rig = Rig::new(b, d);
     let l = rig.label.clone();
     let broker = rig.start();
@@ -852,7 +852,7 @@ pub fn durable_message_fields(b: &dyn DriverUnderTest, d: &dyn DurableBackend) -
 /// held an hour in retry: every other one receives the whole stream and commits to its end
 /// without waiting for the held one (R-EXE-1, R-CORE-1: a durable feeder holds no worker
 /// while it waits), and the held one catches up once time moves (R-BP-2).
-pub fn many_durables_progress(b: &dyn DriverUnderTest, d: &dyn DurableBackend) -> Outcome {
+pub fn many_durables_progress(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> Outcome {
     const SUBS: usize = 8;
     const N: u64 = 12;
     let rig = Rig::new(b, d);
@@ -927,7 +927,7 @@ pub fn many_durables_progress(b: &dyn DriverUnderTest, d: &dyn DurableBackend) -
 /// A `seek` while messages are outstanding (R-LOG-4): the position and the commit move at
 /// once, the messages already offered are still delivered, in order, and they no longer
 /// hold the commit back; nothing between them and the new position is read.
-pub fn seek_while_outstanding(b: &dyn DriverUnderTest, d: &dyn DurableBackend) -> Outcome {
+pub fn seek_while_outstanding(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> Outcome {
     const CAPACITY: usize = 4;
     let rig = Rig::new(b, d);
     let l = rig.label.clone();
@@ -983,7 +983,7 @@ pub fn seek_while_outstanding(b: &dyn DriverUnderTest, d: &dyn DurableBackend) -
 /// A delayed message in a stream (R-TIME-2 on a durable source): the messages after it are
 /// delivered at once, the delayed one when the manual clock reaches it; until then it holds
 /// the commit (the lowest unfinished offset, R-LOG-3), then the commit passes everything.
-pub fn delayed_durable_message(b: &dyn DriverUnderTest, d: &dyn DurableBackend) -> Outcome {
+pub fn delayed_durable_message(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> Outcome {
     let rig = Rig::new(b, d);
     let l = rig.label.clone();
     let broker = rig.start();
@@ -1020,7 +1020,7 @@ pub fn delayed_durable_message(b: &dyn DriverUnderTest, d: &dyn DurableBackend) 
 /// Dropping a durable subscription and subscribing again under the same name in the same
 /// broker resumes at the commit (R-LOG-3); while one is live, a second is refused with a
 /// typed error.
-pub fn resubscribe_resumes(b: &dyn DriverUnderTest, d: &dyn DurableBackend) -> Outcome {
+pub fn resubscribe_resumes(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> Outcome {
     let rig = Rig::new(b, d);
     let l = rig.label.clone();
     let broker = rig.start();
@@ -1058,7 +1058,7 @@ pub fn resubscribe_resumes(b: &dyn DriverUnderTest, d: &dyn DurableBackend) -> O
 
 /// A `seek` past messages still outstanding is durable (R-LOG-4, R-LOG-3): after a restart
 /// before they finish, the subscription resumes at the sought position, not below it.
-pub fn seek_survives_restart(b: &dyn DriverUnderTest, d: &dyn DurableBackend) -> Outcome {
+pub fn seek_survives_restart(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> Outcome {
     let rig = Rig::new(b, d);
     let l = rig.label.clone();
     let broker = rig.start();
@@ -1107,7 +1107,7 @@ pub fn run(
     name: &str,
     case: DurableCaseFn,
     driver: &dyn DriverUnderTest,
-    durable: &dyn DurableBackend,
+    durable: &dyn DurableTarget,
 ) -> Outcome {
     let outcome = match durable.unavailable() {
         Some(why) => Outcome::Skipped(why),
@@ -1124,7 +1124,7 @@ pub fn run(
 }
 
 /// The body of one durable case.
-pub type DurableCaseFn = fn(&dyn DriverUnderTest, &dyn DurableBackend) -> Outcome;
+pub type DurableCaseFn = fn(&dyn DriverUnderTest, &dyn DurableTarget) -> Outcome;
 
 /// One durable case: its name and body.
 pub type DurableCase = (&'static str, DurableCaseFn);

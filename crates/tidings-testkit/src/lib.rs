@@ -5,7 +5,7 @@
 //! wake-up; the threaded drivers wait (bounded, generous) for a condition. Each function
 //! in [`suite`] is written once and run under every driver by `tests/conformance.rs`;
 //! [`durable_suite`] adds the durable cases, run under every driver against every
-//! [`DurableBackend`] (the embedded log, directly and through the seam; JetStream
+//! [`DurableTarget`] (the embedded log, directly and through the seam; JetStream
 //! implements the same trait); [`durable_conformance!`] runs them all with one line.
 //! [`nats`] starts and stops the `nats-server` the JetStream backend's tests run against.
 
@@ -22,7 +22,7 @@ pub mod suite;
 #[cfg(feature = "tokio")]
 pub use driver::TokioDriver;
 pub use driver::{DriverUnderTest, ManualDriver, ThreadedDriver};
-pub use durable::{DurableBackend, DurableStore, EmbeddedLog, EmbeddedSeam, Outcome};
+pub use durable::{DurableStore, DurableTarget, EmbeddedLog, EmbeddedSeam, Outcome};
 /// What a durable backend can do; the suite's cases skip, visibly, what it cannot.
 pub use tidings::durable::Capabilities;
 

@@ -2,11 +2,11 @@
 //! cases under every driver against every durable backend.
 //!
 //! A new durable backend plugs in with one line (here, or in its own crate's tests):
-//! `tidings_testkit::durable_conformance!(<module>, <its DurableBackend>);`.
+//! `tidings_testkit::durable_conformance!(<module>, <its DurableTarget>);`.
 
 use tidings::Driver;
 use tidings_testkit::{
-    Capabilities, DurableBackend, EmbeddedLog, EmbeddedSeam, durable_suite, suite,
+    Capabilities, DurableTarget, EmbeddedLog, EmbeddedSeam, durable_suite, suite,
 };
 use tidings_testkit::{DriverUnderTest, ManualDriver, Outcome, ThreadedDriver};
 
@@ -72,7 +72,7 @@ tidings_testkit::durable_conformance!(embedded_seam, EmbeddedSeam);
 /// naming the capability, instead of passing or failing silently.
 struct Restricted(Capabilities);
 
-impl DurableBackend for Restricted {
+impl DurableTarget for Restricted {
     fn name(&self) -> String {
         "restricted-log".into()
     }
