@@ -3,7 +3,7 @@
 //! A [`DurableTarget`] opens a fresh, empty [`DurableStore`] for each case; the store
 //! outlives the brokers a case builds on it, so a case can close its broker and build a new
 //! one on the same store (a restart). [`Capabilities`] say what the backend can do; a case
-//! that needs a missing capability returns [`Outcome::Skipped`] naming it, and the test that
+//! that needs a missing capability returns [`CaseOutcome::Skipped`] naming it, and the test that
 //! ran it prints the reason.
 //!
 //! A store attaches its storage to each broker the case builds with
@@ -145,7 +145,7 @@ impl DurableStore for SeamStore {
 /// What running one durable case did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[must_use = "a skipped case must be reported"]
-pub enum Outcome {
+pub enum CaseOutcome {
     /// Every assertion of the case ran.
     Ran,
     /// The backend lacks what the case needs: the reason names the capability.

@@ -43,7 +43,7 @@ macro_rules! durable_cases {
                     $crate::durable_suite::run(name, case, driver.as_ref(), durable.as_ref());
                 // A backend with every capability runs every assertion.
                 if $crate::DurableTarget::caps(durable.as_ref()) == $crate::Capabilities::all() {
-                    assert_eq!(outcome, $crate::Outcome::Ran, "{name}");
+                    assert_eq!(outcome, $crate::CaseOutcome::Ran, "{name}");
                 }
             }
             $crate::durable_tests!(

@@ -17,7 +17,7 @@ use tidings::*;
 
 use crate::Capabilities;
 use crate::driver::DriverUnderTest;
-use crate::durable::{DurableStore, DurableTarget, Outcome};
+use crate::durable::{CaseOutcome, DurableStore, DurableTarget};
 use crate::helpers::text;
 
 /// The stream every case uses, capturing `suite.#`.
@@ -183,7 +183,7 @@ fn dlq_payloads(d: &DurableSubscription) -> Vec<String> {
 /// keeps the commit below it while later keys finish; after the restart the subscription
 /// starts exactly at the commit, nothing is lost, and the only duplicates are messages
 /// finished above the commit.
-pub fn resume_after_restart(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> Outcome {
+pub fn resume_after_restart(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> CaseOutcome {
     let rig = Rig::new(b, d);
     let l = rig.label.clone();
     let broker = rig.start();
@@ -279,13 +279,13 @@ pub fn resume_after_restart(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> O
     assert!(sub.stats().is_conserved(), "[{l}]"); // R-DEL-6
     drop(sub);
     rig.close_clean(broker);
-    Outcome::Ran
+    CaseOutcome::Ran
 }
 
 /// Replay by offset (R-LOG-4): new subscriptions from `Offset`, `Earliest` and `Latest`,
 /// then `seek` to an offset, the latest and the earliest; a position outside the stream is
 /// a typed error that changes nothing.
-pub fn replay_by_offset(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> Outcome {
+pub fn replay_by_offset(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> CaseOutcome {
     let rig = Rig::new(b, d);
     let l = rig.label.clone();
     let broker = rig.start();
@@ -369,16 +369,16 @@ pub fn replay_by_offset(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> Outco
     }
     drop((e, m, t));
     rig.close_clean(broker);
-    Outcome::Ran
+    CaseOutcome::Ran
 }
 
 /// Replay by time (R-LOG-4): messages published a second apart on the manual clock; a
 /// subscription or a `seek` at a time starts at the first message at or after it.
 /// Needs [`Capabilities::manual_time`].
-pub fn replay_by_time(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> Outcome {
+pub fn replay_by_time(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> CaseOutcome {
     let rig = Rig::new(b, d);
     if !rig.caps.manual_time {
-        return Outcome::Skipped(format!(
+        return CaseOutcome::Skipped(format!(
             "{}: stored messages are not stamped with the broker's clock (manual_time)",
             d.name()
         ));
@@ -441,14 +441,14 @@ pub fn replay_by_time(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> Outcome
     }
     drop((a, bt, c, z));
     rig.close_clean(broker);
-    Outcome::Ran
+    CaseOutcome::Ran
 }
 
 /// The durable DLQ keeps reasons (R-DEL-4): a rejected message is dead-lettered after one
 /// attempt with `Rejected`, a failing one after its retries with `RetriesExhausted` and the
 /// attempts and last error; the commit passes both (R-LOG-3); the entries survive a
 /// restart and are not redelivered.
-pub fn durable_dlq_reasons(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> Outcome {
+pub fn durable_dlq_reasons(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> CaseOutcome {
     let rig = Rig::new(b, d);
     let l = rig.label.clone();
     let broker = rig.start();
@@ -553,14 +553,17 @@ pub fn durable_dlq_reasons(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> Ou
     assert_eq!(seen.payloads(), ["ok-0", "ok-3", "ok-6"], "[{l}]"); // R-LOG-3
     drop(sub);
     rig.close_clean(broker);
-    Outcome::Ran
+    CaseOutcome::Ran
 }
 
 /// Redrive and drain of the durable DLQ (R-DEL-4): the selected entries are appended again
 /// for this subscription only, delivered, and leave the DLQ; the rest stays across a
 /// restart; one redriven while still refused comes back at its new offset; the drain
 /// empties the DLQ durably.
-pub fn durable_dlq_redrive_and_drain(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> Outcome {
+pub fn durable_dlq_redrive_and_drain(
+    b: &dyn DriverUnderTest,
+    d: &dyn DurableTarget,
+) -> CaseOutcome {
     let rig = Rig::new(b, d);
     let l = rig.label.clone();
     let broker = rig.start();
@@ -657,14 +660,14 @@ pub fn durable_dlq_redrive_and_drain(b: &dyn DriverUnderTest, d: &dyn DurableTar
     assert_eq!(seen.len(), 3, "[{l}]");
     drop(sub);
     rig.close_clean(broker);
-    Outcome::Ran
+    CaseOutcome::Ran
 }
 
 /// A slow durable consumer never overflows (R-BP-2): while its first message waits an hour
 /// to retry, publishing goes on, nothing is refused, at most `capacity` messages are
 /// outstanding and the lag grows exactly (R-BP-3); once time moves, it catches up in order
 /// and the lag reaches 0.
-pub fn lag_and_slow_consumer(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> Outcome {
+pub fn lag_and_slow_consumer(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> CaseOutcome {
     const CAPACITY: usize = 4;
     let rig = Rig::new(b, d);
     let l = rig.label.clone();
@@ -718,13 +721,13 @@ pub fn lag_and_slow_consumer(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> 
     assert!(st.is_conserved(), "[{l}]"); // R-DEL-6
     drop(sub);
     rig.close_clean(broker);
-    Outcome::Ran
+    CaseOutcome::Ran
 }
 
 /// A durable subscription's filter pattern has the AMQP topic semantics (R-RT-1): `*` is
 /// one word, `#` zero or more anywhere; messages it filters out are finished (the commit
 /// passes them).
-pub fn durable_filter(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> Outcome {
+pub fn durable_filter(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> CaseOutcome {
     let rig = Rig::new(b, d);
     let l = rig.label.clone();
     let broker = rig.start();
@@ -785,14 +788,14 @@ pub fn durable_filter(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> Outcome
     }
     drop((s1, s2));
     rig.close_clean(broker);
-    Outcome::Ran
+    CaseOutcome::Ran
 }
 
 /// Every field of a message survives the stream (R-CORE-4, R-LOG-1): key, headers,
 /// correlation id, payload, the publish time on the manual clock (with
 /// [`Capabilities::manual_time`]) and priority (with [`Capabilities::priority`]); its offset
 /// is the stream's.
-pub fn durable_message_fields(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> Outcome {
+pub fn durable_message_fields(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> CaseOutcome {
     let rig = Rig::new(b, d);
     let l = rig.label.clone();
     let broker = rig.start();
@@ -838,9 +841,9 @@ pub fn durable_message_fields(b: &dyn DriverUnderTest, d: &dyn DurableTarget) ->
     drop(sub);
     rig.close_clean(broker);
     if skipped.is_empty() {
-        Outcome::Ran
+        CaseOutcome::Ran
     } else {
-        Outcome::Skipped(format!(
+        CaseOutcome::Skipped(format!(
             "{}: not checked without {}",
             d.name(),
             skipped.join(", ")
@@ -852,7 +855,7 @@ pub fn durable_message_fields(b: &dyn DriverUnderTest, d: &dyn DurableTarget) ->
 /// held an hour in retry: every other one receives the whole stream and commits to its end
 /// without waiting for the held one (R-EXE-1, R-CORE-1: a durable feeder holds no worker
 /// while it waits), and the held one catches up once time moves (R-BP-2).
-pub fn many_durables_progress(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> Outcome {
+pub fn many_durables_progress(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> CaseOutcome {
     const SUBS: usize = 8;
     const N: u64 = 12;
     let rig = Rig::new(b, d);
@@ -921,13 +924,13 @@ pub fn many_durables_progress(b: &dyn DriverUnderTest, d: &dyn DurableTarget) ->
     assert!(slow.stats().is_conserved(), "[{l}]"); // R-DEL-6
     drop((slow, subs));
     rig.close_clean(broker);
-    Outcome::Ran
+    CaseOutcome::Ran
 }
 
 /// A `seek` while messages are outstanding (R-LOG-4): the position and the commit move at
 /// once, the messages already offered are still delivered, in order, and they no longer
 /// hold the commit back; nothing between them and the new position is read.
-pub fn seek_while_outstanding(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> Outcome {
+pub fn seek_while_outstanding(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> CaseOutcome {
     const CAPACITY: usize = 4;
     let rig = Rig::new(b, d);
     let l = rig.label.clone();
@@ -977,13 +980,13 @@ pub fn seek_while_outstanding(b: &dyn DriverUnderTest, d: &dyn DurableTarget) ->
     assert!(sub.stats().is_conserved(), "[{l}]"); // R-DEL-6
     drop(sub);
     rig.close_clean(broker);
-    Outcome::Ran
+    CaseOutcome::Ran
 }
 
 /// A delayed message in a stream (R-TIME-2 on a durable source): the messages after it are
 /// delivered at once, the delayed one when the manual clock reaches it; until then it holds
 /// the commit (the lowest unfinished offset, R-LOG-3), then the commit passes everything.
-pub fn delayed_durable_message(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> Outcome {
+pub fn delayed_durable_message(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> CaseOutcome {
     let rig = Rig::new(b, d);
     let l = rig.label.clone();
     let broker = rig.start();
@@ -1014,13 +1017,13 @@ pub fn delayed_durable_message(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -
     assert!(sub.stats().is_conserved(), "[{l}]"); // R-DEL-6
     drop(sub);
     rig.close_clean(broker);
-    Outcome::Ran
+    CaseOutcome::Ran
 }
 
 /// Dropping a durable subscription and subscribing again under the same name in the same
 /// broker resumes at the commit (R-LOG-3); while one is live, a second is refused with a
 /// typed error.
-pub fn resubscribe_resumes(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> Outcome {
+pub fn resubscribe_resumes(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> CaseOutcome {
     let rig = Rig::new(b, d);
     let l = rig.label.clone();
     let broker = rig.start();
@@ -1053,12 +1056,12 @@ pub fn resubscribe_resumes(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> Ou
     assert!(sub.stats().is_conserved(), "[{l}]"); // R-DEL-6
     drop(sub);
     rig.close_clean(broker);
-    Outcome::Ran
+    CaseOutcome::Ran
 }
 
 /// A `seek` past messages still outstanding is durable (R-LOG-4, R-LOG-3): after a restart
 /// before they finish, the subscription resumes at the sought position, not below it.
-pub fn seek_survives_restart(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> Outcome {
+pub fn seek_survives_restart(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> CaseOutcome {
     let rig = Rig::new(b, d);
     let l = rig.label.clone();
     let broker = rig.start();
@@ -1098,7 +1101,7 @@ pub fn seek_survives_restart(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> 
     assert_eq!(seen.payloads(), names(7..10), "[{l}]"); // R-LOG-4
     drop(sub);
     rig.close_clean(broker);
-    Outcome::Ran
+    CaseOutcome::Ran
 }
 
 /// Run `case` under `driver` on `durable` and report a skip on stderr (visible with
@@ -1108,12 +1111,12 @@ pub fn run(
     case: DurableCaseFn,
     driver: &dyn DriverUnderTest,
     durable: &dyn DurableTarget,
-) -> Outcome {
+) -> CaseOutcome {
     let outcome = match durable.unavailable() {
-        Some(why) => Outcome::Skipped(why),
+        Some(why) => CaseOutcome::Skipped(why),
         None => case(driver, durable),
     };
-    if let Outcome::Skipped(why) = &outcome {
+    if let CaseOutcome::Skipped(why) = &outcome {
         eprintln!(
             "SKIPPED durable case {name} [{}/{}]: {why}",
             driver.name(),
@@ -1124,7 +1127,7 @@ pub fn run(
 }
 
 /// The body of one durable case.
-pub type DurableCaseFn = fn(&dyn DriverUnderTest, &dyn DurableTarget) -> Outcome;
+pub type DurableCaseFn = fn(&dyn DriverUnderTest, &dyn DurableTarget) -> CaseOutcome;
 
 /// One durable case: its name and body.
 pub type DurableCase = (&'static str, DurableCaseFn);

@@ -22,7 +22,7 @@ pub mod suite;
 #[cfg(feature = "tokio")]
 pub use driver::TokioDriver;
 pub use driver::{DriverUnderTest, ManualDriver, ThreadedDriver};
-pub use durable::{DurableStore, DurableTarget, EmbeddedLog, EmbeddedSeam, Outcome};
+pub use durable::{CaseOutcome, DurableStore, DurableTarget, EmbeddedLog, EmbeddedSeam};
 /// What a durable backend can do; the suite's cases skip, visibly, what it cannot.
 pub use tidings::durable::Capabilities;
 

@@ -8,7 +8,7 @@ use tidings::Driver;
 use tidings_testkit::{
     Capabilities, DurableTarget, EmbeddedLog, EmbeddedSeam, durable_suite, suite,
 };
-use tidings_testkit::{DriverUnderTest, ManualDriver, Outcome, ThreadedDriver};
+use tidings_testkit::{CaseOutcome, DriverUnderTest, ManualDriver, ThreadedDriver};
 
 macro_rules! conformance {
     ($module:ident, $driver:expr) => {
@@ -95,7 +95,7 @@ fn a_missing_capability_skips_visibly() {
         &restricted,
     );
     assert!(
-        matches!(&outcome, Outcome::Skipped(why) if why.contains("manual_time")),
+        matches!(&outcome, CaseOutcome::Skipped(why) if why.contains("manual_time")),
         "{outcome:?}"
     ); // R-DIST-2
     let outcome = durable_suite::run(
@@ -105,7 +105,7 @@ fn a_missing_capability_skips_visibly() {
         &restricted,
     );
     assert!(
-        matches!(&outcome, Outcome::Skipped(why) if why.contains("priority") && why.contains("manual_time")),
+        matches!(&outcome, CaseOutcome::Skipped(why) if why.contains("priority") && why.contains("manual_time")),
         "{outcome:?}"
     ); // R-DIST-2
     // The embedded log itself has every capability: nothing is skipped there.
@@ -115,7 +115,7 @@ fn a_missing_capability_skips_visibly() {
         &b,
         &EmbeddedLog,
     );
-    assert_eq!(all, Outcome::Ran); // R-DIST-2
+    assert_eq!(all, CaseOutcome::Ran); // R-DIST-2
 }
 
 #[test]
