@@ -32,7 +32,7 @@ use super::effects::{Effects, Lists};
 use super::lanes::Lanes;
 use super::ledger::{Counts, Ledger};
 use super::per_key::PerKey;
-use super::slots::{ThinVec, Slots};
+use super::slots::{BoxedVec, Slots};
 
 /// A message handed to a driver for one handler call.
 #[derive(Debug)]
@@ -139,7 +139,7 @@ pub(crate) struct Core {
     /// the last move, kept so that moving allocates nothing. Boxed, and made by the first
     /// move that finds messages: an idle subscription pays one pointer for it, not three
     /// words.
-    ingress_spare: Option<ThinVec<Queued>>,
+    ingress_spare: Option<BoxedVec<Queued>>,
 }
 
 impl Core {
@@ -588,19 +588,19 @@ impl Core {
     /// The empty buffer to swap with the ingress's items (`None` before the first move
     /// that found any); hand it back, filled, to [`Core::accept_ingress`], or unused to
     /// [`Core::keep_ingress_spare`].
-    pub(crate) fn take_ingress_spare(&mut self) -> Option<ThinVec<Queued>> {
+    pub(crate) fn take_ingress_spare(&mut self) -> Option<BoxedVec<Queued>> {
         self.ingress_spare.take()
     }
 
     /// Keep a buffer [`Core::take_ingress_spare`] gave out that was not needed.
-    pub(crate) fn keep_ingress_spare(&mut self, spare: Option<ThinVec<Queued>>) {
+    pub(crate) fn keep_ingress_spare(&mut self, spare: Option<BoxedVec<Queued>>) {
         self.ingress_spare = spare;
     }
 
     /// Book and queue messages the ingress took with room reserved for them (see
     /// `super::ingress`): accepted already, in offer order, so no overflow policy applies.
     /// The emptied buffer is kept for the next move.
-    pub(crate) fn accept_ingress(&mut self, mut items: ThinVec<Queued>) {
+    pub(crate) fn accept_ingress(&mut self, mut items: BoxedVec<Queued>) {
         for item in items.drain(..) {
             self.counts.offered += 1;
             self.counts.accepted += 1;
