@@ -35,7 +35,7 @@ use tidings::{Headers, MessageId, Pattern, StartAt, StreamErrorKind, Topic};
 use crate::classify::Classify;
 use crate::connect::JetStream;
 use crate::error::{AckError, ConsumerError, FetchError, InfoError};
-use crate::stream::check_name;
+use crate::stream::check_nats_name;
 use crate::subject::filter_subjects;
 
 /// Default time a delivery may stay unacknowledged before it is redelivered.
@@ -131,7 +131,7 @@ impl ConsumerSpec {
 
     fn validate(&self) -> Result<(), ConsumerError> {
         for name in [&self.stream, &self.durable] {
-            check_name(name).map_err(|reason| ConsumerError::InvalidName {
+            check_nats_name(name).map_err(|reason| ConsumerError::InvalidName {
                 name: name.clone(),
                 reason,
             })?;
