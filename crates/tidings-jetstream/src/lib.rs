@@ -36,13 +36,15 @@
 
 pub mod backend;
 mod classify;
-mod connect;
-mod consumer;
+mod client;
+mod connection;
 mod error;
-pub mod pipeline;
-mod stream;
 pub mod subject;
 pub mod transport;
+
+pub use client::pipeline;
+use client::{consumer, stream};
+use connection::connect;
 
 pub use backend::{
     BACKEND_NAME, CAPABILITIES, DEFAULT_MAX_DELIVERIES, JetStreamBackend, JetStreamBackendBuilder,

@@ -61,7 +61,7 @@ pub(crate) mod codec;
 mod cursor;
 mod dead_letters;
 mod keep_alive;
-pub(crate) mod runtime;
+pub(crate) use crate::connection::runtime;
 mod stream;
 
 use std::fmt;
