@@ -54,6 +54,7 @@ pub use connect::{
     ConnectOptions, DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT, JetStream,
     MIN_SERVER_VERSION, ServerVersion, check_server_version,
 };
+pub use connection::NatsConnection;
 pub use consumer::{
     ConsumerSettings, ConsumerSpec, DEFAULT_ACK_WAIT, DEFAULT_INACTIVE_THRESHOLD, Delivery,
     Durable, Fetched, Lag,

@@ -381,9 +381,9 @@ fn keep_alive_holds_a_message_beyond_the_ack_wait() {
     };
     let ack_wait = Duration::from_secs(1);
     let connect = || {
-        JetStreamBackend::builder(options(&server))
+        JetStreamBackend::builder()
             .ack_wait(ack_wait)
-            .connect()
+            .connect(options(&server))
             .expect("connects")
     };
     // Two connections sharing one durable: two processes, as far as the server knows.
@@ -443,10 +443,10 @@ fn a_message_whose_holders_keep_dying_is_dead_lettered() {
         return;
     };
     let ack_wait = Duration::from_secs(1);
-    let b = JetStreamBackend::builder(options(&server))
+    let b = JetStreamBackend::builder()
         .ack_wait(ack_wait)
         .max_deliveries(2)
-        .connect()
+        .connect(options(&server))
         .expect("connects");
     let s = stream(&b, "fragile", &["fragile"]);
     s.append(&msg("fragile", "poison")).expect("append");

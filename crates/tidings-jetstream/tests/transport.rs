@@ -7,10 +7,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tidings::{
-    Broker, Driver, HandlerError, Message, Overflow, PublishError, RequestError, StreamConfig,
-    SubscribeOptions, TransportError,
+    Broker, ConfigError, Driver, HandlerError, Message, Overflow, PublishError, RequestError,
+    StreamConfig, SubscribeOptions, TransportError,
 };
-use tidings_jetstream::{ConnectOptions, JetStreamBackend, NatsTransport};
+use tidings_jetstream::{ConnectOptions, JetStreamBackend, NatsConnection, NatsTransport};
 use tidings_testkit::driver::{DriverUnderTest, ThreadedDriver};
 use tidings_testkit::nats::{NatsServer, NatsServerOptions};
 use tidings_testkit::suite;
@@ -373,12 +373,11 @@ fn a_message_appended_to_a_jetstream_stream_is_sent_once() {
         return;
     };
     // Broker A keeps streams on JetStream and sends buffered publishes over NATS core,
-    // both on the same server.
-    let backend = JetStreamBackend::connect(options(&server)).expect("connects");
-    let transport = NatsTransport::connect(options(&server)).expect("connects");
+    // both built from one connection.
+    let conn = NatsConnection::connect(options(&server)).expect("connects");
     let a = Broker::builder()
-        .durable_backend(Arc::new(backend))
-        .transport(Arc::new(transport))
+        .durable_backend(Arc::new(JetStreamBackend::new(&conn)))
+        .transport(Arc::new(NatsTransport::new(&conn)))
         .build()
         .expect("builds");
     a.create_stream(StreamConfig::new("orders", ["orders.#"]))
@@ -412,6 +411,31 @@ fn a_message_appended_to_a_jetstream_stream_is_sent_once() {
     assert_eq!(t.iter().filter(|t| *t == "orders.new").count(), 10, "{t:?}");
     assert_eq!(t.iter().filter(|t| *t == "other.new").count(), 10, "{t:?}");
     assert_eq!(sub.stats().delivered, 22);
+}
+
+#[test]
+fn a_backend_and_a_transport_on_two_connections_are_refused() {
+    let Some(server) = NatsServer::for_test(NatsServerOptions::new()) else {
+        return;
+    };
+    // Two connections, even to one server: the broker cannot know they reach the same
+    // subscribers, so it refuses rather than lose or double an appended message.
+    let backend = JetStreamBackend::connect(options(&server)).expect("connects");
+    let transport = NatsTransport::connect(options(&server)).expect("connects");
+    let built = Broker::builder()
+        .durable_backend(Arc::new(backend))
+        .transport(Arc::new(transport))
+        .build();
+    assert!(
+        matches!(
+            built,
+            Err(ConfigError::Invalid {
+                setting: "transport",
+                ..
+            })
+        ),
+        "{built:?}"
+    );
 }
 
 /// The in-memory suite's brokers, each with its own NATS transport on one server.

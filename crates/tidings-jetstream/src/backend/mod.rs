@@ -70,10 +70,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tidings::durable::{BackendStream, Capabilities, DurableBackend};
+use tidings::transport::ConnectionId;
 use tidings::{Limits, Pattern, StreamConfig, StreamError, StreamErrorKind};
 
 use crate::classify::seam;
 use crate::connect::{ConnectOptions, JetStream};
+use crate::connection::NatsConnection;
 use crate::consumer::{DEFAULT_ACK_WAIT, DEFAULT_INACTIVE_THRESHOLD};
 use crate::error::{ConnectError, JetStreamError};
 use runtime::Runtime;
@@ -108,6 +110,8 @@ pub(crate) struct Settings {
 pub(crate) struct Shared {
     pub(crate) rt: Runtime,
     pub(crate) js: JetStream,
+    /// The connection `rt` and `js` belong to.
+    pub(crate) connection: ConnectionId,
     pub(crate) settings: Settings,
     /// Bumped by every change this process makes to a stream or consumer (append, ack,
     /// seek, redrive): a cursor's cached consumer info older than the last change is
@@ -196,11 +200,10 @@ pub(crate) fn check_name(what: &'static str, name: &str) -> Result<(), StreamErr
     Ok(())
 }
 
-/// Builds a [`JetStreamBackend`]: connection options and consumer settings.
+/// Builds a [`JetStreamBackend`]: consumer settings, then the connection it runs on.
 #[derive(Debug, Clone)]
 #[must_use]
 pub struct JetStreamBackendBuilder {
-    connect: ConnectOptions,
     settings: Settings,
 }
 
@@ -239,23 +242,27 @@ impl JetStreamBackendBuilder {
         self
     }
 
-    /// Connects on the backend's own runtime thread.
-    ///
-    /// Returns within the connect timeout plus one request timeout.
-    ///
-    /// # Errors
-    /// What [`ConnectOptions::connect`] reports, or [`ConnectError::Runtime`] when the
-    /// runtime thread could not be started.
-    pub fn connect(self) -> Result<JetStreamBackend, ConnectError> {
-        let (rt, js) = Runtime::start_connected("tidings-jetstream", self.connect)?;
-        Ok(JetStreamBackend {
+    /// The backend on `connection` (share it with a [`NatsTransport`](crate::NatsTransport)
+    /// built from the same one).
+    pub fn build(self, connection: &NatsConnection) -> JetStreamBackend {
+        JetStreamBackend {
             shared: Arc::new(Shared {
-                rt,
-                js,
+                rt: connection.runtime().clone(),
+                js: connection.jetstream().clone(),
+                connection: connection.id(),
                 settings: self.settings,
                 changes: Arc::new(AtomicU64::new(0)),
             }),
-        })
+        }
+    }
+
+    /// Connects with `options` on a connection of the backend's own (no transport can
+    /// share it: a broker refuses a NATS transport alongside).
+    ///
+    /// # Errors
+    /// As [`NatsConnection::connect`].
+    pub fn connect(self, options: ConnectOptions) -> Result<JetStreamBackend, ConnectError> {
+        Ok(self.build(&NatsConnection::connect(options)?))
     }
 }
 
@@ -264,10 +271,11 @@ impl JetStreamBackendBuilder {
 ///
 /// ```no_run
 /// # fn demo() -> Result<(), Box<dyn std::error::Error>> {
-/// use tidings_jetstream::{ConnectOptions, JetStreamBackend};
-/// let backend = JetStreamBackend::builder(ConnectOptions::new("nats://127.0.0.1:4222"))
+/// use tidings_jetstream::{ConnectOptions, JetStreamBackend, NatsConnection};
+/// let conn = NatsConnection::connect(ConnectOptions::new("nats://127.0.0.1:4222"))?;
+/// let backend = JetStreamBackend::builder()
 ///     .ack_wait(std::time::Duration::from_secs(30))
-///     .connect()?;
+///     .build(&conn);
 /// # let _ = backend; Ok(()) }
 /// ```
 #[derive(Clone)]
@@ -286,10 +294,9 @@ impl fmt::Debug for JetStreamBackend {
 }
 
 impl JetStreamBackend {
-    /// A builder connecting with `options`, with the default consumer settings.
-    pub fn builder(options: ConnectOptions) -> JetStreamBackendBuilder {
+    /// A builder with the default consumer settings.
+    pub fn builder() -> JetStreamBackendBuilder {
         JetStreamBackendBuilder {
-            connect: options,
             settings: Settings {
                 ack_wait: DEFAULT_ACK_WAIT,
                 keep_alive: DEFAULT_ACK_WAIT / 3,
@@ -300,12 +307,17 @@ impl JetStreamBackend {
         }
     }
 
-    /// Connects with `options` and the default settings.
+    /// The backend on `connection`, with the default settings.
+    pub fn new(connection: &NatsConnection) -> Self {
+        Self::builder().build(connection)
+    }
+
+    /// Connects with `options` on a connection of its own, with the default settings.
     ///
     /// # Errors
     /// As [`JetStreamBackendBuilder::connect`].
     pub fn connect(options: ConnectOptions) -> Result<Self, ConnectError> {
-        Self::builder(options).connect()
+        Self::builder().connect(options)
     }
 
     /// Deletes the JetStream stream behind the tidings stream `name`, and the DLQ streams
@@ -352,6 +364,11 @@ impl DurableBackend for JetStreamBackend {
             config,
             patterns,
         )?))
+    }
+
+    fn appends_published_on(&self) -> Option<ConnectionId> {
+        // An append is a NATS publish on the message's subject, on this connection.
+        Some(self.shared.connection)
     }
 }
 
