@@ -50,15 +50,15 @@ pub use backend::{
     BACKEND_NAME, CAPABILITIES, DEFAULT_MAX_DELIVERIES, JetStreamBackend, JetStreamBackendBuilder,
     MAX_NAME_BYTES,
 };
+pub use client::consumer::{ConsumerSpec, DEFAULT_ACK_WAIT, DEFAULT_INACTIVE_THRESHOLD};
+pub use client::consumer_settings::ConsumerSettings;
+pub use client::delivery::Delivery;
+pub use client::durable::{Durable, Fetched, Lag};
 pub use connect::{
     ConnectOptions, DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT, JetStream,
     MIN_SERVER_VERSION, ServerVersion, check_server_version,
 };
 pub use connection::NatsConnection;
-pub use consumer::{
-    ConsumerSettings, ConsumerSpec, DEFAULT_ACK_WAIT, DEFAULT_INACTIVE_THRESHOLD, Delivery,
-    Durable, Fetched, Lag,
-};
 pub use error::{
     AckError, AppendError, ConnectError, ConsumerError, FetchError, InfoError, JetStreamError,
     StreamError,
