@@ -34,7 +34,8 @@ struct Shared {
 
 /// One connection to a NATS server with JetStream, on a runtime thread of its own: build a
 /// [`JetStreamBackend`](crate::JetStreamBackend) and a [`NatsTransport`](crate::NatsTransport)
-/// from it, and a broker with both sends each message once (see the [module docs](self)).
+/// from it, and a broker with both sends each message once: both report this connection's
+/// [`ConnectionId`], and a broker refuses a backend and a transport whose ids differ.
 ///
 /// Cheap to clone: clones share the connection.
 ///
