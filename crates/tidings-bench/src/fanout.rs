@@ -273,7 +273,7 @@ pub(crate) fn sized_rounds(
     n: u64,
     max_msgs: u64,
     systems: &mut [Named],
-) -> (Vec<crate::harness::Outcome>, String) {
+) -> (Vec<crate::harness::ContenderRun>, String) {
     let mut counts = Vec::new();
     let mut contenders: Vec<Contender<'_>> = Vec::new();
     for (name, sys) in systems.iter_mut() {

@@ -27,14 +27,14 @@ impl<'a> Contender<'a> {
 
 /// What one contender produced over all rounds.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct Outcome {
+pub(crate) struct ContenderRun {
     pub name: String,
     pub samples: Vec<f64>,
     /// Set when a round failed; later rounds were not run.
     pub error: Option<String>,
 }
 
-impl Outcome {
+impl ContenderRun {
     /// Median of the samples, when every round succeeded.
     pub(crate) fn median(&self) -> Option<f64> {
         if self.error.is_some() {
@@ -70,12 +70,12 @@ pub(crate) fn system_enabled(name: &str) -> bool {
 
 /// Run `rounds` rounds; in round `r` the contenders run in order rotated by `r`
 /// (A B C, B C A, C A B, …) so no one always goes first or last.
-pub(crate) fn interleave(rounds: usize, contenders: &mut [Contender<'_>]) -> Vec<Outcome> {
-    let mut out: Vec<Outcome> = contenders
+pub(crate) fn interleave(rounds: usize, contenders: &mut [Contender<'_>]) -> Vec<ContenderRun> {
+    let mut out: Vec<ContenderRun> = contenders
         .iter()
-        .map(|c| Outcome {
+        .map(|c| ContenderRun {
             name: c.name.clone(),
-            ..Outcome::default()
+            ..ContenderRun::default()
         })
         .collect();
     let n = contenders.len();

@@ -50,7 +50,7 @@ use tidings_jetstream::{
 };
 use tidings_testkit::nats::{NatsServer, NatsServerOptions};
 
-use crate::harness::{Outcome, Tally};
+use crate::harness::{ContenderRun, Tally};
 use crate::{Case, Filter, Plan};
 
 const PUBLISH_ONE: &str = "jetstream/publish/window=1";
@@ -240,7 +240,7 @@ pub(crate) fn run(plan: &Plan, filter: &Filter) -> Vec<Case> {
     cases
 }
 
-fn fill(case: &mut Case, outcomes: &[Outcome]) {
+fn fill(case: &mut Case, outcomes: &[ContenderRun]) {
     for o in outcomes {
         match (o.name.as_str(), o.median()) {
             ("tidings", v) => case.tidings = v,
@@ -261,7 +261,7 @@ fn fill(case: &mut Case, outcomes: &[Outcome]) {
 /// One side of a paired case: its per-round rates, and the time and messages of the round
 /// under way.
 struct Side {
-    outcome: Outcome,
+    outcome: ContenderRun,
     busy: Duration,
     messages: u64,
 }
@@ -269,9 +269,9 @@ struct Side {
 impl Side {
     fn new(name: &str) -> Self {
         Self {
-            outcome: Outcome {
+            outcome: ContenderRun {
                 name: name.to_owned(),
-                ..Outcome::default()
+                ..ContenderRun::default()
             },
             busy: Duration::ZERO,
             messages: 0,
@@ -370,7 +370,13 @@ impl Bench {
 
     /// Paired rounds of slices of `n` publishes with up to `window` acknowledgements in
     /// flight.
-    async fn publish(&self, rounds: usize, slices: usize, n: u64, window: usize) -> Vec<Outcome> {
+    async fn publish(
+        &self,
+        rounds: usize,
+        slices: usize,
+        n: u64,
+        window: usize,
+    ) -> Vec<ContenderRun> {
         let (mut ours, mut raw) = (Side::new("tidings"), Side::new(RAW));
         'rounds: for round in 0..rounds {
             let topic = match Topic::new(&self.subject()) {
@@ -497,7 +503,7 @@ impl Bench {
 
     /// Paired rounds: each side gets `slices * n` stored messages and a fresh durable
     /// consumer (untimed), then drains `n` per slice.
-    async fn consume(&self, rounds: usize, slices: usize, n: u64) -> Vec<Outcome> {
+    async fn consume(&self, rounds: usize, slices: usize, n: u64) -> Vec<ContenderRun> {
         let (mut ours, mut raw) = (Side::new("tidings"), Side::new(RAW));
         for round in 0..rounds {
             let consumers = async {
@@ -589,7 +595,7 @@ impl Bench {
         rounds: usize,
         slices: usize,
         n: u64,
-    ) -> Vec<Outcome> {
+    ) -> Vec<ContenderRun> {
         let (mut ours, mut raw) = (Side::new("tidings"), Side::new(RAW));
         let broker = match Self::broker(url) {
             Ok(b) => b,
@@ -627,7 +633,7 @@ impl Bench {
         url: &str,
         rounds: usize,
         n: u64,
-    ) -> Vec<Outcome> {
+    ) -> Vec<ContenderRun> {
         let (mut ours, mut raw) = (Side::new("tidings"), Side::new(RAW));
         let broker = match Self::broker(url) {
             Ok(b) => b,

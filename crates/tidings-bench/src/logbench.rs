@@ -303,7 +303,7 @@ fn mbps(records_per_s: f64) -> f64 {
 }
 
 /// Turn outcomes into a case: `tidings` is the contender named "tidings".
-fn case_from(name: &str, outcomes: &[crate::harness::Outcome], notes: &[String]) -> Case {
+fn case_from(name: &str, outcomes: &[crate::harness::ContenderRun], notes: &[String]) -> Case {
     let mut case = Case::new(name, "records/s", true);
     for o in outcomes {
         match (o.name.as_str(), o.median()) {

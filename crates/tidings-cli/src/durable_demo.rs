@@ -135,9 +135,9 @@ impl Place {
             Self::DataDir(dir) => builder = builder.data_dir(dir),
             Self::Nats { url, .. } => {
                 let b = Arc::new(
-                    JetStreamBackend::builder(ConnectOptions::new(url.as_str()))
+                    JetStreamBackend::builder()
                         .ack_wait(NATS_ACK_WAIT)
-                        .connect()?,
+                        .connect(ConnectOptions::new(url.as_str()))?,
                 );
                 builder = builder.durable_backend(b.clone());
                 backend = Some(b);

@@ -36,26 +36,29 @@
 
 pub mod backend;
 mod classify;
-mod connect;
-mod consumer;
+mod client;
+mod connection;
 mod error;
-pub mod pipeline;
-mod stream;
 pub mod subject;
 pub mod transport;
+
+pub use client::pipeline;
+use client::{consumer, stream};
+use connection::connect;
 
 pub use backend::{
     BACKEND_NAME, CAPABILITIES, DEFAULT_MAX_DELIVERIES, JetStreamBackend, JetStreamBackendBuilder,
     MAX_NAME_BYTES, record_subject,
 };
+pub use client::consumer::{ConsumerSpec, DEFAULT_ACK_WAIT, DEFAULT_INACTIVE_THRESHOLD};
+pub use client::consumer_settings::ConsumerSettings;
+pub use client::delivery::Delivery;
+pub use client::durable::{Durable, Fetched, Lag};
 pub use connect::{
     ConnectOptions, DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT, JetStream,
     MIN_SERVER_VERSION, ServerVersion, check_server_version,
 };
-pub use consumer::{
-    ConsumerSettings, ConsumerSpec, DEFAULT_ACK_WAIT, DEFAULT_INACTIVE_THRESHOLD, Delivery,
-    Durable, Fetched, Lag,
-};
+pub use connection::NatsConnection;
 pub use error::{
     AckError, AppendError, ConnectError, ConsumerError, FetchError, InfoError, JetStreamError,
     StreamError,

@@ -26,10 +26,14 @@
 //! # Durable streams on the same broker
 //! A JetStream append is published on the stream's own subject namespace
 //! (`$TIDINGS.s.<stream>.<topic>`, see [`record_subject`](crate::record_subject)), which no
-//! core subscription covers, so [`Transport::carries_appends`] is false: a broker with both
-//! appends a message its streams capture *and* sends it with a core publish, and every
-//! message reaches core subscribers exactly once. Nothing published on a topic is ever
-//! stored in a stream.
+//! core subscription covers: the backend reports no connection its appends reach
+//! ([`DurableBackend::appends_published_on`] is `None`), so a broker with both appends a
+//! message its streams capture *and* sends it with a core publish, and every message reaches
+//! core subscribers exactly once. Nothing published on a topic is ever stored in a stream.
+//! Build the transport and the [`JetStreamBackend`](crate::JetStreamBackend) from one
+//! [`NatsConnection`] to share one connection and runtime thread.
+//!
+//! [`DurableBackend::appends_published_on`]: tidings::durable::DurableBackend::appends_published_on
 //!
 //! # Failure (R-DIST-5)
 //! Publishing while the connection is down fails at once with
@@ -43,8 +47,8 @@
 //! lost).
 //!
 //! # Threads
-//! async-nats runs on a current-thread runtime on a thread the transport owns (the one the
-//! JetStream backend uses). Publish hands the message to the client's command channel on
+//! async-nats runs on the current-thread runtime of the [`NatsConnection`]'s thread (the
+//! one a JetStream backend built from it uses). Publish hands the message to the client's command channel on
 //! the caller's thread when it has room (it never waits there); otherwise, and for
 //! subscribe, the work runs on the runtime while the caller waits on a channel, bounded,
 //! never nesting `block_on`. Received messages are handed to the broker on that thread.
@@ -59,9 +63,12 @@ use futures_util::{FutureExt, StreamExt};
 use tidings::transport::{Deliver, Delivered, Received, Transport, TransportSubscription};
 use tidings::{Limits, Message, Pattern, Topic, TransportError};
 
+use tidings::transport::ConnectionId;
+
 use crate::backend::codec::{self, Stored};
-use crate::backend::runtime::Runtime;
-use crate::connect::{ConnectOptions, JetStream};
+use crate::connection::NatsConnection;
+use crate::connection::connect::{ConnectOptions, JetStream};
+use crate::connection::runtime::Runtime;
 use crate::error::ConnectError;
 use crate::subject::filter_subjects;
 
@@ -76,7 +83,6 @@ pub const TRANSPORT_NAME: &str = "nats";
 #[derive(Debug, Clone)]
 #[must_use]
 pub struct NatsTransportBuilder {
-    connect: ConnectOptions,
     limits: Limits,
 }
 
@@ -89,27 +95,31 @@ impl NatsTransportBuilder {
         self
     }
 
-    /// Connects on the transport's own runtime thread.
-    ///
-    /// Returns within the connect timeout plus one request timeout.
-    ///
-    /// # Errors
-    /// What [`ConnectOptions::connect`] reports (the server must have JetStream enabled,
-    /// as for the backend), or [`ConnectError::Runtime`] when the runtime thread could not
-    /// be started.
-    pub fn connect(self) -> Result<NatsTransport, ConnectError> {
-        let (rt, js) = Runtime::start_connected("tidings-nats", self.connect)?;
-        let runtime_thread = rt.thread_id();
-        Ok(NatsTransport {
+    /// The transport on `connection` (share it with a
+    /// [`JetStreamBackend`](crate::JetStreamBackend) built from the same one).
+    pub fn build(self, connection: &NatsConnection) -> NatsTransport {
+        let rt = connection.runtime().clone();
+        NatsTransport {
             inner: Arc::new(Inner {
+                runtime_thread: rt.thread_id(),
                 rt,
-                runtime_thread,
-                js,
+                js: connection.jetstream().clone(),
+                connection: connection.id(),
                 limits: self.limits,
                 closed: AtomicBool::new(false),
                 counters: Counters::default(),
             }),
-        })
+        }
+    }
+
+    /// Connects with `options` on a connection of the transport's own (no backend can
+    /// share it: a broker refuses a JetStream backend alongside).
+    ///
+    /// # Errors
+    /// As [`NatsConnection::connect`] (the server must have JetStream enabled, as for the
+    /// backend).
+    pub fn connect(self, options: ConnectOptions) -> Result<NatsTransport, ConnectError> {
+        Ok(self.build(&NatsConnection::connect(options)?))
     }
 }
 
@@ -128,6 +138,7 @@ struct Inner {
     rt: Runtime,
     runtime_thread: ThreadId,
     js: JetStream,
+    connection: ConnectionId,
     limits: Limits,
     closed: AtomicBool,
     counters: Counters,
@@ -160,8 +171,9 @@ pub struct TransportStats {
 /// # fn demo() -> Result<(), Box<dyn std::error::Error>> {
 /// use std::sync::Arc;
 /// use tidings::Broker;
-/// use tidings_jetstream::{ConnectOptions, NatsTransport};
-/// let transport = NatsTransport::connect(ConnectOptions::new("nats://127.0.0.1:4222"))?;
+/// use tidings_jetstream::{ConnectOptions, NatsConnection, NatsTransport};
+/// let conn = NatsConnection::connect(ConnectOptions::new("nats://127.0.0.1:4222"))?;
+/// let transport = NatsTransport::new(&conn);
 /// let broker = Broker::builder().transport(Arc::new(transport)).build()?;
 /// # let _ = broker; Ok(()) }
 /// ```
@@ -198,20 +210,24 @@ const CLOSED: TransportError = TransportError::Closed {
 };
 
 impl NatsTransport {
-    /// A builder connecting with `options`.
-    pub fn builder(options: ConnectOptions) -> NatsTransportBuilder {
+    /// A builder with the default limits.
+    pub fn builder() -> NatsTransportBuilder {
         NatsTransportBuilder {
-            connect: options,
             limits: Limits::default(),
         }
     }
 
-    /// Connects with `options` and the default limits.
+    /// The transport on `connection`, with the default limits.
+    pub fn new(connection: &NatsConnection) -> Self {
+        Self::builder().build(connection)
+    }
+
+    /// Connects with `options` on a connection of its own, with the default limits.
     ///
     /// # Errors
     /// As [`NatsTransportBuilder::connect`].
     pub fn connect(options: ConnectOptions) -> Result<Self, ConnectError> {
-        Self::builder(options).connect()
+        Self::builder().connect(options)
     }
 
     /// Whether the connection is up right now (it reconnects by itself after a loss).
@@ -330,10 +346,8 @@ impl Transport for NatsTransport {
         }))
     }
 
-    fn carries_appends(&self, _backend: &str) -> bool {
-        // Appends live in the streams' own subject namespace: core subscribers never see
-        // them.
-        false
+    fn connection(&self) -> Option<ConnectionId> {
+        Some(self.inner.connection)
     }
 
     fn close(&self) {

@@ -395,9 +395,9 @@ fn keep_alive_holds_a_message_beyond_the_ack_wait() {
     };
     let ack_wait = Duration::from_secs(1);
     let connect = || {
-        JetStreamBackend::builder(options(&server))
+        JetStreamBackend::builder()
             .ack_wait(ack_wait)
-            .connect()
+            .connect(options(&server))
             .expect("connects")
     };
     // Two connections sharing one durable: two processes, as far as the server knows.
@@ -457,10 +457,10 @@ fn fetches_that_start_no_handler_do_not_count_and_a_returned_message_goes_out_al
         return;
     };
     let ack_wait = Duration::from_secs(1);
-    let b = JetStreamBackend::builder(options(&server))
+    let b = JetStreamBackend::builder()
         .ack_wait(ack_wait)
         .max_deliveries(2)
-        .connect()
+        .connect(options(&server))
         .expect("connects");
     let s = stream(&b, "fragile", &["fragile"]);
     s.append(&msg("fragile", "poison")).expect("append");

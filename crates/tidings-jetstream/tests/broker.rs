@@ -31,9 +31,9 @@ fn text(m: &Message) -> String {
 }
 
 fn start(server: &NatsServer, ack_wait: Duration) -> Broker {
-    let backend = JetStreamBackend::builder(ConnectOptions::new(server.url()))
+    let backend = JetStreamBackend::builder()
         .ack_wait(ack_wait)
-        .connect()
+        .connect(ConnectOptions::new(server.url()))
         .expect("connects");
     let broker = Broker::builder()
         .driver(Driver::Thread)
@@ -245,8 +245,8 @@ fn durable_spec_defaults_on_jetstream() {
     let Some(server) = NatsServer::for_test(NatsServerOptions::new()) else {
         return;
     };
-    let backend = JetStreamBackend::builder(ConnectOptions::new(server.url()))
-        .connect()
+    let backend = JetStreamBackend::builder()
+        .connect(ConnectOptions::new(server.url()))
         .expect("connects");
     let broker = Broker::builder()
         .driver(Driver::Thread)

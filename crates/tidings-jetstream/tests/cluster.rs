@@ -75,15 +75,15 @@ fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
 
 /// A broker whose durable backend is the cluster, reached through `options`.
 fn broker(options: ConnectOptions, name: &str) -> Broker {
-    let backend = JetStreamBackend::builder(
-        options
-            .connect_timeout(Duration::from_secs(5))
-            .request_timeout(REQUEST_TIMEOUT)
-            .name(name),
-    )
-    .ack_wait(ACK_WAIT)
-    .connect()
-    .expect("connects to the cluster");
+    let backend = JetStreamBackend::builder()
+        .ack_wait(ACK_WAIT)
+        .connect(
+            options
+                .connect_timeout(Duration::from_secs(5))
+                .request_timeout(REQUEST_TIMEOUT)
+                .name(name),
+        )
+        .expect("connects to the cluster");
     let broker = Broker::builder()
         .durable_backend(Arc::new(backend))
         .build()

@@ -16,7 +16,7 @@ use std::time::Duration;
 use tidings::{Broker, BrokerBuilder, StreamConfig, StreamError};
 use tidings_jetstream::{ConnectOptions, JetStreamBackend};
 use tidings_testkit::nats::{NatsServer, NatsServerOptions, install};
-use tidings_testkit::{Capabilities, DurableBackend, DurableStore};
+use tidings_testkit::{Capabilities, DurableStore, DurableTarget};
 
 /// JetStream on a fresh server per case.
 struct JetStream;
@@ -27,7 +27,7 @@ struct Store {
     _server: NatsServer,
 }
 
-impl DurableBackend for JetStream {
+impl DurableTarget for JetStream {
     fn name(&self) -> String {
         "jetstream".into()
     }

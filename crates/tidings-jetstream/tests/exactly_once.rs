@@ -48,15 +48,15 @@ fn input_id(i: u64) -> MessageId {
 }
 
 fn open(url: &str) -> Result<Broker, String> {
-    let backend = JetStreamBackend::builder(
-        ConnectOptions::new(url)
-            .connect_timeout(Duration::from_secs(5))
-            .request_timeout(Duration::from_secs(3))
-            .name("tidings-exactly-once-test"),
-    )
-    .ack_wait(ACK_WAIT)
-    .connect()
-    .map_err(|e| e.to_string())?;
+    let backend = JetStreamBackend::builder()
+        .ack_wait(ACK_WAIT)
+        .connect(
+            ConnectOptions::new(url)
+                .connect_timeout(Duration::from_secs(5))
+                .request_timeout(Duration::from_secs(3))
+                .name("tidings-exactly-once-test"),
+        )
+        .map_err(|e| e.to_string())?;
     let broker = Broker::builder()
         .durable_backend(Arc::new(backend))
         .build()

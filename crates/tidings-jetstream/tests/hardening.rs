@@ -39,10 +39,10 @@ fn options(url: &str) -> ConnectOptions {
 }
 
 fn backend(url: &str, ack_wait: Duration, max_deliveries: u32) -> JetStreamBackend {
-    JetStreamBackend::builder(options(url))
+    JetStreamBackend::builder()
         .ack_wait(ack_wait)
         .max_deliveries(max_deliveries)
-        .connect()
+        .connect(options(url))
         .expect("connects")
 }
 

@@ -11,8 +11,8 @@ use tidings_jetstream::{ConnectOptions, JetStreamBackend};
 use tidings_testkit::nats::{NatsServer, NatsServerOptions};
 
 fn broker_on(server: &NatsServer) -> Broker {
-    let backend = JetStreamBackend::builder(ConnectOptions::new(server.url()))
-        .connect()
+    let backend = JetStreamBackend::builder()
+        .connect(ConnectOptions::new(server.url()))
         .expect("connects");
     Broker::builder()
         .driver(Driver::Thread)

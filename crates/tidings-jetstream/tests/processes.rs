@@ -47,15 +47,15 @@ const KILL_ACK_WAIT: Duration = Duration::from_secs(5);
 const PATIENCE: Duration = Duration::from_secs(180);
 
 fn backend(url: &str, ack_wait: Duration) -> JetStreamBackend {
-    JetStreamBackend::builder(
-        ConnectOptions::new(url)
-            .connect_timeout(Duration::from_secs(5))
-            .request_timeout(Duration::from_secs(5))
-            .name("tidings-processes-test"),
-    )
-    .ack_wait(ack_wait)
-    .connect()
-    .expect("connects to the test server")
+    JetStreamBackend::builder()
+        .ack_wait(ack_wait)
+        .connect(
+            ConnectOptions::new(url)
+                .connect_timeout(Duration::from_secs(5))
+                .request_timeout(Duration::from_secs(5))
+                .name("tidings-processes-test"),
+        )
+        .expect("connects to the test server")
 }
 
 fn broker(url: &str, ack_wait: Duration) -> Broker {

@@ -51,14 +51,14 @@ fn acknowledged_messages_survive_a_server_restart_and_the_client_reconnects() {
     let Some(mut server) = NatsServer::for_test(NatsServerOptions::new()) else {
         return;
     };
-    let backend = JetStreamBackend::builder(
-        ConnectOptions::new(server.url())
-            .connect_timeout(Duration::from_secs(5))
-            .request_timeout(REQUEST_TIMEOUT)
-            .name("tidings-restart-test"),
-    )
-    .connect()
-    .expect("connects");
+    let backend = JetStreamBackend::builder()
+        .connect(
+            ConnectOptions::new(server.url())
+                .connect_timeout(Duration::from_secs(5))
+                .request_timeout(REQUEST_TIMEOUT)
+                .name("tidings-restart-test"),
+        )
+        .expect("connects");
     let broker = Broker::builder()
         .durable_backend(Arc::new(backend))
         .build()

@@ -7,11 +7,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tidings::{
-    Broker, Driver, HandlerError, Message, Overflow, PublishError, RequestError, StreamConfig,
-    SubscribeOptions, TransportError,
+    Broker, ConfigError, Driver, HandlerError, Message, Overflow, PublishError, RequestError,
+    StreamConfig, SubscribeOptions, TransportError,
 };
-use tidings_jetstream::{ConnectOptions, JetStreamBackend, NatsTransport};
-use tidings_testkit::backend::{Backend, ThreadedBackend};
+use tidings_jetstream::{ConnectOptions, JetStreamBackend, NatsConnection, NatsTransport};
+use tidings_testkit::driver::{DriverUnderTest, ThreadedDriver};
 use tidings_testkit::nats::{NatsServer, NatsServerOptions};
 use tidings_testkit::suite;
 
@@ -373,12 +373,11 @@ fn a_message_appended_to_a_jetstream_stream_is_sent_once() {
         return;
     };
     // Broker A keeps streams on JetStream and sends buffered publishes over NATS core,
-    // both on the same server.
-    let backend = JetStreamBackend::connect(options(&server)).expect("connects");
-    let transport = NatsTransport::connect(options(&server)).expect("connects");
+    // both built from one connection.
+    let conn = NatsConnection::connect(options(&server)).expect("connects");
     let a = Broker::builder()
-        .durable_backend(Arc::new(backend))
-        .transport(Arc::new(transport))
+        .durable_backend(Arc::new(JetStreamBackend::new(&conn)))
+        .transport(Arc::new(NatsTransport::new(&conn)))
         .build()
         .expect("builds");
     a.create_stream(StreamConfig::new("orders", ["orders.#"]))
@@ -415,12 +414,37 @@ fn a_message_appended_to_a_jetstream_stream_is_sent_once() {
     assert_eq!(sub.stats().delivered, 22);
 }
 
+#[test]
+fn a_backend_and_a_transport_on_two_connections_are_refused() {
+    let Some(server) = NatsServer::for_test(NatsServerOptions::new()) else {
+        return;
+    };
+    // Two connections, even to one server: the broker cannot know they reach the same
+    // subscribers, so it refuses rather than lose or double an appended message.
+    let backend = JetStreamBackend::connect(options(&server)).expect("connects");
+    let transport = NatsTransport::connect(options(&server)).expect("connects");
+    let built = Broker::builder()
+        .durable_backend(Arc::new(backend))
+        .transport(Arc::new(transport))
+        .build();
+    assert!(
+        matches!(
+            built,
+            Err(ConfigError::Invalid {
+                setting: "transport",
+                ..
+            })
+        ),
+        "{built:?}"
+    );
+}
+
 /// The in-memory suite's brokers, each with its own NATS transport on one server.
 struct OverNats {
     server: NatsServer,
 }
 
-impl Backend for OverNats {
+impl DriverUnderTest for OverNats {
     fn name(&self) -> String {
         "nats-transport".into()
     }
@@ -431,7 +455,7 @@ impl Backend for OverNats {
             .transport(Arc::new(transport))
     }
     fn settle(&self, broker: &Broker, what: &str, cond: &mut dyn FnMut() -> bool) {
-        ThreadedBackend::new("nats-transport", Driver::Thread).settle(broker, what, cond);
+        ThreadedDriver::new("nats-transport", Driver::Thread).settle(broker, what, cond);
     }
 }
 

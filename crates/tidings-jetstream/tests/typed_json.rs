@@ -35,8 +35,8 @@ struct Order {
 type Delivered = (Order, Option<String>);
 
 fn broker_on(server: &NatsServer) -> Broker {
-    let backend = JetStreamBackend::builder(ConnectOptions::new(server.url()))
-        .connect()
+    let backend = JetStreamBackend::builder()
+        .connect(ConnectOptions::new(server.url()))
         .expect("connects");
     Broker::builder()
         .driver(Driver::Thread)

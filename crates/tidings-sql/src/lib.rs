@@ -186,7 +186,7 @@ pub struct TransactionalStats {
 
 /// How a delivery ended when it ended well.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Outcome {
+pub(crate) enum Settled {
     Committed,
     Skipped,
 }
@@ -240,14 +240,14 @@ impl<D, F> fmt::Debug for Transactional<D, F> {
 
 impl<D, F> Inner<D, F> {
     /// Counts the outcome and turns it into what the dispatcher acts on.
-    pub(crate) fn finish(&self, r: Result<Outcome, DeliveryError>) -> Result<(), HandlerError> {
+    pub(crate) fn finish(&self, r: Result<Settled, DeliveryError>) -> Result<(), HandlerError> {
         let c = &self.counters;
         match r {
-            Ok(Outcome::Committed) => {
+            Ok(Settled::Committed) => {
                 c.committed.fetch_add(1, Ordering::Relaxed);
                 Ok(())
             }
-            Ok(Outcome::Skipped) => {
+            Ok(Settled::Skipped) => {
                 c.skipped.fetch_add(1, Ordering::Relaxed);
                 Ok(())
             }
@@ -300,7 +300,7 @@ pub(crate) fn prune_sql(table: &TableName, p1: &str) -> String {
 pub(crate) fn on_blocking_pool<D, F>(
     inner: Arc<Inner<D, F>>,
     message: Arc<tidings::Message>,
-    deliver: fn(&Inner<D, F>, &tidings::Message) -> Result<Outcome, DeliveryError>,
+    deliver: fn(&Inner<D, F>, &tidings::Message) -> Result<Settled, DeliveryError>,
 ) -> tidings::HandlerFuture<'static>
 where
     D: Send + Sync + 'static,

@@ -13,7 +13,7 @@ use tidings::{Handler, HandlerError, Message};
 use crate::error::{DbError, DeliveryError, OpenError, PruneError, QueryError};
 use crate::table::{ColumnInfo, ExpectedShape, TableName, check_shape, expected_text};
 use crate::value::{Row, Value};
-use crate::{Inner, Outcome, Transactional, insert_sql, millis, panic_text, prune_sql};
+use crate::{Inner, Settled, Transactional, insert_sql, millis, panic_text, prune_sql};
 
 /// How long a statement waits for another connection's lock before failing (`BUSY`).
 pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -255,7 +255,7 @@ impl<F> Inner<Sqlite, F>
 where
     F: Fn(&mut SqliteTx<'_>, &Message) -> Result<(), HandlerError> + Send + Sync + 'static,
 {
-    pub(crate) fn deliver(&self, message: &Message) -> Result<Outcome, DeliveryError> {
+    pub(crate) fn deliver(&self, message: &Message) -> Result<Settled, DeliveryError> {
         let mut slot = self.db.conn.lock();
         if slot.is_none() {
             *slot = Some(
@@ -278,7 +278,7 @@ where
         result
     }
 
-    fn run(&self, conn: &mut Connection, message: &Message) -> Result<Outcome, DeliveryError> {
+    fn run(&self, conn: &mut Connection, message: &Message) -> Result<Settled, DeliveryError> {
         let tx = conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(|e| DeliveryError::Begin {
@@ -296,7 +296,7 @@ where
             })?;
         if inserted == 0 {
             let _ = tx.rollback();
-            return Ok(Outcome::Skipped);
+            return Ok(Settled::Skipped);
         }
         let mut stx = SqliteTx { tx };
         let result = catch_unwind(AssertUnwindSafe(|| (self.handler)(&mut stx, message)));
@@ -306,7 +306,7 @@ where
                 tx.commit().map_err(|e| DeliveryError::Commit {
                     source: DbError::new(e),
                 })?;
-                Ok(Outcome::Committed)
+                Ok(Settled::Committed)
             }
             Ok(Err(error)) => {
                 let _ = tx.rollback();

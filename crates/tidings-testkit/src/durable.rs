@@ -1,9 +1,9 @@
 //! The durable dimension of the suite: where durable streams live (R-DIST-2).
 //!
-//! A [`DurableBackend`] opens a fresh, empty [`DurableStore`] for each case; the store
+//! A [`DurableTarget`] opens a fresh, empty [`DurableStore`] for each case; the store
 //! outlives the brokers a case builds on it, so a case can close its broker and build a new
 //! one on the same store (a restart). [`Capabilities`] say what the backend can do; a case
-//! that needs a missing capability returns [`Outcome::Skipped`] naming it, and the test that
+//! that needs a missing capability returns [`CaseOutcome::Skipped`] naming it, and the test that
 //! ran it prints the reason.
 //!
 //! A store attaches its storage to each broker the case builds with
@@ -22,7 +22,7 @@ use tidings::embedded::EmbeddedBackend;
 use tidings::{Broker, BrokerBuilder, StreamConfig, StreamError};
 
 /// A kind of durable storage the suite runs its durable cases against.
-pub trait DurableBackend {
+pub trait DurableTarget {
     /// A short name for failure messages.
     fn name(&self) -> String;
     /// What it can do (what the backend's
@@ -61,7 +61,7 @@ pub trait DurableStore {
 #[derive(Debug, Default, Clone, Copy)]
 pub struct EmbeddedLog;
 
-impl DurableBackend for EmbeddedLog {
+impl DurableTarget for EmbeddedLog {
     fn name(&self) -> String {
         "embedded-log".into()
     }
@@ -104,7 +104,7 @@ impl DurableStore for EmbeddedStore {
 #[derive(Debug, Default, Clone, Copy)]
 pub struct EmbeddedSeam;
 
-impl DurableBackend for EmbeddedSeam {
+impl DurableTarget for EmbeddedSeam {
     fn name(&self) -> String {
         "embedded-seam".into()
     }
@@ -145,7 +145,7 @@ impl DurableStore for SeamStore {
 /// What running one durable case did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[must_use = "a skipped case must be reported"]
-pub enum Outcome {
+pub enum CaseOutcome {
     /// Every assertion of the case ran.
     Ran,
     /// The backend lacks what the case needs: the reason names the capability.

@@ -3,7 +3,7 @@
 //! In a crate's `tests/conformance.rs`:
 //!
 //! ```ignore
-//! // `MyBackend` implements `tidings_testkit::DurableBackend`; its store's `attach` calls
+//! // `MyBackend` implements `tidings_testkit::DurableTarget`; its store's `attach` calls
 //! // `BrokerBuilder::durable_backend(..)`.
 //! tidings_testkit::durable_conformance!(my_backend, MyBackend::new());
 //! ```
@@ -28,22 +28,22 @@ macro_rules! durable_tests {
     };
 }
 
-/// Every durable case against the durable backend `$durable`, under the driver backend
-/// `$backend` (a [`Backend`](crate::Backend)), in a module called `$module`.
+/// Every durable case against the durable backend `$durable`, under the driver
+/// `$driver` (a [`DriverUnderTest`](crate::DriverUnderTest)), in a module called `$module`.
 #[macro_export]
 macro_rules! durable_cases {
-    ($module:ident, $durable:expr, $backend:expr) => {
+    ($module:ident, $durable:expr, $driver:expr) => {
         mod $module {
             #[allow(unused_imports)]
             use super::*;
             fn run(name: &str, case: $crate::durable_suite::DurableCaseFn) {
-                let backend: Box<dyn $crate::Backend> = Box::new($backend);
-                let durable: Box<dyn $crate::DurableBackend> = Box::new($durable);
+                let driver: Box<dyn $crate::DriverUnderTest> = Box::new($driver);
+                let durable: Box<dyn $crate::DurableTarget> = Box::new($durable);
                 let outcome =
-                    $crate::durable_suite::run(name, case, backend.as_ref(), durable.as_ref());
+                    $crate::durable_suite::run(name, case, driver.as_ref(), durable.as_ref());
                 // A backend with every capability runs every assertion.
-                if $crate::DurableBackend::caps(durable.as_ref()) == $crate::Capabilities::all() {
-                    assert_eq!(outcome, $crate::Outcome::Ran, "{name}");
+                if $crate::DurableTarget::caps(durable.as_ref()) == $crate::Capabilities::all() {
+                    assert_eq!(outcome, $crate::CaseOutcome::Ran, "{name}");
                 }
             }
             $crate::durable_tests!(
@@ -73,19 +73,16 @@ macro_rules! durable_conformance {
         mod $module {
             #[allow(unused_imports)]
             use super::*;
-            $crate::durable_cases!(manual, $durable, $crate::ManualBackend::default());
+            $crate::durable_cases!(manual, $durable, $crate::ManualDriver::default());
             $crate::durable_cases!(
                 thread,
                 $durable,
-                $crate::ThreadedBackend::new("thread", $crate::__tidings::Driver::Thread)
+                $crate::ThreadedDriver::new("thread", $crate::__tidings::Driver::Thread)
             );
             $crate::durable_cases!(
                 pool,
                 $durable,
-                $crate::ThreadedBackend::new(
-                    "pool",
-                    $crate::__tidings::Driver::Pool { workers: 2 }
-                )
+                $crate::ThreadedDriver::new("pool", $crate::__tidings::Driver::Pool { workers: 2 })
             );
             $crate::__durable_cases_tokio!(tokio, $durable);
         }
@@ -99,7 +96,7 @@ macro_rules! durable_conformance {
 #[macro_export]
 macro_rules! __durable_cases_tokio {
     ($module:ident, $durable:expr) => {
-        $crate::durable_cases!($module, $durable, $crate::TokioBackend::new());
+        $crate::durable_cases!($module, $durable, $crate::TokioDriver::new());
     };
 }
 

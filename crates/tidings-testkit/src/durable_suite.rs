@@ -1,10 +1,10 @@
 //! The durable cases of the suite: each function is one test, run under every driver
-//! ([`Backend`], R-EXE-1) against every durable backend ([`DurableBackend`], R-DIST-2).
+//! ([`DriverUnderTest`], R-EXE-1) against every durable backend ([`DurableTarget`], R-DIST-2).
 //!
 //! Each case works on a fresh store and a [`ManualClock`] of its own under every driver, so
 //! a retry or a message timestamp moves only when the case moves time: a handler held in
 //! a one-hour backoff stays held under the threaded drivers too, and the cases assert exact
-//! positions, lists and counters, never timings. Waits are bounded (see [`Backend::settle`]).
+//! positions, lists and counters, never timings. Waits are bounded (see [`DriverUnderTest::settle`]).
 //! Only the public API is used. SPEC ids are named beside the assertions that prove them.
 
 use std::collections::{BTreeSet, HashMap};
@@ -16,8 +16,8 @@ use parking_lot::Mutex;
 use tidings::*;
 
 use crate::Capabilities;
-use crate::backend::Backend;
-use crate::durable::{DurableBackend, DurableStore, Outcome};
+use crate::driver::DriverUnderTest;
+use crate::durable::{CaseOutcome, DurableStore, DurableTarget};
 use crate::helpers::text;
 
 /// The stream every case uses, capturing `suite.#`.
@@ -27,7 +27,7 @@ const HOLD: Duration = Duration::from_secs(3600);
 
 /// One case's setting: a driver, a durable store, a manual clock.
 struct Rig<'a> {
-    backend: &'a dyn Backend,
+    driver: &'a dyn DriverUnderTest,
     store: Box<dyn DurableStore>,
     caps: Capabilities,
     clock: ManualClock,
@@ -35,13 +35,13 @@ struct Rig<'a> {
 }
 
 impl<'a> Rig<'a> {
-    fn new(backend: &'a dyn Backend, durable: &dyn DurableBackend) -> Self {
+    fn new(driver: &'a dyn DriverUnderTest, durable: &dyn DurableTarget) -> Self {
         Self {
-            backend,
+            driver,
             store: durable.open(),
             caps: durable.caps(),
             clock: ManualClock::new(),
-            label: format!("{}/{}", backend.name(), durable.name()),
+            label: format!("{}/{}", driver.name(), durable.name()),
         }
     }
 
@@ -49,7 +49,7 @@ impl<'a> Rig<'a> {
     fn start(&self) -> Broker {
         let broker = self
             .store
-            .attach(self.backend.builder().clock(self.clock.clone()))
+            .attach(self.driver.builder().clock(self.clock.clone()))
             .build()
             .expect("valid configuration");
         self.store
@@ -85,7 +85,7 @@ impl<'a> Rig<'a> {
     /// have delivered and committed more, so at least `expected` and at most `end` (the
     /// case then proves where it resumed by what its handler receives).
     fn assert_position(&self, committed: u64, expected: u64, end: u64, what: &str) {
-        if self.backend.is_manual() {
+        if self.driver.is_manual() {
             assert_eq!(committed, expected, "[{}] {what}", self.label); // R-LOG-3, R-LOG-4
         } else {
             assert!(
@@ -97,7 +97,7 @@ impl<'a> Rig<'a> {
     }
 
     fn settle(&self, broker: &Broker, what: &str, mut cond: impl FnMut() -> bool) {
-        self.backend
+        self.driver
             .settle(broker, &format!("[{}] {what}", self.label), &mut cond);
     }
 
@@ -106,8 +106,8 @@ impl<'a> Rig<'a> {
     /// clock a second per poll, so retries fall due whenever they were scheduled.
     fn settle_in_time(&self, broker: &Broker, what: &str, mut cond: impl FnMut() -> bool) {
         let clock = self.clock.clone();
-        let manual = self.backend.is_manual();
-        self.backend
+        let manual = self.driver.is_manual();
+        self.driver
             .settle(broker, &format!("[{}] {what}", self.label), &mut || {
                 if cond() {
                     return true;
@@ -183,7 +183,7 @@ fn dlq_payloads(d: &DurableSubscription) -> Vec<String> {
 /// keeps the commit below it while later keys finish; after the restart the subscription
 /// starts exactly at the commit, nothing is lost, and the only duplicates are messages
 /// finished above the commit.
-pub fn resume_after_restart(b: &dyn Backend, d: &dyn DurableBackend) -> Outcome {
+pub fn resume_after_restart(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> CaseOutcome {
     let rig = Rig::new(b, d);
     let l = rig.label.clone();
     let broker = rig.start();
@@ -279,13 +279,13 @@ pub fn resume_after_restart(b: &dyn Backend, d: &dyn DurableBackend) -> Outcome 
     assert!(sub.stats().is_conserved(), "[{l}]"); // R-DEL-6
     drop(sub);
     rig.close_clean(broker);
-    Outcome::Ran
+    CaseOutcome::Ran
 }
 
 /// Replay by offset (R-LOG-4): new subscriptions from `Offset`, `Earliest` and `Latest`,
 /// then `seek` to an offset, the latest and the earliest; a position outside the stream is
 /// a typed error that changes nothing.
-pub fn replay_by_offset(b: &dyn Backend, d: &dyn DurableBackend) -> Outcome {
+pub fn replay_by_offset(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> CaseOutcome {
     let rig = Rig::new(b, d);
     let l = rig.label.clone();
     let broker = rig.start();
@@ -369,16 +369,16 @@ pub fn replay_by_offset(b: &dyn Backend, d: &dyn DurableBackend) -> Outcome {
     }
     drop((e, m, t));
     rig.close_clean(broker);
-    Outcome::Ran
+    CaseOutcome::Ran
 }
 
 /// Replay by time (R-LOG-4): messages published a second apart on the manual clock; a
 /// subscription or a `seek` at a time starts at the first message at or after it.
 /// Needs [`Capabilities::manual_time`].
-pub fn replay_by_time(b: &dyn Backend, d: &dyn DurableBackend) -> Outcome {
+pub fn replay_by_time(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> CaseOutcome {
     let rig = Rig::new(b, d);
     if !rig.caps.manual_time {
-        return Outcome::Skipped(format!(
+        return CaseOutcome::Skipped(format!(
             "{}: stored messages are not stamped with the broker's clock (manual_time)",
             d.name()
         ));
@@ -441,14 +441,14 @@ pub fn replay_by_time(b: &dyn Backend, d: &dyn DurableBackend) -> Outcome {
     }
     drop((a, bt, c, z));
     rig.close_clean(broker);
-    Outcome::Ran
+    CaseOutcome::Ran
 }
 
 /// The durable DLQ keeps reasons (R-DEL-4): a rejected message is dead-lettered after one
 /// attempt with `Rejected`, a failing one after its retries with `RetriesExhausted` and the
 /// attempts and last error; the commit passes both (R-LOG-3); the entries survive a
 /// restart and are not redelivered.
-pub fn durable_dlq_reasons(b: &dyn Backend, d: &dyn DurableBackend) -> Outcome {
+pub fn durable_dlq_reasons(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> CaseOutcome {
     let rig = Rig::new(b, d);
     let l = rig.label.clone();
     let broker = rig.start();
@@ -553,14 +553,17 @@ pub fn durable_dlq_reasons(b: &dyn Backend, d: &dyn DurableBackend) -> Outcome {
     assert_eq!(seen.payloads(), ["ok-0", "ok-3", "ok-6"], "[{l}]"); // R-LOG-3
     drop(sub);
     rig.close_clean(broker);
-    Outcome::Ran
+    CaseOutcome::Ran
 }
 
 /// Redrive and drain of the durable DLQ (R-DEL-4): the selected entries are appended again
 /// for this subscription only, delivered, and leave the DLQ; the rest stays across a
 /// restart; one redriven while still refused comes back at its new offset; the drain
 /// empties the DLQ durably.
-pub fn durable_dlq_redrive_and_drain(b: &dyn Backend, d: &dyn DurableBackend) -> Outcome {
+pub fn durable_dlq_redrive_and_drain(
+    b: &dyn DriverUnderTest,
+    d: &dyn DurableTarget,
+) -> CaseOutcome {
     let rig = Rig::new(b, d);
     let l = rig.label.clone();
     let broker = rig.start();
@@ -657,14 +660,14 @@ pub fn durable_dlq_redrive_and_drain(b: &dyn Backend, d: &dyn DurableBackend) ->
     assert_eq!(seen.len(), 3, "[{l}]");
     drop(sub);
     rig.close_clean(broker);
-    Outcome::Ran
+    CaseOutcome::Ran
 }
 
 /// A slow durable consumer never overflows (R-BP-2): while its first message waits an hour
 /// to retry, publishing goes on, nothing is refused, at most `capacity` messages are
 /// outstanding and the lag grows exactly (R-BP-3); once time moves, it catches up in order
 /// and the lag reaches 0.
-pub fn lag_and_slow_consumer(b: &dyn Backend, d: &dyn DurableBackend) -> Outcome {
+pub fn lag_and_slow_consumer(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> CaseOutcome {
     const CAPACITY: usize = 4;
     let rig = Rig::new(b, d);
     let l = rig.label.clone();
@@ -718,13 +721,13 @@ pub fn lag_and_slow_consumer(b: &dyn Backend, d: &dyn DurableBackend) -> Outcome
     assert!(st.is_conserved(), "[{l}]"); // R-DEL-6
     drop(sub);
     rig.close_clean(broker);
-    Outcome::Ran
+    CaseOutcome::Ran
 }
 
 /// A durable subscription's filter pattern has the AMQP topic semantics (R-RT-1): `*` is
 /// one word, `#` zero or more anywhere; messages it filters out are finished (the commit
 /// passes them).
-pub fn durable_filter(b: &dyn Backend, d: &dyn DurableBackend) -> Outcome {
+pub fn durable_filter(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> CaseOutcome {
     let rig = Rig::new(b, d);
     let l = rig.label.clone();
     let broker = rig.start();
@@ -785,14 +788,14 @@ pub fn durable_filter(b: &dyn Backend, d: &dyn DurableBackend) -> Outcome {
     }
     drop((s1, s2));
     rig.close_clean(broker);
-    Outcome::Ran
+    CaseOutcome::Ran
 }
 
 /// Every field of a message survives the stream (R-CORE-4, R-LOG-1): key, headers,
 /// correlation id, payload, the publish time on the manual clock (with
 /// [`Capabilities::manual_time`]) and priority (with [`Capabilities::priority`]); its offset
 /// is the stream's.
-pub fn durable_message_fields(b: &dyn Backend, d: &dyn DurableBackend) -> Outcome {
+pub fn durable_message_fields(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> CaseOutcome {
     let rig = Rig::new(b, d);
     let l = rig.label.clone();
     let broker = rig.start();
@@ -838,9 +841,9 @@ pub fn durable_message_fields(b: &dyn Backend, d: &dyn DurableBackend) -> Outcom
     drop(sub);
     rig.close_clean(broker);
     if skipped.is_empty() {
-        Outcome::Ran
+        CaseOutcome::Ran
     } else {
-        Outcome::Skipped(format!(
+        CaseOutcome::Skipped(format!(
             "{}: not checked without {}",
             d.name(),
             skipped.join(", ")
@@ -852,7 +855,7 @@ pub fn durable_message_fields(b: &dyn Backend, d: &dyn DurableBackend) -> Outcom
 /// held an hour in retry: every other one receives the whole stream and commits to its end
 /// without waiting for the held one (R-EXE-1, R-CORE-1: a durable feeder holds no worker
 /// while it waits), and the held one catches up once time moves (R-BP-2).
-pub fn many_durables_progress(b: &dyn Backend, d: &dyn DurableBackend) -> Outcome {
+pub fn many_durables_progress(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> CaseOutcome {
     const SUBS: usize = 8;
     const N: u64 = 12;
     let rig = Rig::new(b, d);
@@ -921,13 +924,13 @@ pub fn many_durables_progress(b: &dyn Backend, d: &dyn DurableBackend) -> Outcom
     assert!(slow.stats().is_conserved(), "[{l}]"); // R-DEL-6
     drop((slow, subs));
     rig.close_clean(broker);
-    Outcome::Ran
+    CaseOutcome::Ran
 }
 
 /// A `seek` while messages are outstanding (R-LOG-4): the position and the commit move at
 /// once, the messages already offered are still delivered, in order, and they no longer
 /// hold the commit back; nothing between them and the new position is read.
-pub fn seek_while_outstanding(b: &dyn Backend, d: &dyn DurableBackend) -> Outcome {
+pub fn seek_while_outstanding(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> CaseOutcome {
     const CAPACITY: usize = 4;
     let rig = Rig::new(b, d);
     let l = rig.label.clone();
@@ -977,13 +980,13 @@ pub fn seek_while_outstanding(b: &dyn Backend, d: &dyn DurableBackend) -> Outcom
     assert!(sub.stats().is_conserved(), "[{l}]"); // R-DEL-6
     drop(sub);
     rig.close_clean(broker);
-    Outcome::Ran
+    CaseOutcome::Ran
 }
 
 /// A delayed message in a stream (R-TIME-2 on a durable source): the messages after it are
 /// delivered at once, the delayed one when the manual clock reaches it; until then it holds
 /// the commit (the lowest unfinished offset, R-LOG-3), then the commit passes everything.
-pub fn delayed_durable_message(b: &dyn Backend, d: &dyn DurableBackend) -> Outcome {
+pub fn delayed_durable_message(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> CaseOutcome {
     let rig = Rig::new(b, d);
     let l = rig.label.clone();
     let broker = rig.start();
@@ -1014,13 +1017,13 @@ pub fn delayed_durable_message(b: &dyn Backend, d: &dyn DurableBackend) -> Outco
     assert!(sub.stats().is_conserved(), "[{l}]"); // R-DEL-6
     drop(sub);
     rig.close_clean(broker);
-    Outcome::Ran
+    CaseOutcome::Ran
 }
 
 /// Dropping a durable subscription and subscribing again under the same name in the same
 /// broker resumes at the commit (R-LOG-3); while one is live, a second is refused with a
 /// typed error.
-pub fn resubscribe_resumes(b: &dyn Backend, d: &dyn DurableBackend) -> Outcome {
+pub fn resubscribe_resumes(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> CaseOutcome {
     let rig = Rig::new(b, d);
     let l = rig.label.clone();
     let broker = rig.start();
@@ -1053,12 +1056,12 @@ pub fn resubscribe_resumes(b: &dyn Backend, d: &dyn DurableBackend) -> Outcome {
     assert!(sub.stats().is_conserved(), "[{l}]"); // R-DEL-6
     drop(sub);
     rig.close_clean(broker);
-    Outcome::Ran
+    CaseOutcome::Ran
 }
 
 /// A `seek` past messages still outstanding is durable (R-LOG-4, R-LOG-3): after a restart
 /// before they finish, the subscription resumes at the sought position, not below it.
-pub fn seek_survives_restart(b: &dyn Backend, d: &dyn DurableBackend) -> Outcome {
+pub fn seek_survives_restart(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> CaseOutcome {
     let rig = Rig::new(b, d);
     let l = rig.label.clone();
     let broker = rig.start();
@@ -1098,25 +1101,25 @@ pub fn seek_survives_restart(b: &dyn Backend, d: &dyn DurableBackend) -> Outcome
     assert_eq!(seen.payloads(), names(7..10), "[{l}]"); // R-LOG-4
     drop(sub);
     rig.close_clean(broker);
-    Outcome::Ran
+    CaseOutcome::Ran
 }
 
-/// Run `case` under `backend` on `durable` and report a skip on stderr (visible with
+/// Run `case` under `driver` on `durable` and report a skip on stderr (visible with
 /// `--nocapture` and in every failure's output).
 pub fn run(
     name: &str,
     case: DurableCaseFn,
-    backend: &dyn Backend,
-    durable: &dyn DurableBackend,
-) -> Outcome {
+    driver: &dyn DriverUnderTest,
+    durable: &dyn DurableTarget,
+) -> CaseOutcome {
     let outcome = match durable.unavailable() {
-        Some(why) => Outcome::Skipped(why),
-        None => case(backend, durable),
+        Some(why) => CaseOutcome::Skipped(why),
+        None => case(driver, durable),
     };
-    if let Outcome::Skipped(why) = &outcome {
+    if let CaseOutcome::Skipped(why) = &outcome {
         eprintln!(
             "SKIPPED durable case {name} [{}/{}]: {why}",
-            backend.name(),
+            driver.name(),
             durable.name()
         );
     }
@@ -1124,7 +1127,7 @@ pub fn run(
 }
 
 /// The body of one durable case.
-pub type DurableCaseFn = fn(&dyn Backend, &dyn DurableBackend) -> Outcome;
+pub type DurableCaseFn = fn(&dyn DriverUnderTest, &dyn DurableTarget) -> CaseOutcome;
 
 /// One durable case: its name and body.
 pub type DurableCase = (&'static str, DurableCaseFn);

@@ -1,15 +1,15 @@
 //! Test helpers for tidings and the one behavioural suite every driver runs (R-DIST-2).
 //!
-//! A [`Backend`] says how to build a broker and how to wait for it to settle: the manual
-//! backend drives the broker in the test's thread and jumps its manual clock to the next
-//! wake-up; the threaded backends wait (bounded, generous) for a condition. Each function
-//! in [`suite`] is written once and run against every backend by `tests/conformance.rs`;
+//! A [`DriverUnderTest`] says how to build a broker and how to wait for it to settle: the
+//! manual driver drives the broker in the test's thread and jumps its manual clock to the next
+//! wake-up; the threaded drivers wait (bounded, generous) for a condition. Each function
+//! in [`suite`] is written once and run under every driver by `tests/conformance.rs`;
 //! [`durable_suite`] adds the durable cases, run under every driver against every
-//! [`DurableBackend`] (the embedded log, directly and through the seam; JetStream
+//! [`DurableTarget`] (the embedded log, directly and through the seam; JetStream
 //! implements the same trait); [`durable_conformance!`] runs them all with one line.
 //! [`nats`] starts and stops the `nats-server` the JetStream backend's tests run against.
 
-pub mod backend;
+pub mod driver;
 pub mod durable;
 pub mod durable_macros;
 pub mod durable_suite;
@@ -20,9 +20,9 @@ pub mod process;
 pub mod suite;
 
 #[cfg(feature = "tokio")]
-pub use backend::TokioBackend;
-pub use backend::{Backend, ManualBackend, ThreadedBackend};
-pub use durable::{DurableBackend, DurableStore, EmbeddedLog, EmbeddedSeam, Outcome};
+pub use driver::TokioDriver;
+pub use driver::{DriverUnderTest, ManualDriver, ThreadedDriver};
+pub use durable::{CaseOutcome, DurableStore, DurableTarget, EmbeddedLog, EmbeddedSeam};
 /// What a durable backend can do; the suite's cases skip, visibly, what it cannot.
 pub use tidings::durable::Capabilities;
 

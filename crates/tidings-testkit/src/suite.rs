@@ -1,4 +1,4 @@
-//! The behavioural suite: each function is one test, run against every backend.
+//! The behavioural suite: each function is one test, run under every driver.
 //! SPEC ids are named beside the assertions that prove them.
 
 use std::collections::HashMap;
@@ -8,18 +8,18 @@ use std::time::{Duration, SystemTime};
 use parking_lot::Mutex;
 use tidings::*;
 
-use crate::backend::Backend;
+use crate::driver::DriverUnderTest;
 use crate::helpers::{Activity, text};
 
 /// Fan-out to 3 subscriptions; per-publisher order; max active == 1; conservation.
-pub fn fan_out_order_and_exclusivity(b: &dyn Backend) {
+pub fn fan_out_order_and_exclusivity(b: &dyn DriverUnderTest) {
     fan_out_with(b, 3, 150);
 }
 
 /// Fan-out to 3 subscriptions from `publishers` threads × `per_publisher` messages: every
 /// publish is accepted by all 3, each subscription sees each publisher's messages in order,
 /// never two handler calls of one subscription at once, counters conserved, close clean.
-pub fn fan_out_with(b: &dyn Backend, publishers: u32, per_publisher: u32) {
+pub fn fan_out_with(b: &dyn DriverUnderTest, publishers: u32, per_publisher: u32) {
     let broker = b.broker();
     let mut subs = Vec::new();
     for _ in 0..3 {
@@ -77,7 +77,7 @@ pub fn fan_out_with(b: &dyn Backend, publishers: u32, per_publisher: u32) {
 }
 
 /// Retries then success; retries exhausted to the DLQ with attempts and last error.
-pub fn retry_and_dead_letter(b: &dyn Backend) {
+pub fn retry_and_dead_letter(b: &dyn DriverUnderTest) {
     let broker = b.broker();
     let tries: Arc<Mutex<HashMap<String, u32>>> = Arc::default();
     let t = tries.clone();
@@ -125,7 +125,7 @@ pub fn retry_and_dead_letter(b: &dyn Backend) {
 }
 
 /// Expired messages are dead-lettered, delayed ones arrive in due order.
-pub fn ttl_and_delay(b: &dyn Backend) {
+pub fn ttl_and_delay(b: &dyn DriverUnderTest) {
     let broker = b.broker();
     let seen: Arc<Mutex<Vec<String>>> = Arc::default();
     let s2 = seen.clone();
@@ -173,7 +173,7 @@ pub fn ttl_and_delay(b: &dyn Backend) {
 }
 
 /// Handlers that publish, subscribe and unsubscribe themselves do not deadlock.
-pub fn reentrant_handlers(b: &dyn Backend) {
+pub fn reentrant_handlers(b: &dyn DriverUnderTest) {
     let broker = b.broker();
     let weak = broker.downgrade();
     let me: Arc<OnceLock<SubscriptionId>> = Arc::default();
@@ -219,7 +219,7 @@ pub fn reentrant_handlers(b: &dyn Backend) {
 }
 
 /// Close interrupts a long retry wait and reports the message.
-pub fn close_interrupts_backoff(b: &dyn Backend) {
+pub fn close_interrupts_backoff(b: &dyn DriverUnderTest) {
     let broker = b.broker();
     let sub = broker
         .subscribe(
@@ -250,7 +250,7 @@ pub fn close_interrupts_backoff(b: &dyn Backend) {
 }
 
 /// Keyed lanes and per-key concurrency keep per-key order through retries.
-pub fn per_key_order(b: &dyn Backend) {
+pub fn per_key_order(b: &dyn DriverUnderTest) {
     for concurrency in [
         Concurrency::Lanes(3),
         Concurrency::PerKey { max_in_flight: 3 },
@@ -309,7 +309,7 @@ pub fn per_key_order(b: &dyn Backend) {
 }
 
 /// Request-reply with a responder; no responder is a clean error.
-pub fn request_reply(b: &dyn Backend) {
+pub fn request_reply(b: &dyn DriverUnderTest) {
     let broker = b.broker();
     let w = broker.downgrade();
     let _responder = broker
@@ -345,7 +345,7 @@ pub fn request_reply(b: &dyn Backend) {
 /// An expired message — the only one queued — is dead-lettered and forwarded to the
 /// dead-letter topic (R-TIME-1, R-DEL-4), under every driver: a dispatcher that finds the
 /// queue empty after expiring it still forwards it.
-pub fn expired_forwarded_to_dead_letter_topic(b: &dyn Backend) {
+pub fn expired_forwarded_to_dead_letter_topic(b: &dyn DriverUnderTest) {
     let broker = b.broker();
     let sub = broker
         .subscribe(
@@ -399,7 +399,7 @@ pub fn expired_forwarded_to_dead_letter_topic(b: &dyn Backend) {
 }
 
 /// One suite case: its name and body.
-pub type Case = (&'static str, fn(&dyn Backend));
+pub type Case = (&'static str, fn(&dyn DriverUnderTest));
 
 /// Every suite function, by name.
 pub const ALL: &[Case] = &[

@@ -2,65 +2,65 @@
 //! cases under every driver against every durable backend.
 //!
 //! A new durable backend plugs in with one line (here, or in its own crate's tests):
-//! `tidings_testkit::durable_conformance!(<module>, <its DurableBackend>);`.
+//! `tidings_testkit::durable_conformance!(<module>, <its DurableTarget>);`.
 
 use tidings::Driver;
-use tidings_testkit::{Backend, ManualBackend, Outcome, ThreadedBackend};
 use tidings_testkit::{
-    Capabilities, DurableBackend, EmbeddedLog, EmbeddedSeam, durable_suite, suite,
+    Capabilities, DurableTarget, EmbeddedLog, EmbeddedSeam, durable_suite, suite,
 };
+use tidings_testkit::{CaseOutcome, DriverUnderTest, ManualDriver, ThreadedDriver};
 
 macro_rules! conformance {
-    ($module:ident, $backend:expr) => {
+    ($module:ident, $driver:expr) => {
         mod $module {
             use super::*;
-            fn backend() -> Box<dyn Backend> {
-                Box::new($backend)
+            fn driver() -> Box<dyn DriverUnderTest> {
+                Box::new($driver)
             }
             #[test]
             fn fan_out_order_and_exclusivity() {
-                suite::fan_out_order_and_exclusivity(backend().as_ref());
+                suite::fan_out_order_and_exclusivity(driver().as_ref());
             }
             #[test]
             fn retry_and_dead_letter() {
-                suite::retry_and_dead_letter(backend().as_ref());
+                suite::retry_and_dead_letter(driver().as_ref());
             }
             #[test]
             fn ttl_and_delay() {
-                suite::ttl_and_delay(backend().as_ref());
+                suite::ttl_and_delay(driver().as_ref());
             }
             #[test]
             fn reentrant_handlers() {
-                suite::reentrant_handlers(backend().as_ref());
+                suite::reentrant_handlers(driver().as_ref());
             }
             #[test]
             fn close_interrupts_backoff() {
-                suite::close_interrupts_backoff(backend().as_ref());
+                suite::close_interrupts_backoff(driver().as_ref());
             }
             #[test]
             fn per_key_order() {
-                suite::per_key_order(backend().as_ref());
+                suite::per_key_order(driver().as_ref());
             }
             #[test]
             fn request_reply() {
-                suite::request_reply(backend().as_ref());
+                suite::request_reply(driver().as_ref());
             }
             #[test]
             fn expired_forwarded_to_dead_letter_topic() {
-                suite::expired_forwarded_to_dead_letter_topic(backend().as_ref());
+                suite::expired_forwarded_to_dead_letter_topic(driver().as_ref());
             }
         }
     };
 }
 
-conformance!(manual, ManualBackend::default());
-conformance!(thread, ThreadedBackend::new("thread", Driver::Thread));
+conformance!(manual, ManualDriver::default());
+conformance!(thread, ThreadedDriver::new("thread", Driver::Thread));
 conformance!(
     pool,
-    ThreadedBackend::new("pool", Driver::Pool { workers: 2 })
+    ThreadedDriver::new("pool", Driver::Pool { workers: 2 })
 );
 #[cfg(feature = "tokio")]
-conformance!(tokio, tidings_testkit::TokioBackend::new());
+conformance!(tokio, tidings_testkit::TokioDriver::new());
 
 // The durable backends, one line each, under every driver (R-DIST-2): the embedded log
 // built by `data_dir`, and the same log plugged in through `durable_backend` (the seam
@@ -72,7 +72,7 @@ tidings_testkit::durable_conformance!(embedded_seam, EmbeddedSeam);
 /// naming the capability, instead of passing or failing silently.
 struct Restricted(Capabilities);
 
-impl DurableBackend for Restricted {
+impl DurableTarget for Restricted {
     fn name(&self) -> String {
         "restricted-log".into()
     }
@@ -87,7 +87,7 @@ impl DurableBackend for Restricted {
 #[test]
 fn a_missing_capability_skips_visibly() {
     let restricted = Restricted(Capabilities::all().without_manual_time().without_priority());
-    let b = ManualBackend::default();
+    let b = ManualDriver::default();
     let outcome = durable_suite::run(
         "replay_by_time",
         durable_suite::replay_by_time,
@@ -95,7 +95,7 @@ fn a_missing_capability_skips_visibly() {
         &restricted,
     );
     assert!(
-        matches!(&outcome, Outcome::Skipped(why) if why.contains("manual_time")),
+        matches!(&outcome, CaseOutcome::Skipped(why) if why.contains("manual_time")),
         "{outcome:?}"
     ); // R-DIST-2
     let outcome = durable_suite::run(
@@ -105,7 +105,7 @@ fn a_missing_capability_skips_visibly() {
         &restricted,
     );
     assert!(
-        matches!(&outcome, Outcome::Skipped(why) if why.contains("priority") && why.contains("manual_time")),
+        matches!(&outcome, CaseOutcome::Skipped(why) if why.contains("priority") && why.contains("manual_time")),
         "{outcome:?}"
     ); // R-DIST-2
     // The embedded log itself has every capability: nothing is skipped there.
@@ -115,7 +115,7 @@ fn a_missing_capability_skips_visibly() {
         &b,
         &EmbeddedLog,
     );
-    assert_eq!(all, Outcome::Ran); // R-DIST-2
+    assert_eq!(all, CaseOutcome::Ran); // R-DIST-2
 }
 
 #[test]

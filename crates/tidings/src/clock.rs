@@ -209,7 +209,7 @@ pub(crate) fn wall_after(now: SystemTime, wait: Duration) -> Option<SystemTime> 
 ///
 /// # Failure
 /// A user's clock that panics is contained here (R-DEL-1): the step uses the system time
-/// instead and logs the panic, so a subscription's books are never left half-updated by
+/// instead and logs the panic, so a subscription's ledger is never left half-updated by
 /// an unwind in the middle of a decision.
 pub(crate) struct Now<'a> {
     clock: &'a dyn Clock,

@@ -351,9 +351,9 @@ impl HeaderFilter {
             Self::Equals { name, .. }
             | Self::OneOf { name, .. }
             | Self::Exists { name }
-            | Self::Prefix { name, .. } => check_name(name),
+            | Self::Prefix { name, .. } => check_header_name(name),
             Self::Range { name, min, max } => {
-                check_name(name)?;
+                check_header_name(name)?;
                 if min.is_some_and(f64::is_nan) || max.is_some_and(f64::is_nan) {
                     return Err(FilterError::NanBound { name: name.clone() });
                 }
@@ -376,7 +376,7 @@ impl HeaderFilter {
     }
 }
 
-fn check_name(name: &str) -> Result<(), FilterError> {
+fn check_header_name(name: &str) -> Result<(), FilterError> {
     if name.is_empty() {
         Err(FilterError::EmptyName)
     } else {

@@ -188,10 +188,13 @@ impl Default for SubscribeOptions {
 /// Largest number of lanes or per-key slots one subscription may ask for.
 pub const MAX_WORKERS_PER_SUBSCRIPTION: usize = 1024;
 
-/// Longest [`SubscribeOptions::name`] in bytes.
+/// Longest name in bytes: of a subscription ([`SubscribeOptions::name`]), and of a stream,
+/// durable subscription or dedup store ([`durable::check_name`](crate::durable::check_name)).
 pub const MAX_NAME_LEN: usize = 200;
 
-fn check_name(name: &str) -> Result<(), ConfigError> {
+fn check_subscription_name(name: &str) -> Result<(), ConfigError> {
+    // The expected text is a `&'static str`: it spells the constant out.
+    const _: () = assert!(MAX_NAME_LEN == 200, "update the text below");
     if name.is_empty() || name.len() > MAX_NAME_LEN {
         return Err(ConfigError::invalid(
             "name",
@@ -213,7 +216,7 @@ impl SubscribeOptions {
     /// Refuse out-of-range or inconsistent options (R-LIM-1).
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         if let Some(name) = &self.name {
-            check_name(name)?;
+            check_subscription_name(name)?;
         }
         if let Some(topic) = &self.dead_letter.topic {
             Topic::new(topic).map_err(|e| {

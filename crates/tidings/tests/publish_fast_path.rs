@@ -196,7 +196,7 @@ fn unsubscribe_during_fast_offers_accounts_for_every_message() {
         });
         // `unsubscribe` returns without waiting for the handler call in flight, and once the
         // gate opens that call may be a later message than "first": wait (bounded) for the
-        // books to balance rather than reading the count at one instant.
+        // ledger to balance rather than reading the count at one instant.
         let expected = accepted + 1;
         wait_until(
             "every accepted message delivered or abandoned",
@@ -205,7 +205,7 @@ fn unsubscribe_during_fast_offers_accounts_for_every_message() {
         );
         assert_eq!(gated.seen.lock().first().map(String::as_str), Some("first"));
         assert!(broker.close(Duration::from_secs(5)).is_clean(), "{name}");
-        // Nothing delivered twice or after the books balanced, once every dispatcher ended.
+        // Nothing delivered twice or after the ledger balanced, once every dispatcher ended.
         assert_eq!(
             gated.seen.lock().len() + abandoned.len(),
             expected,

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use tidings::*;
 use tidings_testkit::helpers::{Recorder, text, wait_until};
-use tidings_testkit::{ThreadedBackend, suite};
+use tidings_testkit::{ThreadedDriver, suite};
 
 const PATIENCE: Duration = Duration::from_secs(30);
 
@@ -62,7 +62,7 @@ fn blocked_subscriber_does_not_delay_others() {
 // (R-CORE-3), with conservation (R-DEL-6) — the shared suite case at the size.
 #[test]
 fn per_publisher_order_and_one_active_handler() {
-    suite::fan_out_with(&ThreadedBackend::new("thread", Driver::Thread), 4, 200);
+    suite::fan_out_with(&ThreadedDriver::new("thread", Driver::Thread), 4, 200);
 }
 
 // Test 5: handlers that unsubscribe themselves, publish (to their own topic too) and

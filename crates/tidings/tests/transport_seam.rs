@@ -8,7 +8,11 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use tidings::transport::{Deliver, Delivered, Received, Transport, TransportSubscription};
+use tidings::durable::{BackendStream, Capabilities, DurableBackend};
+use tidings::embedded::EmbeddedBackend;
+use tidings::transport::{
+    ConnectionId, Deliver, Delivered, Received, Transport, TransportSubscription,
+};
 use tidings::*;
 
 /// One subscription on the hub: a deliberately coarse filter (its pattern's first word or
@@ -79,7 +83,7 @@ impl Hub {
 #[derive(Debug)]
 struct Loopback {
     hub: Arc<Hub>,
-    carries: Option<&'static str>,
+    connection: Option<ConnectionId>,
     closed: Arc<AtomicBool>,
 }
 
@@ -128,8 +132,8 @@ impl Transport for Loopback {
         Ok(Box::new(LoopbackSub(open)))
     }
 
-    fn carries_appends(&self, backend: &str) -> bool {
-        self.carries == Some(backend)
+    fn connection(&self) -> Option<ConnectionId> {
+        self.connection
     }
 
     fn close(&self) {
@@ -148,7 +152,7 @@ impl TransportSubscription for LoopbackSub {
 fn loopback(hub: &Arc<Hub>) -> Loopback {
     Loopback {
         hub: hub.clone(),
-        carries: None,
+        connection: None,
         closed: Arc::default(),
     }
 }
@@ -352,19 +356,50 @@ fn request_reply_and_no_responders_over_the_transport() {
     b.close(Duration::from_secs(5));
 }
 
+/// The embedded log, claiming to publish its appends on `connection` (as JetStream does on
+/// its NATS connection).
+#[derive(Debug)]
+struct PublishingLog {
+    log: EmbeddedBackend,
+    connection: ConnectionId,
+}
+
+impl DurableBackend for PublishingLog {
+    fn name(&self) -> &'static str {
+        self.log.name()
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.log.capabilities()
+    }
+    fn open_stream(
+        &self,
+        config: &StreamConfig,
+        patterns: &[Pattern],
+    ) -> Result<Arc<dyn BackendStream>, StreamError> {
+        self.log.open_stream(config, patterns)
+    }
+    fn appends_published_on(&self) -> Option<ConnectionId> {
+        Some(self.connection)
+    }
+}
+
 #[test]
 fn a_message_the_backend_already_carries_is_not_sent_again() {
-    for carries in [false, true] {
+    for shared in [false, true] {
         let hub = Arc::new(Hub::default());
         let dir = tempfile::tempdir().unwrap();
+        let connection = ConnectionId::new();
         let transport = Loopback {
             hub: hub.clone(),
-            carries: carries.then_some("embedded-log"),
+            connection: shared.then_some(connection),
             closed: Arc::default(),
         };
         let a = Broker::builder()
             .driver(Driver::Manual)
-            .data_dir(dir.path())
+            .durable_backend(Arc::new(PublishingLog {
+                log: EmbeddedBackend::new(dir.path()),
+                connection,
+            }))
             .transport(Arc::new(transport))
             .build()
             .unwrap();
@@ -374,9 +409,38 @@ fn a_message_the_backend_already_carries_is_not_sent_again() {
         assert_eq!(report.streams, ["orders"]);
         a.publish(Message::to("other")).unwrap();
         // Captured by a stream whose appends reach the transport: sent once, by the append.
-        let want = if carries { 1 } else { 2 };
-        assert_eq!(hub.sent.load(Ordering::SeqCst), want, "carries = {carries}");
+        let want = if shared { 1 } else { 2 };
+        assert_eq!(hub.sent.load(Ordering::SeqCst), want, "shared = {shared}");
     }
+}
+
+#[test]
+fn a_transport_and_a_backend_on_two_connections_are_refused() {
+    let hub = Arc::new(Hub::default());
+    let dir = tempfile::tempdir().unwrap();
+    let transport = Loopback {
+        hub: hub.clone(),
+        connection: Some(ConnectionId::new()),
+        closed: Arc::default(),
+    };
+    let built = Broker::builder()
+        .driver(Driver::Manual)
+        .durable_backend(Arc::new(PublishingLog {
+            log: EmbeddedBackend::new(dir.path()),
+            connection: ConnectionId::new(),
+        }))
+        .transport(Arc::new(transport))
+        .build();
+    assert!(
+        matches!(
+            built,
+            Err(ConfigError::Invalid {
+                setting: "transport",
+                ..
+            })
+        ),
+        "{built:?}"
+    );
 }
 
 #[test]

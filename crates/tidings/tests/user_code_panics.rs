@@ -88,7 +88,7 @@ fn panicking_retry_policy(kind: Kind) {
     broker.publish(Message::to("t").payload("next")).unwrap();
     settle(kind, &broker, &clock, "next delivered", || rec.len() == 1);
     assert_eq!(rec.take(), vec!["next"]); // R-DEL-1: the subscription keeps working
-    wait_until("books closed", WAIT, || sub.stats().in_flight == 0);
+    wait_until("ledger closed", WAIT, || sub.stats().in_flight == 0);
     let dlq = sub.dead_letters();
     assert_eq!(dlq.len(), 1);
     match &dlq[0].reason {
@@ -193,7 +193,7 @@ fn panicking_handler(kind: Kind) {
     broker.publish(Message::to("t").payload("boom")).unwrap();
     broker.publish(Message::to("t").payload("next")).unwrap();
     settle(kind, &broker, &clock, "next delivered", || rec.len() == 1);
-    wait_until("books closed", WAIT, || sub.stats().in_flight == 0);
+    wait_until("ledger closed", WAIT, || sub.stats().in_flight == 0);
     let dlq = sub.dead_letters();
     assert!(matches!(
         &dlq[0].reason,
@@ -277,7 +277,7 @@ impl Clock for TrapClock {
 }
 
 #[test]
-fn panicking_clock_leaves_the_books_intact() {
+fn panicking_clock_leaves_the_ledger_intact() {
     let clock = TrapClock {
         inner: ManualClock::new(),
         armed: Arc::new(AtomicBool::new(false)),

@@ -75,7 +75,9 @@ use super::dead_letters::DeadLetters;
 use super::stream::{bounds, check_offset};
 use super::{Settings, Shared, keep_alive, nats_name, subject_prefix};
 use crate::classify::{js_error, seam};
-use crate::consumer::{ConsumerSpec, Delivery, Durable};
+use crate::client::consumer::ConsumerSpec;
+use crate::client::delivery::Delivery;
+use crate::client::durable::Durable;
 use crate::error::FetchError;
 use crate::error::JetStreamError;
 

@@ -84,7 +84,7 @@ pub(crate) mod codec;
 mod cursor;
 mod dead_letters;
 mod keep_alive;
-pub(crate) mod runtime;
+pub(crate) use crate::connection::runtime;
 mod stream;
 
 use std::fmt;
@@ -93,10 +93,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tidings::durable::{BackendStream, Capabilities, DurableBackend};
+use tidings::transport::ConnectionId;
 use tidings::{Limits, Pattern, StreamConfig, StreamError, StreamErrorKind};
 
 use crate::classify::seam;
 use crate::connect::{ConnectOptions, JetStream};
+use crate::connection::NatsConnection;
 use crate::consumer::{DEFAULT_ACK_WAIT, DEFAULT_INACTIVE_THRESHOLD};
 use crate::error::{ConnectError, JetStreamError};
 use runtime::Runtime;
@@ -226,33 +228,26 @@ pub fn record_subject(stream: &str, topic: &str) -> String {
 /// (255 bytes) for the DLQ stream `<stream>_x<durable>`.
 pub const MAX_NAME_BYTES: usize = 60;
 
-/// Checks a tidings stream or durable name: what the embedded log accepts, at most
-/// [`MAX_NAME_BYTES`] long.
+/// Checks a tidings stream or durable name: what every backend accepts
+/// ([`tidings::durable::check_name`]), at most [`MAX_NAME_BYTES`] long.
 pub(crate) fn check_name(what: &'static str, name: &str) -> Result<(), StreamError> {
-    let bad = |reason| StreamError::InvalidName {
-        what,
-        name: name.to_owned(),
-        reason,
-    };
-    if name.is_empty() || name.len() > MAX_NAME_BYTES {
-        return Err(bad("must be 1 to 60 bytes on the JetStream backend"));
-    }
-    if !name
-        .bytes()
-        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
-    {
-        return Err(bad(
-            "only ASCII letters, digits, '-', '_' and '.' are allowed",
-        ));
+    tidings::durable::check_name(what, name)?;
+    // The reason is a `&'static str`: it spells the constant out.
+    const _: () = assert!(MAX_NAME_BYTES == 60, "update the reason below");
+    if name.len() > MAX_NAME_BYTES {
+        return Err(StreamError::InvalidName {
+            what,
+            name: name.to_owned(),
+            reason: "must be 1 to 60 bytes on the JetStream backend",
+        });
     }
     Ok(())
 }
 
-/// Builds a [`JetStreamBackend`]: connection options and consumer settings.
+/// Builds a [`JetStreamBackend`]: consumer settings, then the connection it runs on.
 #[derive(Debug, Clone)]
 #[must_use]
 pub struct JetStreamBackendBuilder {
-    connect: ConnectOptions,
     settings: Settings,
 }
 
@@ -291,23 +286,26 @@ impl JetStreamBackendBuilder {
         self
     }
 
-    /// Connects on the backend's own runtime thread.
-    ///
-    /// Returns within the connect timeout plus one request timeout.
-    ///
-    /// # Errors
-    /// What [`ConnectOptions::connect`] reports, or [`ConnectError::Runtime`] when the
-    /// runtime thread could not be started.
-    pub fn connect(self) -> Result<JetStreamBackend, ConnectError> {
-        let (rt, js) = Runtime::start_connected("tidings-jetstream", self.connect)?;
-        Ok(JetStreamBackend {
+    /// The backend on `connection` (share it with a [`NatsTransport`](crate::NatsTransport)
+    /// built from the same one).
+    pub fn build(self, connection: &NatsConnection) -> JetStreamBackend {
+        JetStreamBackend {
             shared: Arc::new(Shared {
-                rt,
-                js,
+                rt: connection.runtime().clone(),
+                js: connection.jetstream().clone(),
                 settings: self.settings,
                 changes: Arc::new(AtomicU64::new(0)),
             }),
-        })
+        }
+    }
+
+    /// Connects with `options` on a connection of the backend's own (no transport can
+    /// share it: a broker refuses a NATS transport alongside).
+    ///
+    /// # Errors
+    /// As [`NatsConnection::connect`].
+    pub fn connect(self, options: ConnectOptions) -> Result<JetStreamBackend, ConnectError> {
+        Ok(self.build(&NatsConnection::connect(options)?))
     }
 }
 
@@ -316,10 +314,11 @@ impl JetStreamBackendBuilder {
 ///
 /// ```no_run
 /// # fn demo() -> Result<(), Box<dyn std::error::Error>> {
-/// use tidings_jetstream::{ConnectOptions, JetStreamBackend};
-/// let backend = JetStreamBackend::builder(ConnectOptions::new("nats://127.0.0.1:4222"))
+/// use tidings_jetstream::{ConnectOptions, JetStreamBackend, NatsConnection};
+/// let conn = NatsConnection::connect(ConnectOptions::new("nats://127.0.0.1:4222"))?;
+/// let backend = JetStreamBackend::builder()
 ///     .ack_wait(std::time::Duration::from_secs(30))
-///     .connect()?;
+///     .build(&conn);
 /// # let _ = backend; Ok(()) }
 /// ```
 #[derive(Clone)]
@@ -338,10 +337,9 @@ impl fmt::Debug for JetStreamBackend {
 }
 
 impl JetStreamBackend {
-    /// A builder connecting with `options`, with the default consumer settings.
-    pub fn builder(options: ConnectOptions) -> JetStreamBackendBuilder {
+    /// A builder with the default consumer settings.
+    pub fn builder() -> JetStreamBackendBuilder {
         JetStreamBackendBuilder {
-            connect: options,
             settings: Settings {
                 ack_wait: DEFAULT_ACK_WAIT,
                 keep_alive: DEFAULT_ACK_WAIT / 3,
@@ -352,12 +350,17 @@ impl JetStreamBackend {
         }
     }
 
-    /// Connects with `options` and the default settings.
+    /// The backend on `connection`, with the default settings.
+    pub fn new(connection: &NatsConnection) -> Self {
+        Self::builder().build(connection)
+    }
+
+    /// Connects with `options` on a connection of its own, with the default settings.
     ///
     /// # Errors
     /// As [`JetStreamBackendBuilder::connect`].
     pub fn connect(options: ConnectOptions) -> Result<Self, ConnectError> {
-        Self::builder(options).connect()
+        Self::builder().connect(options)
     }
 
     /// Deletes the JetStream stream behind the tidings stream `name`, and the DLQ streams
@@ -405,6 +408,13 @@ impl DurableBackend for JetStreamBackend {
             patterns,
         )?))
     }
+
+    fn appends_published_on(&self) -> Option<ConnectionId> {
+        // An append is published on the stream's own subject namespace
+        // (`$TIDINGS.s.<stream>.<topic>`), which no core subscription covers: it reaches
+        // nobody but the stream, so a transport sends every message itself.
+        None
+    }
 }
 
 #[cfg(test)]
@@ -420,7 +430,7 @@ mod tests {
             names.iter().map(|n| nats_name(n)).collect();
         assert_eq!(mapped.len(), names.len(), "{mapped:?}");
         for m in &mapped {
-            assert!(crate::stream::check_name(m).is_ok(), "{m}");
+            assert!(crate::stream::check_nats_name(m).is_ok(), "{m}");
         }
         assert_eq!(nats_name("orders.v2_eu"), "orders_dv2__eu");
     }

@@ -14,7 +14,7 @@ use super::{
 use crate::error::{DbError, DeliveryError, OpenError, PruneError, QueryError};
 use crate::table::TableName;
 use crate::value::{Row, Value};
-use crate::{Inner, Outcome, Transactional, insert_sql, millis, panic_text, prune_sql};
+use crate::{Inner, Settled, Transactional, insert_sql, millis, panic_text, prune_sql};
 
 /// The PostgreSQL database of a blocking [`Transactional`] handler: one connection,
 /// opened again after it was lost.
@@ -219,7 +219,7 @@ impl<F> Inner<Postgres, F>
 where
     F: Fn(&mut PgTx<'_>, &Message) -> Result<(), HandlerError> + Send + Sync + 'static,
 {
-    pub(crate) fn deliver(&self, message: &Message) -> Result<Outcome, DeliveryError> {
+    pub(crate) fn deliver(&self, message: &Message) -> Result<Settled, DeliveryError> {
         let mut slot = self.db.client.lock();
         if slot.as_ref().is_none_or(postgres::Client::is_closed) {
             *slot = None;
@@ -246,7 +246,7 @@ where
         client: &mut postgres::Client,
         message: &Message,
         broken: &mut bool,
-    ) -> Result<Outcome, DeliveryError> {
+    ) -> Result<Settled, DeliveryError> {
         let mut tx = client.transaction().map_err(|e| DeliveryError::Begin {
             source: DbError::new(e),
         })?;
@@ -259,7 +259,7 @@ where
             })?;
         if inserted == 0 {
             *broken |= tx.rollback().is_err();
-            return Ok(Outcome::Skipped);
+            return Ok(Settled::Skipped);
         }
         let mut ptx = PgTx { tx, failed: false };
         let result = catch_unwind(AssertUnwindSafe(|| (self.handler)(&mut ptx, message)));
@@ -269,7 +269,7 @@ where
                 tx.commit().map_err(|e| DeliveryError::Commit {
                     source: DbError::new(e),
                 })?;
-                Ok(Outcome::Committed)
+                Ok(Settled::Committed)
             }
             Ok(Ok(())) => {
                 *broken |= tx.rollback().is_err();

@@ -17,7 +17,7 @@ use super::{
 use crate::error::{DbError, DeliveryError, OpenError, PruneError, QueryError};
 use crate::table::TableName;
 use crate::value::{Row, Value};
-use crate::{Inner, Outcome, Transactional, insert_sql, millis, panic_text, prune_sql};
+use crate::{Inner, Settled, Transactional, insert_sql, millis, panic_text, prune_sql};
 
 /// The PostgreSQL database of an async [`Transactional`] handler: one connection, whose
 /// I/O runs as a task on the tokio runtime that opened it; opened again after it was lost
@@ -260,7 +260,7 @@ where
     F: Fn(AsyncPgTx, Arc<Message>) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<(), HandlerError>> + Send + 'static,
 {
-    async fn deliver(&self, message: Arc<Message>) -> Result<Outcome, DeliveryError> {
+    async fn deliver(&self, message: Arc<Message>) -> Result<Settled, DeliveryError> {
         let mut slot = self.db.slot.lock().await;
         let client = slot_client(&mut slot, &self.db.config)
             .await
@@ -281,7 +281,7 @@ where
         client: &Arc<Client>,
         message: Arc<Message>,
         broken: &mut bool,
-    ) -> Result<Outcome, DeliveryError> {
+    ) -> Result<Settled, DeliveryError> {
         client
             .batch_execute("BEGIN")
             .await
@@ -298,7 +298,7 @@ where
             })?;
         if inserted == 0 {
             *broken |= client.batch_execute("ROLLBACK").await.is_err();
-            return Ok(Outcome::Skipped);
+            return Ok(Settled::Skipped);
         }
         let tx = AsyncPgTx {
             shared: Arc::new(TxShared {
@@ -323,7 +323,7 @@ where
                     .map_err(|e| DeliveryError::Commit {
                         source: DbError::new(e),
                     })?;
-                Ok(Outcome::Committed)
+                Ok(Settled::Committed)
             }
             other => {
                 *broken |= client.batch_execute("ROLLBACK").await.is_err();

@@ -133,12 +133,13 @@ impl BrokerBuilder {
     pub fn build(self) -> Result<Broker, ConfigError> {
         self.limits.validate()?;
         let (backend, data_dir) = self.durable.build()?;
-        let transport = self.transport.map(|transport| transport::Attached {
-            carries_appends: backend
-                .as_ref()
-                .is_some_and(|b| transport.carries_appends(b.name())),
-            transport,
-        });
+        let transport = match self.transport {
+            None => None,
+            Some(transport) => Some(transport::Attached {
+                carries_appends: transport::carries_appends(&*transport, backend.as_deref())?,
+                transport,
+            }),
+        };
         let executor = executor_for(&self.driver, &self.clock)?;
         let inner = Arc::new_cyclic(|weak| BrokerInner {
             registry: CachePadded::new(RwLock::new(Registry::default())),

@@ -12,7 +12,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::clock::{Now, deadline_after};
-use crate::error::{PublishError, SubscribeError};
+use crate::durable::DurableBackend;
+use crate::error::{ConfigError, PublishError, SubscribeError};
 use crate::message::Message;
 use crate::report::PublishReport;
 use crate::request::{Inbox, RequestError};
@@ -29,7 +30,8 @@ const REPLY_POLL: Duration = Duration::from_millis(1);
 /// A broker's transport, and whether durable appends already reach its subscribers.
 pub(crate) struct Attached {
     pub(crate) transport: Arc<dyn Transport>,
-    /// [`Transport::carries_appends`] of the broker's durable backend, decided at build.
+    /// The broker's durable backend publishes its appends on the transport's connection
+    /// ([`carries_appends`]), decided at build.
     pub(crate) carries_appends: bool,
 }
 
@@ -41,12 +43,40 @@ impl BrokerBuilder {
     /// [`crate::transport`] for what changes: at-most-once across the network,
     /// `Overflow::Block` does not block, the publish report counts nobody as accepted.
     ///
-    /// With a durable backend whose appends the transport already carries
-    /// ([`Transport::carries_appends`]: JetStream with the NATS transport, connected to the
-    /// same server or cluster), a message appended to a stream is not sent again.
+    /// With a durable backend whose appends the transport already carries (JetStream and the
+    /// NATS transport built from one connection: [`Transport::connection`] equals
+    /// [`DurableBackend::appends_published_on`]), a message appended to a stream is not sent
+    /// again. [`build`](Self::build) refuses a transport and a backend that each name a
+    /// connection, and not the same one.
+    ///
+    /// [`DurableBackend::appends_published_on`]: crate::durable::DurableBackend::appends_published_on
     pub fn transport(mut self, transport: Arc<dyn Transport>) -> Self {
         self.transport = Some(transport);
         self
+    }
+}
+
+/// Whether `backend`'s appends already reach `transport`'s subscribers: both were built from
+/// one connection.
+///
+/// # Errors
+/// [`ConfigError::Invalid`] when both name a connection and not the same one: an append
+/// would reach another server's subscribers and not this one's, or this server's twice.
+pub(super) fn carries_appends(
+    transport: &dyn Transport,
+    backend: Option<&dyn DurableBackend>,
+) -> Result<bool, ConfigError> {
+    match (
+        transport.connection(),
+        backend.and_then(|b| b.appends_published_on()),
+    ) {
+        (Some(sends), Some(appends)) if sends == appends => Ok(true),
+        (Some(_), Some(_)) => Err(ConfigError::invalid(
+            "transport",
+            "a connection other than the durable backend's".to_owned(),
+            "the durable backend's own connection: build both from one connection",
+        )),
+        _ => Ok(false),
     }
 }
 

@@ -74,13 +74,14 @@ pub(crate) mod subscription;
 // imports are the crate's own shorthand.
 pub(crate) use crate::error::{CommitFailed, StreamError, StreamErrorKind};
 pub(crate) use config::{StartAt, StreamConfig};
-pub(crate) use registry::{Durables, check_name};
+pub(crate) use registry::Durables;
 pub(crate) use source::{CursorState, DurableDeadLetter, StorageInfo};
 pub(crate) use spec::DurableSpec;
 pub(crate) use stream::Stream;
 pub(crate) use subscription::DurableSubscription;
 
 // The seam a backend implements: reachable here only.
+pub use registry::check_name;
 pub use source::{
     Appended, BackendCursor, BackendStream, Capabilities, CursorSpec, CursorWaker, DurableBackend,
     Finished, Outcome,

@@ -19,6 +19,7 @@ use crate::clock::Clock;
 use crate::driver::Executor;
 use crate::error::PublishError;
 use crate::message::{Message, Priority};
+use crate::options::MAX_NAME_LEN;
 use crate::topic::Pattern;
 
 use super::feeder::CursorFeeder;
@@ -30,14 +31,22 @@ use super::{StreamConfig, StreamError};
 /// The streams a publish reached, and those of them that already held the message.
 pub(crate) type Appends = (Vec<String>, Vec<String>);
 
-/// Check a stream, subscription or dedup store name: a backend may make a file name of it.
-pub(crate) fn check_name(what: &'static str, name: &str) -> Result<(), StreamError> {
+/// Checks a stream, durable subscription or dedup store name: 1 to [`MAX_NAME_LEN`] bytes of
+/// ASCII letters, digits, `-`, `_` and `.`, not starting with `.` (a backend may make a file
+/// name of it). The one rule every backend starts from; a backend with a shorter limit
+/// checks that after this.
+///
+/// # Errors
+/// [`StreamError::InvalidName`] naming `what` and the rule broken.
+pub fn check_name(what: &'static str, name: &str) -> Result<(), StreamError> {
     let bad = |reason| StreamError::InvalidName {
         what,
         name: name.to_owned(),
         reason,
     };
-    if name.is_empty() || name.len() > 200 {
+    // The reason is a `&'static str`: it spells the constant out.
+    const _: () = assert!(MAX_NAME_LEN == 200, "update the reason below");
+    if name.is_empty() || name.len() > MAX_NAME_LEN {
         return Err(bad("must be 1 to 200 bytes"));
     }
     if name.starts_with('.') {

@@ -37,6 +37,7 @@ use crate::dedup::DedupStore;
 use crate::dlq::DeadLetterReason;
 use crate::message::Message;
 use crate::topic::Pattern;
+use crate::transport::ConnectionId;
 
 /// What a backend can do, as the broker, its options and the conformance suite need to
 /// know it. An option the backend cannot honour is refused when it is asked for, with
@@ -162,6 +163,15 @@ pub trait DurableBackend: Any + Send + Sync + fmt::Debug {
             feature: "durable dedup store",
             backend: self.name(),
         })
+    }
+
+    /// The connection on which every append is also published as a plain message (a
+    /// JetStream append is a NATS publish on the message's subject), so that a transport
+    /// built from the same connection
+    /// ([`Transport::connection`](crate::transport::Transport::connection)) already carries it.
+    /// Default: `None`, appends are published nowhere else.
+    fn appends_published_on(&self) -> Option<ConnectionId> {
+        None
     }
 
     /// The broker closed: release what the backend holds (connections, locks).

@@ -32,7 +32,7 @@ use super::effects::{Effects, Lists};
 use super::lanes::Lanes;
 use super::ledger::{Counts, Ledger};
 use super::per_key::PerKey;
-use super::slots::{Slots, ThinVec};
+use super::slots::{BoxedVec, Slots};
 
 /// A message handed to a driver for one handler call.
 #[derive(Debug)]
@@ -115,10 +115,10 @@ enum Flavor {
 /// The state of one subscription (see the module docs).
 ///
 /// # Memory
-/// What never changes after subscribe is one shared [`Settings`]; the books beyond the
-/// delivery counters are allocated on first use ([`Ledger`]), and the queues on the first
-/// message, so an idle subscription's core is 136 bytes (a unit test below keeps it from
-/// growing back unnoticed).
+/// What never changes after subscribe is one shared [`Settings`]; the ledger beyond the
+/// delivery counters is allocated on first use ([`Ledger`]), and the queues on the first
+/// message, so an idle subscription's core is 136 bytes (a unit test below keeps it from growing
+/// back unnoticed).
 pub(crate) struct Core {
     settings: Arc<Settings>,
     flavor: Flavor,
@@ -139,7 +139,7 @@ pub(crate) struct Core {
     /// the last move, kept so that moving allocates nothing. Boxed, and made by the first
     /// move that finds messages: an idle subscription pays one pointer for it, not three
     /// words.
-    ingress_spare: Option<ThinVec<Queued>>,
+    ingress_spare: Option<BoxedVec<Queued>>,
 }
 
 impl Core {
@@ -169,12 +169,6 @@ impl Core {
         self.ledger.as_ref().and_then(|l| l.drain_deadline)
     }
 
-    /// The books beyond the delivery counters, allocated on first use.
-    fn books(&mut self) -> &mut Ledger {
-        self.ledger
-            .get_or_insert_with(|| Box::new(Ledger::new(&self.settings)))
-    }
-
     pub(crate) fn workers(&self) -> usize {
         self.idle.len()
     }
@@ -188,7 +182,7 @@ impl Core {
     /// Count an offer the filter refused (the filter runs outside the lock).
     pub(crate) fn handle_filtered(&mut self) {
         self.counts.offered += 1;
-        self.books().refused.filtered += 1;
+        self.ledger_mut().refused.filtered += 1;
     }
 
     /// The filter panicked on this message (R-DEL-1): it is accepted and dead-lettered at
@@ -201,7 +195,7 @@ impl Core {
     ) -> Effects {
         self.counts.offered += 1;
         self.counts.accepted += 1;
-        self.books().dead_letter(
+        self.ledger_mut().dead_letter(
             message.clone(),
             DeadLetterReason::Rejected { error },
             0,
@@ -227,7 +221,7 @@ impl Core {
     fn offer(&mut self, message: &Arc<Message>, now: &Now<'_>, may_wait: bool) -> Offered {
         if self.state != State::Open {
             self.counts.offered += 1;
-            self.books().refused.closed += 1;
+            self.ledger_mut().refused.closed += 1;
             return Offered::Refused(Refusal::Closed);
         }
         if self.queued >= self.settings.capacity {
@@ -235,9 +229,9 @@ impl Core {
                 Overflow::Block { .. } if may_wait => return Offered::Full,
                 Overflow::Reject | Overflow::Block { .. } => {
                     self.counts.offered += 1;
-                    let books = self.books();
-                    books.refused.overflow += 1;
-                    books.dead_letter(
+                    let ledger = self.ledger_mut();
+                    ledger.refused.overflow += 1;
+                    ledger.dead_letter(
                         message.clone(),
                         DeadLetterReason::Overflow,
                         0,
@@ -253,7 +247,7 @@ impl Core {
                     };
                     if let Some(v) = victim {
                         self.queued -= 1;
-                        self.books().dead_letter(
+                        self.ledger_mut().dead_letter(
                             v.message,
                             DeadLetterReason::DroppedOldest,
                             0,
@@ -329,7 +323,7 @@ impl Core {
                     if self.is_expired(&q.message, now) {
                         self.finish_take(worker, &q.message, None);
                         self.counts.finished();
-                        self.books().dead_letter(
+                        self.ledger_mut().dead_letter(
                             q.message,
                             DeadLetterReason::Expired,
                             0,
@@ -345,7 +339,7 @@ impl Core {
                     if self.is_expired(&p.message, now) {
                         self.finish_take(worker, &p.message, None);
                         self.counts.finished();
-                        self.books().dead_letter(
+                        self.ledger_mut().dead_letter(
                             p.message,
                             DeadLetterReason::Expired,
                             p.attempts,
@@ -447,15 +441,15 @@ impl Core {
                 self.finish_take(worker, &message, None);
                 self.counts.finished();
                 self.counts.delivered += 1;
-                if let Some(books) = &mut self.ledger {
-                    books.completed(&message);
+                if let Some(ledger) = &mut self.ledger {
+                    ledger.completed(&message);
                 }
                 crate::message_pool::recycle(message);
                 return;
             }
             Err(e) => e,
         };
-        self.books().failures += 1;
+        self.ledger_mut().failures += 1;
         let reason = if !error.is_retryable() {
             DeadLetterReason::Rejected {
                 error: error.message().to_owned(),
@@ -470,7 +464,7 @@ impl Core {
                         attempts: attempt,
                         last_error,
                     };
-                    self.books()
+                    self.ledger_mut()
                         .dead_letter(message, reason, attempt, now.wall(), true);
                     return;
                 }
@@ -482,7 +476,7 @@ impl Core {
                 Some(_) if self.state != State::Open => {
                     self.finish_take(worker, &message, None);
                     self.counts.finished();
-                    self.books().abandon(message, attempt, now.wall());
+                    self.ledger_mut().abandon(message, attempt, now.wall());
                     return;
                 }
                 Some(due) => {
@@ -502,7 +496,7 @@ impl Core {
         };
         self.finish_take(worker, &message, None);
         self.counts.finished();
-        self.books()
+        self.ledger_mut()
             .dead_letter(message, reason, attempt, now.wall(), true);
     }
 
@@ -511,7 +505,7 @@ impl Core {
         if self.state == State::Open {
             self.state = State::Draining;
             if deadline.is_some() {
-                self.books().drain_deadline = deadline;
+                self.ledger_mut().drain_deadline = deadline;
             }
         }
         self.abandon_parked(now);
@@ -531,13 +525,13 @@ impl Core {
             self.queued -= 1;
             self.counts.in_flight += 1;
             self.counts.finished();
-            self.books().abandon(q.message, 0, now.wall());
+            self.ledger_mut().abandon(q.message, 0, now.wall());
         }
         self.space_freed = true;
         let abandoned = self
             .ledger
             .as_mut()
-            .map(|books| std::mem::take(&mut books.shutdown))
+            .map(|ledger| std::mem::take(&mut ledger.shutdown))
             .unwrap_or_default();
         (abandoned, self.effects())
     }
@@ -549,7 +543,7 @@ impl Core {
         };
         for p in parked {
             self.counts.finished();
-            self.books().abandon(p.message, p.attempts, now.wall());
+            self.ledger_mut().abandon(p.message, p.attempts, now.wall());
         }
     }
 
@@ -573,18 +567,18 @@ impl Core {
     /// The effects of the step that just ran (everything it left for the shell).
     fn effects(&mut self) -> Effects {
         let room = std::mem::take(&mut self.space_freed);
-        // The delivery path's common case: no books, nothing but the room flag.
-        let Some(books) = &mut self.ledger else {
+        // The delivery path's common case: no ledger, nothing but the room flag.
+        let Some(ledger) = &mut self.ledger else {
             return Effects::only_room(room);
         };
-        let (finished, on_finished) = match &mut books.completions {
+        let (finished, on_finished) = match &mut ledger.completions {
             Some(c) if !c.items.is_empty() => (std::mem::take(&mut c.items), Some(c.hook.clone())),
             _ => (Vec::new(), None),
         };
         Effects::new(
             room,
             Lists {
-                forward: std::mem::take(&mut books.to_forward),
+                forward: std::mem::take(&mut ledger.to_forward),
                 finished,
                 on_finished,
             },
@@ -594,19 +588,19 @@ impl Core {
     /// The empty buffer to swap with the ingress's items (`None` before the first move
     /// that found any); hand it back, filled, to [`Core::accept_ingress`], or unused to
     /// [`Core::keep_ingress_spare`].
-    pub(crate) fn take_ingress_spare(&mut self) -> Option<ThinVec<Queued>> {
+    pub(crate) fn take_ingress_spare(&mut self) -> Option<BoxedVec<Queued>> {
         self.ingress_spare.take()
     }
 
     /// Keep a buffer [`Core::take_ingress_spare`] gave out that was not needed.
-    pub(crate) fn keep_ingress_spare(&mut self, spare: Option<ThinVec<Queued>>) {
+    pub(crate) fn keep_ingress_spare(&mut self, spare: Option<BoxedVec<Queued>>) {
         self.ingress_spare = spare;
     }
 
     /// Book and queue messages the ingress took with room reserved for them (see
     /// `super::ingress`): accepted already, in offer order, so no overflow policy applies.
     /// The emptied buffer is kept for the next move.
-    pub(crate) fn accept_ingress(&mut self, mut items: ThinVec<Queued>) {
+    pub(crate) fn accept_ingress(&mut self, mut items: BoxedVec<Queued>) {
         for item in items.drain(..) {
             self.counts.offered += 1;
             self.counts.accepted += 1;
@@ -650,10 +644,11 @@ impl Core {
         out
     }
 
-    /// The books beyond the delivery counters (dead-letter queue, close report, durable
+    /// The ledger beyond the delivery counters (dead-letter queue, close report, durable
     /// completions), allocated by this call if nothing needed them before.
     pub(crate) fn ledger_mut(&mut self) -> &mut Ledger {
-        self.books()
+        self.ledger
+            .get_or_insert_with(|| Box::new(Ledger::new(&self.settings)))
     }
 
     pub(crate) fn stats(&self, now: SystemTime) -> SubscriptionStats {

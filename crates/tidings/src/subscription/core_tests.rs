@@ -486,7 +486,7 @@ fn drain_delivers_until_its_deadline_and_close_reports_the_rest() {
     );
 }
 
-// R-DEL-6: every way in and out is counted by its reason, and the books balance at every
+// R-DEL-6: every way in and out is counted by its reason, and the ledger balances at every
 // step (the harness checks `offered = accepted + refused` and `accepted = delivered +
 // dead-lettered + queued + in flight` after each one).
 #[test]

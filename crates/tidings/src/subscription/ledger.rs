@@ -1,11 +1,11 @@
-//! The books of one subscription: counters, dead-letter queue, what close must report.
+//! The ledger of one subscription: counters, dead-letter queue, what close must report.
 //!
 //! Every path that ends a message's life goes through [`Counts`] and [`Ledger`], which is
 //! what makes conservation (R-DEL-6) hold by construction rather than by care at each call
 //! site.
 //!
 //! # Memory
-//! The books are split by use: [`Counts`], which every delivery touches, lives inline in the
+//! The ledger is split by use: [`Counts`], which every delivery touches, lives inline in the
 //! core; the [`Ledger`] — refusals and dead letters by reason, failures, the dead-letter
 //! queue, forwards, the close report, durable completions — is allocated on its first use,
 //! so a subscription that has only ever delivered (or is idle) does not carry it.
@@ -35,7 +35,7 @@ impl Counts {
     }
 }
 
-/// The rest of the books, allocated on first use (see the module docs).
+/// The rest of the ledger, allocated on first use (see the module docs).
 #[derive(Debug)]
 pub(crate) struct Ledger {
     pub(crate) refused: RefusedCounts,

@@ -13,7 +13,7 @@
 use crate::sync::Ordering;
 use crate::sync::{AtomicBool, AtomicU8};
 
-use super::slots::ThinVec;
+use super::slots::BoxedVec;
 
 /// One dispatcher slot's run flags; what they mean is the driver's protocol (see the pool
 /// driver, which documents and model-checks it, and the tokio driver, which follows it).
@@ -46,7 +46,7 @@ const IN_HANDLER: u8 = 4;
 
 /// The run flags of every slot but the first (see the module docs): `None` for a
 /// single-slot subscription, so it pays one pointer.
-pub(crate) struct OtherRunFlags(Option<ThinVec<RunFlags>>);
+pub(crate) struct OtherRunFlags(Option<BoxedVec<RunFlags>>);
 
 impl OtherRunFlags {
     /// Flags for slots `1..workers`.

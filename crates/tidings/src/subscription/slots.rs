@@ -9,18 +9,18 @@
 
 use std::ops::{Index, IndexMut};
 
-/// A vector behind one thin pointer, for what every idle subscription holds but few use:
-/// one word inline (`Option<ThinVec<T>>` is one word too) where a `Vec` is three and a
+/// A vector behind one box (one pointer, where `Vec` is three words), for what every idle subscription holds but few use:
+/// one word inline (`Option<BoxedVec<T>>` is one word too) where a `Vec` is three and a
 /// boxed slice two, at the price of a second allocation once it is used.
 #[allow(clippy::box_collection)] // the extra allocation is the point: see above
-pub(crate) type ThinVec<T> = Box<Vec<T>>;
+pub(crate) type BoxedVec<T> = Box<Vec<T>>;
 
 /// `n ≥ 1` values, indexed `0..n`; see the module docs.
 #[derive(Debug)]
 pub(crate) struct Slots<T> {
     first: T,
     /// Slots `1..n`; `None` when `n = 1`.
-    rest: Option<ThinVec<T>>,
+    rest: Option<BoxedVec<T>>,
 }
 
 impl<T> Slots<T> {

@@ -29,15 +29,21 @@
 //! tells the transport, through [`Delivered::NotMatching`], which it skipped.
 //!
 //! # Durable streams and the transport
-//! A message appended to a durable stream is sent through the transport as well, unless
-//! [`Transport::carries_appends`] says the append already reaches the transport's
-//! subscribers (a JetStream append is a NATS publish on the same subject): then it is sent
-//! once, by the append.
+//! A message appended to a durable stream is sent through the transport as well, unless the
+//! append already reaches the transport's subscribers (a JetStream append is a NATS publish
+//! on the same subject): then it is sent once, by the append. The broker decides that from
+//! identities, not names: when the transport's [`Transport::connection`] and the backend's
+//! [`DurableBackend::appends_published_on`](crate::durable::DurableBackend::appends_published_on)
+//! are the same [`ConnectionId`], both were built from one connection. When both name a
+//! connection and they differ, the broker refuses to build (an append would reach another
+//! server's subscribers, or this server's twice).
 //!
 //! # Closing
 //! [`Broker::close`](crate::Broker::close) closes every transport subscription (no more
 //! offers), then drains as usual, then calls [`Transport::close`].
 
+mod connection;
 mod seam;
 
+pub use connection::ConnectionId;
 pub use seam::{Deliver, Delivered, Received, Transport, TransportSubscription};

@@ -21,6 +21,8 @@ use crate::error::TransportError;
 use crate::message::Message;
 use crate::topic::{Pattern, Topic};
 
+use super::ConnectionId;
+
 /// Carries a broker's buffered publishes to buffered subscriptions, across processes.
 /// One transport serves one broker at a time.
 ///
@@ -53,13 +55,12 @@ pub trait Transport: Send + Sync + fmt::Debug + 'static {
         deliver: Deliver,
     ) -> Result<Box<dyn TransportSubscription>, TransportError>;
 
-    /// Whether a message appended to a durable stream of the backend named `backend`
-    /// (see [`DurableBackend::name`](crate::durable::DurableBackend::name)) already
-    /// reaches this transport's subscribers, so that the broker must not send it again.
-    /// Default: no.
-    fn carries_appends(&self, backend: &str) -> bool {
-        let _ = backend;
-        false
+    /// The connection this transport sends and receives on, when a durable backend may be
+    /// built from the same one and publish its appends there too (see
+    /// [`DurableBackend::appends_published_on`](crate::durable::DurableBackend::appends_published_on)).
+    /// Default: `None`, no such connection.
+    fn connection(&self) -> Option<ConnectionId> {
+        None
     }
 
     /// The broker closed: release connections and threads. Default: nothing.

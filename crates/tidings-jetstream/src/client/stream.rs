@@ -37,7 +37,7 @@ pub const RESERVED_HEADER_PREFIX: &str = "Nats-";
 
 /// Checks a stream or consumer name: 1 to 255 characters from `A-Z a-z 0-9 - _` (NATS
 /// forbids `.`, `*`, `>`, whitespace and path separators; this is the portable subset).
-pub(crate) fn check_name(name: &str) -> Result<(), &'static str> {
+pub(crate) fn check_nats_name(name: &str) -> Result<(), &'static str> {
     if name.is_empty() {
         return Err("empty");
     }
@@ -137,7 +137,7 @@ impl StreamSpec {
 
     /// The stream configuration to send, after checking the name and patterns.
     pub(crate) fn prepare(&self) -> Result<stream::Config, StreamError> {
-        check_name(&self.name).map_err(|reason| StreamError::InvalidName {
+        check_nats_name(&self.name).map_err(|reason| StreamError::InvalidName {
             name: self.name.clone(),
             reason,
         })?;
@@ -359,7 +359,7 @@ impl JetStream {
     ///
     /// [`StreamError::Refused`], [`StreamError::Unavailable`] or [`StreamError::TimedOut`].
     pub async fn delete_stream(&self, name: &str) -> Result<bool, StreamError> {
-        check_name(name).map_err(|reason| StreamError::InvalidName {
+        check_nats_name(name).map_err(|reason| StreamError::InvalidName {
             name: name.to_owned(),
             reason,
         })?;
@@ -503,9 +503,9 @@ mod tests {
 
     #[test]
     fn names_are_validated() {
-        assert!(check_name("orders_v2-eu").is_ok());
+        assert!(check_nats_name("orders_v2-eu").is_ok());
         for bad in ["", "a.b", "a*", "a>", "a b", "a/b", &"x".repeat(256)] {
-            assert!(check_name(bad).is_err(), "{bad:?}");
+            assert!(check_nats_name(bad).is_err(), "{bad:?}");
         }
     }
 }

@@ -7,10 +7,10 @@ use tidings::{Broker, BrokerBuilder, Driver, ManualClock};
 use crate::helpers::wait_until;
 
 /// A way to build brokers and wait for them.
-pub trait Backend {
+pub trait DriverUnderTest {
     /// A short name for failure messages.
     fn name(&self) -> String;
-    /// A builder with this backend's driver (and clock): the durable cases add a data
+    /// A builder with this driver (and clock): the durable cases add a data
     /// directory and their own manual clock to it.
     fn builder(&self) -> BrokerBuilder;
     /// A fresh broker.
@@ -30,11 +30,11 @@ pub trait Backend {
 
 /// The manual driver on a manual clock: deterministic, no sleeps.
 #[derive(Default)]
-pub struct ManualBackend {
+pub struct ManualDriver {
     clock: ManualClock,
 }
 
-impl Backend for ManualBackend {
+impl DriverUnderTest for ManualDriver {
     fn name(&self) -> String {
         "manual".into()
     }
@@ -57,13 +57,13 @@ impl Backend for ManualBackend {
 }
 
 /// A real driver on the system clock; `settle` waits up to 30 s.
-pub struct ThreadedBackend {
+pub struct ThreadedDriver {
     driver: Driver,
     label: String,
 }
 
-impl ThreadedBackend {
-    /// A backend building brokers with `driver`.
+impl ThreadedDriver {
+    /// A driver building brokers with `driver`.
     #[must_use]
     pub fn new(label: &str, driver: Driver) -> Self {
         Self {
@@ -73,7 +73,7 @@ impl ThreadedBackend {
     }
 }
 
-impl Backend for ThreadedBackend {
+impl DriverUnderTest for ThreadedDriver {
     fn name(&self) -> String {
         self.label.clone()
     }
@@ -91,13 +91,13 @@ impl Backend for ThreadedBackend {
 
 /// The tokio driver on its own multi-thread runtime (feature `tokio`).
 #[cfg(feature = "tokio")]
-pub struct TokioBackend {
+pub struct TokioDriver {
     runtime: tokio::runtime::Runtime,
 }
 
 #[cfg(feature = "tokio")]
-impl TokioBackend {
-    /// A backend with a 2-worker runtime.
+impl TokioDriver {
+    /// A driver with a 2-worker runtime.
     ///
     /// # Panics
     /// If the runtime cannot be built (a test-environment failure).
@@ -113,14 +113,14 @@ impl TokioBackend {
 }
 
 #[cfg(feature = "tokio")]
-impl Default for TokioBackend {
+impl Default for TokioDriver {
     fn default() -> Self {
         Self::new()
     }
 }
 
 #[cfg(feature = "tokio")]
-impl Backend for TokioBackend {
+impl DriverUnderTest for TokioDriver {
     fn name(&self) -> String {
         "tokio".into()
     }
@@ -128,6 +128,6 @@ impl Backend for TokioBackend {
         Broker::builder().driver(Driver::Tokio(self.runtime.handle().clone()))
     }
     fn settle(&self, broker: &Broker, what: &str, cond: &mut dyn FnMut() -> bool) {
-        ThreadedBackend::new("tokio", Driver::Thread).settle(broker, what, cond);
+        ThreadedDriver::new("tokio", Driver::Thread).settle(broker, what, cond);
     }
 }

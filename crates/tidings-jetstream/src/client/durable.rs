@@ -1,0 +1,299 @@
+//! [`Durable`]: a durable pull consumer, the cursor of one durable subscription (fetch,
+//! re-check, seek, lag, delete).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use async_nats::jetstream::ErrorCode;
+use async_nats::jetstream::consumer::{self};
+use futures_util::StreamExt;
+use tidings::{StartAt, StreamErrorKind, Topic};
+
+use super::consumer::{ConsumerSpec, deliver_policy, map_consumer_error};
+use super::consumer_settings::ConsumerSettings;
+use super::delivery::Delivery;
+use crate::classify::Classify;
+use crate::connect::JetStream;
+use crate::error::{ConsumerError, FetchError, InfoError};
+
+/// A consumer's backlog.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Lag {
+    /// Records matching the server-side filter not yet delivered (the filter is a superset
+    /// of the pattern, so this may count records the re-check will skip).
+    pub pending: u64,
+    /// Records delivered and not yet acknowledged.
+    pub ack_pending: u64,
+}
+
+/// What one [`Durable::fetch`] returned.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct Fetched {
+    /// Deliveries whose topic matches the pattern, in stream order.
+    pub deliveries: Vec<Delivery>,
+    /// Deliveries the server's superset filter let through that the pattern does not
+    /// match: acknowledged and skipped (counted as filtered).
+    pub skipped: u64,
+}
+
+/// A durable pull consumer, the cursor of one durable subscription.
+///
+/// Several processes may open the same durable name: they share it, each delivery going to
+/// one of them (competing consumers).
+pub struct Durable {
+    pub(crate) js: JetStream,
+    pub(crate) spec: ConsumerSpec,
+    pub(crate) consumer: consumer::PullConsumer,
+    pub(crate) settings: ConsumerSettings,
+    pub(crate) skipped: AtomicU64,
+}
+
+impl std::fmt::Debug for Durable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Durable")
+            .field("spec", &self.spec)
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Durable {
+    /// The spec this consumer was opened with.
+    pub fn spec(&self) -> &ConsumerSpec {
+        &self.spec
+    }
+
+    /// The settings the server reported (verified against the spec).
+    #[must_use]
+    pub fn settings(&self) -> &ConsumerSettings {
+        &self.settings
+    }
+
+    /// Total deliveries skipped by the client-side pattern re-check since opening.
+    #[must_use]
+    pub fn skipped(&self) -> u64 {
+        self.skipped.load(Ordering::Relaxed)
+    }
+
+    /// Fetches up to `max` deliveries (at least 1): what is available at once, else waits
+    /// up to `wait` for the first one and then takes what else is available. Returns an
+    /// empty batch when nothing came within `wait`.
+    ///
+    /// # Cancel safety
+    /// Dropping the future may lose deliveries already pulled; they are redelivered after
+    /// the ack wait.
+    ///
+    /// # Errors
+    ///
+    /// [`FetchError::ConsumerGone`] when the consumer was deleted (by its inactivity
+    /// threshold, say), [`FetchError::Unavailable`] when the pull failed.
+    pub async fn fetch(&self, max: usize, wait: Duration) -> Result<Fetched, FetchError> {
+        let max = max.max(1);
+        let mut raw = self.pull(max, None).await?;
+        if raw.is_empty() && !wait.is_zero() {
+            raw = self.pull(1, Some(wait)).await?;
+            if !raw.is_empty() && max > 1 {
+                raw.extend(self.pull(max - 1, None).await?);
+            }
+        }
+        let mut deliveries = Vec::with_capacity(raw.len());
+        let mut skipped = 0;
+        for message in raw {
+            let delivery =
+                Delivery::new(message, self.js.request_timeout, &self.spec.subject_prefix)?;
+            let matches = Topic::new(&delivery.topic).is_ok_and(|t| self.spec.pattern.matches(&t));
+            if matches {
+                deliveries.push(delivery);
+            } else {
+                // Not this subscription's: finish it so it is not redelivered.
+                delivery.ack().await.map_err(|e| FetchError::Unavailable {
+                    detail: format!("acknowledging a skipped delivery: {e}"),
+                })?;
+                skipped += 1;
+            }
+        }
+        self.skipped.fetch_add(skipped, Ordering::Relaxed);
+        Ok(Fetched {
+            deliveries,
+            skipped,
+        })
+    }
+
+    async fn pull(
+        &self,
+        n: usize,
+        wait: Option<Duration>,
+    ) -> Result<Vec<async_nats::jetstream::Message>, FetchError> {
+        let unavailable = |detail: String| FetchError::Unavailable { detail };
+        let mut batch = match wait {
+            None => self.consumer.fetch().max_messages(n).messages().await,
+            Some(wait) => {
+                self.consumer
+                    .batch()
+                    .max_messages(n)
+                    .expires(wait.max(Duration::from_millis(10)))
+                    .messages()
+                    .await
+            }
+        }
+        .map_err(|e| unavailable(e.to_string()))?;
+        // The server ends the batch itself (no_wait, or at `expires`); the bound only guards
+        // against a connection that went silent.
+        let bound = wait.unwrap_or(Duration::ZERO) + self.js.request_timeout;
+        let mut out = Vec::new();
+        let collect = async {
+            while let Some(item) = batch.next().await {
+                match item {
+                    Ok(m) => out.push(m),
+                    Err(e) => return Err(self.pull_failed(e.to_string()).await),
+                }
+            }
+            Ok(())
+        };
+        match tokio::time::timeout(bound, collect).await {
+            Ok(result) => result?,
+            Err(_) => {
+                if out.is_empty() {
+                    return Err(unavailable(format!(
+                        "no answer to the pull within {bound:?}"
+                    )));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Why a pull ended with an error status (`detail`). async-nats reports a pull's
+    /// status only as text (a 409 "Consumer Deleted", a 503 "no responders"), so the
+    /// consumer is looked up, and the lookup's typed kind decides: not found (the consumer
+    /// or its stream) is [`FetchError::ConsumerGone`], anything else
+    /// [`FetchError::Unavailable`] with `detail`.
+    async fn pull_failed(&self, detail: String) -> FetchError {
+        use async_nats::jetstream::stream::ConsumerErrorKind as K;
+        let looked_up = self
+            .js
+            .context
+            .get_consumer_from_stream::<consumer::Config, _, _>(
+                &self.spec.durable,
+                &self.spec.stream,
+            )
+            .await;
+        match looked_up {
+            Err(e)
+                if matches!(e.kind(), K::JetStream(err)
+                if err.error_code() == ErrorCode::CONSUMER_NOT_FOUND
+                    || err.error_code() == ErrorCode::STREAM_NOT_FOUND) =>
+            {
+                FetchError::ConsumerGone {
+                    durable: self.spec.durable.clone(),
+                }
+            }
+            _ => FetchError::Unavailable { detail },
+        }
+    }
+
+    /// Moves the consumer to `start`: it is deleted and created again with the same durable
+    /// name and settings (JetStream cannot change a consumer's start), so unacknowledged
+    /// deliveries of every process sharing it are dropped and redelivered from `start`.
+    ///
+    /// # Errors
+    ///
+    /// As [`JetStream::durable`].
+    pub async fn seek(&mut self, start: StartAt) -> Result<(), ConsumerError> {
+        let policy = deliver_policy(&start)?;
+        match self
+            .js
+            .context
+            .delete_consumer_from_stream(&self.spec.durable, &self.spec.stream)
+            .await
+        {
+            Ok(_) => {}
+            Err(e) => {
+                use async_nats::jetstream::stream::ConsumerErrorKind as K;
+                let gone = matches!(e.kind(), K::JetStream(err)
+                    if err.error_code() == ErrorCode::CONSUMER_NOT_FOUND);
+                if !gone {
+                    return Err(map_consumer_error(&self.js, &self.spec, &e));
+                }
+            }
+        }
+        let spec = self.spec.clone().start(start);
+        let reopened = self.js.open(spec, policy).await?;
+        self.spec = reopened.spec;
+        self.consumer = reopened.consumer;
+        self.settings = reopened.settings;
+        Ok(())
+    }
+
+    /// A failed info request as an [`InfoError`], by its kind.
+    fn info_error(&self, e: &async_nats::jetstream::context::ConsumerInfoError) -> InfoError {
+        use async_nats::jetstream::context::ConsumerInfoErrorKind as K;
+        // A timeout or an election under way (in a cluster) is not an answer: only the
+        // server saying the consumer or its stream does not exist is (R-DIST-7).
+        if matches!(e.kind(), K::NotFound | K::StreamNotFound) {
+            return InfoError::ConsumerGone {
+                durable: self.spec.durable.clone(),
+            };
+        }
+        match e.class().0 {
+            StreamErrorKind::TimedOut => InfoError::TimedOut {
+                after: self.js.request_timeout,
+            },
+            _ => InfoError::Unavailable {
+                detail: e.to_string(),
+            },
+        }
+    }
+
+    /// The consumer's info as the server reports it now (positions, ack floor, backlog).
+    pub(crate) async fn info(&self) -> Result<consumer::Info, InfoError> {
+        let mut consumer = self.consumer.clone();
+        consumer
+            .info()
+            .await
+            .cloned()
+            .map_err(|e| self.info_error(&e))
+    }
+
+    /// The consumer's backlog, as the server reports it now.
+    ///
+    /// # Errors
+    ///
+    /// [`InfoError`].
+    pub async fn lag(&self) -> Result<Lag, InfoError> {
+        let mut consumer = self.consumer.clone();
+        let info = consumer.info().await.map_err(|e| self.info_error(&e))?;
+        Ok(Lag {
+            pending: info.num_pending,
+            ack_pending: info.num_ack_pending as u64,
+        })
+    }
+
+    /// Deletes the consumer on the server (for every process sharing it). Returns whether
+    /// it existed.
+    ///
+    /// # Errors
+    ///
+    /// [`ConsumerError::Refused`] or [`ConsumerError::TimedOut`].
+    pub async fn delete(self) -> Result<bool, ConsumerError> {
+        match self
+            .js
+            .context
+            .delete_consumer_from_stream(&self.spec.durable, &self.spec.stream)
+            .await
+        {
+            Ok(status) => Ok(status.success),
+            Err(e) => {
+                use async_nats::jetstream::stream::ConsumerErrorKind as K;
+                match e.kind() {
+                    K::JetStream(err) if err.error_code() == ErrorCode::CONSUMER_NOT_FOUND => {
+                        Ok(false)
+                    }
+                    _ => Err(map_consumer_error(&self.js, &self.spec, &e)),
+                }
+            }
+        }
+    }
+}
