@@ -216,6 +216,11 @@ impl ConsumerSpec {
             filter_subjects,
             backoff: self.backoff.clone(),
             inactive_threshold: self.inactive_threshold,
+            // No server-side cap on unacknowledged messages (the default is 1,000): a pull
+            // consumer gets only what it asks for, and tidings' feeder bounds what it holds
+            // itself (its window plus the delayed messages it holds until due). A cap here
+            // would let 1,000 delayed messages hold back every message due now behind them.
+            max_ack_pending: -1,
             ..Default::default()
         }
     }
