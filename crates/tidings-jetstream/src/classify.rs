@@ -23,7 +23,7 @@ use async_nats::jetstream::stream::{
 use tidings::StreamErrorKind as K;
 
 use crate::error::{
-    AckError, AppendError, ConsumerError, FetchError, InfoError, JetStreamError, StreamError,
+    AckError, AppendError, ConsumerError, FetchError, InfoError, JetStreamError, StreamSpecError,
 };
 
 /// An error whose kind (and JetStream API error code) is known from its type.
@@ -216,7 +216,7 @@ macro_rules! classify_own {
 }
 classify_own!(FetchError, AckError, InfoError);
 
-impl Classify for StreamError {
+impl Classify for StreamSpecError {
     fn class(&self) -> (K, Option<u64>) {
         (self.kind(), self.api_code())
     }

@@ -209,7 +209,7 @@ impl ConnectError {
 /// Why [`JetStream::ensure_stream`](crate::JetStream::ensure_stream) failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
-pub enum StreamError {
+pub enum StreamSpecError {
     /// The stream name is not usable on NATS.
     #[error("invalid stream name {name:?}: {reason}")]
     InvalidName {
@@ -266,18 +266,18 @@ pub enum StreamError {
     },
 }
 
-impl StreamError {
+impl StreamSpecError {
     /// What kind of failure it is.
     #[must_use]
     pub fn kind(&self) -> StreamErrorKind {
         match self {
-            StreamError::InvalidName { .. }
-            | StreamError::NoPatterns { .. }
-            | StreamError::CapturesEverything { .. } => StreamErrorKind::InvalidInput,
-            StreamError::Refused { .. } => StreamErrorKind::Refused,
-            StreamError::Unavailable { .. } => StreamErrorKind::Unavailable,
-            StreamError::ConfigDropped { .. } => StreamErrorKind::Unsupported,
-            StreamError::TimedOut { .. } => StreamErrorKind::TimedOut,
+            StreamSpecError::InvalidName { .. }
+            | StreamSpecError::NoPatterns { .. }
+            | StreamSpecError::CapturesEverything { .. } => StreamErrorKind::InvalidInput,
+            StreamSpecError::Refused { .. } => StreamErrorKind::Refused,
+            StreamSpecError::Unavailable { .. } => StreamErrorKind::Unavailable,
+            StreamSpecError::ConfigDropped { .. } => StreamErrorKind::Unsupported,
+            StreamSpecError::TimedOut { .. } => StreamErrorKind::TimedOut,
         }
     }
 
@@ -285,7 +285,7 @@ impl StreamError {
     #[must_use]
     pub fn api_code(&self) -> Option<u64> {
         match self {
-            StreamError::Refused { code, .. } => *code,
+            StreamSpecError::Refused { code, .. } => *code,
             _ => None,
         }
     }

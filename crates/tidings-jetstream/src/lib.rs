@@ -43,7 +43,7 @@ pub mod subject;
 pub mod transport;
 
 pub use client::pipeline;
-use client::{consumer, stream};
+use client::{consumer, stream_spec};
 use connection::connect;
 
 pub use backend::{
@@ -61,10 +61,10 @@ pub use connect::{
 pub use connection::NatsConnection;
 pub use error::{
     AckError, AppendError, ConnectError, ConsumerError, FetchError, InfoError, JetStreamError,
-    StreamError,
+    StreamSpecError,
 };
 pub use pipeline::{Acknowledged, Pipeline, PipelineError};
-pub use stream::{
+pub use stream_spec::{
     Appended, DEFAULT_DUPLICATE_WINDOW, RESERVED_HEADER_PREFIX, Record, StreamSpec, StreamState,
 };
 pub use transport::{NatsTransport, NatsTransportBuilder, TRANSPORT_NAME, TransportStats};

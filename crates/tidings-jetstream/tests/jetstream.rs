@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use tidings::{MessageId, Pattern, StartAt, Topic};
 use tidings_jetstream::{
     AppendError, ConnectError, ConnectOptions, ConsumerError, ConsumerSpec, Delivery, Durable,
-    FetchError, InfoError, JetStream, MIN_SERVER_VERSION, Record, StreamError, StreamSpec,
+    FetchError, InfoError, JetStream, MIN_SERVER_VERSION, Record, StreamSpec, StreamSpecError,
 };
 use tidings_testkit::nats::{NatsServer, NatsServerOptions};
 
@@ -169,7 +169,7 @@ async fn wildcards_through_jetstream_are_amqp_exact() {
         .await
         .expect_err("capture-all refused");
     assert!(
-        matches!(err, StreamError::CapturesEverything { .. }),
+        matches!(err, StreamSpecError::CapturesEverything { .. }),
         "{err:?}"
     );
     js.ensure_stream(&StreamSpec::new(

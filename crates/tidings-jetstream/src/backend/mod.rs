@@ -430,7 +430,7 @@ mod tests {
             names.iter().map(|n| nats_name(n)).collect();
         assert_eq!(mapped.len(), names.len(), "{mapped:?}");
         for m in &mapped {
-            assert!(crate::stream::check_nats_name(m).is_ok(), "{m}");
+            assert!(crate::stream_spec::check_nats_name(m).is_ok(), "{m}");
         }
         assert_eq!(nats_name("orders.v2_eu"), "orders_dv2__eu");
     }

@@ -27,7 +27,7 @@ use super::cursor::{CursorShared, JsCursor};
 use super::{Shared, check_name, nats_name, subject_prefix};
 use crate::classify::seam;
 use crate::connect::JetStream;
-use crate::stream::{StreamSpec, StreamState, verify_answer};
+use crate::stream_spec::{StreamSpec, StreamState, verify_answer};
 
 /// The stream metadata key holding the tidings patterns a stream was created with, one
 /// per line.

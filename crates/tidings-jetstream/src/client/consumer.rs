@@ -36,7 +36,7 @@ use super::durable::Durable;
 use crate::classify::Classify;
 use crate::connect::JetStream;
 use crate::error::ConsumerError;
-use crate::stream::check_nats_name;
+use crate::stream_spec::check_nats_name;
 use crate::subject::filter_subjects;
 
 /// Default time a delivery may stay unacknowledged before it is redelivered.

@@ -7,4 +7,4 @@ pub(crate) mod consumer_settings;
 pub(crate) mod delivery;
 pub(crate) mod durable;
 pub mod pipeline;
-pub(crate) mod stream;
+pub(crate) mod stream_spec;

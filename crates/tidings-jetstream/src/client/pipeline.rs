@@ -32,7 +32,7 @@ use tidings::MessageId;
 
 use crate::connect::JetStream;
 use crate::error::AppendError;
-use crate::stream::{Appended, Record};
+use crate::stream_spec::{Appended, Record};
 
 type PendingAck = Pin<Box<dyn Future<Output = Result<Appended, AppendError>> + Send>>;
 

@@ -25,7 +25,7 @@ use tidings::{Headers, MessageId, Pattern, StreamErrorKind as K, Topic};
 
 use crate::classify::Classify;
 use crate::connect::JetStream;
-use crate::error::{AppendError, StreamError};
+use crate::error::{AppendError, StreamSpecError};
 use crate::subject::{filter_subjects, stream_subjects};
 
 /// Default duplicate window of a stream: appends of the same message id within it are stored
@@ -83,7 +83,7 @@ impl StreamSpec {
     /// Keeps `n` copies of the stream, each on another server of the cluster (default 1;
     /// 0 counts as 1). Durable consumers created on it without a count of their own get as
     /// many. A server or cluster that cannot place them refuses the stream
-    /// ([`StreamError::Refused`], or [`StreamError::Unavailable`] while the cluster has no
+    /// ([`StreamSpecError::Refused`], or [`StreamSpecError::Unavailable`] while the cluster has no
     /// meta leader).
     pub fn replicas(mut self, n: usize) -> Self {
         self.replicas = n.max(1);
@@ -136,13 +136,13 @@ impl StreamSpec {
     }
 
     /// The stream configuration to send, after checking the name and patterns.
-    pub(crate) fn prepare(&self) -> Result<stream::Config, StreamError> {
-        check_nats_name(&self.name).map_err(|reason| StreamError::InvalidName {
+    pub(crate) fn prepare(&self) -> Result<stream::Config, StreamSpecError> {
+        check_nats_name(&self.name).map_err(|reason| StreamSpecError::InvalidName {
             name: self.name.clone(),
             reason,
         })?;
         if self.patterns.is_empty() {
-            return Err(StreamError::NoPatterns {
+            return Err(StreamSpecError::NoPatterns {
                 name: self.name.clone(),
             });
         }
@@ -151,14 +151,14 @@ impl StreamSpec {
             .iter()
             .find(|p| filter_subjects(p).iter().any(|s| s == ">"))
         {
-            return Err(StreamError::CapturesEverything {
+            return Err(StreamSpecError::CapturesEverything {
                 name: self.name.clone(),
                 pattern: p.to_string(),
             });
         }
         let config = self.to_config();
         if config.subjects.iter().any(|s| s == ">") {
-            return Err(StreamError::CapturesEverything {
+            return Err(StreamSpecError::CapturesEverything {
                 name: self.name.clone(),
                 pattern: self
                     .patterns
@@ -173,34 +173,34 @@ impl StreamSpec {
 }
 
 /// Checks the configuration the server answered with against the one sent: a setting it
-/// dropped silently is [`StreamError::ConfigDropped`] (R-DIST-4).
+/// dropped silently is [`StreamSpecError::ConfigDropped`] (R-DIST-4).
 pub(crate) fn verify_answer(
     sent: &stream::Config,
     got: &stream::Config,
-) -> Result<(), StreamError> {
+) -> Result<(), StreamSpecError> {
     let mut subjects = got.subjects.clone();
     subjects.sort();
     let mut asked = sent.subjects.clone();
     asked.sort();
     if subjects != asked {
-        return Err(StreamError::ConfigDropped { field: "subjects" });
+        return Err(StreamSpecError::ConfigDropped { field: "subjects" });
     }
     if got.duplicate_window != sent.duplicate_window {
-        return Err(StreamError::ConfigDropped {
+        return Err(StreamSpecError::ConfigDropped {
             field: "duplicate_window",
         });
     }
     if got.storage != stream::StorageType::File {
-        return Err(StreamError::ConfigDropped { field: "storage" });
+        return Err(StreamSpecError::ConfigDropped { field: "storage" });
     }
     if got.max_age != sent.max_age {
-        return Err(StreamError::ConfigDropped { field: "max_age" });
+        return Err(StreamSpecError::ConfigDropped { field: "max_age" });
     }
     if got.max_bytes != sent.max_bytes {
-        return Err(StreamError::ConfigDropped { field: "max_bytes" });
+        return Err(StreamSpecError::ConfigDropped { field: "max_bytes" });
     }
     if got.num_replicas.max(1) != sent.num_replicas.max(1) {
-        return Err(StreamError::ConfigDropped {
+        return Err(StreamSpecError::ConfigDropped {
             field: "num_replicas",
         });
     }
@@ -309,14 +309,14 @@ impl Record {
     }
 }
 
-/// A failed stream request as a [`StreamError`], by its kind.
-fn stream_error(name: &str, after: Duration, e: &impl Classify) -> StreamError {
+/// A failed stream request as a [`StreamSpecError`], by its kind.
+fn stream_error(name: &str, after: Duration, e: &impl Classify) -> StreamSpecError {
     match e.class() {
-        (K::TimedOut, _) => StreamError::TimedOut { after },
-        (K::Unavailable, _) => StreamError::Unavailable {
+        (K::TimedOut, _) => StreamSpecError::TimedOut { after },
+        (K::Unavailable, _) => StreamSpecError::Unavailable {
             detail: e.to_string(),
         },
-        (_, code) => StreamError::Refused {
+        (_, code) => StreamSpecError::Refused {
             name: name.to_owned(),
             detail: e.to_string(),
             code,
@@ -340,9 +340,9 @@ impl JetStream {
     ///
     /// # Errors
     ///
-    /// [`StreamError`]: bad name, no pattern, refused by the server (overlapping another
+    /// [`StreamSpecError`]: bad name, no pattern, refused by the server (overlapping another
     /// stream's subjects, say), a setting the server dropped, or no answer in time.
-    pub async fn ensure_stream(&self, spec: &StreamSpec) -> Result<StreamState, StreamError> {
+    pub async fn ensure_stream(&self, spec: &StreamSpec) -> Result<StreamState, StreamSpecError> {
         let config = spec.prepare()?;
         let info = self
             .context
@@ -357,9 +357,9 @@ impl JetStream {
     ///
     /// # Errors
     ///
-    /// [`StreamError::Refused`], [`StreamError::Unavailable`] or [`StreamError::TimedOut`].
-    pub async fn delete_stream(&self, name: &str) -> Result<bool, StreamError> {
-        check_nats_name(name).map_err(|reason| StreamError::InvalidName {
+    /// [`StreamSpecError::Refused`], [`StreamSpecError::Unavailable`] or [`StreamSpecError::TimedOut`].
+    pub async fn delete_stream(&self, name: &str) -> Result<bool, StreamSpecError> {
+        check_nats_name(name).map_err(|reason| StreamSpecError::InvalidName {
             name: name.to_owned(),
             reason,
         })?;
