@@ -18,6 +18,7 @@
 //! | `dlq show` | `{"stream", "name", "total", "entries": [entry]}`; entry: `entry, stream_offset, message_id, topic, key, priority, timestamp_ms, reason_kind, reason, attempts, headers, payload_len, payload_preview` |
 //! | `dlq redrive`, `dlq purge` | `{stream, name, entries, stream_offsets, remaining}` |
 
+use std::num::NonZeroU8;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -29,8 +30,11 @@ use tidings::embedded::offline::{
     ConsumerSummary, DataDir, DeadLetterEntry, InspectError, PurgeError, RedriveError, SeekError,
     Selection, StreamSummary,
 };
+use time::OffsetDateTime;
+use time::format_description::well_known::{Iso8601, Rfc3339, iso8601};
 
 use crate::progress::Progress;
+use crate::table::{self, Align, Style};
 use crate::{EXIT_PROBLEM, EXIT_USAGE};
 
 /// Options shared by every data-dir command.
@@ -113,7 +117,7 @@ struct SeekTarget {
     #[arg(long, value_name = "N")]
     offset: Option<u64>,
     /// To the first record at or after this time: milliseconds since the UNIX epoch or an
-    /// RFC 3339 UTC time such as 2026-12-02T17:00:00Z.
+    /// RFC 3339 time such as 2026-12-02T17:00:00Z.
     #[arg(long, value_name = "T")]
     time: Option<String>,
     /// To the earliest retained record.
@@ -677,78 +681,39 @@ fn yes_no(b: bool) -> String {
     if b { "yes" } else { "no" }.to_owned()
 }
 
-/// Print `rows` under `headers`, columns padded to their widest cell.
+/// Print `rows` under `headers` as a listing (header first, columns padded, all left-aligned).
 fn table(headers: &[&str], rows: &[Vec<String>]) {
-    let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
-    for row in rows {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count());
-        }
-    }
-    let line = |cells: Vec<&str>| {
-        let mut s = String::new();
-        for (i, (cell, w)) in cells.iter().zip(&widths).enumerate() {
-            if i + 1 == cells.len() {
-                s.push_str(cell);
-            } else {
-                s.push_str(&format!("{cell:<w$}  "));
-            }
-        }
-        outln!("{}", s.trim_end());
-    };
-    line(headers.to_vec());
-    for row in rows {
-        line(row.iter().map(String::as_str).collect());
-    }
+    let align = vec![Align::Left; headers.len()];
+    out!("{}", table::render(Style::LISTING, headers, &align, rows));
 }
 
 fn time_or_dash(ms: Option<u64>) -> String {
     ms.map_or("-".to_owned(), format_time)
 }
 
-/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
-fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let m = i64::from(m);
-    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + i64::from(d) - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
-}
+/// RFC 3339 with the milliseconds always shown (`YYYY-MM-DDTHH:MM:SS.mmmZ`): `time`'s `Rfc3339`
+/// drops a zero fraction, which would make a column of times ragged.
+const MILLIS: iso8601::EncodedConfig = iso8601::Config::DEFAULT
+    .set_time_precision(iso8601::TimePrecision::Second {
+        decimal_digits: NonZeroU8::new(3),
+    })
+    .encode();
 
-/// The date of a day count since 1970-01-01.
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    (yoe + era * 400 + i64::from(m <= 2), m, d)
-}
-
-/// Milliseconds since the epoch as `YYYY-MM-DDTHH:MM:SS.mmmZ`.
+/// Milliseconds since the epoch as `YYYY-MM-DDTHH:MM:SS.mmmZ` (past the year 9999, which no
+/// record's clock gives, as the raw number).
 fn format_time(ms: u64) -> String {
-    let secs = (ms / 1000) as i64;
-    let (y, mo, d) = civil_from_days(secs.div_euclid(86_400));
-    let s = secs.rem_euclid(86_400);
-    format!(
-        "{y:04}-{mo:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
-        s / 3600,
-        s / 60 % 60,
-        s % 60,
-        ms % 1000
-    )
+    OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
+        .ok()
+        .and_then(|t| t.format(&Iso8601::<MILLIS>).ok())
+        .unwrap_or_else(|| format!("{ms} ms after the epoch"))
 }
 
-/// `--time`: milliseconds since the epoch, or `YYYY-MM-DDTHH:MM:SS[.fff]Z`.
+/// `--time`: milliseconds since the epoch, or an RFC 3339 time (`2026-12-02T17:00:00Z`,
+/// `2026-12-02T18:00:00.5+01:00`), cut to whole milliseconds like the records' timestamps.
 fn parse_time(text: &str) -> Result<SystemTime, String> {
     let bad = || {
         format!(
-            "--time {text:?}: expected milliseconds since the UNIX epoch or a UTC time like 2026-12-02T17:00:00Z"
+            "--time {text:?}: expected milliseconds since the UNIX epoch or an RFC 3339 time like 2026-12-02T17:00:00Z"
         )
     };
     if let Ok(ms) = text.parse::<u64>() {
@@ -756,45 +721,12 @@ fn parse_time(text: &str) -> Result<SystemTime, String> {
             .checked_add(Duration::from_millis(ms))
             .ok_or_else(bad);
     }
-    let t = text.strip_suffix('Z').ok_or_else(bad)?;
-    let (date, time) = t.split_once('T').ok_or_else(bad)?;
-    let num = |s: &str, len: usize| -> Result<u32, String> {
-        if s.len() == len && s.bytes().all(|b| b.is_ascii_digit()) {
-            s.parse().map_err(|_| bad())
-        } else {
-            Err(bad())
-        }
-    };
-    let mut dp = date.split('-');
-    let (Some(y), Some(mo), Some(d), None) = (dp.next(), dp.next(), dp.next(), dp.next()) else {
-        return Err(bad());
-    };
-    let (y, mo, d) = (num(y, 4)?, num(mo, 2)?, num(d, 2)?);
-    let (hms, frac) = time.split_once('.').unwrap_or((time, ""));
-    let mut tp = hms.split(':');
-    let (Some(h), Some(mi), Some(s), None) = (tp.next(), tp.next(), tp.next(), tp.next()) else {
-        return Err(bad());
-    };
-    let (h, mi, s) = (num(h, 2)?, num(mi, 2)?, num(s, 2)?);
-    let ms = if frac.is_empty() {
-        0
-    } else if frac.len() <= 9 && frac.bytes().all(|b| b.is_ascii_digit()) {
-        num(&format!("{frac:0<3}")[..3], 3)?
-    } else {
-        return Err(bad());
-    };
-    if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || s > 59 {
-        return Err(bad());
+    let t = OffsetDateTime::parse(text, &Rfc3339).map_err(|_| bad())?;
+    if t.unix_timestamp() < 0 {
+        return Err(bad()); // before the epoch: no record is older
     }
-    let days = days_from_civil(i64::from(y), mo, d);
-    if civil_from_days(days) != (i64::from(y), mo, d) {
-        return Err(bad()); // 2026-02-30 and the like
-    }
-    let secs = days * 86_400 + i64::from(h * 3600 + mi * 60 + s);
-    let secs = u64::try_from(secs).map_err(|_| bad())?;
-    UNIX_EPOCH
-        .checked_add(Duration::from_secs(secs) + Duration::from_millis(u64::from(ms)))
-        .ok_or_else(bad)
+    let t = t.replace_millisecond(t.millisecond()).map_err(|_| bad())?;
+    Ok(t.into())
 }
 
 #[cfg(test)]
@@ -813,6 +745,15 @@ mod tests {
             UNIX_EPOCH + Duration::from_millis(1_700_000_000_000)
         );
         assert_eq!(format_time(951_782_400_000), "2000-02-29T00:00:00.000Z");
+        // RFC 3339: an offset, a space for the `T`, more digits than milliseconds (cut).
+        let at_250 = UNIX_EPOCH + Duration::from_millis(1_796_230_800_250);
+        for same in [
+            "2026-12-02T18:00:00.250+01:00",
+            "2026-12-02 17:00:00.250Z",
+            "2026-12-02T17:00:00.250999Z",
+        ] {
+            assert_eq!(parse_time(same).unwrap(), at_250, "{same}");
+        }
     }
 
     #[test]
@@ -822,9 +763,9 @@ mod tests {
             "yesterday",
             "2026-02-30T00:00:00Z",
             "2026-12-02T25:00:00Z",
-            "2026-12-02 17:00:00Z",
             "2026-12-02T17:00:00",
             "2026-12-02T17:00:00.x Z",
+            "1969-12-31T23:59:59Z",
             "99999999999999999999999",
         ] {
             assert!(parse_time(bad).is_err(), "{bad:?}");

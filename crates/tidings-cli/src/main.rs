@@ -45,6 +45,7 @@ mod demo;
 mod durable_demo;
 mod log;
 mod progress;
+mod table;
 
 use std::process::ExitCode;
 

@@ -45,7 +45,7 @@ use parking_lot::RwLock;
 
 use crate::subscription::shell::SubscriptionShell;
 use crate::topic::Topic;
-use crate::topic::trie::FastState;
+use foldhash::fast::RandomState as FastState;
 
 /// Most topics cached at once in one shard.
 pub(crate) const MAX_ROUTES: usize = 1024;

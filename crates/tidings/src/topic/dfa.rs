@@ -40,7 +40,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::Topic;
-use super::trie::FastState;
+use foldhash::fast::RandomState;
 
 /// Caches kept per thread (tries matched on this thread most recently).
 pub(super) const SLOTS: usize = 2;
@@ -157,13 +157,13 @@ pub(super) struct Dfa {
     uid: u64,
     epoch: u64,
     states: Vec<State>,
-    by_set: HashMap<Box<[u32]>, Sid, FastState>,
+    by_set: HashMap<Box<[u32]>, Sid, RandomState>,
     /// Steps on short words.
-    short: HashMap<ShortKey, Sid, FastState>,
+    short: HashMap<ShortKey, Sid, RandomState>,
     /// Steps on word ids (long words, and "any word").
-    transitions: HashMap<u64, Sid, FastState>,
+    transitions: HashMap<u64, Sid, RandomState>,
     /// Whole topics → the state their last word leads to (or the dead state).
-    topics: HashMap<Topic, Sid, FastState>,
+    topics: HashMap<Topic, Sid, RandomState>,
     /// Steps that could not be stored because the cache was full, since it was last emptied.
     full_misses: usize,
     /// Last use, for choosing which slot to reuse.
