@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use tidings::{Broker, Driver, DurableSpec, HandlerError, ManualClock, Message, SubscribeOptions};
+use tidings::{Broker, Driver, HandlerError, ManualClock, Message, SubscribeOptions};
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing_subscriber::layer::{Context, SubscriberExt};
@@ -320,7 +320,7 @@ fn async_handlers_run_in_their_process_span_across_awaits() {
 #[cfg(feature = "otel")]
 #[test]
 fn the_trace_survives_a_durable_stream_and_a_restart() {
-    use tidings::StreamConfig;
+    use tidings::{DurableSpec, StreamConfig};
     let dir = tempfile::tempdir().unwrap();
     let open = || {
         let b = Broker::builder()
