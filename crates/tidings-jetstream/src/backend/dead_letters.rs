@@ -161,8 +161,8 @@ impl DeadLetters {
         Ok(())
     }
 
-    /// Creates the DLQ stream (or finds it), with as many replicas as its stream: a dead
-    /// letter is as safe as the message it was (R-DIST-7).
+    /// Creates the DLQ stream and the handler-start stream (or finds them), with as many
+    /// replicas as their stream: a dead letter is as safe as the message it was (R-DIST-7).
     pub(crate) async fn ensure(&self) -> Result<(), StreamError> {
         let replicas = self
             .js
@@ -192,6 +192,10 @@ impl DeadLetters {
             storage: async_nats::jetstream::stream::StorageType::File,
             max_messages_per_subject: 1,
             max_age: std::time::Duration::from_secs(7 * 24 * 3600),
+            // As many copies as the stream: a returned message's handler start must be
+            // recorded before it runs, so with one copy on a dead node its subscription
+            // would wait for that node (R-DIST-7).
+            num_replicas: replicas,
             ..Default::default()
         };
         self.js
