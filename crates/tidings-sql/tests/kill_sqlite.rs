@@ -12,7 +12,6 @@ mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use common::{Ledger, TABLE};
 use tidings::{HandlerError, Message};
@@ -116,37 +115,14 @@ fn sqlite_kill_loop() {
         0xdead_beef,
     );
 
-    // Finish the stream in this process.
-    let broker = common::ledger_broker(&dir);
-    let handler = ledger_handler(&db);
-    let sub = common::subscribe_ledger(&broker, handler.clone());
-    common::wait_for("every payment", Duration::from_secs(120), || {
-        ledger.processed().len() == messages
-    });
-    drop(sub);
-    broker.close(Duration::from_secs(10));
-    let (wrong, detail) = common::mismatches(&ledger, &payments);
-    let last = handler.stats();
-    eprintln!(
-        "sqlite kill loop: {} cycles ({} while starting, {} inside a payment's transaction), \
-         {messages} messages, {} committed and {} duplicates skipped by the children, \
-         {} committed and {} duplicates skipped by the last run, {wrong} balance mismatches",
-        report.cycles,
-        report.killed_starting,
-        report.killed_in_transaction,
-        report.committed,
-        report.skipped,
-        last.committed,
-        last.skipped,
-    );
-    assert_eq!(wrong, 0, "balances (got, want): {detail:?}");
-    common::assert_all_recorded(&ledger, &payments);
-    assert!(
-        report.killed_in_transaction > 0,
-        "no kill landed inside a transaction: {report:?}"
-    );
-    assert!(
-        report.skipped + last.skipped > 0,
-        "no redelivery was skipped: {report:?}"
+    // Finish the stream in this process, then check.
+    common::finish_and_check(
+        "sqlite",
+        &dir,
+        &ledger,
+        &payments,
+        &report,
+        ledger_handler(&db),
+        |h| h.stats(),
     );
 }

@@ -14,6 +14,7 @@ pub mod durable;
 pub mod durable_macros;
 pub mod durable_suite;
 pub mod helpers;
+mod launch;
 pub mod nats;
 pub mod postgres;
 pub mod process;

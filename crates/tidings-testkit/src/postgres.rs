@@ -29,13 +29,11 @@
 
 use std::fmt;
 use std::fs;
-use std::net::{Ipv4Addr, TcpListener};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 /// Environment variable naming the directory holding `initdb`, `postgres`, `pg_ctl` and
 /// `pg_isready`.
@@ -247,7 +245,7 @@ impl PostgresServer {
             return Err(LaunchError::Tool {
                 tool: "initdb",
                 status: initdb.status,
-                output: output_text(&initdb),
+                output: crate::launch::output_text(&initdb),
             });
         }
         // A port found free may be taken before the server binds it: try a few.
@@ -327,7 +325,7 @@ impl PostgresServer {
             Err(LaunchError::Tool {
                 tool: "psql",
                 status: out.status,
-                output: output_text(&out),
+                output: crate::launch::output_text(&out),
             })
         }
     }
@@ -548,29 +546,8 @@ pub fn ensure_installed() -> Result<PathBuf, LaunchError> {
     })
 }
 
-fn run(step: &'static str, command: &mut Command) -> Result<(), LaunchError> {
-    let output = command
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| install_error(step, e.to_string()))?;
-    if output.status.success() {
-        Ok(())
-    } else {
-        Err(install_error(
-            step,
-            format!("{}: {}", output.status, output_text(&output)),
-        ))
-    }
-}
-
 fn install_error(step: &'static str, output: String) -> LaunchError {
     LaunchError::Install { step, output }
-}
-
-fn output_text(out: &std::process::Output) -> String {
-    let mut text = String::from_utf8_lossy(&out.stderr).into_owned();
-    text.push_str(&String::from_utf8_lossy(&out.stdout));
-    text
 }
 
 /// The real uid is 0 (from `/proc/self/status`; no libc call).
@@ -598,23 +575,14 @@ fn postgres_user() -> Option<(u32, u32)> {
     })
 }
 
+fn run(step: &'static str, command: &mut Command) -> Result<(), LaunchError> {
+    crate::launch::run_step(command).map_err(|output| install_error(step, output))
+}
+
 fn free_port() -> Result<u16, LaunchError> {
-    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).map_err(io("find a free port"))?;
-    let port = listener
-        .local_addr()
-        .map_err(io("find a free port"))?
-        .port();
-    Ok(port)
+    crate::launch::free_port().map_err(io("find a free port"))
 }
 
 fn unique_dir() -> PathBuf {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    std::env::temp_dir().join(format!(
-        "tidings-pg-{}-{}-{nanos}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    ))
+    crate::launch::unique_dir("pg")
 }

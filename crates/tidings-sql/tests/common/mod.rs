@@ -308,3 +308,50 @@ pub fn wait_for(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// After a kill loop: finishes the stream in this process with `handler` (whose counters
+/// `stats` reads), prints the counts under `label`, and checks that every balance equals
+/// the sum of its distinct payments, every payment id was recorded once, a kill landed
+/// inside a transaction and a redelivery was skipped (R-DEL-7).
+pub fn finish_and_check<H: Handler + Clone>(
+    label: &str,
+    dir: &Path,
+    ledger: &dyn Ledger,
+    payments: &[(MessageId, String, i64)],
+    report: &KillReport,
+    handler: H,
+    stats: impl Fn(&H) -> tidings_sql::TransactionalStats,
+) {
+    let broker = ledger_broker(dir);
+    let sub = subscribe_ledger(&broker, handler.clone());
+    wait_for("every payment", Duration::from_secs(120), || {
+        ledger.processed().len() == payments.len()
+    });
+    drop(sub);
+    broker.close(Duration::from_secs(10));
+    let (wrong, detail) = mismatches(ledger, payments);
+    let last = stats(&handler);
+    eprintln!(
+        "{label} kill loop: {} cycles ({} while starting, {} inside a payment's transaction), \
+         {} messages, {} committed and {} duplicates skipped by the children, \
+         {} committed and {} duplicates skipped by the last run, {wrong} balance mismatches",
+        report.cycles,
+        report.killed_starting,
+        report.killed_in_transaction,
+        payments.len(),
+        report.committed,
+        report.skipped,
+        last.committed,
+        last.skipped,
+    );
+    assert_eq!(wrong, 0, "balances (got, want): {detail:?}");
+    assert_all_recorded(ledger, payments);
+    assert!(
+        report.killed_in_transaction > 0,
+        "no kill landed inside a transaction: {report:?}"
+    );
+    assert!(
+        report.skipped + last.skipped > 0,
+        "no redelivery was skipped: {report:?}"
+    );
+}

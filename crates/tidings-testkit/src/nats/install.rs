@@ -123,15 +123,7 @@ pub fn ensure_binary() -> Result<PathBuf, LaunchError> {
 }
 
 fn run(step: &'static str, command: &mut Command) -> Result<(), LaunchError> {
-    let output = command
-        .output()
-        .map_err(|e| install_error(step, e.to_string()))?;
-    if output.status.success() {
-        return Ok(());
-    }
-    let mut text = String::from_utf8_lossy(&output.stderr).into_owned();
-    text.push_str(&String::from_utf8_lossy(&output.stdout));
-    Err(install_error(step, format!("{}: {text}", output.status)))
+    crate::launch::run_step(command).map_err(|output| install_error(step, output))
 }
 
 fn install_error(step: &'static str, output: String) -> LaunchError {

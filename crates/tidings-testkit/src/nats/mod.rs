@@ -28,11 +28,10 @@
 use std::fmt;
 use std::fs;
 use std::io::{BufRead, BufReader, Read};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 /// How long [`NatsServer::start`] and [`NatsServer::restart`] wait for the server to accept
 /// clients with JetStream enabled before giving up.
@@ -498,22 +497,9 @@ impl Drop for NatsServer {
 }
 
 fn free_port() -> Result<u16, LaunchError> {
-    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).map_err(io("find a free port"))?;
-    let port = listener
-        .local_addr()
-        .map_err(io("find a free port"))?
-        .port();
-    Ok(port)
+    crate::launch::free_port().map_err(io("find a free port"))
 }
 
 fn unique_dir() -> PathBuf {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    std::env::temp_dir().join(format!(
-        "tidings-nats-{}-{}-{nanos}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    ))
+    crate::launch::unique_dir("nats")
 }
