@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tidings::{
-    Broker, ConfigError, Driver, HandlerError, Message, Overflow, PublishError, RequestError,
-    StreamConfig, SubscribeOptions, TransportError,
+    Broker, Driver, HandlerError, Message, Overflow, PublishError, RequestError, StreamConfig,
+    SubscribeOptions, TransportError,
 };
 use tidings_jetstream::{ConnectOptions, JetStreamBackend, NatsConnection, NatsTransport};
 use tidings_testkit::driver::{DriverUnderTest, ThreadedDriver};
@@ -415,28 +415,39 @@ fn a_message_appended_to_a_jetstream_stream_is_sent_once() {
 }
 
 #[test]
-fn a_backend_and_a_transport_on_two_connections_are_refused() {
+fn a_backend_and_a_transport_on_two_connections_still_send_each_message_once() {
     let Some(server) = NatsServer::for_test(NatsServerOptions::new()) else {
         return;
     };
-    // Two connections, even to one server: the broker cannot know they reach the same
-    // subscribers, so it refuses rather than lose or double an appended message.
+    // Two connections: the backend's appends live in the streams' own subjects, which no
+    // core subscription covers, so the backend reports no connection its appends reach and
+    // the transport sends every message itself — once, whichever connections are used
+    // (R-DIST-2).
     let backend = JetStreamBackend::connect(options(&server)).expect("connects");
     let transport = NatsTransport::connect(options(&server)).expect("connects");
-    let built = Broker::builder()
+    let a = Broker::builder()
         .durable_backend(Arc::new(backend))
         .transport(Arc::new(transport))
-        .build();
-    assert!(
-        matches!(
-            built,
-            Err(ConfigError::Invalid {
-                setting: "transport",
-                ..
-            })
-        ),
-        "{built:?}"
-    );
+        .build()
+        .expect("builds");
+    a.create_stream(StreamConfig::new("orders", ["orders.#"]))
+        .expect("stream");
+    let (b, _) = broker(&server);
+    let (seen, handler) = recorder();
+    let _sub = b
+        .subscribe("orders.#", SubscribeOptions::default(), handler)
+        .expect("subscribes");
+    for i in 0..10 {
+        a.publish(Message::to("orders.new").payload(format!("{i}")))
+            .expect("publishes");
+    }
+    a.publish(Message::to("orders.end")).expect("publishes");
+    assert!(eventually(
+        || topics(&seen).contains(&"orders.end".to_owned())
+    ));
+    assert!(b.wait_idle(PATIENCE));
+    let t = topics(&seen);
+    assert_eq!(t.iter().filter(|t| *t == "orders.new").count(), 10, "{t:?}");
 }
 
 /// The in-memory suite's brokers, each with its own NATS transport on one server.
