@@ -37,6 +37,9 @@
 pub mod backend;
 mod classify;
 mod client;
+/// The message codec: a tidings message as a NATS record (below both the backend and the
+/// transport).
+pub(crate) mod codec;
 mod connection;
 mod error;
 pub mod subject;

@@ -65,7 +65,7 @@ use tidings::{Limits, Message, Pattern, Topic, TransportError};
 
 use tidings::transport::ConnectionId;
 
-use crate::backend::codec::{self, Stored};
+use crate::codec::{self, Stored};
 use crate::connection::NatsConnection;
 use crate::connection::connect::{ConnectOptions, JetStream};
 use crate::connection::runtime::Runtime;

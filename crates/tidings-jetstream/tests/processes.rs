@@ -15,12 +15,12 @@ use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use tidings::{Broker, DurableSpec, Message, MessageBuilder, StreamConfig, SubscribeOptions};
 use tidings_jetstream::{ConnectOptions, JetStreamBackend};
+use tidings_testkit::child::{self, ScratchDir, TestChild};
 use tidings_testkit::nats::{NatsServer, NatsServerOptions};
 
 /// Names the child role; unset in the parent.
@@ -120,67 +120,31 @@ fn child_consumer() {
     broker.close(Duration::from_secs(10));
 }
 
-/// A child process; killed (if still running) and reaped on drop.
+/// A consumer child and the file it writes the handled indexes to.
 struct Child {
-    process: std::process::Child,
+    process: TestChild,
     out: PathBuf,
 }
 
 impl Child {
     fn spawn(url: &str, dir: &Path, name: &str, delay: Duration, ack_wait: Duration) -> Self {
         let out = dir.join(format!("{name}.handled"));
-        let process = Command::new(std::env::current_exe().expect("test binary"))
-            .args([
-                "--ignored",
-                "--exact",
-                "child_consumer",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env(ROLE_ENV, "consumer")
-            .env(URL_ENV, url)
-            .env(OUT_ENV, &out)
-            .env(DIR_ENV, dir)
-            .env(HANDLER_DELAY_ENV, delay.as_micros().to_string())
-            .env(ACK_WAIT_ENV, ack_wait.as_millis().to_string())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("start a child process");
+        let process = TestChild::spawn(
+            "child_consumer",
+            [
+                (ROLE_ENV, "consumer".to_owned()),
+                (URL_ENV, url.to_owned()),
+                (OUT_ENV, out.display().to_string()),
+                (DIR_ENV, dir.display().to_string()),
+                (HANDLER_DELAY_ENV, delay.as_micros().to_string()),
+                (ACK_WAIT_ENV, ack_wait.as_millis().to_string()),
+            ],
+        );
         Self { process, out }
     }
 
     fn handled(&self) -> Vec<u64> {
         handled(&self.out)
-    }
-
-    /// SIGKILL, then reap.
-    fn kill(&mut self) {
-        self.process.kill().expect("SIGKILL the child");
-        self.process.wait().expect("reap the child");
-    }
-
-    /// Waits for a clean exit (after the stop file), bounded.
-    fn wait_exit(&mut self) {
-        let deadline = Instant::now() + PATIENCE;
-        loop {
-            if let Some(status) = self.process.try_wait().expect("poll the child") {
-                assert!(status.success(), "child exited with {status}");
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "child did not exit within {PATIENCE:?}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Child {
-    fn drop(&mut self) {
-        let _ = self.process.kill();
-        let _ = self.process.wait();
     }
 }
 
@@ -193,12 +157,8 @@ fn handled(path: &Path) -> Vec<u64> {
         .collect()
 }
 
-fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + PATIENCE;
-    while !cond() {
-        assert!(Instant::now() < deadline, "not within {PATIENCE:?}: {what}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+fn wait_until(what: &str, cond: impl FnMut() -> bool) {
+    child::wait_until(what, PATIENCE, cond);
 }
 
 /// Publishes indexes `0..MESSAGES` to the stream, from 4 threads (each publish waits for
@@ -231,32 +191,9 @@ fn tally(children: &[&Child]) -> BTreeMap<u64, u32> {
     counts
 }
 
-/// A scratch directory for one test's files, removed on drop.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(name: &str) -> Self {
-        let dir =
-            std::env::temp_dir().join(format!("tidings-processes-{name}-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&dir);
-        fs::create_dir_all(&dir).expect("scratch dir");
-        Self(dir)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
-}
-
 fn wait_ready(dir: &Path, n: usize) {
     wait_until("both children subscribed", || {
-        fs::read_dir(dir).map_or(0, |d| {
-            d.filter_map(Result::ok)
-                .filter(|e| e.file_name().to_string_lossy().starts_with("ready-"))
-                .count()
-        }) >= n
+        child::count_files(dir, "ready-") >= n
     });
 }
 
@@ -265,8 +202,8 @@ fn two_processes_share_one_durable_subscription_each_message_handled_once() {
     let Some(server) = NatsServer::for_test(NatsServerOptions::new()) else {
         return;
     };
-    let scratch = Scratch::new("share");
-    let dir = scratch.0.as_path();
+    let scratch = ScratchDir::new("processes-share");
+    let dir = scratch.path();
     let url = server.url();
     let delay = Duration::from_micros(100);
     let a = Child::spawn(&url, dir, "a", delay, SHARE_ACK_WAIT);
@@ -278,8 +215,8 @@ fn two_processes_share_one_durable_subscription_each_message_handled_once() {
     });
     fs::write(dir.join("stop"), b"").expect("stop file");
     let (mut a, mut b) = (a, b);
-    a.wait_exit();
-    b.wait_exit();
+    a.process.wait_success(PATIENCE);
+    b.process.wait_success(PATIENCE);
 
     let counts = tally(&[&a, &b]);
     let (by_a, by_b) = (a.handled().len(), b.handled().len());
@@ -306,8 +243,8 @@ fn a_process_killed_mid_stream_leaves_its_messages_to_the_other() {
     let Some(server) = NatsServer::for_test(NatsServerOptions::new()) else {
         return;
     };
-    let scratch = Scratch::new("kill");
-    let dir = scratch.0.as_path();
+    let scratch = ScratchDir::new("processes-kill");
+    let dir = scratch.path();
     let url = server.url();
     // Slower handling, so the kill lands while much of the stream is still ahead.
     let delay = Duration::from_micros(500);
@@ -318,14 +255,14 @@ fn a_process_killed_mid_stream_leaves_its_messages_to_the_other() {
     wait_until("process a handled 1,000 messages", || {
         a.handled().len() >= 1_000
     });
-    a.kill();
+    a.process.kill();
     let at_kill = tally(&[&a, &b]).len();
     wait_until("every message handled", || {
         tally(&[&a, &b]).len() as u64 == MESSAGES
     });
     fs::write(dir.join("stop"), b"").expect("stop file");
     let mut b = b;
-    b.wait_exit();
+    b.process.wait_success(PATIENCE);
 
     let counts = tally(&[&a, &b]);
     let twice = counts.values().filter(|n| **n > 1).count();

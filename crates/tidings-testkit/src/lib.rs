@@ -9,6 +9,7 @@
 //! implements the same trait); [`durable_conformance!`] runs them all with one line.
 //! [`nats`] starts and stops the `nats-server` the JetStream backend's tests run against.
 
+pub mod child;
 pub mod driver;
 pub mod durable;
 pub mod durable_macros;

@@ -70,7 +70,6 @@ use tidings::{
     StartAt, StreamError, Topic,
 };
 
-use super::codec::{self, Stored, TARGET};
 use super::dead_letters::DeadLetters;
 use super::stream::{bounds, check_offset};
 use super::{Settings, Shared, keep_alive, nats_name, subject_prefix};
@@ -78,6 +77,7 @@ use crate::classify::{js_error, seam};
 use crate::client::consumer::ConsumerSpec;
 use crate::client::delivery::Delivery;
 use crate::client::durable::Durable;
+use crate::codec::{self, Stored, TARGET};
 use crate::error::FetchError;
 use crate::error::JetStreamError;
 

@@ -31,10 +31,10 @@ use async_nats::HeaderMap;
 use futures_util::StreamExt;
 use tidings::{DeadLetterReason, DurableDeadLetter, Limits, Message, StreamError, StreamErrorKind};
 
-use super::codec::{self, DLQ_ATTEMPTS, DLQ_ERROR, DLQ_OFFSET, DLQ_REASON, Stored, TARGET};
 use super::stream::{headers_with_id, publish};
 use super::{backend_error, nats_name};
 use crate::classify::seam;
+use crate::codec::{self, DLQ_ATTEMPTS, DLQ_ERROR, DLQ_OFFSET, DLQ_REASON, Stored, TARGET};
 use crate::connect::JetStream;
 
 /// The header carrying a dead letter's topic (the DLQ subject is the DLQ's own).

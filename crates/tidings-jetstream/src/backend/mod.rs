@@ -80,7 +80,6 @@
 //! [`Capabilities::first_offset`]: tidings::durable::Capabilities
 //! [`BackendCursor`]: tidings::durable::BackendCursor
 
-pub(crate) mod codec;
 mod cursor;
 mod dead_letters;
 mod keep_alive;

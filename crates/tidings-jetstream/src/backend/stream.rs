@@ -22,10 +22,10 @@ use tidings::StorageInfo;
 use tidings::durable::{Appended, BackendCursor, BackendStream, CursorSpec};
 use tidings::{Message, Pattern, Retention, StartAt, StreamConfig, StreamError};
 
-use super::codec::{self, Stored};
 use super::cursor::{CursorShared, JsCursor};
 use super::{Shared, check_name, nats_name, subject_prefix};
 use crate::classify::seam;
+use crate::codec::{self, Stored};
 use crate::connect::JetStream;
 use crate::stream_spec::{StreamSpec, StreamState, verify_answer};
 
