@@ -22,7 +22,8 @@ pub type HandlerFuture<'a> = Pin<Box<dyn Future<Output = Result<(), HandlerError
 /// * `Ok(())` acknowledges; an error is retried by the subscription's retry policy unless
 ///   it is [`HandlerError::reject`]ed (R-DEL-1). A panic — while creating the future or
 ///   while it is polled — is caught and treated as a retryable error whose text is the
-///   panic message.
+///   panic message. [`HandlerError::defer_until`] takes the call back: the message is
+///   delivered again when due, as the same attempt.
 /// * No broker lock is held while the future runs (R-CORE-2). Use the async broker methods
 ///   ([`Broker::publish_async`](crate::Broker::publish_async),
 ///   [`Broker::request_async`](crate::Broker::request_async)) from inside it; the sync ones

@@ -14,7 +14,8 @@ use crate::message::Message;
 ///   unless it asked for keyed lanes or per-key concurrency (R-CORE-3).
 /// * `Ok(())` acknowledges the message. An error is retried by the subscription's retry
 ///   policy unless it is [`HandlerError::reject`]ed (R-DEL-1). A panic is caught and treated
-///   as a retryable error whose text is the panic message.
+///   as a retryable error whose text is the panic message. [`HandlerError::defer_until`]
+///   takes the call back: the message is delivered again when due, as the same attempt.
 /// * A handler may call back into the broker (publish, subscribe, unsubscribe itself): no
 ///   broker lock is held while it runs (R-CORE-2).
 pub trait Handler: Send + Sync + 'static {

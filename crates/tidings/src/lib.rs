@@ -71,8 +71,14 @@
 //!
 //! # Decorators
 //! Handlers wrap: [`Deduplicating`] skips ids already processed (R-DEL-5), [`Timeout`]
-//! (feature `tokio`) cancels an async attempt that takes too long and retries it, [`Typed`]
-//! decodes the payload first; they compose in any order (R-PAT-2).
+//! (feature `tokio`) cancels an async attempt that takes too long and retries it,
+//! [`RateLimited`] lets at most so many attempts start per period (on the broker's clock,
+//! without holding a thread: it defers the message with [`HandlerError::defer_until`]),
+//! [`Typed`] decodes the payload first; they compose (R-PAT-2) —
+//! `Deduplicating::new(RateLimited::new(Timeout::new(h, limit), n, per, clock)?)` skips a
+//! duplicate before it spends a token, and times out only attempts that were let through.
+//! There is no circuit breaker yet: [`RateLimited`]'s docs say why, and how to write one on
+//! [`HandlerError::defer_until`].
 //!
 //! # Ordering
 //! Per subscription: priority first, then publish order; each publisher's messages arrive
@@ -176,6 +182,7 @@ mod message_pool;
 pub mod ops;
 mod options;
 mod queue;
+mod rate_limit;
 mod report;
 mod request;
 mod retry;
@@ -220,6 +227,7 @@ pub use options::{
     Concurrency, DeadLetterOptions, DeliveryMode, MAX_NAME_LEN, MAX_WORKERS_PER_SUBSCRIPTION,
     Overflow, Predicate, SubscribeOptions,
 };
+pub use rate_limit::{MAX_RATE_PERIOD, RateLimited};
 pub use report::{CloseReport, PublishReport, Undelivered};
 pub use request::RequestError;
 pub use retry::{InconsistentRetry, Retry, RetryPolicy};
