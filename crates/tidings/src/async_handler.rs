@@ -8,6 +8,7 @@ use crate::handler::HandlerError;
 use crate::message::Message;
 
 /// The future an [`AsyncHandler`] returns.
+#[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
 pub type HandlerFuture<'a> = Pin<Box<dyn Future<Output = Result<(), HandlerError>> + Send + 'a>>;
 
 /// Handles messages for one subscription, asynchronously. Requires
@@ -54,6 +55,7 @@ pub type HandlerFuture<'a> = Pin<Box<dyn Future<Output = Result<(), HandlerError
 /// # }
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
+#[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
 pub trait AsyncHandler: Send + Sync + 'static {
     /// Process one message.
     fn handle<'a>(&'a self, message: Arc<Message>) -> HandlerFuture<'a>;

@@ -31,14 +31,19 @@
 //! ```
 //!
 //! # Features
-//! - `tokio`: the [`Driver::Tokio`] driver and async handlers ([`Broker::subscribe_async`]);
-//!   pulls in `tokio` (rt, sync, time).
-//! - `metrics`: [`Broker::export_metrics`] through the `metrics` facade; pulls in `metrics`.
-//! - `otel`: a W3C `traceparent` header carried from publisher to handler; no dependency.
+//! None is on by default; each item that needs one says so on its page.
+//! - `tokio`: the [`Driver::Tokio`] driver, async handlers ([`AsyncHandler`],
+//!   [`Broker::subscribe_async`], [`Broker::publish_async`], [`Broker::close_async`]), the
+//!   [`Timeout`] decorator, and the async forms of [`Deduplicating`], [`RateLimited`] and
+//!   [`Typed`]; pulls in `tokio` (features rt, sync, time, macros).
+//! - `metrics`: [`Broker::export_metrics`] and [`ops::metrics`] (names, labels) through
+//!   the `metrics` facade, plus the processing-time histogram; pulls in `metrics`.
+//! - `otel`: a W3C `traceparent` header carried from publisher to handler (see
+//!   [`ops::trace`]); no dependency.
 //! - `serde`: typed payloads with the [`Json`] codec — [`MessageBuilder::json`],
 //!   [`Message::json`], [`Broker::subscribe_json`] (and its durable and async forms),
-//!   [`json_handler`]; pulls in `serde_json`. The format-agnostic [`Codec`] traits and the
-//!   [`Typed`] adaptor need no feature.
+//!   [`json_handler`]; pulls in `serde_json` (`serde` itself is always a dependency). The
+//!   format-agnostic [`Codec`] traits and the [`Typed`] adaptor need no feature.
 //!
 //! # Typed payloads
 //! A payload is bytes on every backend; a [`Codec`] carries your own types in it and names

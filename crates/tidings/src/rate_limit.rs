@@ -237,6 +237,7 @@ impl<H: Handler> Handler for RateLimited<H> {
 /// An async handler is limited the same way (feature `tokio`): the token is taken when the
 /// attempt starts — when the dispatcher asks for its future — not when it completes.
 #[cfg(feature = "tokio")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
 impl<H: crate::AsyncHandler> crate::AsyncHandler for RateLimited<H> {
     /// The inner handler's future if a token was free, else a future that is ready at once
     /// with the deferral.
