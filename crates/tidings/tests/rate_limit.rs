@@ -331,6 +331,78 @@ fn a_live_pool_worker_is_not_held_by_waiting_messages() {
     assert_eq!(slow.stats().attempts, 1);
 }
 
+// R-PAT-2, R-LOG-3, R-CORE-6: on a durable subscription (the embedded log), a message still
+// waiting for its token at close is abandoned, not finished: its offset is not committed,
+// so the next process reads it again. Nothing published is lost; the messages handled
+// before close are not handled again.
+#[test]
+fn a_durable_message_waiting_for_its_token_at_close_is_read_again_after_restart() {
+    use tidings::embedded::{EmbeddedBackend, EmbeddedStreamOptions};
+    use tidings::{DurableSpec, Fsync, StreamConfig};
+
+    let dir = tempfile::tempdir().unwrap();
+    let open = |clock: &ManualClock| {
+        let backend = EmbeddedBackend::new(dir.path())
+            .stream_defaults(EmbeddedStreamOptions::new().fsync(Fsync::Never));
+        let broker = Broker::builder()
+            .driver(Driver::Manual)
+            .clock(clock.clone())
+            .durable_backend(Arc::new(backend))
+            .build()
+            .unwrap();
+        broker
+            .create_stream(StreamConfig::new("jobs", ["jobs.#"]))
+            .unwrap();
+        broker
+    };
+
+    let clock = ManualClock::new();
+    let broker = open(&clock);
+    for i in 0..5 {
+        broker
+            .publish(Message::to("jobs.x").payload(i.to_string()))
+            .unwrap();
+    }
+    let first = Starts::default();
+    let limited = RateLimited::new(
+        recording(&clock, &first),
+        2,
+        Duration::from_secs(1),
+        broker.clock().clone(),
+    )
+    .unwrap();
+    let sub = broker
+        .subscribe_durable(
+            DurableSpec::new("jobs").name("worker"),
+            SubscribeOptions::default(),
+            limited,
+        )
+        .unwrap();
+    broker.run_until_idle();
+    assert_eq!(started(&first), 2, "the burst");
+    let stats = sub.subscription().stats();
+    assert_eq!((stats.delivered, stats.failures), (2, 0));
+    drop(sub);
+    broker.close(Duration::ZERO);
+    drop(broker);
+
+    let clock = ManualClock::new();
+    let broker = open(&clock);
+    let second = Starts::default();
+    let _sub = broker
+        .subscribe_durable(
+            DurableSpec::new("jobs").name("worker"),
+            SubscribeOptions::default(),
+            recording(&clock, &second),
+        )
+        .unwrap();
+    broker.run_until_idle();
+    let handled =
+        |starts: &Starts| -> Vec<String> { starts.lock().iter().map(|(p, _)| p.clone()).collect() };
+    assert_eq!(handled(&first), ["0", "1"]);
+    assert_eq!(handled(&second), ["2", "3", "4"]);
+}
+
 #[cfg(feature = "tokio")]
 mod tokio_driver {
     use std::sync::Arc;
