@@ -24,6 +24,11 @@
 //! The library is what `tidings bench` calls: [`BenchArgs`] is a clap `Args`/`Parser`, and
 //! [`run`] / [`main_with_args`] do the work. The bytes-per-subscription figures need the
 //! counting allocator installed in the *binary* (see [`alloc::CountingAlloc`]).
+//!
+//! # Features
+//! - `log` (default): the `log/*` cases measure tidings' durable log; pulls in
+//!   `tidings-log`. Without it those cases are still emitted, with `"tidings": null`, and
+//!   their raw-file baselines still run. No public item depends on it.
 
 pub mod alloc;
 mod alloc_publish;

@@ -17,7 +17,8 @@
 //!
 //! User headers travel in one header because NATS headers are a map: it would lose their
 //! order and refuse names tidings allows. Escaping is `%XX` for every byte outside
-//! `!`..=`~` and for `%`, `&` and `=`.
+//! `!`..=`~` and for `%`, `&` and `=` (the `percent-encoding` crate, which every JetStream
+//! build has anyway through async-nats; decoding is strict, see [`unescape`]).
 //!
 //! A record without `tidings-id` (published by another NATS client) still becomes a message:
 //! its id is derived from its stream sequence and its timestamp is the server's store time.
@@ -26,6 +27,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_nats::HeaderMap;
 use bytes::Bytes;
+use percent_encoding::{AsciiSet, CONTROLS, percent_decode_str, utf8_percent_encode};
 use tidings::{Headers, Limits, Message, MessageId, MessageParts, Priority, Topic};
 
 /// The leading header of a redrive copy (the embedded log uses the same name).
@@ -55,35 +57,32 @@ fn from_nanos(n: u64) -> SystemTime {
     UNIX_EPOCH + Duration::from_nanos(n)
 }
 
-/// `%XX` for every byte outside `!`..=`~` and for `%`, `&`, `=`.
+/// What [`escape`] turns into `%XX`: every byte outside `!`..=`~` — the controls, space,
+/// DEL and (always, in `percent-encoding`) every non-ASCII byte — and `%`, `&`, `=`, which
+/// the user-header list uses as its escape, pair and name/value separators.
+const ESCAPED: &AsciiSet = &CONTROLS.add(b' ').add(b'%').add(b'&').add(b'=');
+
+/// `%XX` (upper-case hex) for every byte outside `!`..=`~` and for `%`, `&`, `=`.
 pub(crate) fn escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if (b'!'..=b'~').contains(&b) && !matches!(b, b'%' | b'&' | b'=') {
-            out.push(char::from(b));
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
+    utf8_percent_encode(s, ESCAPED).to_string()
 }
 
-/// The inverse of [`escape`].
+/// The inverse of [`escape`]. Strict where `percent-encoding`'s decoder is lenient: a `%`
+/// not followed by two hex digits is an error, not a literal `%` — a record whose escapes
+/// are broken was not written by tidings, and is refused rather than guessed at.
 pub(crate) fn unescape(s: &str) -> Result<String, &'static str> {
     let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = s.get(i + 1..i + 3).ok_or("truncated escape")?;
-            out.push(u8::from_str_radix(hex, 16).map_err(|_| "bad escape")?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
+    for (i, _) in s.match_indices('%') {
+        match bytes.get(i + 1..i + 3) {
+            Some(hex) if hex.iter().all(u8::is_ascii_hexdigit) => {}
+            Some(_) => return Err("bad escape"),
+            None => return Err("truncated escape"),
         }
     }
-    String::from_utf8(out).map_err(|_| "escaped text is not UTF-8")
+    percent_decode_str(s)
+        .decode_utf8()
+        .map(std::borrow::Cow::into_owned)
+        .map_err(|_| "escaped text is not UTF-8")
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -266,6 +265,56 @@ mod tests {
         assert!(unescape("%4").is_err());
         assert!(unescape("%zz").is_err());
         assert!(unescape("%FF").is_err());
+        assert!(unescape("a%").is_err());
+        assert!(unescape("%%41").is_err());
+        assert_eq!(
+            unescape("%e2%9c%93").as_deref(),
+            Ok("✓"),
+            "lower-case hex is read"
+        );
+    }
+
+    // The escaping set, byte by byte: what the stored records of earlier versions hold
+    // must read back, and what is written now must be what they wrote.
+    #[test]
+    fn every_ascii_byte_is_escaped_exactly_as_before() {
+        for b in 0u8..=0x7f {
+            let s = char::from(b).to_string();
+            let kept = (b'!'..=b'~').contains(&b) && !matches!(b, b'%' | b'&' | b'=');
+            let want = if kept { s.clone() } else { format!("%{b:02X}") };
+            assert_eq!(escape(&s), want, "byte {b:#04x}");
+            assert_eq!(unescape(&want).as_deref(), Ok(s.as_str()), "byte {b:#04x}");
+        }
+        // Beyond ASCII every UTF-8 byte is escaped.
+        assert_eq!(escape("é✓"), "%C3%A9%E2%9C%93");
+    }
+
+    /// Any text: every `char`, controls and separators included.
+    fn any_text() -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::prelude::*;
+        prop_oneof![
+            proptest::collection::vec(any::<char>(), 0..32),
+            proptest::collection::vec(proptest::char::range('\0', '\u{7f}'), 0..32),
+        ]
+        .prop_map(|chars| chars.into_iter().collect())
+    }
+
+    proptest::proptest! {
+        // Any text round-trips, and its escaped form is printable ASCII without the list's
+        // separators: no `&` or `=` left unescaped.
+        #[test]
+        fn any_text_round_trips(s in any_text()) {
+            let e = escape(&s);
+            proptest::prop_assert!(e.bytes().all(|b| (b'!'..=b'~').contains(&b)));
+            proptest::prop_assert!(!e.contains('&') && !e.contains('='));
+            proptest::prop_assert_eq!(unescape(&e), Ok(s));
+        }
+
+        // Arbitrary input never panics: it decodes or is refused with a reason.
+        #[test]
+        fn any_input_is_decoded_or_refused(s in "\\PC*|[%0-9a-fA-FxyZ]*") {
+            let _ = unescape(&s);
+        }
     }
 
     #[test]

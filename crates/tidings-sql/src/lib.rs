@@ -101,9 +101,16 @@
 //! `postgres`): it then runs on tokio's blocking pool, never on a runtime worker.
 //!
 //! # Features
-//! `sqlite` (default): SQLite, bundled. `postgres`: PostgreSQL through rust-postgres,
-//! blocking ([`Transactional::postgres`]) and async ([`Transactional::postgres_async`]).
-//! `tokio`: the SQLite handler as an async handler on the blocking pool.
+//! Each item that needs one says so on its page.
+//! - `sqlite` (default): [`Transactional::sqlite`], [`Sqlite`], [`SqliteTx`]; pulls in
+//!   `rusqlite` with SQLite **bundled** (its C source is compiled into your build: a C
+//!   compiler is needed, no system library is).
+//! - `postgres`: PostgreSQL through rust-postgres, blocking ([`Transactional::postgres`],
+//!   [`PgTx`]) and async ([`Transactional::postgres_async`], [`AsyncPgTx`]); pulls in
+//!   `postgres`, `tokio-postgres`, `tokio` (rt, sync), `futures-util`, `bytes`, and turns
+//!   on `tidings/tokio`.
+//! - `tokio`: the SQLite handler as an async handler, run on tokio's blocking pool; pulls
+//!   in `tokio` (rt, sync) and turns on `tidings/tokio`.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 

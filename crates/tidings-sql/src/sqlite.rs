@@ -16,6 +16,7 @@ use crate::value::{Row, Value};
 use crate::{Inner, Settled, Transactional, insert_sql, millis, panic_text, prune_sql};
 
 /// How long a statement waits for another connection's lock before failing (`BUSY`).
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 const SHAPE: ExpectedShape = ExpectedShape {
@@ -28,6 +29,7 @@ const SHAPE: ExpectedShape = ExpectedShape {
 /// The connection waits up to [`BUSY_TIMEOUT`] for another connection's lock. Journal
 /// mode and `synchronous` are SQLite's defaults (rollback journal, `FULL`): a committed
 /// transaction survives a process kill and a power cut.
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub struct Sqlite {
     path: PathBuf,
     conn: Mutex<Option<Connection>>,
@@ -40,6 +42,7 @@ pub struct Sqlite {
 /// Statements use SQLite's SQL and placeholders (`?1`, `?2`, ...). Everything run through
 /// it commits with the message id, or not at all. Do not run `COMMIT`, `ROLLBACK` or
 /// `BEGIN` through it.
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub struct SqliteTx<'a> {
     tx: rusqlite::Transaction<'a>,
 }
@@ -189,6 +192,7 @@ fn ensure_table(conn: &Connection, table: &TableName) -> Result<(), OpenError> {
     check_shape(&columns, &SHAPE).map_err(shape_error)
 }
 
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 impl<F> Transactional<Sqlite, F>
 where
     F: Fn(&mut SqliteTx<'_>, &Message) -> Result<(), HandlerError> + Send + Sync + 'static,
@@ -322,6 +326,7 @@ where
     }
 }
 
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 impl<F> Handler for Transactional<Sqlite, F>
 where
     F: Fn(&mut SqliteTx<'_>, &Message) -> Result<(), HandlerError> + Send + Sync + 'static,
@@ -335,6 +340,7 @@ where
 /// Under the tokio driver (`subscribe_async`): the same delivery on tokio's blocking pool,
 /// so SQLite's blocking I/O never runs on a runtime worker.
 #[cfg(feature = "tokio")]
+#[cfg_attr(docsrs, doc(cfg(all(feature = "sqlite", feature = "tokio"))))]
 impl<F> tidings::AsyncHandler for Transactional<Sqlite, F>
 where
     F: Fn(&mut SqliteTx<'_>, &Message) -> Result<(), HandlerError> + Send + Sync + 'static,

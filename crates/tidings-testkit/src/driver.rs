@@ -91,11 +91,13 @@ impl DriverUnderTest for ThreadedDriver {
 
 /// The tokio driver on its own multi-thread runtime (feature `tokio`).
 #[cfg(feature = "tokio")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
 pub struct TokioDriver {
     runtime: tokio::runtime::Runtime,
 }
 
 #[cfg(feature = "tokio")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
 impl TokioDriver {
     /// A driver with a 2-worker runtime.
     ///
@@ -113,6 +115,7 @@ impl TokioDriver {
 }
 
 #[cfg(feature = "tokio")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
 impl Default for TokioDriver {
     fn default() -> Self {
         Self::new()
@@ -120,6 +123,7 @@ impl Default for TokioDriver {
 }
 
 #[cfg(feature = "tokio")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
 impl DriverUnderTest for TokioDriver {
     fn name(&self) -> String {
         "tokio".into()

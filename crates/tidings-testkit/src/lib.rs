@@ -8,6 +8,12 @@
 //! [`DurableTarget`] (the embedded log, directly and through the seam; JetStream
 //! implements the same trait); [`durable_conformance!`] runs them all with one line.
 //! [`nats`] starts and stops the `nats-server` the JetStream backend's tests run against.
+//!
+//! # Features
+//! - `tokio`: [`TokioDriver`], so the suites also run under tidings' tokio driver (the
+//!   [`durable_conformance!`] macro adds its cases by itself); pulls in `tokio`
+//!   (rt-multi-thread, time) and turns on `tidings/tokio`.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod child;
 pub mod driver;

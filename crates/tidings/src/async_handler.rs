@@ -8,6 +8,7 @@ use crate::handler::HandlerError;
 use crate::message::Message;
 
 /// The future an [`AsyncHandler`] returns.
+#[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
 pub type HandlerFuture<'a> = Pin<Box<dyn Future<Output = Result<(), HandlerError>> + Send + 'a>>;
 
 /// Handles messages for one subscription, asynchronously. Requires
@@ -22,7 +23,8 @@ pub type HandlerFuture<'a> = Pin<Box<dyn Future<Output = Result<(), HandlerError
 /// * `Ok(())` acknowledges; an error is retried by the subscription's retry policy unless
 ///   it is [`HandlerError::reject`]ed (R-DEL-1). A panic — while creating the future or
 ///   while it is polled — is caught and treated as a retryable error whose text is the
-///   panic message.
+///   panic message. [`HandlerError::defer_until`] takes the call back: the message is
+///   delivered again when due, as the same attempt.
 /// * No broker lock is held while the future runs (R-CORE-2). Use the async broker methods
 ///   ([`Broker::publish_async`](crate::Broker::publish_async),
 ///   [`Broker::request_async`](crate::Broker::request_async)) from inside it; the sync ones
@@ -53,6 +55,7 @@ pub type HandlerFuture<'a> = Pin<Box<dyn Future<Output = Result<(), HandlerError
 /// # }
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
+#[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
 pub trait AsyncHandler: Send + Sync + 'static {
     /// Process one message.
     fn handle<'a>(&'a self, message: Arc<Message>) -> HandlerFuture<'a>;

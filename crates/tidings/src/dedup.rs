@@ -121,6 +121,7 @@ impl<H: Handler, S: DedupStore + ?Sized> Handler for Deduplicating<H, S> {
 /// the inner future is created and recorded only after it completed with `Ok` — so with
 /// [`Timeout`](crate::Timeout) inside, an attempt that timed out is not recorded.
 #[cfg(feature = "tokio")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
 impl<H: crate::AsyncHandler, S: DedupStore + ?Sized> crate::AsyncHandler for Deduplicating<H, S> {
     fn handle<'a>(&'a self, message: Arc<Message>) -> crate::HandlerFuture<'a> {
         if self.store.contains(message.id()) {

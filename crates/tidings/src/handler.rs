@@ -3,6 +3,7 @@
 use std::any::Any;
 use std::fmt;
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::time::Instant;
 
 use crate::message::Message;
 
@@ -13,7 +14,8 @@ use crate::message::Message;
 ///   unless it asked for keyed lanes or per-key concurrency (R-CORE-3).
 /// * `Ok(())` acknowledges the message. An error is retried by the subscription's retry
 ///   policy unless it is [`HandlerError::reject`]ed (R-DEL-1). A panic is caught and treated
-///   as a retryable error whose text is the panic message.
+///   as a retryable error whose text is the panic message. [`HandlerError::defer_until`]
+///   takes the call back: the message is delivered again when due, as the same attempt.
 /// * A handler may call back into the broker (publish, subscribe, unsubscribe itself): no
 ///   broker lock is held while it runs (R-CORE-2).
 pub trait Handler: Send + Sync + 'static {
@@ -107,11 +109,23 @@ where
 ///
 /// Any `std::error::Error` converts into a retryable `HandlerError` with `?`. Use
 /// [`HandlerError::reject`] for a message that can never succeed (it goes straight to the
-/// dead-letter queue as `Rejected`).
+/// dead-letter queue as `Rejected`), and [`HandlerError::defer_until`] for one that is not
+/// to be started yet (it waits, and no attempt or failure is counted).
+///
+/// # Size
+/// Two words of text and one tag: 32 bytes on 64-bit targets, as is
+/// `Result<(), HandlerError>` (a unit test keeps it so; every handler call returns one).
 #[derive(Clone, PartialEq, Eq)]
 pub struct HandlerError {
-    message: String,
-    retryable: bool,
+    repr: Repr,
+}
+
+/// The outcomes behind a [`HandlerError`]. A deferral carries no text, so its variant fits
+/// in the failure's room and the whole stays 32 bytes.
+#[derive(Clone, PartialEq, Eq)]
+enum Repr {
+    Failed { message: String, retryable: bool },
+    Deferred(Instant),
 }
 
 impl HandlerError {
@@ -119,27 +133,77 @@ impl HandlerError {
     #[must_use]
     pub fn retry(message: impl Into<String>) -> Self {
         Self {
-            message: message.into(),
-            retryable: true,
+            repr: Repr::Failed {
+                message: message.into(),
+                retryable: true,
+            },
         }
     }
     /// A failure that will never succeed: dead-lettered at once with reason `Rejected`.
     #[must_use]
     pub fn reject(message: impl Into<String>) -> Self {
         Self {
-            message: message.into(),
-            retryable: false,
+            repr: Repr::Failed {
+                message: message.into(),
+                retryable: false,
+            },
         }
     }
-    /// The error text.
+    /// Not now: deliver this message again at `due`, on the **broker's clock**
+    /// ([`Broker::clock`](crate::Broker::clock); a [`ManualClock`](crate::ManualClock) in
+    /// tests). This is how a handler waits without holding a dispatcher slot —
+    /// [`RateLimited`](crate::RateLimited) is built on it.
+    ///
+    /// # Contract
+    /// * **Not an attempt, not a failure.** The handler call is taken back: the
+    ///   subscription's `attempts` and `failures` do not count it, the retry policy is not
+    ///   asked, and the message is delivered again with the **same attempt number**.
+    ///   Expiry (R-TIME-1) is checked again before that delivery, as before every attempt.
+    /// * **Order holds (R-ORD-1).** The message waits at the head of its lane (serial,
+    ///   keyed lanes) or of its key (per-key concurrency), as a waiting retry does: the
+    ///   messages behind it in that lane or key wait too, other lanes and keys go on, and a
+    ///   deferred message under per-key concurrency holds no dispatcher slot while it waits.
+    /// * **Closing.** A drain keeps delivering it when it comes due, until the drain's
+    ///   deadline (it was never started, like a queued message); at close a message still
+    ///   waiting is abandoned as `Shutdown` and listed in the close report, like a waiting
+    ///   retry. A deferral returned after close has begun is abandoned at once.
+    /// * `due` at or before now: delivered again at the next poll (after the other lanes' or
+    ///   keys' ready work under per-key concurrency). Nothing bounds how often a handler
+    ///   defers: a handler that always defers never finishes its message.
+    #[must_use]
+    pub fn defer_until(due: Instant) -> Self {
+        Self {
+            repr: Repr::Deferred(due),
+        }
+    }
+    /// The error text (`"deferred"` for a [deferral](HandlerError::defer_until)).
     #[must_use]
     pub fn message(&self) -> &str {
-        &self.message
+        match &self.repr {
+            Repr::Failed { message, .. } => message,
+            Repr::Deferred(_) => "deferred",
+        }
     }
-    /// Whether the retry policy applies.
+    /// Whether the retry policy applies: true for [`retry`](HandlerError::retry) and
+    /// converted errors, false for a rejection and a deferral.
     #[must_use]
     pub fn is_retryable(&self) -> bool {
-        self.retryable
+        matches!(
+            self.repr,
+            Repr::Failed {
+                retryable: true,
+                ..
+            }
+        )
+    }
+    /// When a [deferral](HandlerError::defer_until) asked to be delivered again; `None`
+    /// for a failure.
+    #[must_use]
+    pub fn deferred_until(&self) -> Option<Instant> {
+        match self.repr {
+            Repr::Deferred(due) => Some(due),
+            Repr::Failed { .. } => None,
+        }
     }
     pub(crate) fn from_panic(payload: &(dyn Any + Send)) -> Self {
         Self::retry(format!("handler panicked: {}", panic_text(payload)))
@@ -148,14 +212,19 @@ impl HandlerError {
 
 impl fmt::Debug for HandlerError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let kind = if self.retryable { "retry" } else { "reject" };
-        write!(f, "HandlerError::{kind}({:?})", self.message)
+        match &self.repr {
+            Repr::Failed { message, retryable } => {
+                let kind = if *retryable { "retry" } else { "reject" };
+                write!(f, "HandlerError::{kind}({message:?})")
+            }
+            Repr::Deferred(due) => write!(f, "HandlerError::defer_until({due:?})"),
+        }
     }
 }
 
 impl fmt::Display for HandlerError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.message)
+        f.write_str(self.message())
     }
 }
 
@@ -179,5 +248,29 @@ pub(crate) fn invoke(handler: &dyn Handler, message: &Message) -> Result<(), Han
     match catch_unwind(AssertUnwindSafe(|| handler.handle(message))) {
         Ok(result) => result,
         Err(payload) => Err(HandlerError::from_panic(payload.as_ref())),
+    }
+}
+
+#[cfg(all(test, target_pointer_width = "64"))]
+mod tests {
+    use super::HandlerError;
+
+    // Every handler call returns a `Result<(), HandlerError>`; the deferral must not make
+    // it bigger than the failure it shares the type with.
+    #[test]
+    fn a_handler_error_stays_small() {
+        assert_eq!(std::mem::size_of::<HandlerError>(), 32);
+        assert_eq!(std::mem::size_of::<Result<(), HandlerError>>(), 32);
+    }
+
+    #[test]
+    fn a_deferral_is_neither_retryable_nor_a_rejection_and_says_when() {
+        let due = std::time::Instant::now();
+        let e = HandlerError::defer_until(due);
+        assert_eq!(e.deferred_until(), Some(due));
+        assert!(!e.is_retryable());
+        assert_eq!(e.message(), "deferred");
+        assert_eq!(HandlerError::retry("x").deferred_until(), None);
+        assert!(format!("{e:?}").starts_with("HandlerError::defer_until("));
     }
 }

@@ -23,6 +23,7 @@ use crate::codec::{Codec, Decode, DecodeError, DecodeErrorKind, Encode, EncodeEr
 use crate::message::{Message, MessageBuilder};
 
 /// The content type [`Json`] writes: `application/json`.
+#[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
 pub const JSON_CONTENT_TYPE: &str = "application/json";
 
 /// The JSON codec: `serde_json`, content type [`JSON_CONTENT_TYPE`].

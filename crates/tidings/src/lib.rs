@@ -31,14 +31,19 @@
 //! ```
 //!
 //! # Features
-//! - `tokio`: the [`Driver::Tokio`] driver and async handlers ([`Broker::subscribe_async`]);
-//!   pulls in `tokio` (rt, sync, time).
-//! - `metrics`: [`Broker::export_metrics`] through the `metrics` facade; pulls in `metrics`.
-//! - `otel`: a W3C `traceparent` header carried from publisher to handler; no dependency.
+//! None is on by default; each item that needs one says so on its page.
+//! - `tokio`: the [`Driver::Tokio`] driver, async handlers ([`AsyncHandler`],
+//!   [`Broker::subscribe_async`], [`Broker::publish_async`], [`Broker::close_async`]), the
+//!   [`Timeout`] decorator, and the async forms of [`Deduplicating`], [`RateLimited`] and
+//!   [`Typed`]; pulls in `tokio` (features rt, sync, time, macros).
+//! - `metrics`: [`Broker::export_metrics`] and [`ops::metrics`] (names, labels) through
+//!   the `metrics` facade, plus the processing-time histogram; pulls in `metrics`.
+//! - `otel`: a W3C `traceparent` header carried from publisher to handler (see
+//!   [`ops::trace`]); no dependency.
 //! - `serde`: typed payloads with the [`Json`] codec — [`MessageBuilder::json`],
 //!   [`Message::json`], [`Broker::subscribe_json`] (and its durable and async forms),
-//!   [`json_handler`]; pulls in `serde_json`. The format-agnostic [`Codec`] traits and the
-//!   [`Typed`] adaptor need no feature.
+//!   [`json_handler`]; pulls in `serde_json` (`serde` itself is always a dependency). The
+//!   format-agnostic [`Codec`] traits and the [`Typed`] adaptor need no feature.
 //!
 //! # Typed payloads
 //! A payload is bytes on every backend; a [`Codec`] carries your own types in it and names
@@ -71,8 +76,14 @@
 //!
 //! # Decorators
 //! Handlers wrap: [`Deduplicating`] skips ids already processed (R-DEL-5), [`Timeout`]
-//! (feature `tokio`) cancels an async attempt that takes too long and retries it, [`Typed`]
-//! decodes the payload first; they compose in any order (R-PAT-2).
+//! (feature `tokio`) cancels an async attempt that takes too long and retries it,
+//! [`RateLimited`] lets at most so many attempts start per period (on the broker's clock,
+//! without holding a thread: it defers the message with [`HandlerError::defer_until`]),
+//! [`Typed`] decodes the payload first; they compose (R-PAT-2) —
+//! `Deduplicating::new(RateLimited::new(Timeout::new(h, limit), n, per, clock)?)` skips a
+//! duplicate before it spends a token, and times out only attempts that were let through.
+//! There is no circuit breaker yet: [`RateLimited`]'s docs say why, and how to write one on
+//! [`HandlerError::defer_until`].
 //!
 //! # Ordering
 //! Per subscription: priority first, then publish order; each publisher's messages arrive
@@ -176,6 +187,7 @@ mod message_pool;
 pub mod ops;
 mod options;
 mod queue;
+mod rate_limit;
 mod report;
 mod request;
 mod retry;
@@ -220,6 +232,7 @@ pub use options::{
     Concurrency, DeadLetterOptions, DeliveryMode, MAX_NAME_LEN, MAX_WORKERS_PER_SUBSCRIPTION,
     Overflow, Predicate, SubscribeOptions,
 };
+pub use rate_limit::{MAX_RATE_PERIOD, RateLimited};
 pub use report::{CloseReport, PublishReport, Undelivered};
 pub use request::RequestError;
 pub use retry::{InconsistentRetry, Retry, RetryPolicy};

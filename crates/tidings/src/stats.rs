@@ -86,11 +86,13 @@ pub struct SubscriptionStats {
     pub dead_lettered: DeadLetterCounts,
     /// Messages waiting in the queue.
     pub queued: u64,
-    /// Messages taken from the queue and not yet finished (running or waiting to retry).
+    /// Messages taken from the queue and not yet finished (running, waiting to retry, or
+    /// deferred by their handler).
     pub in_flight: u64,
-    /// Handler calls made (first attempts and retries).
+    /// Handler calls made (first attempts and retries); a call the handler took back with
+    /// [`HandlerError::defer_until`](crate::HandlerError::defer_until) is not counted.
     pub attempts: u64,
-    /// Handler calls that failed (errors and panics).
+    /// Handler calls that failed (errors and panics; a deferral is not a failure).
     pub failures: u64,
     /// Entries currently in the DLQ.
     pub dlq_len: u64,

@@ -59,8 +59,18 @@ pub struct ServerVersion {
 impl ServerVersion {
     /// Parses a version as a server reports it (`2.15.1`, `v2.10.3`, `2.11.0-beta.2`); a
     /// missing patch counts as 0. `None` when the major or minor part is not a number.
+    ///
+    /// A pre-release or build suffix is ignored: `2.10.0-beta.1` is `2.10.0`.
     #[must_use]
     pub fn parse(s: &str) -> Option<Self> {
+        // Hand-written on purpose, not the `semver` crate, which does something else:
+        // * it refuses what servers print: `v2.10.3` (nats-server's own `--version` output
+        //   has the `v`) and `2.10` (no patch);
+        // * it orders `2.10.0-beta.1` below `2.10.0`, as SemVer says, so a server built
+        //   from a 2.10 pre-release — which has `filter_subjects`, the one thing the
+        //   version check is for — would be refused as "older than 2.10.0";
+        // * it would be a new crate in every user's build for these dozen lines, while
+        //   the check needs only (major, minor, patch) compared as numbers.
         let s = s.trim().trim_start_matches('v');
         let mut parts = s.splitn(3, '.');
         let mut number = |required: bool| -> Option<u32> {
@@ -526,6 +536,10 @@ mod tests {
         // R-DIST-4: an unparseable version is refused, not trusted.
         assert!(check_server_version("garbage").is_err());
         assert!(check_server_version("2.10.0").is_ok());
+        // A pre-release of 2.10 has filter_subjects: accepted (SemVer would order it below
+        // 2.10.0 and refuse it).
+        assert!(check_server_version("2.10.0-beta.1").is_ok());
+        assert!(check_server_version("v2.10.3").is_ok());
         assert!(check_server_version("2.15.1").is_ok());
     }
 }

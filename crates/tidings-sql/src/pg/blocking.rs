@@ -41,6 +41,7 @@ use crate::{Inner, Settled, Transactional, insert_sql, millis, panic_text, prune
 /// fails too. This crate remembers it: later statements through the same transaction get
 /// [`QueryError::Aborted`], and a handler that returns `Ok` anyway gets
 /// [`DeliveryError::Aborted`] (rolled back, retried).
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub struct Postgres {
     config: postgres::Config,
     client: Mutex<Option<postgres::Client>>,
@@ -53,6 +54,7 @@ pub struct Postgres {
 /// Statements use PostgreSQL's SQL and placeholders (`$1`, `$2`, ...). Everything run
 /// through it commits with the message id, or not at all. Do not run `COMMIT`,
 /// `ROLLBACK` or `BEGIN` through it.
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub struct PgTx<'a> {
     tx: postgres::Transaction<'a>,
     failed: bool,
@@ -150,6 +152,7 @@ fn ensure_table(client: &mut postgres::Client, table: &TableName) -> Result<(), 
     check_columns(table, &columns)
 }
 
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 impl<F> Transactional<Postgres, F>
 where
     F: Fn(&mut PgTx<'_>, &Message) -> Result<(), HandlerError> + Send + Sync + 'static,
@@ -289,6 +292,7 @@ where
     }
 }
 
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 impl<F> Handler for Transactional<Postgres, F>
 where
     F: Fn(&mut PgTx<'_>, &Message) -> Result<(), HandlerError> + Send + Sync + 'static,
@@ -300,6 +304,7 @@ where
 }
 
 /// Under the tokio driver (`subscribe_async`): the same delivery on tokio's blocking pool.
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 impl<F> tidings::AsyncHandler for Transactional<Postgres, F>
 where
     F: Fn(&mut PgTx<'_>, &Message) -> Result<(), HandlerError> + Send + Sync + 'static,

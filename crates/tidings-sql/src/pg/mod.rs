@@ -24,6 +24,7 @@ pub use blocking::{PgTx, Postgres};
 pub use nonblocking::{AsyncPgTx, PostgresAsync};
 
 /// The connect timeout used when the connection string sets none.
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub(crate) const SHAPE: ExpectedShape = ExpectedShape {

@@ -24,6 +24,7 @@ use crate::{Inner, Settled, Transactional, insert_sql, millis, panic_text, prune
 /// (or after a delivery future was dropped half-way, which may have left a transaction
 /// open on it). Connection string, table and aborted transactions as for
 /// [`Postgres`](crate::Postgres).
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub struct PostgresAsync {
     config: tokio_postgres::Config,
     slot: tokio::sync::Mutex<Slot>,
@@ -46,6 +47,7 @@ struct Slot {
 /// [`QueryError::Finished`] and never run outside the transaction. Do not run `COMMIT`,
 /// `ROLLBACK` or `BEGIN` through it.
 #[derive(Clone)]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub struct AsyncPgTx {
     shared: Arc<TxShared>,
 }
@@ -175,6 +177,7 @@ async fn ensure_table(client: &Client, table: &TableName) -> Result<(), OpenErro
     check_columns(table, &columns)
 }
 
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 impl<F, Fut> Transactional<PostgresAsync, F>
 where
     F: Fn(AsyncPgTx, Arc<Message>) -> Fut + Send + Sync + 'static,
@@ -339,6 +342,7 @@ where
     }
 }
 
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 impl<F, Fut> AsyncHandler for Transactional<PostgresAsync, F>
 where
     F: Fn(AsyncPgTx, Arc<Message>) -> Fut + Send + Sync + 'static,

@@ -36,6 +36,7 @@ impl Broker {
     /// [`SubscribeError::AsyncHandlerNeedsTokio`] when the broker's driver is not
     /// [`Driver::Tokio`](crate::Driver) (nothing else can await the handler), and every
     /// error of [`Broker::subscribe`].
+    #[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
     pub fn subscribe_async(
         &self,
         pattern: &str,
@@ -62,6 +63,7 @@ impl Broker {
     /// [`PublishReport`] or error is lost. Because it completes in the background, a later
     /// publish by the same task may then be offered before it — publish order is kept only
     /// between publishes whose futures were awaited to completion.
+    #[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
     pub async fn publish_async(
         &self,
         message: impl Into<MessageBuilder>,
@@ -80,6 +82,7 @@ impl Broker {
     /// is about to be) published, the blocking wait continues until the reply arrives or
     /// `timeout` passes, and then the reply or the error is discarded; until then it counts
     /// in [`Broker::pending_requests`].
+    #[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
     pub async fn request_async(
         &self,
         message: impl Into<MessageBuilder>,
@@ -102,6 +105,7 @@ impl Broker {
     /// # Cancel safety
     /// Not cancel safe. Dropping the future does not stop the close: it has begun (new
     /// publishes are already refused) and completes in the background; the report is lost.
+    #[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
     pub async fn close_async(&self, drain: Duration) -> CloseReport {
         let broker = self.clone();
         off_runtime(move || allow_blocking(|| broker.close(drain))).await

@@ -500,7 +500,9 @@ impl Broker {
     /// Close the broker (R-CORE-6): refuse new publishes and subscriptions; wake every
     /// pending [`request`](Broker::request) with [`RequestError::Closed`]; cancel delayed
     /// messages; let dispatchers deliver what is queued until `drain` has passed
-    /// (`Duration::MAX`: until the queues are empty); abandon retry waits at once; then
+    /// (`Duration::MAX`: until the queues are empty) — a message a handler deferred
+    /// ([`HandlerError::defer_until`](crate::HandlerError::defer_until)) counts as queued and is delivered when due; abandon
+    /// retry waits at once; then
     /// close every queue (waking blocked publishers, which get `Refusal::Closed`), wait up
     /// to 5 s more for handler calls still running, join every thread, and report what was
     /// left.

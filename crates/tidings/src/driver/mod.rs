@@ -58,6 +58,7 @@ pub enum Driver {
     /// [`Broker::close_async`](crate::Broker::close_async) (the sync `close` cannot wait
     /// for the tasks there and reports them as unjoined).
     #[cfg(feature = "tokio")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
     Tokio(::tokio::runtime::Handle),
 }
 

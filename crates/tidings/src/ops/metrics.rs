@@ -57,6 +57,7 @@ impl Broker {
     /// (R-OPS-2) and return it: counters are set to its absolute values and gauges to its
     /// current ones, so the recorder then holds exactly the snapshot's figures. See
     /// [`crate::ops::metrics`] for the names and labels.
+    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
     pub fn export_metrics(&self) -> BrokerSnapshot {
         let snapshot = self.snapshot();
         for sub in &snapshot.subscriptions {

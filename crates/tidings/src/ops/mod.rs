@@ -27,6 +27,7 @@
 
 pub(crate) mod actions;
 #[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub mod metrics;
 pub(crate) mod snapshot;
 pub use crate::telemetry::trace;

@@ -44,12 +44,17 @@ pub(crate) struct Delivery {
     pub(crate) worker: usize,
 }
 
-/// A failed message waiting for its retry.
+/// A message waiting at the head of its lane or key: a failed one for its retry, or a
+/// deferred one ([`HandlerError::defer_until`]) until it may start.
 #[derive(Debug)]
 pub(crate) struct Parked {
     pub(crate) message: Arc<Message>,
+    /// Attempts made so far: the next delivery is attempt `attempts + 1`.
     pub(crate) attempts: u32,
     pub(crate) due: Instant,
+    /// Deferred by the handler, not failed: a drain keeps it (it was never started) where
+    /// it abandons a retry; close abandons both.
+    pub(crate) deferred: bool,
 }
 
 /// What a dispatch flavor offers next.
@@ -355,7 +360,9 @@ impl Core {
                     if matches!(self.flavor, Flavor::PerKey(_)) {
                         self.idle[worker] = true;
                     }
-                    return Poll::WakeAt(t);
+                    // Draining, only a deferral waits: no later than the drain's deadline,
+                    // when the slot must stop.
+                    return Poll::WakeAt(self.drain_deadline().map_or(t, |d| t.min(d)));
                 }
                 Take::Empty => {
                     if self.state == State::Draining {
@@ -436,6 +443,12 @@ impl Core {
             attempt,
             worker,
         } = delivery;
+        if let Err(e) = &outcome
+            && let Some(due) = e.deferred_until()
+        {
+            self.defer(worker, message, attempt, due, now);
+            return;
+        }
         let error = match outcome {
             Ok(()) => {
                 self.finish_take(worker, &message, None);
@@ -484,6 +497,7 @@ impl Core {
                         due,
                         message: message.clone(),
                         attempts: attempt,
+                        deferred: false,
                     };
                     self.finish_take(worker, &message, Some(parked));
                     return;
@@ -500,7 +514,38 @@ impl Core {
             .dead_letter(message, reason, attempt, now.wall(), true);
     }
 
+    /// The handler deferred this delivery to `due` ([`HandlerError::defer_until`]): the
+    /// call is taken back — neither an attempt nor a failure — and the message waits at the
+    /// head of its lane or key to be delivered again with the same attempt number. After
+    /// close it is abandoned at once; while draining it waits (see `begin_drain`).
+    fn defer(
+        &mut self,
+        worker: usize,
+        message: Arc<Message>,
+        attempt: u32,
+        due: Instant,
+        now: &Now<'_>,
+    ) {
+        self.counts.attempts -= 1;
+        let attempts = attempt - 1;
+        if self.state == State::Closed {
+            self.finish_take(worker, &message, None);
+            self.counts.finished();
+            self.ledger_mut().abandon(message, attempts, now.wall());
+            return;
+        }
+        let parked = Parked {
+            message: message.clone(),
+            attempts,
+            due,
+            deferred: true,
+        };
+        self.finish_take(worker, &message, Some(parked));
+    }
+
     /// Stop accepting; deliver what is queued until `deadline`; abandon retries at once.
+    /// A deferred message was never started, so it is treated as queued: delivered when it
+    /// comes due before the deadline, abandoned at close otherwise.
     pub(crate) fn begin_drain(&mut self, deadline: Option<Instant>, now: &Now<'_>) -> Effects {
         if self.state == State::Open {
             self.state = State::Draining;
@@ -508,7 +553,7 @@ impl Core {
                 self.ledger_mut().drain_deadline = deadline;
             }
         }
-        self.abandon_parked(now);
+        self.abandon_parked(false, now);
         self.effects()
     }
 
@@ -516,7 +561,7 @@ impl Core {
     /// as `Shutdown`). Returns every message abandoned since draining began.
     pub(crate) fn close(&mut self, now: &Now<'_>) -> (Vec<Arc<Message>>, Effects) {
         self.state = State::Closed;
-        self.abandon_parked(now);
+        self.abandon_parked(true, now);
         let queued = match &mut self.flavor {
             Flavor::Lanes(l) => l.drain_queued(),
             Flavor::PerKey(p) => p.drain_queued(),
@@ -536,10 +581,11 @@ impl Core {
         (abandoned, self.effects())
     }
 
-    fn abandon_parked(&mut self, now: &Now<'_>) {
+    /// Abandon the waiting retries, and the deferred messages too when `deferred`.
+    fn abandon_parked(&mut self, deferred: bool, now: &Now<'_>) {
         let parked = match &mut self.flavor {
-            Flavor::Lanes(l) => l.take_parked(),
-            Flavor::PerKey(p) => p.take_parked(),
+            Flavor::Lanes(l) => l.take_parked(deferred),
+            Flavor::PerKey(p) => p.take_parked(deferred),
         };
         for p in parked {
             self.counts.finished();
@@ -547,12 +593,14 @@ impl Core {
         }
     }
 
-    /// Earliest retry due time, for the manual driver's "jump to next wake-up".
+    /// Earliest time a waiting message is due (a retry or a deferral; while draining, no
+    /// later than the drain's deadline), for the manual driver's "jump to next wake-up".
     pub(crate) fn next_wake(&self) -> Option<Instant> {
-        match &self.flavor {
+        let due = match &self.flavor {
             Flavor::Lanes(l) => l.next_wake(),
             Flavor::PerKey(p) => p.next_wake(),
-        }
+        }?;
+        Some(self.drain_deadline().map_or(due, |d| due.min(d)))
     }
 
     /// A publisher starts or stops waiting for room (`Block`).

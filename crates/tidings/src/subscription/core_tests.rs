@@ -3,6 +3,7 @@
 //! deliveries and effects — exactly. The harness checks conservation (R-DEL-6) and the
 //! concurrency rules after every step, so every case checks them too.
 
+mod defer;
 mod harness;
 
 use std::time::Duration;

@@ -1,7 +1,8 @@
 //! Serial and keyed-lane dispatch (R-CORE-3, R-ORD-1, R-ORD-3).
 //!
 //! Each lane is one priority-then-FIFO queue with at most one message in flight; a failing
-//! message is parked at the head of its lane until its retry is due (head-of-line, R-ORD-1).
+//! (or deferred) message is parked at the head of its lane until it is due (head-of-line,
+//! R-ORD-1).
 //! Within one key, publish order wins over priority (R-ORD-5): priority orders messages of
 //! different keys and unkeyed ones (see [`PriorityQueue`]).
 //! `Serial` is one lane. With `n` lanes a message goes to lane `fnv1a(key) % n`; messages
@@ -92,10 +93,11 @@ impl Lanes {
             .and_then(|l| l.queue.pop_oldest_lowest())
     }
 
-    pub(crate) fn take_parked(&mut self) -> Vec<Parked> {
+    /// Take the waiting retries, and the deferred messages too when `deferred`.
+    pub(crate) fn take_parked(&mut self, deferred: bool) -> Vec<Parked> {
         self.lanes
             .iter_mut()
-            .filter_map(|l| l.parked.take().map(|p| *p))
+            .filter_map(|l| l.parked.take_if(|p| deferred || !p.deferred).map(|p| *p))
             .collect()
     }
 

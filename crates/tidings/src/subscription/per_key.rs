@@ -1,10 +1,10 @@
 //! Per-key ordering with concurrency (R-ORD-4).
 //!
 //! Messages wait in one FIFO per key. A key is *ready* when it has waiting messages and
-//! nothing in flight or waiting to retry; ready keys are ordered by (priority, arrival) of
+//! nothing in flight, waiting to retry or deferred; ready keys are ordered by (priority, arrival) of
 //! their head message, so the next dispatched message is the earliest, highest-priority
-//! one whose key is free. A retrying key is parked with its due time and blocks only
-//! itself; parked retries do not occupy a dispatcher slot while they wait. Within a key,
+//! one whose key is free. A retrying (or deferred) key is parked with its due time and
+//! blocks only itself; parked messages do not occupy a dispatcher slot while they wait. Within a key,
 //! order is strictly publish order (priority never reorders one key's messages).
 
 use std::cmp::Reverse;
@@ -127,14 +127,18 @@ impl PerKey {
         Some(item)
     }
 
-    pub(crate) fn take_parked(&mut self) -> Vec<Parked> {
-        let parked = std::mem::take(&mut self.parked);
-        for p in &parked {
-            if let Some(kq) = self.keys.get_mut(&p.message.key) {
-                kq.busy = false;
-            }
+    /// Take the waiting retries, and the deferred messages too when `deferred`. Each key
+    /// freed this way is ready again if messages wait behind it, so a drain delivers them
+    /// (as a lane does once its parked retry is gone).
+    pub(crate) fn take_parked(&mut self, deferred: bool) -> Vec<Parked> {
+        let (taken, kept) = std::mem::take(&mut self.parked)
+            .into_iter()
+            .partition(|p| deferred || !p.deferred);
+        self.parked = kept;
+        for p in &taken {
+            self.finish(&p.message.key, None);
         }
-        parked
+        taken
     }
 
     pub(crate) fn drain_queued(&mut self) -> Vec<Queued> {

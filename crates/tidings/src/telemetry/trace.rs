@@ -16,7 +16,7 @@
 //! | `messaging.message.conversation_id` | the correlation id, when there is one |
 //! | `messaging.consumer.group.name` | the subscription's name (process only) |
 //! | `attempt` | 1 for the first handler call (process only) |
-//! | `outcome` | `ok`, `error`, `rejected` or `panic` (process only) |
+//! | `outcome` | `ok`, `error`, `rejected`, `deferred` or `panic` (process only) |
 //!
 //! With no subscriber installed (or `INFO` disabled for `tidings::trace`), a span costs one
 //! relaxed check of the callsite's interest: no field is formatted, nothing allocates.
@@ -166,6 +166,7 @@ pub(crate) async fn in_process_span_async(
 fn outcome_name(outcome: &Result<(), HandlerError>) -> &'static str {
     match outcome {
         Ok(()) => "ok",
+        Err(e) if e.deferred_until().is_some() => "deferred",
         Err(e) if e.message().starts_with("handler panicked: ") => "panic",
         Err(e) if !e.is_retryable() => "rejected",
         Err(_) => "error",

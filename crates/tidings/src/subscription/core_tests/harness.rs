@@ -23,7 +23,8 @@
 //!   dead-lettered + queued + in-flight`, and every delivery still running is in flight;
 //! - R-CORE-3 / R-ORD-3 / R-ORD-4: no two running deliveries share a key; under lanes, none
 //!   share a lane, and each runs on its key's lane;
-//! - a message's attempts are numbered 1, 2, 3, … in the order it is delivered;
+//! - a message's attempts are numbered 1, 2, 3, … in the order it is delivered (a deferred
+//!   delivery, `HandlerError::defer_until`, is taken back: the next one repeats its number);
 //! - a message finishes (delivered, or a dead letter forwarded) at most once;
 //! - with a dead-letter topic, every dead letter kept is forwarded once, with `at = now`;
 //! - a `WakeAt(t)` answer lies in the future and no earlier than the core's `next_wake`;
@@ -494,8 +495,14 @@ impl Harness {
         let Slot::Busy(delivery) = std::mem::replace(&mut self.slots[worker], Slot::Awake) else {
             panic!("slot {worker} has no delivery to complete");
         };
-        if outcome.is_ok() {
-            self.end(delivery.message.id(), "delivered");
+        match &outcome {
+            Ok(()) => self.end(delivery.message.id(), "delivered"),
+            // A deferral takes the call back: the next delivery repeats its attempt number.
+            Err(e) if e.deferred_until().is_some() => {
+                self.attempts
+                    .insert(delivery.message.id(), delivery.attempt - 1);
+            }
+            Err(_) => {}
         }
         let now = Now::new(&self.clock);
         let effects = self.core.handle_completion(delivery, outcome, &now);
