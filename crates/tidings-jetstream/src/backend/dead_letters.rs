@@ -31,7 +31,7 @@ use async_nats::HeaderMap;
 use futures_util::StreamExt;
 use tidings::{DeadLetterReason, DurableDeadLetter, Limits, Message, StreamError, StreamErrorKind};
 
-use super::stream::{headers_with_id, publish};
+use super::stream::{create_or_find, headers_with_id, publish};
 use super::{backend_error, nats_name};
 use crate::classify::seam;
 use crate::codec::{self, DLQ_ATTEMPTS, DLQ_ERROR, DLQ_OFFSET, DLQ_REASON, Stored, TARGET};
@@ -181,11 +181,7 @@ impl DeadLetters {
             num_replicas: replicas,
             ..Default::default()
         };
-        self.js
-            .context
-            .get_or_create_stream(config)
-            .await
-            .map_err(|e| seam(format_args!("DLQ stream {}", self.stream), e))?;
+        create_or_find(&self.js, config).await?;
         let starts = async_nats::jetstream::stream::Config {
             name: self.starts.clone(),
             subjects: vec![format!("{}*", self.starts_subject)],
@@ -198,11 +194,7 @@ impl DeadLetters {
             num_replicas: replicas,
             ..Default::default()
         };
-        self.js
-            .context
-            .get_or_create_stream(starts)
-            .await
-            .map_err(|e| seam(format_args!("stream {}", self.starts), e))?;
+        create_or_find(&self.js, starts).await?;
         Ok(())
     }
 
