@@ -145,7 +145,8 @@ impl JetStreamDedupStore {
     }
 
     /// Records that failed (server away, no answer in time): those ids may be handled
-    /// again when redelivered.
+    /// again when redelivered. (A record the client buffered while disconnected may still
+    /// land once it reconnects.)
     #[must_use]
     pub fn failed_records(&self) -> u64 {
         self.failed_records.load(Ordering::Relaxed)
