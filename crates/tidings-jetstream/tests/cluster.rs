@@ -20,18 +20,21 @@
 //! by the launcher (the tests skip, with a notice, only under `TIDINGS_SKIP_NATS=1`); every
 //! node a test starts is stopped when it ends.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use tidings::{
-    Broker, DurableSpec, DurableSubscription, Message, MessageId, PublishError, StreamConfig,
-    StreamError, StreamErrorKind, SubscribeOptions,
+    Broker, DurableSpec, DurableSubscription, Message, StreamConfig, StreamError, StreamErrorKind,
+    SubscribeOptions,
 };
 use tidings_jetstream::{ConnectOptions, JetStreamBackend, JetStreamError};
 use tidings_testkit::nats::NatsCluster;
+
+mod support;
+use support::{Published, lock};
 
 /// The tidings stream; its JetStream name is the same (no `.` or `_` to escape).
 const STREAM: &str = "work";
@@ -59,10 +62,6 @@ fn serial() -> MutexGuard<'static, ()> {
 
 fn long_run() -> bool {
     std::env::var_os("TIDINGS_LONG").is_some_and(|v| v == "1")
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
@@ -153,33 +152,6 @@ impl Handled {
     }
 }
 
-/// What the publisher threads saw.
-#[derive(Default)]
-struct Published {
-    /// Indexes whose publish returned `Ok`: stored and acknowledged by the cluster.
-    acknowledged: Mutex<BTreeSet<u64>>,
-    /// Publishes that failed (each retried with the same message id until one succeeds),
-    /// by the kind of their error.
-    failures: Mutex<BTreeMap<String, u64>>,
-    /// The longest single publish call.
-    longest: Mutex<Duration>,
-    stop: AtomicBool,
-}
-
-impl Published {
-    fn acknowledged(&self) -> usize {
-        lock(&self.acknowledged).len()
-    }
-
-    fn failures(&self) -> u64 {
-        lock(&self.failures).values().sum()
-    }
-
-    fn longest(&self) -> Duration {
-        *lock(&self.longest)
-    }
-}
-
 /// Starts [`PUBLISHERS`] threads publishing indexes to `work.items`, round robin over
 /// `brokers`, until `stop`. A failed publish is retried with the same message id.
 fn start_publishers(brokers: &[Broker]) -> (Arc<Published>, Vec<JoinHandle<()>>) {
@@ -193,30 +165,11 @@ fn start_publishers(brokers: &[Broker]) -> (Arc<Published>, Vec<JoinHandle<()>>)
                     if published.stop.load(Ordering::Acquire) {
                         return;
                     }
-                    let index = p * 1_000_000_000 + k;
-                    let id = MessageId::new();
-                    loop {
-                        let started = Instant::now();
-                        let result = broker
-                            .publish(Message::to("work.items").id(id).payload(index.to_string()));
-                        let took = started.elapsed();
-                        {
-                            let mut longest = lock(&published.longest);
-                            *longest = (*longest).max(took);
-                        }
-                        match result {
-                            Ok(_) => break,
-                            Err(e) => {
-                                let kind = match &e {
-                                    PublishError::Stream { error, .. } => error.kind().to_string(),
-                                    other => format!("not a stream error: {other:?}"),
-                                };
-                                *lock(&published.failures).entry(kind).or_insert(0) += 1;
-                                std::thread::sleep(Duration::from_millis(50));
-                            }
-                        }
-                    }
-                    lock(&published.acknowledged).insert(index);
+                    published.publish_until_acknowledged(
+                        &broker,
+                        "work.items",
+                        p * 1_000_000_000 + k,
+                    );
                 }
             })
         })
