@@ -11,7 +11,6 @@ use std::collections::BTreeSet;
 use std::fs::{self, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -22,6 +21,7 @@ use tidings::{
     StreamConfig, SubscribeOptions,
 };
 use tidings_jetstream::{ConnectOptions, JetStreamBackend, NatsTransport};
+use tidings_testkit::child::{ScratchDir, TestChild};
 use tidings_testkit::nats::{NatsServer, NatsServerOptions};
 
 /// Generous bound on every wait (never asserted as a speed).
@@ -446,12 +446,8 @@ fn a_message_that_kills_its_process_dead_letters_only_itself() {
         return;
     };
     let url = server.url();
-    let dir = std::env::temp_dir().join(format!(
-        "tidings-hardening-{}-{}",
-        std::process::id(),
-        Instant::now().elapsed().as_nanos()
-    ));
-    fs::create_dir_all(&dir).expect("temp dir");
+    let scratch = ScratchDir::new("hardening");
+    let dir = scratch.path();
     let out = dir.join("handled");
     {
         let b = broker(backend(&url, Duration::from_secs(2), 3));
@@ -466,23 +462,15 @@ fn a_message_that_kills_its_process_dead_letters_only_itself() {
         b.close(Duration::from_secs(10));
     }
     let spawn = || {
-        Command::new(std::env::current_exe().expect("test binary"))
-            .args([
-                "--ignored",
-                "--exact",
-                "child_aborting_consumer",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env(ROLE_ENV, "consumer")
-            .env(URL_ENV, &url)
-            .env(OUT_ENV, &out)
-            .env(DIR_ENV, &dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start a child process")
+        TestChild::spawn(
+            "child_aborting_consumer",
+            [
+                (ROLE_ENV, "consumer".to_owned()),
+                (URL_ENV, url.clone()),
+                (OUT_ENV, out.display().to_string()),
+                (DIR_ENV, dir.display().to_string()),
+            ],
+        )
     };
     // Children abort one after the other until one handles every innocent message (or a
     // bounded number of them tried).
@@ -491,7 +479,7 @@ fn a_message_that_kills_its_process_dead_letters_only_itself() {
     loop {
         let mut child = spawn();
         let status = loop {
-            if let Some(status) = child.try_wait().expect("poll the child") {
+            if let Some(status) = child.exited() {
                 break Some(status);
             }
             if handled(&out).len() == INNOCENT || Instant::now() > deadline {
@@ -507,8 +495,7 @@ fn a_message_that_kills_its_process_dead_letters_only_itself() {
             }
             None => {
                 fs::write(dir.join("stop"), b"").expect("stop file");
-                let status = child.wait().expect("reap the child");
-                assert!(status.success(), "the last child exited with {status}");
+                child.wait_success(PATIENCE);
                 break;
             }
         }
@@ -534,7 +521,6 @@ fn a_message_that_kills_its_process_dead_letters_only_itself() {
         .collect();
     b.close(Duration::from_secs(10));
     let innocent = handled(&out).len();
-    let _ = fs::remove_dir_all(&dir);
     assert_eq!(
         dead,
         ["poison"],
