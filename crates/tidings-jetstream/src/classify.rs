@@ -197,10 +197,7 @@ impl Classify for async_nats::jetstream::stream::ConsumerCreateStrictError {
         match self.kind() {
             C::TimedOut => (K::TimedOut, None),
             C::InvalidConsumerType | C::InvalidName => (K::InvalidInput, None),
-            C::AlreadyExists => (
-                K::Refused,
-                Some(u64::from(ErrorCode::CONSUMER_ALREADY_EXISTS.0)),
-            ),
+            C::AlreadyExists => (K::Refused, Some(ErrorCode::CONSUMER_ALREADY_EXISTS.0)),
             C::JetStream(err) => api(&err),
             C::Request | C::Other => request_cause(self),
         }
@@ -301,10 +298,7 @@ mod tests {
         let exists = ConsumerCreateStrictError::new(C::AlreadyExists);
         assert_eq!(
             exists.class(),
-            (
-                K::Refused,
-                Some(u64::from(ErrorCode::CONSUMER_ALREADY_EXISTS.0))
-            )
+            (K::Refused, Some(ErrorCode::CONSUMER_ALREADY_EXISTS.0))
         );
         assert_eq!(
             ConsumerCreateStrictError::new(C::TimedOut).class().0,

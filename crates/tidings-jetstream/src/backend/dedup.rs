@@ -1,36 +1,4 @@
-//! [`JetStreamDedupStore`]: the ids [`Deduplicating`](tidings::Deduplicating) processed,
-//! kept on the server so every process sharing a durable subscription skips the same
-//! redeliveries (R-DEL-5 across processes).
-//!
-//! # Layout
-//! One JetStream stream per store, laid out as a key-value bucket (`nats kv` lists it):
-//! store `n` is the bucket `TIDINGS_dedup_<n>` (`n` escaped as stream names are), i.e. the
-//! stream `KV_TIDINGS_dedup_<n>` on the subjects `$KV.TIDINGS_dedup_<n>.>`, with one key per
-//! recorded id (its 32 hex digits) and at most one message per key. File storage.
-//!
-//! # Bounds
-//! The bucket keeps at most `capacity` ids, the oldest discarded first (the server drops
-//! them), and forgets an id after the backend's
-//! [`dedup_max_age`](crate::JetStreamBackendBuilder::dedup_max_age) (default
-//! [`DEFAULT_DEDUP_MAX_AGE`]), so the store never grows without bound. It has
-//! [`dedup_replicas`](crate::JetStreamBackendBuilder::dedup_replicas) copies on a cluster.
-//! Opening a bucket that exists with another capacity, age, replica count or layout is
-//! refused with [`StreamError::ConfigMismatch`]; it is never changed.
-//!
-//! # Failure: at-least-once
-//! [`contains`](DedupStore::contains) and [`record`](DedupStore::record) are one round trip
-//! each, bounded by the request timeout plus 0.5 s. A server that is away (or that does not
-//! answer in time) answers **not seen**: the handler runs, so a duplicate may be handled
-//! again but a message is never skipped that was not processed. A record that failed is
-//! counted ([`JetStreamDedupStore::failed_records`]), as is a lookup that failed
-//! ([`JetStreamDedupStore::failed_lookups`]).
-//!
-//! # Check, then record
-//! As with every store, `Deduplicating` checks before and records after the handler: two
-//! processes handling the same id at the same moment (a redelivery racing a slow first
-//! delivery) may both run it. The store closes the window a crash leaves: a process that
-//! recorded an id and died before acknowledging its message makes the next process skip
-//! the redelivery.
+//! The shared dedup store on JetStream: [`JetStreamDedupStore`].
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -49,11 +17,46 @@ use crate::classify::seam;
 /// How long a dedup store remembers an id by default: one day.
 pub const DEFAULT_DEDUP_MAX_AGE: Duration = Duration::from_secs(24 * 3600);
 
-/// A durable dedup store on JetStream, shared by every process that opens the same name on
-/// the same server or cluster (see the [module docs](self)). Open one with
+/// A durable dedup store on JetStream: the ids [`Deduplicating`](tidings::Deduplicating)
+/// processed, kept on the server, so every process that opens the same name on the same
+/// server or cluster skips the same redeliveries (R-DEL-5 across processes). Open one with
 /// [`Broker::durable_dedup_store`](tidings::Broker::durable_dedup_store) (as a
 /// `dyn DedupStore`) or [`JetStreamBackend::jetstream_dedup_store`](crate::JetStreamBackend::jetstream_dedup_store)
 /// (with its counters).
+///
+/// # Layout
+/// One JetStream stream per store, laid out as a key-value bucket (`nats kv` lists it):
+/// store `n` is the bucket `TIDINGS_dedup_<n>` (`n` escaped as stream names are), i.e. the
+/// stream `KV_TIDINGS_dedup_<n>` on the subjects `$KV.TIDINGS_dedup_<n>.>`, with one key per
+/// recorded id (its 32 hex digits) and at most one message per key. File storage.
+///
+/// # Bounds
+/// The bucket keeps at most `capacity` ids, the oldest discarded first (the server drops
+/// them), and forgets an id after the backend's
+/// [`dedup_max_age`](crate::JetStreamBackendBuilder::dedup_max_age) (default
+/// [`DEFAULT_DEDUP_MAX_AGE`]), so the store never grows without bound. It has
+/// [`dedup_replicas`](crate::JetStreamBackendBuilder::dedup_replicas) copies on a cluster.
+/// Opening a bucket that exists with another capacity, age, replica count or layout is
+/// refused with [`StreamError::ConfigMismatch`]; it is never changed.
+///
+/// # Failure: at-least-once
+/// [`contains`](DedupStore::contains) and [`record`](DedupStore::record) are one round trip
+/// each, bounded by the request timeout plus 0.5 s. A server that is away (or that does not
+/// answer in time) answers **not seen**: the handler runs, so a duplicate may be handled
+/// again but a message is never skipped that was not processed. A record that failed is
+/// counted ([`JetStreamDedupStore::failed_records`]), as is a lookup that failed
+/// ([`JetStreamDedupStore::failed_lookups`]).
+///
+/// # Check, then record
+/// As with every store, `Deduplicating` checks before and records after the handler: two
+/// processes handling the same id at the same moment (a redelivery racing a slow first
+/// delivery) may both run it. The store closes the window a crash leaves: a process that
+/// recorded an id and died before acknowledging its message makes the next process skip
+/// the redelivery.
+///
+/// # Blocking
+/// Every call blocks the calling thread for its round trip (as every call into the backend
+/// does), also from inside an async handler.
 pub struct JetStreamDedupStore {
     shared: Arc<Shared>,
     name: String,
