@@ -86,6 +86,31 @@ fn an_id_recorded_through_one_connection_is_seen_through_another() {
     broker.close(Duration::from_secs(10));
 }
 
+/// Each id recorded is found and each id not recorded is not, over a few hundred of each,
+/// one round trip per call; the mean time per call is printed (never asserted).
+#[test]
+fn every_recorded_id_is_found_and_no_other() {
+    let Some(server) = NatsServer::for_test(NatsServerOptions::new()) else {
+        return;
+    };
+    let store = backend(&server.url())
+        .jetstream_dedup_store("many", 10_000)
+        .expect("opens");
+    let (recorded, other) = (ids(300), ids(300));
+    let started = Instant::now();
+    for id in &recorded {
+        store.record(*id);
+    }
+    let per_record = started.elapsed() / 300;
+    let started = Instant::now();
+    let found = recorded.iter().filter(|id| store.contains(**id)).count();
+    let per_lookup = started.elapsed() / 300;
+    let wrongly_found = other.iter().filter(|id| store.contains(**id)).count();
+    println!("dedup store on one server: record {per_record:?}, contains {per_lookup:?} per call");
+    assert_eq!((found, wrongly_found), (300, 0));
+    assert_eq!((store.failed_lookups(), store.failed_records()), (0, 0));
+}
+
 /// R-DEL-5 "bounded": the store keeps the `capacity` most recent ids, the oldest forgotten
 /// first.
 #[test]
