@@ -20,7 +20,7 @@ use tidings::{
 };
 use tidings_jetstream::{ConnectOptions, JetStreamBackend};
 use tidings_testkit::child::{ScratchDir, TestChild, wait_until};
-use tidings_testkit::nats::{NatsServer, NatsServerOptions};
+use tidings_testkit::nats::{NatsCluster, NatsServer, NatsServerOptions};
 
 /// Generous bound on every wait (never asserted as a speed).
 const PATIENCE: Duration = Duration::from_secs(60);
@@ -234,6 +234,56 @@ fn a_server_away_answers_not_seen_and_counts_failed_records() {
     // The failed record may still land: the client sends what it buffered while
     // disconnected once it reconnects. Harmless either way (its handler did run).
     let _ = store.contains(lost);
+}
+
+/// R-DEL-5, R-DIST-7: a store with three replicas on a three-node cluster keeps answering
+/// when the node leading it is SIGKILLed, keeps what it had, and takes new records; the
+/// same name with another replica count is refused.
+#[test]
+fn a_replicated_store_survives_the_loss_of_its_leader() {
+    let Some(mut cluster) = NatsCluster::for_test(3) else {
+        return;
+    };
+    let urls = cluster.urls();
+    let connect = |replicas: usize| {
+        JetStreamBackend::builder()
+            .dedup_replicas(replicas)
+            .connect(
+                ConnectOptions::servers(urls.clone())
+                    .connect_timeout(Duration::from_secs(5))
+                    .request_timeout(REQUEST_TIMEOUT),
+            )
+            .expect("connects to the cluster")
+    };
+    let store = connect(3)
+        .jetstream_dedup_store("replicated", 100)
+        .expect("opens with three replicas");
+    let (kept, added) = (MessageId::new(), MessageId::new());
+    store.try_record(kept).expect("records");
+    let leader = cluster
+        .wait_stream_leader("KV_TIDINGS_dedup_replicated", PATIENCE)
+        .expect("the bucket has a leader");
+    cluster.kill(leader).expect("SIGKILL the bucket's leader");
+    wait_until("the store answers again", PATIENCE, || {
+        store.try_contains(kept).is_ok()
+    });
+    assert!(store.contains(kept), "what it had survived its leader");
+    wait_until("a new record is acknowledged", PATIENCE, || {
+        store.try_record(added).is_ok()
+    });
+    assert!(store.contains(added));
+    cluster.restart(leader).expect("restart the old leader");
+    let other = connect(1).jetstream_dedup_store("replicated", 100);
+    assert!(
+        matches!(
+            &other,
+            Err(StreamError::ConfigMismatch {
+                setting: "replicas",
+                ..
+            })
+        ),
+        "{other:?}"
+    );
 }
 
 /// The child role: a durable subscription on `work` whose handler appends the payload to
