@@ -103,7 +103,10 @@ impl Classify for async_nats::RequestError {
 impl Classify for async_nats::jetstream::context::PublishError {
     fn class(&self) -> (K, Option<u64>) {
         match self.kind() {
-            PublishErrorKind::StreamNotFound => (K::NotFound, None),
+            // async-nats reports a publish nobody answered (503 no responders) as "stream
+            // not found"; on a cluster that is also a stream between leaders (R-DIST-7), so
+            // it is a server away for now, worth a retry, not a missing stream.
+            PublishErrorKind::StreamNotFound => (K::Unavailable, None),
             PublishErrorKind::TimedOut => (K::TimedOut, None),
             PublishErrorKind::BrokenPipe => (K::Unavailable, None),
             PublishErrorKind::MaxPayloadExceeded => (K::InvalidInput, None),
@@ -188,6 +191,19 @@ impl Classify for async_nats::jetstream::stream::ConsumerError {
     }
 }
 
+impl Classify for async_nats::jetstream::stream::ConsumerCreateStrictError {
+    fn class(&self) -> (K, Option<u64>) {
+        use async_nats::jetstream::stream::ConsumerCreateStrictErrorKind as C;
+        match self.kind() {
+            C::TimedOut => (K::TimedOut, None),
+            C::InvalidConsumerType | C::InvalidName => (K::InvalidInput, None),
+            C::AlreadyExists => (K::Refused, Some(ErrorCode::CONSUMER_ALREADY_EXISTS.0)),
+            C::JetStream(err) => api(&err),
+            C::Request | C::Other => request_cause(self),
+        }
+    }
+}
+
 impl Classify for async_nats::jetstream::context::ConsumerInfoError {
     fn class(&self) -> (K, Option<u64>) {
         match self.kind() {
@@ -261,6 +277,32 @@ mod tests {
                 .class()
                 .0,
             K::Unavailable
+        );
+    }
+
+    #[test]
+    fn a_publish_nobody_answered_is_unavailable_not_a_missing_stream() {
+        // R-DIST-7: async-nats reports a publish answered "no responders" as
+        // StreamNotFound; mid leader election a replicated stream that exists has no
+        // responder for a moment, and a caller must see a retryable kind.
+        let unanswered =
+            async_nats::jetstream::context::PublishError::new(PublishErrorKind::StreamNotFound);
+        assert_eq!(unanswered.class().0, K::Unavailable);
+    }
+
+    #[test]
+    fn a_refused_strict_create_keeps_its_kind_and_code() {
+        use async_nats::jetstream::stream::{
+            ConsumerCreateStrictError, ConsumerCreateStrictErrorKind as C,
+        };
+        let exists = ConsumerCreateStrictError::new(C::AlreadyExists);
+        assert_eq!(
+            exists.class(),
+            (K::Refused, Some(ErrorCode::CONSUMER_ALREADY_EXISTS.0))
+        );
+        assert_eq!(
+            ConsumerCreateStrictError::new(C::TimedOut).class().0,
+            K::TimedOut
         );
     }
 }

@@ -49,6 +49,7 @@ pub use client::pipeline;
 use client::{consumer, stream_spec};
 use connection::connect;
 
+pub use backend::dedup::{DEFAULT_DEDUP_MAX_AGE, JetStreamDedupStore};
 pub use backend::{
     BACKEND_NAME, CAPABILITIES, DEFAULT_MAX_DELIVERIES, JetStreamBackend, JetStreamBackendBuilder,
     MAX_NAME_BYTES, record_subject,

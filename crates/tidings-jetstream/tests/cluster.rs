@@ -20,18 +20,21 @@
 //! by the launcher (the tests skip, with a notice, only under `TIDINGS_SKIP_NATS=1`); every
 //! node a test starts is stopped when it ends.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use tidings::{
-    Broker, DurableSpec, DurableSubscription, Message, MessageId, PublishError, StreamConfig,
-    StreamErrorKind, SubscribeOptions,
+    Broker, DurableSpec, DurableSubscription, Message, StreamConfig, StreamError, StreamErrorKind,
+    SubscribeOptions,
 };
-use tidings_jetstream::{ConnectOptions, JetStreamBackend};
+use tidings_jetstream::{ConnectOptions, JetStreamBackend, JetStreamError};
 use tidings_testkit::nats::NatsCluster;
+
+mod support;
+use support::{Published, lock};
 
 /// The tidings stream; its JetStream name is the same (no `.` or `_` to escape).
 const STREAM: &str = "work";
@@ -61,10 +64,6 @@ fn long_run() -> bool {
     std::env::var_os("TIDINGS_LONG").is_some_and(|v| v == "1")
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
     let deadline = Instant::now() + PATIENCE;
     while !cond() {
@@ -73,8 +72,9 @@ fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
     }
 }
 
-/// A broker whose durable backend is the cluster, reached through `options`.
-fn broker(options: ConnectOptions, name: &str) -> Broker {
+/// A broker whose durable backend is the cluster, reached through `options`, with no
+/// stream opened yet.
+fn bare_broker(options: ConnectOptions, name: &str) -> Broker {
     let backend = JetStreamBackend::builder()
         .ack_wait(ACK_WAIT)
         .connect(
@@ -84,14 +84,31 @@ fn broker(options: ConnectOptions, name: &str) -> Broker {
                 .name(name),
         )
         .expect("connects to the cluster");
-    let broker = Broker::builder()
+    Broker::builder()
         .durable_backend(Arc::new(backend))
         .build()
-        .expect("valid configuration");
+        .expect("valid configuration")
+}
+
+/// A broker whose durable backend is the cluster, reached through `options`.
+fn broker(options: ConnectOptions, name: &str) -> Broker {
+    let broker = bare_broker(options, name);
     broker
         .create_stream(StreamConfig::new(STREAM, ["work.#"]).replicas(3))
         .expect("a stream with three replicas");
     broker
+}
+
+/// Connect options trying node `first` of `urls` first, then the others in order.
+fn preferring(urls: &[String], first: usize) -> ConnectOptions {
+    let mut order = vec![urls[first].clone()];
+    order.extend(
+        urls.iter()
+            .enumerate()
+            .filter(|(i, _)| *i != first)
+            .map(|(_, u)| u.clone()),
+    );
+    ConnectOptions::servers(order).keep_server_order(true)
 }
 
 /// What the handlers saw.
@@ -135,33 +152,6 @@ impl Handled {
     }
 }
 
-/// What the publisher threads saw.
-#[derive(Default)]
-struct Published {
-    /// Indexes whose publish returned `Ok`: stored and acknowledged by the cluster.
-    acknowledged: Mutex<BTreeSet<u64>>,
-    /// Publishes that failed (each retried with the same message id until one succeeds),
-    /// by the kind of their error.
-    failures: Mutex<BTreeMap<String, u64>>,
-    /// The longest single publish call.
-    longest: Mutex<Duration>,
-    stop: AtomicBool,
-}
-
-impl Published {
-    fn acknowledged(&self) -> usize {
-        lock(&self.acknowledged).len()
-    }
-
-    fn failures(&self) -> u64 {
-        lock(&self.failures).values().sum()
-    }
-
-    fn longest(&self) -> Duration {
-        *lock(&self.longest)
-    }
-}
-
 /// Starts [`PUBLISHERS`] threads publishing indexes to `work.items`, round robin over
 /// `brokers`, until `stop`. A failed publish is retried with the same message id.
 fn start_publishers(brokers: &[Broker]) -> (Arc<Published>, Vec<JoinHandle<()>>) {
@@ -175,30 +165,11 @@ fn start_publishers(brokers: &[Broker]) -> (Arc<Published>, Vec<JoinHandle<()>>)
                     if published.stop.load(Ordering::Acquire) {
                         return;
                     }
-                    let index = p * 1_000_000_000 + k;
-                    let id = MessageId::new();
-                    loop {
-                        let started = Instant::now();
-                        let result = broker
-                            .publish(Message::to("work.items").id(id).payload(index.to_string()));
-                        let took = started.elapsed();
-                        {
-                            let mut longest = lock(&published.longest);
-                            *longest = (*longest).max(took);
-                        }
-                        match result {
-                            Ok(_) => break,
-                            Err(e) => {
-                                let kind = match &e {
-                                    PublishError::Stream { error, .. } => error.kind().to_string(),
-                                    other => format!("not a stream error: {other:?}"),
-                                };
-                                *lock(&published.failures).entry(kind).or_insert(0) += 1;
-                                std::thread::sleep(Duration::from_millis(50));
-                            }
-                        }
-                    }
-                    lock(&published.acknowledged).insert(index);
+                    published.publish_until_acknowledged(
+                        &broker,
+                        "work.items",
+                        p * 1_000_000_000 + k,
+                    );
                 }
             })
         })
@@ -471,18 +442,8 @@ fn two_brokers_on_different_nodes_share_one_durable_across_a_node_kill() {
         return;
     };
     let urls = cluster.urls();
-    let preferring = |first: usize| {
-        let mut order = vec![urls[first].clone()];
-        order.extend(
-            urls.iter()
-                .enumerate()
-                .filter(|(i, _)| *i != first)
-                .map(|(_, u)| u.clone()),
-        );
-        ConnectOptions::servers(order).keep_server_order(true)
-    };
-    let a = broker(preferring(0), "tidings-cluster-a");
-    let b = broker(preferring(1), "tidings-cluster-b");
+    let a = broker(preferring(&urls, 0), "tidings-cluster-a");
+    let b = broker(preferring(&urls, 1), "tidings-cluster-b");
     let handled = Arc::new(Handled::default());
     let sub_a = handled.subscribe(&a, 0);
     let sub_b = handled.subscribe(&b, 1);
@@ -523,4 +484,119 @@ fn two_brokers_on_different_nodes_share_one_durable_across_a_node_kill() {
     drop((sub_a, sub_b));
     a.close(Duration::from_secs(10));
     b.close(Duration::from_secs(10));
+}
+
+#[test]
+fn a_replica_count_the_cluster_cannot_place_is_refused_with_a_typed_error() {
+    // R-DIST-7: more replicas than nodes (4, 5), more than the server's limit (6, 1000) or a
+    // count no server takes (usize::MAX) is refused at creation with kind `Refused` and the
+    // server's code; nothing is left behind, so the same name can then be created with 3.
+    let _one = serial();
+    let Some(cluster) = NatsCluster::for_test(3) else {
+        return;
+    };
+    let urls = cluster.urls();
+    for (i, n) in [4, 5, 6, 1000, usize::MAX].into_iter().enumerate() {
+        let name = format!("r{i}");
+        let broker = bare_broker(ConnectOptions::servers(urls.clone()), "tidings-replicas");
+        let started = Instant::now();
+        let err = broker
+            .create_stream(StreamConfig::new(&name, [format!("{name}.#")]).replicas(n))
+            .expect_err("a count the cluster cannot place is refused");
+        let took = started.elapsed();
+        assert_eq!(err.kind(), StreamErrorKind::Refused, "replicas({n}): {err}");
+        let code = match &err {
+            StreamError::Backend { source, .. } => source
+                .downcast_ref::<JetStreamError>()
+                .and_then(JetStreamError::api_code),
+            _ => None,
+        };
+        assert!(code.is_some(), "replicas({n}): no server code in {err:?}");
+        eprintln!("replicas({n}): refused in {took:?} with code {code:?}: {err}");
+        broker
+            .create_stream(StreamConfig::new(&name, [format!("{name}.#")]).replicas(3))
+            .expect("the same name with three replicas");
+        broker.close(Duration::from_secs(10));
+    }
+    // StreamConfig documents 0 as 1: accepted, and reopening it with 1 agrees while 3 is a
+    // mismatch (one copy was made).
+    let broker = bare_broker(ConnectOptions::servers(urls.clone()), "tidings-replicas");
+    broker
+        .create_stream(StreamConfig::new("zero", ["zero.#"]).replicas(0))
+        .expect("replicas(0) counts as 1");
+    broker.close(Duration::from_secs(10));
+    let broker = bare_broker(ConnectOptions::servers(urls.clone()), "tidings-replicas");
+    broker
+        .create_stream(StreamConfig::new("zero", ["zero.#"]).replicas(1))
+        .expect("it has one replica");
+    broker.close(Duration::from_secs(10));
+    let broker = bare_broker(ConnectOptions::servers(urls), "tidings-replicas");
+    let err = broker
+        .create_stream(StreamConfig::new("zero", ["zero.#"]).replicas(3))
+        .expect_err("not three");
+    assert!(matches!(err, StreamError::ConfigMismatch { .. }), "{err:?}");
+    broker.close(Duration::from_secs(10));
+}
+
+#[test]
+fn processes_opening_one_new_durable_at_the_same_moment_all_succeed() {
+    // R-DIST-3, R-DIST-7: three brokers, each on its own connection to its own node (as
+    // three processes would be), create one new replicated stream and open one new durable
+    // subscription on it at the same moment, 40 times. On a cluster the server leaves a
+    // lookup unanswered while another client creates the same stream or consumer; every
+    // open must still succeed (it once timed out after the request timeout).
+    let _one = serial();
+    let Some(cluster) = NatsCluster::for_test(3) else {
+        return;
+    };
+    let urls = cluster.urls();
+    let rounds = if long_run() { 200 } else { 40 };
+    let brokers: Vec<Broker> = (0..3)
+        .map(|i| bare_broker(preferring(&urls, i), &format!("tidings-open-{i}")))
+        .collect();
+    let mut slowest = Duration::ZERO;
+    for round in 0..rounds {
+        let stream = format!("race{round}");
+        let barrier = Arc::new(std::sync::Barrier::new(brokers.len()));
+        let threads: Vec<_> = brokers
+            .iter()
+            .map(|broker| {
+                let (broker, barrier, stream) =
+                    (broker.clone(), Arc::clone(&barrier), stream.clone());
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    let started = Instant::now();
+                    broker
+                        .create_stream(
+                            StreamConfig::new(&stream, [format!("{stream}.#")]).replicas(3),
+                        )
+                        .map_err(|e| format!("creating the stream: {e}"))?;
+                    let sub = broker
+                        .subscribe_durable(
+                            DurableSpec::new(&stream)
+                                .name("shared")
+                                .filter(format!("{stream}.#")),
+                            SubscribeOptions::default(),
+                            |_: &Message| Ok(()),
+                        )
+                        .map_err(|e| format!("opening the durable: {e}"))?;
+                    Ok::<_, String>((sub, started.elapsed()))
+                })
+            })
+            .collect();
+        let opened: Vec<_> = threads
+            .into_iter()
+            .map(|t| t.join().expect("opening thread"))
+            .collect();
+        let failed: Vec<&String> = opened.iter().filter_map(|r| r.as_ref().err()).collect();
+        assert!(failed.is_empty(), "round {round}: {failed:?}");
+        for (sub, took) in opened.into_iter().flatten() {
+            slowest = slowest.max(took);
+            drop(sub);
+        }
+    }
+    eprintln!("{rounds} rounds of 3 simultaneous opens: all succeeded, slowest {slowest:?}");
+    for broker in brokers {
+        broker.close(Duration::from_secs(10));
+    }
 }

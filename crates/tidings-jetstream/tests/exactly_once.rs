@@ -22,7 +22,6 @@ use std::collections::HashMap;
 use std::fs::OpenOptions;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -31,6 +30,7 @@ use tidings::{
     Broker, DurableSpec, HandlerError, Message, MessageId, Retry, StreamConfig, SubscribeOptions,
 };
 use tidings_jetstream::{ConnectOptions, JetStreamBackend};
+use tidings_testkit::child::TestChild;
 use tidings_testkit::nats::{NatsServer, NatsServerOptions};
 
 const URL_ENV: &str = "TIDINGS_EO_JS_URL";
@@ -189,40 +189,17 @@ fn pipeline_child() {
     broker.close(Duration::from_secs(10));
 }
 
-struct Child(std::process::Child);
-
-impl Child {
-    fn spawn(url: &str, dir: &Path, total: u64, finish: bool) -> Self {
-        let mut cmd = Command::new(std::env::current_exe().expect("test binary"));
-        cmd.args([
-            "--ignored",
-            "--exact",
-            "pipeline_child",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(URL_ENV, url)
-        .env(DIR_ENV, dir)
-        .env(TOTAL_ENV, total.to_string())
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-        if finish {
-            cmd.env(FINISH_ENV, "1");
-        }
-        Self(cmd.spawn().expect("start the child"))
+/// A pipeline child: this test binary again, running only `pipeline_child`.
+fn spawn_child(url: &str, dir: &Path, total: u64, finish: bool) -> TestChild {
+    let mut envs = vec![
+        (URL_ENV, url.to_owned()),
+        (DIR_ENV, dir.display().to_string()),
+        (TOTAL_ENV, total.to_string()),
+    ];
+    if finish {
+        envs.push((FINISH_ENV, "1".to_owned()));
     }
-
-    fn kill(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-impl Drop for Child {
-    fn drop(&mut self) {
-        self.kill();
-    }
+    TestChild::spawn("pipeline_child", envs)
 }
 
 /// A small deterministic generator (xorshift*).
@@ -323,7 +300,7 @@ fn a_pipeline_on_jetstream_survives_process_and_server_kills_with_each_output_on
     let started = Instant::now();
     let (mut child_kills, mut server_kills) = (0, 0);
     for cycle in 0..cycles {
-        let mut child = Child::spawn(&url, dir, total, false);
+        let mut child = spawn_child(&url, dir, total, false);
         std::thread::sleep(Duration::from_millis(100 + rng.below(900)));
         match cycle % 3 {
             // The server dies under a running child, comes back, then the child dies.
@@ -350,16 +327,8 @@ fn a_pipeline_on_jetstream_survives_process_and_server_kills_with_each_output_on
         }
         check(&url, dir, cycle);
     }
-    let mut child = Child::spawn(&url, dir, total, true);
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        if let Some(status) = child.0.try_wait().expect("poll") {
-            assert!(status.success(), "the last child failed: {status}");
-            break;
-        }
-        assert!(Instant::now() < deadline, "the last child did not finish");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let mut child = spawn_child(&url, dir, total, true);
+    child.wait_success(PATIENCE);
     let end = check(&url, dir, cycles);
     let dropped = std::fs::read_to_string(dir.join("dropped.log")).unwrap_or_default();
     let dropped_outputs = dropped.lines().filter(|l| *l == "output").count();

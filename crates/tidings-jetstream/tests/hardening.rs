@@ -11,7 +11,6 @@ use std::collections::BTreeSet;
 use std::fs::{self, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -22,6 +21,7 @@ use tidings::{
     StreamConfig, SubscribeOptions,
 };
 use tidings_jetstream::{ConnectOptions, JetStreamBackend, NatsTransport};
+use tidings_testkit::child::{ScratchDir, TestChild};
 use tidings_testkit::nats::{NatsServer, NatsServerOptions};
 
 /// Generous bound on every wait (never asserted as a speed).
@@ -177,30 +177,42 @@ fn a_dead_letter_larger_than_max_payload_is_recorded_and_the_subscription_goes_o
     b.close(Duration::from_secs(10));
 }
 
-/// R-DEL-6: closing and reopening a broker with a backlog never dead-letters what no
-/// handler started: only a handler start counts toward `max_deliveries`.
+/// R-DEL-6, R-DIST-1: closing and reopening a broker with a backlog never dead-letters what
+/// no handler started: only a handler start counts toward `max_deliveries`.
+///
+/// A backlog of 200 messages, fetched ahead at every open as far as the backend lets it
+/// (all of it while nothing came back; the backend hands a returned message out alone);
+/// each of six rounds (twice `max_deliveries` = 3) handles about three messages slowly and
+/// closes without draining, so what was fetched goes back to the server unhandled at every
+/// close. When each fetch counted as a delivery, round four dead-lettered the whole rest of
+/// the backlog unhandled (issue 25 defect 4).
 #[test]
 fn graceful_restarts_dead_letter_nothing() {
+    const BACKLOG: usize = 200;
+    const MAX_DELIVERIES: u32 = 3;
     let Some(server) = NatsServer::for_test(NatsServerOptions::new()) else {
         return;
     };
     let url = server.url();
-    const N: usize = 60;
     {
-        let b = broker(backend(&url, Duration::from_secs(30), 3));
+        let b = broker(backend(&url, Duration::from_secs(30), MAX_DELIVERIES));
         b.create_stream(StreamConfig::new("backlog", ["backlog.#"]))
             .expect("stream");
-        for i in 0..N {
+        for i in 0..BACKLOG {
             b.publish(Message::to("backlog.m").payload(format!("{i}")))
                 .expect("publish");
         }
         b.close(Duration::from_secs(10));
     }
     let handled: Seen = Arc::default();
-    let run = |until_handled: Option<usize>| {
-        let b = broker(backend(&url, Duration::from_secs(30), 3));
+    let distinct = |h: &Seen| seen(h).into_iter().collect::<BTreeSet<String>>().len();
+    // One open: handles `stop_at` messages (or until nothing is left), then closes without
+    // draining. Returns (handled in this round, outstanding at close, dead letters so far).
+    let round = |stop_at: Option<usize>| {
+        let b = broker(backend(&url, Duration::from_secs(30), MAX_DELIVERIES));
         b.create_stream(StreamConfig::new("backlog", ["backlog.#"]))
             .expect("stream");
+        let before = seen(&handled).len();
         let h = Arc::clone(&handled);
         let sub = b
             .subscribe_durable(
@@ -215,25 +227,29 @@ fn graceful_restarts_dead_letter_nothing() {
                 },
             )
             .expect("subscribes");
-        match until_handled {
-            Some(n) => until("some handled", || seen(&handled).len() >= n),
-            None => until("the backlog drained", || {
-                sub.lag() == 0 && sub.outstanding() == 0
-            }),
-        }
-        let dead = sub.durable_dead_letters().expect("reads the DLQ");
+        until("the round's handling or the end of the backlog", || {
+            let now = seen(&handled).len() - before;
+            let finished = sub.lag() == 0 && sub.outstanding() == 0;
+            finished || stop_at.is_some_and(|n| now >= n)
+        });
+        let outstanding = sub.outstanding();
+        let dead = sub.durable_dead_letters().expect("reads the DLQ").len();
         // No drain: what is queued goes back to the server unhandled.
         b.close(Duration::ZERO);
-        dead
+        (seen(&handled).len() - before, outstanding, dead)
     };
-    for round in 1..=6 {
-        let dead = run(Some(round));
-        assert!(dead.is_empty(), "round {round}: dead-lettered {dead:?}");
+    let mut rounds = Vec::new();
+    for _ in 0..2 * MAX_DELIVERIES {
+        rounds.push(round(Some(3)));
     }
-    let dead = run(None);
-    assert!(dead.is_empty(), "dead-lettered at the end: {dead:?}");
-    let distinct: BTreeSet<String> = seen(&handled).into_iter().collect();
-    assert_eq!(distinct.len(), N, "every message handled");
+    let last = round(None);
+    println!("rounds (handled, outstanding at close, dead letters): {rounds:?}; last {last:?}");
+    let dead: Vec<usize> = rounds.iter().chain([&last]).map(|r| r.2).collect();
+    assert!(
+        dead.iter().all(|&d| d == 0),
+        "dead-lettered (handled, outstanding, dead) per round: {rounds:?}, last {last:?}"
+    );
+    assert_eq!(distinct(&handled), BACKLOG, "every message handled");
 }
 
 /// R-DIST-3: a seek made by one process does not stop another process sharing the durable
@@ -430,12 +446,8 @@ fn a_message_that_kills_its_process_dead_letters_only_itself() {
         return;
     };
     let url = server.url();
-    let dir = std::env::temp_dir().join(format!(
-        "tidings-hardening-{}-{}",
-        std::process::id(),
-        Instant::now().elapsed().as_nanos()
-    ));
-    fs::create_dir_all(&dir).expect("temp dir");
+    let scratch = ScratchDir::new("hardening");
+    let dir = scratch.path();
     let out = dir.join("handled");
     {
         let b = broker(backend(&url, Duration::from_secs(2), 3));
@@ -450,23 +462,15 @@ fn a_message_that_kills_its_process_dead_letters_only_itself() {
         b.close(Duration::from_secs(10));
     }
     let spawn = || {
-        Command::new(std::env::current_exe().expect("test binary"))
-            .args([
-                "--ignored",
-                "--exact",
-                "child_aborting_consumer",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env(ROLE_ENV, "consumer")
-            .env(URL_ENV, &url)
-            .env(OUT_ENV, &out)
-            .env(DIR_ENV, &dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start a child process")
+        TestChild::spawn(
+            "child_aborting_consumer",
+            [
+                (ROLE_ENV, "consumer".to_owned()),
+                (URL_ENV, url.clone()),
+                (OUT_ENV, out.display().to_string()),
+                (DIR_ENV, dir.display().to_string()),
+            ],
+        )
     };
     // Children abort one after the other until one handles every innocent message (or a
     // bounded number of them tried).
@@ -475,7 +479,7 @@ fn a_message_that_kills_its_process_dead_letters_only_itself() {
     loop {
         let mut child = spawn();
         let status = loop {
-            if let Some(status) = child.try_wait().expect("poll the child") {
+            if let Some(status) = child.exited() {
                 break Some(status);
             }
             if handled(&out).len() == INNOCENT || Instant::now() > deadline {
@@ -491,8 +495,7 @@ fn a_message_that_kills_its_process_dead_letters_only_itself() {
             }
             None => {
                 fs::write(dir.join("stop"), b"").expect("stop file");
-                let status = child.wait().expect("reap the child");
-                assert!(status.success(), "the last child exited with {status}");
+                child.wait_success(PATIENCE);
                 break;
             }
         }
@@ -518,7 +521,6 @@ fn a_message_that_kills_its_process_dead_letters_only_itself() {
         .collect();
     b.close(Duration::from_secs(10));
     let innocent = handled(&out).len();
-    let _ = fs::remove_dir_all(&dir);
     assert_eq!(
         dead,
         ["poison"],

@@ -18,7 +18,7 @@
 use std::ffi::OsStr;
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, ChildStdout, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 /// A child process running one ignored test of the current test binary; SIGKILLed and
@@ -58,6 +58,20 @@ impl TestChild {
             .spawn()
             .expect("start a child process");
         Self { process }
+    }
+
+    /// Takes over a child the caller started itself (another command line, a piped
+    /// standard output to read a protocol from): it is SIGKILLed and reaped on drop like
+    /// one [`spawn`](Self::spawn) started.
+    #[must_use]
+    pub fn adopt(process: Child) -> Self {
+        Self { process }
+    }
+
+    /// The child's standard output, when the caller started it piped (see
+    /// [`adopt`](Self::adopt)); `None` otherwise or once taken.
+    pub fn take_stdout(&mut self) -> Option<ChildStdout> {
+        self.process.stdout.take()
     }
 
     /// The child's process id.

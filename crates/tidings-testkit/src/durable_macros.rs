@@ -60,6 +60,7 @@ macro_rules! durable_cases {
                 delayed_durable_message,
                 resubscribe_resumes,
                 seek_survives_restart,
+                durable_dedup_store,
             );
         }
     };

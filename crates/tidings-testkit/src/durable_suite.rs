@@ -1104,6 +1104,78 @@ pub fn seek_survives_restart(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> 
     CaseOutcome::Ran
 }
 
+/// A durable dedup store (R-DEL-5 "durable") remembers what [`Deduplicating`] recorded
+/// across a broker restart and across subscriptions: a second durable subscription
+/// replaying the stream through the reopened store skips every id the first one handled,
+/// and handles a new message once.
+pub fn durable_dedup_store(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> CaseOutcome {
+    let rig = Rig::new(b, d);
+    if !rig.caps.dedup_store {
+        return CaseOutcome::Skipped(format!(
+            "{} has no durable dedup store (Capabilities::dedup_store)",
+            d.name()
+        ));
+    }
+    let l = rig.label.clone();
+    let broker = rig.start();
+    rig.publish_range(&broker, 0..3);
+    let store = broker
+        .durable_dedup_store("suite-dedup", 100)
+        .unwrap_or_else(|e| panic!("[{l}] open the dedup store: {e}"));
+    let first = Seen::default();
+    let dedup = Arc::new(Deduplicating::with_store(
+        first.handler(),
+        Arc::clone(&store),
+    ));
+    let sub = broker
+        .subscribe_durable(
+            DurableSpec::new(STREAM).name("dedup-first"),
+            Default::default(),
+            Arc::clone(&dedup),
+        )
+        .unwrap();
+    rig.settle(&broker, "the first three handled", || first.len() == 3);
+    rig.settle(&broker, "the first three finished", || {
+        sub.stats().delivered == 3 && sub.outstanding() == 0
+    });
+    assert_eq!(first.payloads(), names(0..3), "[{l}]");
+    assert_eq!(dedup.skipped(), 0, "[{l}]");
+    drop(sub);
+    drop((dedup, store));
+    // R-DEL-5: the ids outlive the broker.
+    let broker = rig.restart(broker);
+    let store = broker
+        .durable_dedup_store("suite-dedup", 100)
+        .unwrap_or_else(|e| panic!("[{l}] reopen the dedup store: {e}"));
+    let second = Seen::default();
+    let dedup = Arc::new(Deduplicating::with_store(
+        second.handler(),
+        Arc::clone(&store),
+    ));
+    let sub = broker
+        .subscribe_durable(
+            DurableSpec::new(STREAM)
+                .name("dedup-second")
+                .start(StartAt::Earliest),
+            Default::default(),
+            Arc::clone(&dedup),
+        )
+        .unwrap();
+    rig.settle(&broker, "the replay skipped", || dedup.skipped() == 3);
+    rig.publish_range(&broker, 3..4);
+    rig.settle(&broker, "the new message handled", || second.len() == 1);
+    rig.settle(&broker, "all four finished", || {
+        sub.stats().delivered == 4 && sub.outstanding() == 0
+    });
+    assert_eq!(second.payloads(), names(3..4), "[{l}]"); // R-DEL-5: none twice
+    assert_eq!(dedup.skipped(), 3, "[{l}]");
+    assert!(sub.stats().is_conserved(), "[{l}]"); // R-DEL-6
+    drop(sub);
+    drop((dedup, store));
+    rig.close_clean(broker);
+    CaseOutcome::Ran
+}
+
 /// Run `case` under `driver` on `durable` and report a skip on stderr (visible with
 /// `--nocapture` and in every failure's output).
 pub fn run(
@@ -1150,4 +1222,5 @@ pub const ALL: &[DurableCase] = &[
     ("delayed_durable_message", delayed_durable_message),
     ("resubscribe_resumes", resubscribe_resumes),
     ("seek_survives_restart", seek_survives_restart),
+    ("durable_dedup_store", durable_dedup_store),
 ];

@@ -20,7 +20,7 @@ use std::collections::HashMap;
 use std::fs::OpenOptions;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -29,6 +29,7 @@ use tidings::{
     Broker, DurableSpec, HandlerError, Message, MessageId, Retry, StreamConfig, SubscribeOptions,
 };
 use tidings_log::testing::TestRng;
+use tidings_testkit::child::TestChild;
 
 const CHILD_ENV: &str = "TIDINGS_EO_CHILD_DIR";
 const TOTAL_ENV: &str = "TIDINGS_EO_CHILD_TOTAL";
@@ -132,34 +133,16 @@ fn pipeline_child() {
     assert!(broker.close(Duration::from_secs(10)).is_clean());
 }
 
-struct Child(std::process::Child);
-
-impl Child {
-    fn spawn(dir: &Path, total: u64, finish: bool) -> Self {
-        let mut cmd = Command::new(std::env::current_exe().expect("test binary"));
-        cmd.args([
-            "--ignored",
-            "--exact",
-            "pipeline_child",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CHILD_ENV, dir)
-        .env(TOTAL_ENV, total.to_string())
-        .stdin(Stdio::null())
-        .stdout(Stdio::null());
-        if finish {
-            cmd.env(FINISH_ENV, "1");
-        }
-        Self(cmd.spawn().expect("start the child"))
+/// A pipeline child: this test binary again, running only `pipeline_child`.
+fn spawn_child(dir: &Path, total: u64, finish: bool) -> TestChild {
+    let mut envs = vec![
+        (CHILD_ENV, dir.display().to_string()),
+        (TOTAL_ENV, total.to_string()),
+    ];
+    if finish {
+        envs.push((FINISH_ENV, "1".to_owned()));
     }
-}
-
-impl Drop for Child {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
+    TestChild::spawn("pipeline_child", envs)
 }
 
 /// What the directory holds, checked: panics on an output stored twice or a committed
@@ -241,23 +224,14 @@ fn a_pipeline_killed_at_random_points_stores_each_output_once() {
         committed: 0,
     };
     for cycle in 0..cycles {
-        let mut child = Child::spawn(dir, total, false);
+        let mut child = spawn_child(dir, total, false);
         // From "still starting" to "deep in the work".
         std::thread::sleep(Duration::from_millis(5 + rng.below(150)));
-        child.0.kill().expect("SIGKILL");
-        child.0.wait().expect("reap");
+        child.kill();
         last = check(dir, cycle);
     }
-    let mut child = Child::spawn(dir, total, true);
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        if let Some(status) = child.0.try_wait().expect("poll") {
-            assert!(status.success(), "the last child failed: {status}");
-            break;
-        }
-        assert!(Instant::now() < deadline, "the last child did not finish");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let mut child = spawn_child(dir, total, true);
+    child.wait_success(PATIENCE);
     let end = check(dir, cycles);
     let dropped = std::fs::read_to_string(dir.join("dropped.log")).unwrap_or_default();
     let dropped_outputs = dropped.lines().filter(|l| *l == "output").count();

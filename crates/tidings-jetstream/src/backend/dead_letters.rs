@@ -31,7 +31,7 @@ use async_nats::HeaderMap;
 use futures_util::StreamExt;
 use tidings::{DeadLetterReason, DurableDeadLetter, Limits, Message, StreamError, StreamErrorKind};
 
-use super::stream::{headers_with_id, publish};
+use super::stream::{create_or_find, headers_with_id, publish};
 use super::{backend_error, nats_name};
 use crate::classify::seam;
 use crate::codec::{self, DLQ_ATTEMPTS, DLQ_ERROR, DLQ_OFFSET, DLQ_REASON, Stored, TARGET};
@@ -161,19 +161,32 @@ impl DeadLetters {
         Ok(())
     }
 
+    /// The replica count of the stream the dead letters come from. That stream was just
+    /// opened by this process, so "not found" is a cluster node that has not applied its
+    /// creation yet (seen with three processes opening a new stream at once): asked again
+    /// for at most a request timeout.
+    async fn parent_replicas(&self) -> Result<usize, StreamError> {
+        let deadline = tokio::time::Instant::now() + self.js.request_timeout();
+        loop {
+            match self.js.context.get_stream(&self.parent).await {
+                Ok(stream) => return Ok(stream.cached_info().config.num_replicas.max(1)),
+                Err(e) => {
+                    let e = seam(format_args!("stream {}", self.parent), e);
+                    if e.kind() != StreamErrorKind::NotFound
+                        || tokio::time::Instant::now() >= deadline
+                    {
+                        return Err(e);
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+
     /// Creates the DLQ stream and the handler-start stream (or finds them), with as many
     /// replicas as their stream: a dead letter is as safe as the message it was (R-DIST-7).
     pub(crate) async fn ensure(&self) -> Result<(), StreamError> {
-        let replicas = self
-            .js
-            .context
-            .get_stream(&self.parent)
-            .await
-            .map_err(|e| seam(format_args!("stream {}", self.parent), e))?
-            .cached_info()
-            .config
-            .num_replicas
-            .max(1);
+        let replicas = self.parent_replicas().await?;
         let config = async_nats::jetstream::stream::Config {
             name: self.stream.clone(),
             subjects: vec![self.subject.clone()],
@@ -181,11 +194,7 @@ impl DeadLetters {
             num_replicas: replicas,
             ..Default::default()
         };
-        self.js
-            .context
-            .get_or_create_stream(config)
-            .await
-            .map_err(|e| seam(format_args!("DLQ stream {}", self.stream), e))?;
+        create_or_find(&self.js, config).await?;
         let starts = async_nats::jetstream::stream::Config {
             name: self.starts.clone(),
             subjects: vec![format!("{}*", self.starts_subject)],
@@ -198,11 +207,7 @@ impl DeadLetters {
             num_replicas: replicas,
             ..Default::default()
         };
-        self.js
-            .context
-            .get_or_create_stream(starts)
-            .await
-            .map_err(|e| seam(format_args!("stream {}", self.starts), e))?;
+        create_or_find(&self.js, starts).await?;
         Ok(())
     }
 

@@ -12,6 +12,7 @@
 //! | message returned unfinished | handed out alone after its handler start is counted durably |
 //! | seek | the consumer is deleted and created again at the new start; sharers rebind |
 //! | close | what was fetched and not finished is nak'ed: redelivered at once, to this name |
+//! | dedup store | a key-value bucket per store, bounded by capacity and age ([`JetStreamDedupStore`](crate::JetStreamDedupStore)) |
 //!
 //! # Subjects
 //! A stream holds exactly what its patterns match (R-RT-1, R-LOG-5), whatever else travels
@@ -82,6 +83,7 @@
 
 mod cursor;
 mod dead_letters;
+pub(crate) mod dedup;
 mod keep_alive;
 pub(crate) use crate::connection::runtime;
 mod stream;
@@ -105,12 +107,12 @@ use runtime::Runtime;
 /// The name this backend reports in errors and snapshots.
 pub const BACKEND_NAME: &str = "jetstream";
 
-/// What this backend can do: no priority, no durable dedup store, stored messages stamped
-/// with the server's clock (no replay on a manual clock), each message acknowledged on its
-/// own (no low-watermark commit), offsets from 1.
+/// What this backend can do: no priority, stored messages stamped with the server's clock
+/// (no replay on a manual clock), each message acknowledged on its own (no low-watermark
+/// commit), offsets from 1. Durable dedup stores are shared by every process
+/// ([`JetStreamDedupStore`](crate::JetStreamDedupStore)).
 pub const CAPABILITIES: Capabilities = Capabilities::all()
     .without_priority()
-    .without_dedup_store()
     .without_manual_time()
     .without_contiguous_commit()
     .first_offset(1);
@@ -126,6 +128,8 @@ pub(crate) struct Settings {
     pub(crate) max_deliveries: u32,
     pub(crate) inactive_threshold: Duration,
     pub(crate) limits: Limits,
+    pub(crate) dedup_max_age: Duration,
+    pub(crate) dedup_replicas: usize,
 }
 
 /// What every stream and cursor of one backend share.
@@ -285,6 +289,24 @@ impl JetStreamBackendBuilder {
         self
     }
 
+    /// How long a dedup store opened through this backend remembers an id (default
+    /// [`DEFAULT_DEDUP_MAX_AGE`](crate::DEFAULT_DEDUP_MAX_AGE); zero means "no age limit":
+    /// only the capacity bounds it). Reopening a store with another age is
+    /// [`StreamError::ConfigMismatch`].
+    pub fn dedup_max_age(mut self, age: Duration) -> Self {
+        self.settings.dedup_max_age = age;
+        self
+    }
+
+    /// How many copies of each dedup store a cluster keeps (default 1, 0 counts as 1, at
+    /// most 5: the server's limit; a count the cluster cannot place is refused when the
+    /// store is opened). Reopening a store with another count is
+    /// [`StreamError::ConfigMismatch`].
+    pub fn dedup_replicas(mut self, replicas: usize) -> Self {
+        self.settings.dedup_replicas = replicas.max(1);
+        self
+    }
+
     /// The backend on `connection` (share it with a [`NatsTransport`](crate::NatsTransport)
     /// built from the same one).
     pub fn build(self, connection: &NatsConnection) -> JetStreamBackend {
@@ -345,6 +367,8 @@ impl JetStreamBackend {
                 max_deliveries: DEFAULT_MAX_DELIVERIES,
                 inactive_threshold: DEFAULT_INACTIVE_THRESHOLD,
                 limits: Limits::default(),
+                dedup_max_age: dedup::DEFAULT_DEDUP_MAX_AGE,
+                dedup_replicas: 1,
             },
         }
     }
@@ -360,6 +384,28 @@ impl JetStreamBackend {
     /// As [`JetStreamBackendBuilder::connect`].
     pub fn connect(options: ConnectOptions) -> Result<Self, ConnectError> {
         Self::builder().connect(options)
+    }
+
+    /// Opens (or creates) the dedup store `name`, shared by every process that opens it on
+    /// this server or cluster, remembering the `capacity` most recent ids (at least 1) for
+    /// at most [`JetStreamBackendBuilder::dedup_max_age`]. The same store as
+    /// [`Broker::durable_dedup_store`](tidings::Broker::durable_dedup_store), with its
+    /// failure counters. See [`JetStreamDedupStore`](crate::JetStreamDedupStore).
+    ///
+    /// # Errors
+    /// A bad name ([`StreamError::InvalidName`]), the store existing with another capacity,
+    /// age or replica count ([`StreamError::ConfigMismatch`]), or the server refused or did
+    /// not answer ([`StreamError::Backend`]).
+    pub fn jetstream_dedup_store(
+        &self,
+        name: &str,
+        capacity: usize,
+    ) -> Result<Arc<dedup::JetStreamDedupStore>, StreamError> {
+        Ok(Arc::new(dedup::JetStreamDedupStore::open(
+            Arc::clone(&self.shared),
+            name,
+            capacity,
+        )?))
     }
 
     /// Deletes the JetStream stream behind the tidings stream `name`, and the DLQ streams
@@ -406,6 +452,14 @@ impl DurableBackend for JetStreamBackend {
             config,
             patterns,
         )?))
+    }
+
+    fn dedup_store(
+        &self,
+        name: &str,
+        capacity: usize,
+    ) -> Result<Arc<dyn tidings::DedupStore>, StreamError> {
+        Ok(self.jetstream_dedup_store(name, capacity)?)
     }
 
     fn appends_published_on(&self) -> Option<ConnectionId> {

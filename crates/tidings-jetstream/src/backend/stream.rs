@@ -16,15 +16,15 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, SystemTime};
 
 use async_nats::HeaderMap;
-use async_nats::jetstream::context::GetStreamErrorKind;
+use async_nats::jetstream::context::{CreateStreamErrorKind, GetStreamErrorKind};
 use async_nats::jetstream::{ErrorCode, stream as js_stream};
 use tidings::StorageInfo;
 use tidings::durable::{Appended, BackendCursor, BackendStream, CursorSpec};
-use tidings::{Message, Pattern, Retention, StartAt, StreamConfig, StreamError};
+use tidings::{Message, Pattern, Retention, StartAt, StreamConfig, StreamError, StreamErrorKind};
 
 use super::cursor::{CursorShared, JsCursor};
 use super::{Shared, check_name, nats_name, subject_prefix};
-use crate::classify::seam;
+use crate::classify::{Classify, seam};
 use crate::codec::{self, Stored};
 use crate::connect::JetStream;
 use crate::stream_spec::{StreamSpec, StreamState, verify_answer};
@@ -123,6 +123,37 @@ pub(crate) async fn publish_acked(
     } else {
         Appended::stored(ack.sequence)
     })
+}
+
+/// Creates the JetStream stream `config` describes, or finds it: create first, because on a
+/// cluster the server may leave a lookup unanswered (until the request times out) while
+/// another client creates the same stream, whereas it answers a create at once: with the
+/// stream when it exists with these settings, `STREAM_NAME_EXIST` when with others (then
+/// the existing one is read and returned as it is; the caller compares what it needs).
+pub(crate) async fn create_or_find(
+    js: &JetStream,
+    config: js_stream::Config,
+) -> Result<js_stream::Info, StreamError> {
+    let name = config.name.clone();
+    match js.context.create_stream(config).await {
+        Ok(created) => Ok(created.cached_info().clone()),
+        Err(e)
+            if matches!(e.kind(), CreateStreamErrorKind::JetStream(err)
+                if err.error_code() == ErrorCode::STREAM_NAME_EXIST) =>
+        {
+            let mut existing = js
+                .context
+                .get_stream(&name)
+                .await
+                .map_err(|e| seam(format_args!("stream {name}"), e))?;
+            let info = existing
+                .info()
+                .await
+                .map_err(|e| seam(format_args!("stream {name}"), e))?;
+            Ok(info.clone())
+        }
+        Err(e) => Err(seam(format_args!("creating stream {name}"), e)),
+    }
 }
 
 /// The headers of `m` plus its `Nats-Msg-Id`.
@@ -422,9 +453,13 @@ async fn open_or_create(
             let info = info.clone();
             check_existing(js, stream, &config, info).await
         }
+        // Not there, or no answer: on a cluster the server may leave a lookup unanswered
+        // while another client creates the stream, so a lookup that timed out goes on to
+        // create too (the create of an existing stream is answered at once, and compared).
         Err(e)
             if matches!(e.kind(), GetStreamErrorKind::JetStream(err)
-            if err.error_code() == ErrorCode::STREAM_NOT_FOUND) =>
+            if err.error_code() == ErrorCode::STREAM_NOT_FOUND)
+                || e.class().0 == StreamErrorKind::TimedOut =>
         {
             match js.context.create_stream(config.clone()).await {
                 Ok(created) => {
@@ -436,7 +471,7 @@ async fn open_or_create(
                 // Another process created it meanwhile: compare with what it made.
                 Err(e) => {
                     let raced = matches!(e.kind(),
-                        async_nats::jetstream::context::CreateStreamErrorKind::JetStream(err)
+                        CreateStreamErrorKind::JetStream(err)
                             if err.error_code() == ErrorCode::STREAM_NAME_EXIST);
                     if !raced {
                         return Err(seam(format_args!("creating stream {nats}"), e));

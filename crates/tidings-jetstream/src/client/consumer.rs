@@ -29,6 +29,7 @@ use std::time::Duration;
 
 use async_nats::jetstream::ErrorCode;
 use async_nats::jetstream::consumer::{self, AckPolicy, DeliverPolicy, pull};
+use async_nats::jetstream::stream::{ConsumerCreateStrictError, ConsumerCreateStrictErrorKind};
 use tidings::{Pattern, StartAt, StreamErrorKind};
 
 use super::consumer_settings::ConsumerSettings;
@@ -274,6 +275,36 @@ pub(crate) fn map_consumer_error(
     }
 }
 
+/// A failed strict create as a [`ConsumerError`], by its kind.
+fn map_create_error(
+    js: &JetStream,
+    spec: &ConsumerSpec,
+    e: &ConsumerCreateStrictError,
+) -> ConsumerError {
+    match e.kind() {
+        ConsumerCreateStrictErrorKind::JetStream(err)
+            if err.error_code() == ErrorCode::STREAM_NOT_FOUND =>
+        {
+            ConsumerError::StreamNotFound {
+                stream: spec.stream.clone(),
+            }
+        }
+        _ => match e.class() {
+            (StreamErrorKind::TimedOut, _) => ConsumerError::TimedOut {
+                after: js.request_timeout,
+            },
+            (StreamErrorKind::Unavailable, _) => ConsumerError::Unavailable {
+                detail: e.to_string(),
+            },
+            (_, code) => ConsumerError::Refused {
+                durable: spec.durable.clone(),
+                detail: e.to_string(),
+                code,
+            },
+        },
+    }
+}
+
 impl JetStream {
     /// Opens the durable consumer `spec` describes, creating it when it does not exist
     /// (starting at [`ConsumerSpec::start`]) and updating its settings when it does (its
@@ -285,25 +316,47 @@ impl JetStream {
     /// refused, or no answer in time.
     pub async fn durable(&self, spec: ConsumerSpec) -> Result<Durable, ConsumerError> {
         spec.validate()?;
-        let existing: Option<consumer::PullConsumer> = match self
+        // Create first: the server answers a create with the settings of an existing
+        // consumer at once, while on a cluster it may leave a lookup unanswered (until the
+        // request times out) as long as another client is creating the same consumer, so
+        // several processes opening one new durable at the same moment all succeed.
+        let created = self
             .context
-            .get_consumer_from_stream(&spec.durable, &spec.stream)
+            .create_consumer_strict_on_stream(
+                spec.to_config(deliver_policy(&spec.start)?),
+                &spec.stream,
+            )
+            .await;
+        let refused = match created {
+            Ok(consumer) => return self.bind(spec, consumer),
+            Err(e) => e,
+        };
+        // Only the server saying no (it exists with other settings, typically) goes on to
+        // the existing consumer; a timeout or a connection failure is the answer.
+        if !matches!(
+            refused.kind(),
+            ConsumerCreateStrictErrorKind::JetStream(_)
+                | ConsumerCreateStrictErrorKind::AlreadyExists
+        ) {
+            return Err(map_create_error(self, &spec, &refused));
+        }
+        let existing = match self
+            .context
+            .get_consumer_from_stream::<pull::Config, _, _>(&spec.durable, &spec.stream)
             .await
         {
-            Ok(c) => Some(c),
-            Err(e) => match e.kind() {
-                async_nats::jetstream::stream::ConsumerErrorKind::JetStream(err)
-                    if err.error_code() == ErrorCode::CONSUMER_NOT_FOUND =>
-                {
-                    None
-                }
-                _ => return Err(map_consumer_error(self, &spec, &e)),
-            },
+            Ok(c) => c,
+            // Not there after all: the refusal was about the settings themselves.
+            Err(e)
+                if matches!(e.kind(), async_nats::jetstream::stream::ConsumerErrorKind::JetStream(err)
+                    if err.error_code() == ErrorCode::CONSUMER_NOT_FOUND) =>
+            {
+                return Err(map_create_error(self, &spec, &refused));
+            }
+            Err(e) => return Err(map_consumer_error(self, &spec, &e)),
         };
-        let policy = match &existing {
-            Some(c) => c.cached_info().config.deliver_policy,
-            None => deliver_policy(&spec.start)?,
-        };
+        // It exists: its position is kept (its start policy), its settings updated.
+        let policy = existing.cached_info().config.deliver_policy;
         self.open(spec, policy).await
     }
 
@@ -317,6 +370,15 @@ impl JetStream {
             .create_consumer_on_stream(spec.to_config(policy), &spec.stream)
             .await
             .map_err(|e| map_consumer_error(self, &spec, &e))?;
+        self.bind(spec, consumer)
+    }
+
+    /// The opened `consumer`, its settings as the server answered them verified (R-DIST-4).
+    fn bind(
+        &self,
+        spec: ConsumerSpec,
+        consumer: consumer::PullConsumer,
+    ) -> Result<Durable, ConsumerError> {
         let answered = ConsumerSettings::from_config(&consumer.cached_info().config);
         spec.settings().verify(&answered)?;
         Ok(Durable {

@@ -11,7 +11,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -19,6 +19,7 @@ use tidings::{
     Broker, DurableSpec, DurableSubscription, Handler, Message, MessageId, StreamConfig,
     SubscribeOptions,
 };
+use tidings_testkit::child::TestChild;
 
 /// Set in the child: the role.
 pub const ROLE_ENV: &str = "TIDINGS_SQL_KILL_ROLE";
@@ -171,16 +172,6 @@ pub trait Ledger {
     fn processed(&self) -> BTreeSet<String>;
 }
 
-/// Kills the child if the parent panics.
-struct KillOnDrop(Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// What the kill loop saw.
 #[derive(Debug, Default)]
 pub struct KillReport {
@@ -223,8 +214,9 @@ pub fn kill_loop(
             .stderr(Stdio::null())
             .spawn()
             .expect("spawn the child");
-        let mut child = KillOnDrop(child);
-        let stdout = child.0.stdout.take().expect("stdout");
+        // Killed and reaped on drop, also when the parent panics.
+        let mut child = TestChild::adopt(child);
+        let stdout = child.take_stdout().expect("stdout");
         let (tx, rx) = mpsc::channel::<String>();
         let reader = std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines() {
@@ -252,8 +244,7 @@ pub fn kill_loop(
             }
             std::thread::sleep(Duration::from_micros(1_000 + rng.below(80_000)));
         }
-        child.0.kill().expect("SIGKILL");
-        child.0.wait().expect("wait");
+        child.kill();
         drop(child);
         reader.join().expect("reader");
         lines.extend(rx.try_iter());

@@ -207,6 +207,24 @@ impl NatsCluster {
         }
     }
 
+    /// The names of the clients connected to node `i` now (the `name` each gave when it
+    /// connected; unnamed clients are left out), read from its monitoring endpoint
+    /// (`/connz`). Empty when the node is not running or does not answer. A test uses it to
+    /// check which node a client (another process, say) is connected to.
+    #[must_use]
+    pub fn client_names(&self, i: usize) -> Vec<String> {
+        let Some(connz) = self.nodes[i].monitor("/connz?limit=100000") else {
+            return Vec::new();
+        };
+        connz["connections"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|c| c["name"].as_str().filter(|n| !n.is_empty()))
+            .map(str::to_owned)
+            .collect()
+    }
+
     /// Asks every running node about its streams; the first leader `pick` finds.
     fn leader_of(&self, pick: impl Fn(&serde_json::Value) -> Option<String>) -> Option<usize> {
         for node in self.nodes.iter().filter(|n| n.is_running()) {
