@@ -50,8 +50,8 @@ use client::{consumer, stream_spec};
 use connection::connect;
 
 pub use backend::{
-    BACKEND_NAME, CAPABILITIES, DEFAULT_MAX_DELIVERIES, JetStreamBackend, JetStreamBackendBuilder,
-    MAX_NAME_BYTES, record_subject,
+    BACKEND_NAME, CAPABILITIES, DEFAULT_KEY_PARTITIONS, DEFAULT_MAX_DELIVERIES, JetStreamBackend,
+    JetStreamBackendBuilder, MAX_KEY_PARTITIONS, MAX_NAME_BYTES, key_partition, record_subject,
 };
 pub use client::consumer::{ConsumerSpec, DEFAULT_ACK_WAIT, DEFAULT_INACTIVE_THRESHOLD};
 pub use client::consumer_settings::ConsumerSettings;
