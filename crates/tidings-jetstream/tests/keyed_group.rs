@@ -163,17 +163,7 @@ fn wait_ready(dir: &Path, names: &[&str]) {
 /// Publishes `keys` × `per_key` messages, `k<key>:<seq>`, key by key within each
 /// sequence number (each publish waits for the server).
 fn publish(broker: &Broker, keys: u32, per_key: u32) {
-    for seq in 0..per_key {
-        for key in 0..keys {
-            broker
-                .publish(
-                    MessageBuilder::new("orders.placed")
-                        .key(format!("k{key}"))
-                        .payload(format!("k{key}:{seq}")),
-                )
-                .expect("publish");
-        }
-    }
+    publish_range(broker, keys, 0..per_key);
 }
 
 /// One line of the shared log.
@@ -511,22 +501,38 @@ fn three_processes_keep_per_key_order_through_a_sigkill_and_a_replacement() {
     );
 }
 
+/// Publishes `keys` × sequence numbers `seqs`, as [`publish`].
+fn publish_range(broker: &Broker, keys: u32, seqs: std::ops::Range<u32>) {
+    for seq in seqs {
+        for key in 0..keys {
+            broker
+                .publish(
+                    MessageBuilder::new("orders.placed")
+                        .key(format!("k{key}"))
+                        .payload(format!("k{key}:{seq}")),
+                )
+                .expect("publish");
+        }
+    }
+}
+
 /// R-DIST-6: a process stopped (SIGSTOP) longer than the ack wait loses its keys; when it
-/// resumes it starts nothing stale, and order holds.
+/// resumes it starts nothing stale, takes keys again, and order holds.
 #[test]
 fn a_paused_process_loses_its_keys_and_starts_nothing_stale_when_it_resumes() {
     let Some(s) = Setup::new("keyed-pause") else {
         return;
     };
-    let (keys, per_key) = (32, 60);
+    let (keys, per_key) = (32, 90);
     let total = (keys * per_key) as usize;
+    let third = per_key / 3;
     let a = s.spawn("A");
     let b = s.spawn("B");
     wait_ready(s.dir(), &["A", "B"]);
     // A first batch spreads the keys.
-    publish(&s.publisher, keys, per_key / 3);
+    publish_range(&s.publisher, keys, 0..third);
     child::wait_until("the first batch handled", PATIENCE, || {
-        successes(&s.log) >= total / 3
+        successes(&s.log) >= (keys * third) as usize
     });
     let lines = read_log(&s.log);
     let a_keys: BTreeSet<String> = lines
@@ -537,30 +543,24 @@ fn a_paused_process_loses_its_keys_and_starts_nothing_stale_when_it_resumes() {
     assert!(!a_keys.is_empty(), "A took keys");
     a.pause(true);
     let paused_at = s.lines();
-    let log = s.log.clone();
-    std::thread::scope(|scope| {
-        let publisher = scope.spawn(|| {
-            for seq in per_key / 3..per_key {
-                for key in 0..keys {
-                    s.publisher
-                        .publish(
-                            MessageBuilder::new("orders.placed")
-                                .key(format!("k{key}"))
-                                .payload(format!("k{key}:{seq}")),
-                        )
-                        .expect("publish");
-                }
-            }
-        });
-        child::wait_until("B handled one of A's keys", PATIENCE, || {
-            read_log(&log)[paused_at..]
-                .iter()
-                .any(|l| l.who == "B" && l.kind == 'D' && a_keys.contains(&l.key))
-        });
-        a.pause(false);
-        publisher.join().expect("publisher");
+    // While A is stopped: its keys wait until its leases expire, then move to B.
+    publish_range(&s.publisher, keys, third..2 * third);
+    child::wait_until("B handled one of A's keys", PATIENCE, || {
+        read_log(&s.log)[paused_at..]
+            .iter()
+            .any(|l| l.who == "B" && l.kind == 'D' && a_keys.contains(&l.key))
     });
+    a.pause(false);
     let resumed_at = s.lines();
+    // After the resume A rejoins and takes keys back from B (a clean hand-over).
+    let log = s.log.clone();
+    child::wait_until("A started a message again", PATIENCE, || {
+        read_log(&log)[resumed_at..]
+            .iter()
+            .any(|l| l.who == "A" && l.kind == 'S')
+            || successes(&log) >= (keys * 2 * third) as usize
+    });
+    publish_range(&s.publisher, keys, 2 * third..per_key);
     s.wait_all_handled(total);
     let mut children = vec![a, b];
     s.stop(&mut children);
@@ -570,13 +570,13 @@ fn a_paused_process_loses_its_keys_and_starts_nothing_stale_when_it_resumes() {
         (resumed_at, Mark::Resumed("A".into())),
     ];
     let v = check(&lines, &marks, keys, per_key);
-    report(
-        "pause",
-        &v,
-        &spread(&lines[..paused_at]),
-        &spread(&lines[resumed_at..]),
-    );
+    let after = spread(&lines[resumed_at..]);
+    report("pause", &v, &spread(&lines[..paused_at]), &after);
     assert!(v.clean(), "per-key order broke: {v:#?}");
+    assert!(
+        after.contains_key("A"),
+        "A took keys again after its resume: {after:?}"
+    );
 }
 
 /// R-DIST-6: a process joining mid-run takes keys from the others; order holds.

@@ -182,6 +182,7 @@ fn score(member: &str, p: u32) -> u64 {
 }
 
 /// The round task of member `me` (see the module docs): runs until aborted.
+#[derive(Clone)]
 pub(crate) struct Rounds {
     pub(crate) store: kv::Store,
     pub(crate) leases: Arc<Leases>,
@@ -209,7 +210,7 @@ impl Rounds {
     }
 
     /// One round; whether a lease changed.
-    async fn round(&self) -> bool {
+    pub(crate) async fn round(&self) -> bool {
         let member_key = format!("m.{}", self.me);
         if self
             .store

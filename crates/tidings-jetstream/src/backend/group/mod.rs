@@ -135,12 +135,13 @@ pub(crate) struct GroupCursor {
     closed: AtomicBool,
     rotate: AtomicUsize,
     /// The combined positions, read at most every [`POSITIONS_TTL`].
-    positions: Mutex<Option<(Instant, CursorState)>>,
+    positions: Mutex<Option<(Instant, u64, CursorState)>>,
     /// The last partition failure, shown in the state.
     error: Mutex<Option<String>>,
 }
 
-/// How long the combined positions of the group's consumers answer `state`.
+/// How long the combined positions of the group's consumers answer `state` while this
+/// process changed nothing (as each consumer's own cache).
 const POSITIONS_TTL: Duration = Duration::from_millis(200);
 
 impl GroupCursor {
@@ -209,7 +210,17 @@ impl GroupCursor {
             lease: lease_time,
             waker: spec.waker.clone(),
         };
+        // The first round before anything is fetched: a lone member holds every partition
+        // from its first fetch on (a manual driver steps the feeder only when told).
+        let first = shared.call(shared.bound(2 + 2 * partitions), {
+            let rounds = rounds.clone();
+            async move {
+                rounds.round().await;
+                Ok(())
+            }
+        });
         let task = shared.rt.spawn(rounds.run());
+        first?;
         Ok(Self {
             gate: Arc::new(Gate {
                 track: Arc::clone(&track),
@@ -327,9 +338,10 @@ impl GroupCursor {
         )
     }
 
-    fn combined_positions(&self, fresh: bool) -> CursorState {
-        if !fresh
-            && let Some((at, s)) = &*lock(&self.positions)
+    fn combined_positions(&self) -> CursorState {
+        let changes = self.shared.changes();
+        if let Some((at, seen, s)) = &*lock(&self.positions)
+            && *seen == changes
             && at.elapsed() < POSITIONS_TTL
         {
             return s.clone();
@@ -347,7 +359,7 @@ impl GroupCursor {
                 }
             }
         }
-        *lock(&self.positions) = Some((Instant::now(), s.clone()));
+        *lock(&self.positions) = Some((Instant::now(), changes, s.clone()));
         s
     }
 }
@@ -508,7 +520,7 @@ impl BackendCursor for GroupCursor {
             // still be followed then.
             self.reconcile();
         }
-        let mut s = self.combined_positions(false);
+        let mut s = self.combined_positions();
         let unkeyed = self.unkeyed.state();
         s.outstanding = unkeyed.outstanding + lock(&self.track).tracked.len();
         if s.error.is_none() {
