@@ -160,12 +160,6 @@ fn wait_ready(dir: &Path, names: &[&str]) {
     });
 }
 
-/// Publishes `keys` × `per_key` messages, `k<key>:<seq>`, key by key within each
-/// sequence number (each publish waits for the server).
-fn publish(broker: &Broker, keys: u32, per_key: u32) {
-    publish_range(broker, keys, 0..per_key);
-}
-
 /// One line of the shared log.
 #[derive(Debug, Clone)]
 struct Line {
@@ -466,13 +460,16 @@ fn three_processes_keep_per_key_order_through_a_sigkill_and_a_replacement() {
     };
     let (keys, per_key) = (64, 100);
     let total = (keys * per_key) as usize;
+    // A backlog first: the processes fetch in batches, so without a keyed group each
+    // would hold messages of every key at once.
+    publish_range(&s.publisher, keys, 0..per_key / 2);
     let mut a = s.spawn("A");
     let b = s.spawn("B");
     let c = s.spawn("C");
     wait_ready(s.dir(), &["A", "B", "C"]);
     let log = s.log.clone();
     let publishing = std::thread::scope(|scope| {
-        let publisher = scope.spawn(|| publish(&s.publisher, keys, per_key));
+        let publisher = scope.spawn(|| publish_range(&s.publisher, keys, per_key / 2..per_key));
         child::wait_until("a third handled", PATIENCE, || successes(&log) >= total / 3);
         a.kill();
         let killed_at = s.lines();
@@ -501,7 +498,8 @@ fn three_processes_keep_per_key_order_through_a_sigkill_and_a_replacement() {
     );
 }
 
-/// Publishes `keys` × sequence numbers `seqs`, as [`publish`].
+/// Publishes `keys` × sequence numbers `seqs`, messages `k<key>:<seq>`, key by key within
+/// each sequence number (each publish waits for the server).
 fn publish_range(broker: &Broker, keys: u32, seqs: std::ops::Range<u32>) {
     for seq in seqs {
         for key in 0..keys {
@@ -526,13 +524,15 @@ fn a_paused_process_loses_its_keys_and_starts_nothing_stale_when_it_resumes() {
     let (keys, per_key) = (32, 90);
     let total = (keys * per_key) as usize;
     let third = per_key / 3;
+    // A first batch, as a backlog, spreads the keys.
+    publish_range(&s.publisher, keys, 0..third);
     let a = s.spawn("A");
     let b = s.spawn("B");
     wait_ready(s.dir(), &["A", "B"]);
-    // A first batch spreads the keys.
-    publish_range(&s.publisher, keys, 0..third);
-    child::wait_until("the first batch handled", PATIENCE, || {
-        successes(&s.log) >= (keys * third) as usize
+    // Stopped while busy: it holds queued messages of its keys, which it must never start
+    // after the resume (another process handled them meanwhile).
+    child::wait_until("half the first batch handled", PATIENCE, || {
+        successes(&s.log) >= (keys * third / 2) as usize
     });
     let lines = read_log(&s.log);
     let a_keys: BTreeSet<String> = lines
@@ -552,15 +552,16 @@ fn a_paused_process_loses_its_keys_and_starts_nothing_stale_when_it_resumes() {
     });
     a.pause(false);
     let resumed_at = s.lines();
-    // After the resume A rejoins and takes keys back from B (a clean hand-over).
-    let log = s.log.clone();
-    child::wait_until("A started a message again", PATIENCE, || {
-        read_log(&log)[resumed_at..]
-            .iter()
-            .any(|l| l.who == "A" && l.kind == 'S')
-            || successes(&log) >= (keys * 2 * third) as usize
+    // After the resume A rejoins and takes keys back from B (a clean hand-over): the last
+    // batch comes slowly enough for that (a sequence number every 100 ms).
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            for seq in 2 * third..per_key {
+                publish_range(&s.publisher, keys, seq..seq + 1);
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        });
     });
-    publish_range(&s.publisher, keys, 2 * third..per_key);
     s.wait_all_handled(total);
     let mut children = vec![a, b];
     s.stop(&mut children);
@@ -572,11 +573,13 @@ fn a_paused_process_loses_its_keys_and_starts_nothing_stale_when_it_resumes() {
     let v = check(&lines, &marks, keys, per_key);
     let after = spread(&lines[resumed_at..]);
     report("pause", &v, &spread(&lines[..paused_at]), &after);
+    let a_after = lines[resumed_at..]
+        .iter()
+        .filter(|l| l.who == "A" && l.kind == 'S')
+        .count();
+    eprintln!("pause: A started {a_after} handlers after its resume");
     assert!(v.clean(), "per-key order broke: {v:#?}");
-    assert!(
-        after.contains_key("A"),
-        "A took keys again after its resume: {after:?}"
-    );
+    assert!(a_after > 0, "A took keys again after its resume");
 }
 
 /// R-DIST-6: a process joining mid-run takes keys from the others; order holds.
@@ -587,12 +590,13 @@ fn a_process_joining_mid_run_takes_keys_and_order_holds() {
     };
     let (keys, per_key) = (64, 60);
     let total = (keys * per_key) as usize;
+    publish_range(&s.publisher, keys, 0..per_key / 2);
     let a = s.spawn("A");
     let b = s.spawn("B");
     wait_ready(s.dir(), &["A", "B"]);
     let log = s.log.clone();
     let (joined_at, c) = std::thread::scope(|scope| {
-        let publisher = scope.spawn(|| publish(&s.publisher, keys, per_key));
+        let publisher = scope.spawn(|| publish_range(&s.publisher, keys, per_key / 2..per_key));
         child::wait_until("a quarter handled", PATIENCE, || {
             successes(&log) >= total / 4
         });
