@@ -454,6 +454,9 @@ impl BackendCursor for GroupCursor {
     }
 
     fn finish(&self, done: &[Finished]) -> Result<(), StreamError> {
+        // Not while a reconcile runs: a hand-over that saw these handlers done must not
+        // give their messages back (nak) before they are acknowledged here.
+        let _step = lock(&self.step);
         let mut by_partition: HashMap<u32, Vec<Finished>> = HashMap::new();
         let mut plain = Vec::new();
         {
