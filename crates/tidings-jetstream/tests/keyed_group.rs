@@ -86,7 +86,7 @@ impl Dice {
         x ^= x >> 7;
         x ^= x << 17;
         self.0.store(x, std::sync::atomic::Ordering::Relaxed);
-        x % 8 == 0
+        x.is_multiple_of(8)
     }
 }
 

@@ -48,11 +48,16 @@ pub(crate) struct Held {
     handing: bool,
     /// The partition's messages were given back (the hand-over's last step here).
     handed_back: bool,
+    /// Which taking of the partition this is (renewals keep it): messages fetched under
+    /// an earlier one are stale.
+    term: u64,
 }
 
 /// The leases of one member, shared by the round task and the cursor.
 pub(crate) struct Leases {
     parts: Mutex<Vec<Option<Held>>>,
+    /// The last term given out.
+    terms: std::sync::atomic::AtomicU64,
 }
 
 /// What the cursor may do with one partition now.
@@ -70,6 +75,7 @@ impl Leases {
     pub(crate) fn new(partitions: u32) -> Arc<Self> {
         Arc::new(Self {
             parts: Mutex::new(vec![None; partitions as usize]),
+            terms: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -79,25 +85,25 @@ impl Leases {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Partition `p`'s standing now.
-    pub(crate) fn standing(&self, p: u32) -> Standing {
+    /// Partition `p`'s standing now, and the term of its lease.
+    pub(crate) fn standing(&self, p: u32) -> (Standing, u64) {
         let parts = self.lock();
         match parts.get(p as usize).copied().flatten() {
             Some(h) if Instant::now() < h.valid_until => {
                 if h.handing {
-                    Standing::Handing
+                    (Standing::Handing, h.term)
                 } else {
-                    Standing::Active
+                    (Standing::Active, h.term)
                 }
             }
-            _ => Standing::None,
+            _ => (Standing::None, 0),
         }
     }
 
-    /// Whether a handler may start on partition `p`'s messages now (and its cursor pull
-    /// and send keep-alives).
-    pub(crate) fn admits(&self, p: u32) -> bool {
-        self.standing(p) == Standing::Active
+    /// Whether a handler may start on partition `p`'s messages fetched under lease term
+    /// `term` now (and its cursor pull and send keep-alives).
+    pub(crate) fn admits(&self, p: u32, term: u64) -> bool {
+        self.standing(p) == (Standing::Active, term)
     }
 
     /// The cursor gave partition `p`'s messages back: the round marks it free.
@@ -259,7 +265,7 @@ impl Rounds {
                 members.push(m.to_owned());
             }
         }
-        if !members.iter().any(|m| *m == self.me) {
+        if !members.contains(&self.me) {
             members.push(self.me.clone());
         }
         Some(members)
@@ -328,11 +334,17 @@ impl Rounds {
         let Some(revision) = taken else {
             return false;
         };
+        let term = self
+            .leases
+            .terms
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            + 1;
         self.leases.lock()[p as usize] = Some(Held {
             revision,
             valid_until: self.valid_from(sent),
             handing: false,
             handed_back: false,
+            term,
         });
         true
     }

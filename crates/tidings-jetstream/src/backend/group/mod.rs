@@ -51,7 +51,7 @@ struct Tracked {
     /// Held so its address is not reused while tracked.
     _message: Arc<Message>,
     partition: u32,
-    /// The partition cursor that handed it out.
+    /// The lease term of the partition cursor that handed it out.
     epoch: u64,
     /// A handler attempt was admitted.
     started: bool,
@@ -61,9 +61,8 @@ struct Tracked {
 struct Track {
     /// By the address of the allocation handed out.
     tracked: HashMap<usize, Tracked>,
-    /// Per partition: the open cursor's epoch (0: none open).
+    /// Per partition: the lease term its open cursor was opened under (0: none open).
     epochs: Vec<u64>,
-    next_epoch: u64,
 }
 
 fn address(m: &Arc<Message>) -> usize {
@@ -89,7 +88,7 @@ impl StartGate for Gate {
             return true;
         };
         let (p, epoch) = (t.partition, t.epoch);
-        if track.epochs[p as usize] == epoch && self.leases.admits(p) {
+        if track.epochs[p as usize] == epoch && self.leases.admits(p, epoch) {
             if let Some(t) = track.tracked.get_mut(&key) {
                 t.started = true;
             }
@@ -200,7 +199,6 @@ impl GroupCursor {
         let track = Arc::new(Mutex::new(Track {
             tracked: HashMap::new(),
             epochs: vec![0; partitions as usize],
-            next_epoch: 1,
         }));
         let rounds = Rounds {
             store: store.clone(),
@@ -276,17 +274,25 @@ impl GroupCursor {
     /// Brings the partition cursors in line with the leases (under the step lock).
     fn reconcile(&self) {
         for p in 0..self.partitions {
-            let standing = self.leases.standing(p);
-            let open = self.part(p);
+            let (standing, term) = self.leases.standing(p);
+            let mut open = self.part(p);
+            let open_term = lock(&self.track).epochs[p as usize];
+            if let Some(c) = open.as_ref()
+                && standing == Standing::Active
+                && open_term != term
+            {
+                // Lapsed and taken again since (a pause): what the old cursor handed out
+                // is stale, and what it held is another's or back on the server.
+                self.close_partition(p);
+                c.abandon();
+                open = None;
+            }
             match (standing, open) {
                 (Standing::Active, None) => {
                     lock(&self.handing_since)[p as usize] = None;
-                    match self.open_partition(p) {
+                    match self.open_partition(p, term) {
                         Ok(c) => {
-                            let mut track = lock(&self.track);
-                            let epoch = track.next_epoch;
-                            track.next_epoch += 1;
-                            track.epochs[p as usize] = epoch;
+                            lock(&self.track).epochs[p as usize] = term;
                             lock(&self.parts)[p as usize] = Some(Arc::new(c));
                         }
                         Err(e) => *lock(&self.error) = Some(e.to_string()),
@@ -317,7 +323,7 @@ impl GroupCursor {
         lock(&self.parts)[p as usize] = None;
     }
 
-    fn open_partition(&self, p: u32) -> Result<PartitionCursor, StreamError> {
+    fn open_partition(&self, p: u32, term: u64) -> Result<PartitionCursor, StreamError> {
         let o = &self.opening;
         let spec = CursorSpec::new(&o.name, &o.filter, o.start, o.window, o.waker.clone());
         let cspec = partition_spec(&self.shared, &self.stream, &spec, p);
@@ -334,7 +340,7 @@ impl GroupCursor {
         PartitionCursor::new(
             inner,
             self.shared.settings.ack_wait,
-            Arc::new(move || leases.admits(p)),
+            Arc::new(move || leases.admits(p, term)),
         )
     }
 
@@ -406,13 +412,13 @@ impl BackendCursor for GroupCursor {
                 break;
             }
             let p = u32::try_from((first + i) % self.partitions as usize).unwrap_or(0);
-            if !self.leases.admits(p) {
+            let epoch = lock(&self.track).epochs[p as usize];
+            if !self.leases.admits(p, epoch) {
                 continue;
             }
             let Some(c) = self.part(p) else {
                 continue;
             };
-            let epoch = lock(&self.track).epochs[p as usize];
             match c.fetch(max - out.len()) {
                 Ok(messages) => {
                     let mut track = lock(&self.track);
@@ -557,7 +563,7 @@ impl BackendCursor for GroupCursor {
         let _step = lock(&self.step);
         for p in 0..self.partitions {
             if let Some(c) = self.part(p) {
-                let valid = self.leases.standing(p) != Standing::None;
+                let valid = self.leases.standing(p).0 != Standing::None;
                 self.close_partition(p);
                 if valid {
                     c.give_back();
