@@ -122,6 +122,9 @@ pub(crate) struct GroupCursor {
     unkeyed: JsCursor,
     leases: Arc<Leases>,
     parts: Mutex<Vec<Option<Arc<PartitionCursor>>>>,
+    /// Cursors of lapsed leases, by term, until what they handed out is finished or
+    /// released.
+    retired: Mutex<HashMap<u64, Arc<PartitionCursor>>>,
     /// Per partition: since when it is being handed over.
     handing_since: Mutex<Vec<Option<Instant>>>,
     track: Arc<Mutex<Track>>,
@@ -238,6 +241,7 @@ impl GroupCursor {
             unkeyed,
             leases,
             parts: Mutex::new(vec![None; partitions as usize]),
+            retired: Mutex::new(HashMap::new()),
             handing_since: Mutex::new(vec![None; partitions as usize]),
             track,
             store,
@@ -283,8 +287,7 @@ impl GroupCursor {
             {
                 // Lapsed and taken again since (a pause): what the old cursor handed out
                 // is stale, and what it held is another's or back on the server.
-                self.close_partition(p);
-                c.abandon();
+                self.retire(p, c);
                 open = None;
             }
             match (standing, open) {
@@ -309,13 +312,33 @@ impl GroupCursor {
                     }
                 }
                 (Standing::Handing, None) => self.leases.handed_back(p),
-                (Standing::None, Some(c)) => {
-                    self.close_partition(p);
-                    c.abandon();
-                }
+                (Standing::None, Some(c)) => self.retire(p, &c),
                 _ => {}
             }
         }
+        // A retired cursor closes once nothing it handed out is left here.
+        let live: std::collections::HashSet<u64> = lock(&self.track)
+            .tracked
+            .values()
+            .map(|t| t.epoch)
+            .collect();
+        lock(&self.retired).retain(|term, c| {
+            let keep = live.contains(term);
+            if !keep {
+                c.abandon();
+            }
+            keep
+        });
+    }
+
+    /// Partition `p`'s lease lapsed: its cursor starts and pulls nothing more, but stays
+    /// until what it handed out is finished or released here — a handler that succeeded
+    /// just before the lapse is still acknowledged, or its message would come back to the
+    /// next owner after later messages of its key ran.
+    fn retire(&self, p: u32, c: &Arc<PartitionCursor>) {
+        let term = lock(&self.track).epochs[p as usize];
+        self.close_partition(p);
+        lock(&self.retired).insert(term, Arc::clone(c));
     }
 
     fn close_partition(&self, p: u32) {
@@ -439,8 +462,7 @@ impl BackendCursor for GroupCursor {
                 Err(e) => {
                     // Opened again at the next step while the lease holds.
                     *lock(&self.error) = Some(e.to_string());
-                    self.close_partition(p);
-                    c.abandon();
+                    self.retire(p, &c);
                 }
             }
         }
@@ -465,6 +487,7 @@ impl BackendCursor for GroupCursor {
         let _step = lock(&self.step);
         let mut by_partition: HashMap<u32, Vec<Finished>> = HashMap::new();
         let mut plain = Vec::new();
+        let mut late = Vec::new();
         {
             let mut track = lock(&self.track);
             for f in done {
@@ -472,8 +495,13 @@ impl BackendCursor for GroupCursor {
                     Some(t) if track.epochs[t.partition as usize] == t.epoch => {
                         by_partition.entry(t.partition).or_default().push(f.clone());
                     }
-                    // Handed out by a cursor closed since: its lease is another's now.
-                    Some(_) => {}
+                    // Handed out under a lease that lapsed since: acknowledged by its retired
+                    // cursor (the next owner may run it again: at-least-once).
+                    Some(t) => {
+                        if let Some(c) = lock(&self.retired).get(&t.epoch).cloned() {
+                            late.push((c, f.clone()));
+                        }
+                    }
                     None => plain.push(f.clone()),
                 }
             }
@@ -483,6 +511,11 @@ impl BackendCursor for GroupCursor {
             if let Some(c) = self.part(p)
                 && let Err(e) = c.finish(&items)
             {
+                result = Err(e);
+            }
+        }
+        for (c, f) in late {
+            if let Err(e) = c.finish(std::slice::from_ref(&f)) {
                 result = Err(e);
             }
         }
@@ -571,6 +604,9 @@ impl BackendCursor for GroupCursor {
                     c.abandon();
                 }
             }
+        }
+        for (_, c) in lock(&self.retired).drain() {
+            c.abandon();
         }
         self.unkeyed.close();
         let held = self.leases.held();
