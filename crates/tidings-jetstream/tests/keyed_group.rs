@@ -274,26 +274,24 @@ fn check(lines: &[Line], marks: &[(usize, Mark)], keys: u32, per_key: u32) -> Ve
         }
         let key = l.key.as_str();
         // A start the resumed process's gate admitted before it stopped (the documented
-        // overlap: at most one per dispatcher slot, before it finishes anything it
-        // started after the resume).
+        // overlap): one per dispatcher slot at most, so among its first `SLOTS` starts
+        // after the resume.
         if let Some((who, left)) = &mut grace
             && *who == l.who
+            && l.kind == 'S'
         {
-            let stale = l.kind == 'S'
-                && (running.contains_key(key)
-                    || done
-                        .get(key)
-                        .is_some_and(|d| d.range(l.seq..).next().is_some()));
-            if stale && *left > 0 {
-                *left -= 1;
+            *left -= 1;
+            if *left == 0 {
+                grace = None;
+            }
+            let stale = running.contains_key(key)
+                || done
+                    .get(key)
+                    .is_some_and(|d| d.range(l.seq..).next().is_some());
+            if stale {
                 excused.insert((l.who.clone(), key.to_owned(), l.seq));
                 v.excused_starts += 1;
                 continue;
-            }
-            let own_end = matches!(l.kind, 'D' | 'F')
-                && !excused.contains(&(l.who.clone(), key.to_owned(), l.seq));
-            if own_end {
-                grace = None;
             }
         }
         match l.kind {
