@@ -4,8 +4,9 @@
 //!
 //! Each round stores the records (64 keys) in a fresh stream on one local `nats-server`
 //! (the testkit launcher), starts the worker processes — this benchmark binary again, with
-//! [`WORKER_ENV`] set — and times from their start (subscribing and taking the key
-//! partitions included) until the handlers saw every record. A handler waits 1 ms (the work) and appends one byte to a
+//! [`WORKER_ENV`] set — lets the key partitions spread over them for [`SETTLE`] (handlers
+//! wait for a `go` file meanwhile), and times from `go` until the handlers saw every
+//! record. A handler waits 1 ms (the work) and appends one byte to a
 //! file all workers share, whose length the parent watches; 16 handlers run at once per
 //! process. The figure is records over that time; the median is over rounds. A record seen
 //! twice (after a hand-over) counts once more in the file, so the time is until the file
@@ -36,6 +37,11 @@ const PROCESSES: [usize; 3] = [1, 2, 3];
 const KEYS: u64 = 64;
 const IN_FLIGHT: usize = 16;
 const HANDLER_WAIT: Duration = Duration::from_millis(1);
+/// The ack wait, which is the group's lease: partitions settle within a few quarters of it.
+const LEASE: Duration = Duration::from_secs(3);
+/// How long the workers get, once all subscribed, for the partitions to spread over them
+/// before the timer starts (eight lease rounds).
+const SETTLE: Duration = Duration::from_secs(6);
 /// Bound on one round (never reached unless something broke).
 const PATIENCE: Duration = Duration::from_secs(120);
 
@@ -49,7 +55,7 @@ pub(crate) fn case_names() -> Vec<String> {
 
 fn broker(url: &str, stream: &str) -> Result<Broker, String> {
     let backend = JetStreamBackend::builder()
-        .ack_wait(Duration::from_secs(10))
+        .ack_wait(LEASE)
         .connect(ConnectOptions::new(url).name("tidings-bench-keyed"))
         .map_err(|e| e.to_string())?;
     let broker = Broker::builder()
@@ -86,6 +92,7 @@ fn worker(url: &str, stream: &str, dir: &Path, name: &str) -> Result<(), String>
         .append(true)
         .open(dir.join("seen"))
         .map_err(|e| e.to_string())?;
+    let go = dir.join("go");
     let broker = broker(url, stream)?;
     let _sub = broker
         .subscribe_durable(
@@ -99,6 +106,10 @@ fn worker(url: &str, stream: &str, dir: &Path, name: &str) -> Result<(), String>
                 ..SubscribeOptions::default()
             },
             move |_m: &Message| {
+                // Held until the timer starts: the partitions spread first.
+                while !go.exists() {
+                    std::thread::sleep(Duration::from_millis(2));
+                }
                 std::thread::sleep(HANDLER_WAIT);
                 (&seen)
                     .write_all(b".")
@@ -148,7 +159,6 @@ fn round(server: &NatsServer, processes: usize, records: u64, round: usize) -> R
     publisher.close(Duration::from_secs(5));
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut workers: Vec<Child> = Vec::new();
-    let started = Instant::now();
     for w in 0..processes {
         let spec = format!("{url} {stream} {} w{w}", dir.display());
         workers.push(
@@ -162,6 +172,9 @@ fn round(server: &NatsServer, processes: usize, records: u64, round: usize) -> R
         wait("the workers subscribed", || {
             (0..processes).all(|w| dir.join(format!("ready-w{w}")).exists())
         })?;
+        std::thread::sleep(SETTLE);
+        fs::write(dir.join("go"), b"").map_err(|e| e.to_string())?;
+        let started = Instant::now();
         let seen = dir.join("seen");
         wait("every record handled", || {
             fs::metadata(&seen).is_ok_and(|m| m.len() >= records)
@@ -215,8 +228,8 @@ pub(crate) fn run(plan: &Plan, filter: &Filter) -> Vec<Case> {
         case.note(format!(
             "{records} keyed records ({KEYS} keys) stored first, drained by {processes} \
              process(es) sharing one PerKey durable subscription ({IN_FLIGHT} in flight each, \
-             handler waits {HANDLER_WAIT:?}); median of {} round(s), timed from the workers' \
-             start (subscribe included) to the last record handled",
+             handler waits {HANDLER_WAIT:?}, lease {LEASE:?}); median of {} round(s), timed \
+             after the partitions spread ({SETTLE:?}) until the last record handled",
             rates.len()
         ));
     }
