@@ -36,6 +36,7 @@ mod env;
 mod fanout;
 mod harness;
 mod jetstream;
+mod keyed_group;
 mod latency;
 mod logbench;
 mod matching;
@@ -275,6 +276,7 @@ pub fn case_names() -> Vec<String> {
     names.extend(matching::case_names());
     names.extend(logbench::case_names());
     names.extend(jetstream::case_names());
+    names.extend(keyed_group::case_names());
     names
 }
 
@@ -319,6 +321,7 @@ pub fn run(args: &BenchArgs) -> Result<Report, BenchError> {
     progress(matching::run(&plan, &filter));
     progress(logbench::run(&plan, &filter));
     progress(jetstream::run(&plan, &filter));
+    progress(keyed_group::run(&plan, &filter));
     env.finish();
     let wall = started.elapsed();
     let load = format!("{load_before} before, {} after", output::loadavg());
@@ -369,6 +372,10 @@ pub fn run(args: &BenchArgs) -> Result<Report, BenchError> {
 /// # Errors
 /// A bad command line (clap's message) or a failed run. `--help` prints and returns `Ok`.
 pub fn main_with_args(args: impl IntoIterator<Item = String>) -> Result<(), BenchError> {
+    // A worker process of the keyed-group cases: this binary started again by them.
+    if let Some(code) = keyed_group::worker_from_env() {
+        std::process::exit(code);
+    }
     let args = match BenchArgs::try_parse_from(args) {
         Ok(a) => a,
         Err(e)

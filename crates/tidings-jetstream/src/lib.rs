@@ -51,8 +51,8 @@ use connection::connect;
 
 pub use backend::dedup::{DEFAULT_DEDUP_MAX_AGE, JetStreamDedupStore};
 pub use backend::{
-    BACKEND_NAME, CAPABILITIES, DEFAULT_MAX_DELIVERIES, JetStreamBackend, JetStreamBackendBuilder,
-    MAX_NAME_BYTES, record_subject,
+    BACKEND_NAME, CAPABILITIES, DEFAULT_KEY_PARTITIONS, DEFAULT_MAX_DELIVERIES, JetStreamBackend,
+    JetStreamBackendBuilder, MAX_KEY_PARTITIONS, MAX_NAME_BYTES, key_partition, record_subject,
 };
 pub use client::consumer::{ConsumerSpec, DEFAULT_ACK_WAIT, DEFAULT_INACTIVE_THRESHOLD};
 pub use client::consumer_settings::ConsumerSettings;

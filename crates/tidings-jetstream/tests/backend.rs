@@ -816,12 +816,28 @@ fn a_stream_made_without_recorded_patterns_is_compared_by_its_subjects() {
             .await
             .expect("made");
         let client = async_nats::connect(server.url()).await.expect("connects");
-        async_nats::jetstream::new(client)
+        let context = async_nats::jetstream::new(client);
+        // Made before keyed consumer groups: the unkeyed namespace only.
+        context
+            .create_stream(async_nats::jetstream::stream::Config {
+                name: "unkeyed".to_owned(),
+                subjects: vec![
+                    tidings_jetstream::record_subject("unkeyed", "unkeyed"),
+                    tidings_jetstream::record_subject("unkeyed", "unkeyed.>"),
+                ],
+                ..Default::default()
+            })
+            .await
+            .expect("made");
+        // By hand, with both namespaces (keyed records under any partition).
+        context
             .create_stream(async_nats::jetstream::stream::Config {
                 name: "manual".to_owned(),
                 subjects: vec![
                     tidings_jetstream::record_subject("manual", "manual"),
                     tidings_jetstream::record_subject("manual", "manual.>"),
+                    "$TIDINGS.k.manual.*.manual".to_owned(),
+                    "$TIDINGS.k.manual.*.manual.>".to_owned(),
                 ],
                 ..Default::default()
             })
@@ -836,6 +852,14 @@ fn a_stream_made_without_recorded_patterns_is_compared_by_its_subjects() {
             .expect_err("other subjects");
         assert_eq!(err.kind(), StreamErrorKind::ConfigMismatch, "{err:?}");
     }
+    // R-LOG-5, R-DIST-6: a stream without the keyed namespace is refused (recreate it).
+    let err = b
+        .open_stream(
+            &StreamConfig::new("unkeyed", ["unkeyed.#"]),
+            &[p("unkeyed.#")],
+        )
+        .expect_err("no keyed namespace");
+    assert_eq!(err.kind(), StreamErrorKind::ConfigMismatch, "{err:?}");
     // The same subjects: adopted, and the patterns recorded from now on.
     let s = b
         .open_stream(&StreamConfig::new("manual", ["manual.#"]), &[p("manual.#")])

@@ -5,8 +5,11 @@
 //!
 //! ```text
 //! offered  = accepted + refused.total()
-//! accepted = delivered + dead_lettered.total() + queued + in_flight
+//! accepted = delivered + dead_lettered.total() + released + queued + in_flight
 //! ```
+//!
+//! `released` counts messages a durable subscription's cursor took back unstarted (a keyed
+//! group's key moved to another process, R-DIST-6): they are delivered again there.
 //!
 //! `dead_lettered` counts every accepted message that left without a successful delivery,
 //! by reason, whether or not the policy kept a DLQ entry for it. Refused `Overflow` messages
@@ -94,6 +97,11 @@ pub struct SubscriptionStats {
     pub attempts: u64,
     /// Handler calls that failed (errors and panics; a deferral is not a failure).
     pub failures: u64,
+    /// Messages taken off the queue and handed back to their cursor unstarted, because its
+    /// start gate refused them (a keyed group's key moved to another process, or the lease
+    /// lapsed: R-DIST-6). Not delivered here, not finished here: the stream delivers them
+    /// again where they may start. Always 0 without a gate.
+    pub released: u64,
     /// Entries currently in the DLQ.
     pub dlq_len: u64,
     /// DLQ entries evicted because the DLQ was full.
@@ -116,6 +124,10 @@ impl SubscriptionStats {
     pub fn is_conserved(&self) -> bool {
         self.offered == self.accepted + self.refused.total()
             && self.accepted
-                == self.delivered + self.dead_lettered.total() + self.queued + self.in_flight
+                == self.delivered
+                    + self.dead_lettered.total()
+                    + self.released
+                    + self.queued
+                    + self.in_flight
     }
 }

@@ -72,7 +72,7 @@ use tidings::{
 
 use super::dead_letters::DeadLetters;
 use super::stream::{bounds, check_offset};
-use super::{Settings, Shared, keep_alive, nats_name, subject_prefix};
+use super::{Settings, Shared, keep_alive, keyed_prefix, nats_name, subject_prefix};
 use crate::classify::{js_error, seam};
 use crate::client::consumer::ConsumerSpec;
 use crate::client::delivery::Delivery;
@@ -99,6 +99,9 @@ struct Inner {
     alone: Option<(u64, u32)>,
     /// Since when the consumer is missing on the server (a seek elsewhere recreates it).
     gone_since: Option<Instant>,
+    /// A keyed group's new partition owner collects what the last owner left before
+    /// handing anything out: pulls only queue, in stream order (see `group::partition`).
+    gathering: bool,
 }
 
 /// What the cursor and its background tasks share.
@@ -109,6 +112,8 @@ pub(crate) struct CursorShared {
     skipped_by_filter: AtomicU64,
     keep_alives: AtomicU64,
     closed: AtomicBool,
+    /// Keep-alives are sent only while this admits (a keyed group's partition lease).
+    keep_alive_while: std::sync::OnceLock<Arc<dyn Fn() -> bool + Send + Sync>>,
 }
 
 impl CursorShared {
@@ -127,6 +132,11 @@ impl CursorShared {
             .cloned()
             .chain(g.returned.iter().map(|(d, _, _)| Arc::clone(d)))
             .collect()
+    }
+
+    /// Whether keep-alives may be sent now (always, unless a lease says otherwise).
+    pub(crate) fn may_keep_alive(&self) -> bool {
+        self.keep_alive_while.get().is_none_or(|admits| admits())
     }
 
     pub(crate) fn note_keep_alive(&self, n: usize) {
@@ -205,11 +215,21 @@ const IDLE_WAKE: Duration = Duration::from_secs(1);
 /// deletes and recreates it) before it stops with an error.
 pub(crate) const REBIND_GRACE: Duration = Duration::from_secs(10);
 
-fn consumer_spec(settings: &Settings, stream: &str, name: &str, filter: &Pattern) -> ConsumerSpec {
+/// The consumer of a plain durable subscription: records of both namespaces, keyed ones
+/// under any partition.
+pub(crate) fn consumer_spec(
+    settings: &Settings,
+    stream: &str,
+    name: &str,
+    filter: &Pattern,
+) -> ConsumerSpec {
+    let (plain, keyed) = (subject_prefix(stream), keyed_prefix(stream));
+    let filters = [plain.clone(), format!("{keyed}*.")];
     ConsumerSpec::new(stream, nats_name(name), filter.clone())
         .ack_wait(settings.ack_wait)
         .inactive_threshold(settings.inactive_threshold)
-        .subject_prefix(subject_prefix(stream))
+        .subject_prefix(plain)
+        .namespaces_of(keyed, filters)
 }
 
 impl JsCursor {
@@ -222,6 +242,19 @@ impl JsCursor {
         spec: CursorSpec<'_>,
     ) -> Result<Self, StreamError> {
         let cspec = consumer_spec(&shared.settings, stream, spec.name, spec.filter);
+        Self::open_as(shared, stream, subjects, patterns, spec, cspec)
+    }
+
+    /// [`JsCursor::open`] on the consumer `cspec` (a keyed group's partition or unkeyed
+    /// consumer); the DLQ and redrive target stay `spec.name`'s. `subjects`: what wakes it.
+    pub(crate) fn open_as(
+        shared: Arc<Shared>,
+        stream: &str,
+        subjects: Vec<String>,
+        patterns: Vec<Pattern>,
+        spec: CursorSpec<'_>,
+        cspec: ConsumerSpec,
+    ) -> Result<Self, StreamError> {
         let dlq = DeadLetters::new(shared.js.clone(), stream, spec.name, shared.settings.limits);
         let js = shared.js.clone();
         let (open_spec, d) = (cspec.clone().start(spec.start), dlq.clone());
@@ -238,6 +271,7 @@ impl JsCursor {
             skipped_by_filter: AtomicU64::new(0),
             keep_alives: AtomicU64::new(0),
             closed: AtomicBool::new(false),
+            keep_alive_while: std::sync::OnceLock::new(),
         });
         let watch = shared
             .rt
@@ -262,6 +296,48 @@ impl JsCursor {
     /// What the stream's append path wakes.
     pub(crate) fn shared_state(&self) -> Arc<CursorShared> {
         Arc::clone(&self.cursor)
+    }
+
+    /// Send keep-alives only while `admits` (a keyed group's partition lease).
+    pub(crate) fn keep_alive_while(&self, admits: Arc<dyn Fn() -> bool + Send + Sync>) {
+        let _ = self.cursor.keep_alive_while.set(admits);
+    }
+
+    /// Collect (`true`): pulls only queue what they bring, in stream order, handing out
+    /// nothing; `false`: hand the queue out as usual.
+    pub(crate) fn set_gathering(&self, on: bool) {
+        self.cursor.lock().gathering = on;
+    }
+
+    /// How many queued deliveries have a sequence of at most `seq`.
+    pub(crate) fn waiting_through(&self, seq: u64) -> usize {
+        let g = self.cursor.lock();
+        g.returned
+            .iter()
+            .filter(|(d, _, _)| d.sequence() <= seq)
+            .count()
+    }
+
+    /// Drop what this process holds without telling the server (a lease that lapsed:
+    /// another process may hold those messages now); [`BackendCursor::close`] then naks
+    /// nothing.
+    pub(crate) fn forget(&self) {
+        let mut g = self.cursor.lock();
+        g.outstanding.clear();
+        g.returned.clear();
+        g.alone = None;
+    }
+
+    /// The consumer's unfinished deliveries and the last stream sequence it delivered.
+    pub(crate) fn unfinished(&self) -> Result<(u64, u64), StreamError> {
+        let durable = self.durable();
+        self.shared.call(self.shared.bound(1), async move {
+            let info = durable
+                .info()
+                .await
+                .map_err(|e| seam("reading the durable consumer's state", e))?;
+            Ok((info.num_ack_pending as u64, info.delivered.stream_sequence))
+        })
     }
 
     fn durable(&self) -> Arc<Durable> {
@@ -576,7 +652,8 @@ impl BackendCursor for JsCursor {
         if max == 0 {
             return Ok(Vec::new());
         }
-        if let Some(alone) = self.fetch_returned(max) {
+        let gathering = self.cursor.lock().gathering;
+        if !gathering && let Some(alone) = self.fetch_returned(max) {
             return Ok(alone);
         }
         let durable = self.durable();
@@ -655,14 +732,26 @@ impl BackendCursor for JsCursor {
             return Err(stop.into());
         }
         g.gone_since = None;
-        let mut out = Vec::with_capacity(pulled.out.len());
-        for (d, m) in pulled.out {
+        let handed_now = if g.gathering {
+            let fresh = pulled.out.into_iter().map(|(d, m)| (d, m, false));
+            g.returned.extend(fresh);
+            Vec::new()
+        } else {
+            pulled.out
+        };
+        let mut out = Vec::with_capacity(handed_now.len());
+        for (d, m) in handed_now {
             let seq = d.sequence();
             g.handed = g.handed.max(seq + 1);
             g.outstanding.insert(seq, d);
             out.push(m);
         }
         g.returned.extend(pulled.returned);
+        // The server redelivers in its own order, not the stream's: what waits goes out in
+        // stream order.
+        g.returned
+            .make_contiguous()
+            .sort_by_key(|(d, _, _)| d.sequence());
         Ok(out)
     }
 

@@ -351,11 +351,7 @@ impl DeadLetters {
         };
         let header = |n: &str| codec::lookup(&raw.headers, n);
         let stored = Stored {
-            subject: raw
-                .subject
-                .as_str()
-                .strip_prefix(&self.prefix)
-                .unwrap_or(raw.subject.as_str()),
+            subject: super::record_topic(raw.subject.as_str(), &self.source),
             payload: raw.payload.clone(),
             sequence: offset,
             published: SystemTime::from(raw.time),

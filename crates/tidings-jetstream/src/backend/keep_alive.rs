@@ -15,6 +15,10 @@ pub(crate) async fn run(cursor: Arc<CursorShared>, interval: Duration) {
     tick.tick().await;
     loop {
         tick.tick().await;
+        if !cursor.may_keep_alive() {
+            // A keyed group's lease lapsed: what this process holds is another's soon.
+            continue;
+        }
         let held = cursor.held();
         // Best effort: a lost keep-alive is sent again at the next tick, well within the
         // ack wait.

@@ -84,6 +84,7 @@
 mod cursor;
 mod dead_letters;
 pub(crate) mod dedup;
+mod group;
 mod keep_alive;
 pub(crate) use crate::connection::runtime;
 mod stream;
@@ -130,7 +131,15 @@ pub(crate) struct Settings {
     pub(crate) limits: Limits,
     pub(crate) dedup_max_age: Duration,
     pub(crate) dedup_replicas: usize,
+    /// Key partitions of a stream this backend creates (an existing one keeps its own).
+    pub(crate) key_partitions: u32,
 }
+
+/// Default number of key partitions of a new stream ([`JetStreamBackendBuilder::key_partitions`]).
+pub const DEFAULT_KEY_PARTITIONS: u32 = 16;
+
+/// Most key partitions a stream may have.
+pub const MAX_KEY_PARTITIONS: u32 = 1024;
 
 /// What every stream and cursor of one backend share.
 pub(crate) struct Shared {
@@ -211,6 +220,47 @@ pub(crate) fn subject_prefix(nats: &str) -> String {
     format!("$TIDINGS.s.{nats}.")
 }
 
+/// The subject namespace of the *keyed* records of the tidings stream whose JetStream name
+/// is `nats`: a record of topic `t` with a key in partition `p` is stored on
+/// `$TIDINGS.k.<nats>.<p>.t`.
+pub(crate) fn keyed_prefix(nats: &str) -> String {
+    format!("$TIDINGS.k.{nats}.")
+}
+
+/// The topic of a record stored on `subject` in the stream whose JetStream name is `nats`
+/// (either namespace); the subject itself when it is in neither.
+pub(crate) fn record_topic<'a>(subject: &'a str, nats: &str) -> &'a str {
+    strip_namespaces(subject, &subject_prefix(nats), &keyed_prefix(nats))
+}
+
+/// `subject` without the unkeyed prefix `plain`, or without the keyed prefix `keyed` and
+/// the partition word after it.
+pub(crate) fn strip_namespaces<'a>(subject: &'a str, plain: &str, keyed: &str) -> &'a str {
+    if let Some(topic) = subject.strip_prefix(plain) {
+        return topic;
+    }
+    if !keyed.is_empty()
+        && let Some(rest) = subject.strip_prefix(keyed)
+        && let Some((_, topic)) = rest.split_once('.')
+    {
+        return topic;
+    }
+    subject
+}
+
+/// The key partition of `key` among `partitions`: FNV-1a, 64 bits, modulo the count. Fixed
+/// forever: records already stored were placed by it.
+#[must_use]
+pub fn key_partition(key: &[u8], partitions: u32) -> u32 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in key {
+        hash ^= u64::from(*b);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    // The remainder is below `partitions`, a u32.
+    u32::try_from(hash % u64::from(partitions.max(1))).unwrap_or(0)
+}
+
 /// The NATS subject a record of topic `topic` is stored on in the tidings stream `stream`
 /// on this backend: what a producer that is not tidings publishes to when it wants its
 /// records in that stream (see the [module docs](self#subjects)). A plain publish on the
@@ -225,6 +275,39 @@ pub(crate) fn subject_prefix(nats: &str) -> String {
 #[must_use]
 pub fn record_subject(stream: &str, topic: &str) -> String {
     format!("{}{topic}", subject_prefix(&nats_name(stream)))
+}
+
+#[cfg(test)]
+mod key_partition_tests {
+    use super::*;
+
+    /// The hash places stored records: it must never change. FNV-1a-64 test vectors (the
+    /// empty key, "a", "foobar") and where they land among 16 partitions.
+    #[test]
+    fn the_key_hash_is_fnv1a_64() {
+        assert_eq!(
+            key_partition(b"", u32::MAX),
+            (0xcbf2_9ce4_8422_2325u64 % u64::from(u32::MAX)) as u32
+        );
+        assert_eq!(
+            key_partition(b"a", u32::MAX),
+            (0xaf63_dc4c_8601_ec8cu64 % u64::from(u32::MAX)) as u32
+        );
+        assert_eq!(
+            key_partition(b"foobar", u32::MAX),
+            (0x8594_4171_f739_67e8u64 % u64::from(u32::MAX)) as u32
+        );
+        assert_eq!(key_partition(b"a", 16), 0xc);
+        assert_eq!(key_partition(b"foobar", 16), 8);
+        assert_eq!(key_partition(b"anything", 1), 0);
+    }
+
+    #[test]
+    fn a_record_topic_is_read_from_either_namespace() {
+        assert_eq!(record_topic("$TIDINGS.s.o.a.b", "o"), "a.b");
+        assert_eq!(record_topic("$TIDINGS.k.o.7.a.b", "o"), "a.b");
+        assert_eq!(record_topic("other.a", "o"), "other.a");
+    }
 }
 
 /// The longest stream or durable name: both, escaped, must fit in one NATS stream name
@@ -279,6 +362,18 @@ impl JetStreamBackendBuilder {
     /// subscriptions do not leak.
     pub fn inactive_threshold(mut self, threshold: Duration) -> Self {
         self.settings.inactive_threshold = threshold;
+        self
+    }
+
+    /// How many partitions the keys of a stream this backend *creates* are spread over
+    /// (default [`DEFAULT_KEY_PARTITIONS`], clamped to 1..=[`MAX_KEY_PARTITIONS`]). A
+    /// keyed record is stored under its partition, `FNV-1a-64(key) mod partitions`; a
+    /// keyed consumer group (several processes sharing one durable subscription with
+    /// per-key order, R-DIST-6) hands whole partitions to its members, so this is the most
+    /// processes that can share such a subscription's keyed records. Fixed when the stream
+    /// is created and kept in its metadata: an existing stream keeps its own count.
+    pub fn key_partitions(mut self, partitions: u32) -> Self {
+        self.settings.key_partitions = partitions.clamp(1, MAX_KEY_PARTITIONS);
         self
     }
 
@@ -369,6 +464,7 @@ impl JetStreamBackend {
                 limits: Limits::default(),
                 dedup_max_age: dedup::DEFAULT_DEDUP_MAX_AGE,
                 dedup_replicas: 1,
+                key_partitions: DEFAULT_KEY_PARTITIONS,
             },
         }
     }

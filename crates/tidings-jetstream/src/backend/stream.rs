@@ -23,7 +23,8 @@ use tidings::durable::{Appended, BackendCursor, BackendStream, CursorSpec};
 use tidings::{Message, Pattern, Retention, StartAt, StreamConfig, StreamError, StreamErrorKind};
 
 use super::cursor::{CursorShared, JsCursor};
-use super::{Shared, check_name, nats_name, subject_prefix};
+use super::group::GroupCursor;
+use super::{Shared, check_name, key_partition, keyed_prefix, nats_name, subject_prefix};
 use crate::classify::{Classify, seam};
 use crate::codec::{self, Stored};
 use crate::connect::JetStream;
@@ -32,6 +33,9 @@ use crate::stream_spec::{StreamSpec, StreamState, verify_answer};
 /// The stream metadata key holding the tidings patterns a stream was created with, one
 /// per line.
 pub(crate) const PATTERNS_KEY: &str = "tidings.patterns";
+
+/// The stream metadata key holding its number of key partitions (fixed at creation).
+pub(crate) const PARTITIONS_KEY: &str = "tidings.key_partitions";
 
 /// A tidings stream on JetStream.
 pub(crate) struct JsStream {
@@ -45,8 +49,14 @@ pub(crate) struct JsStream {
     subjects: Vec<String>,
     /// Its patterns (what its cursors re-check a record against).
     patterns: Vec<Pattern>,
-    /// The subject namespace of its records (`<prefix><topic>`).
+    /// The subject namespace of its unkeyed records (`<prefix><topic>`).
     prefix: String,
+    /// The subject namespace of its keyed records (`<keyed><partition>.<topic>`).
+    keyed: String,
+    /// Its key partitions (from its metadata).
+    partitions: u32,
+    /// Its replicas (a keyed group's bucket gets as many).
+    replicas: usize,
     /// Its cursors, woken by an append through this backend.
     cursors: Mutex<Vec<Weak<CursorShared>>>,
 }
@@ -183,17 +193,23 @@ impl JsStream {
         let retention = *config.retention_policy();
         let window = duplicate_window(config)?;
         let replicas = config.replica_count();
+        let partitions = shared.settings.key_partitions;
         let nats_for_open = nats.clone();
         let state = shared.call(shared.bound(3), async move {
             let limits = Limits {
                 retention,
                 window,
                 replicas,
+                partitions,
             };
             open_or_create(&js, &stream, &nats_for_open, &patterns_owned, limits).await
         })?;
         let (start, end) = state_bounds(state.messages, state.first_sequence, state.last_sequence);
+        let partitions = stored_partitions(&state.metadata).unwrap_or(partitions);
+        let keyed = keyed_prefix(&nats);
         Ok(Self {
+            keyed,
+            replicas,
             shared,
             name: name.to_owned(),
             nats,
@@ -203,8 +219,16 @@ impl JsStream {
             subjects: state.subjects,
             patterns: patterns.to_vec(),
             prefix,
+            partitions,
             cursors: Mutex::new(Vec::new()),
         })
+    }
+
+    /// Wake `cursor` on every append through this backend.
+    fn watch(&self, cursor: &Arc<CursorShared>) {
+        let mut cursors = self.lock_cursors();
+        cursors.retain(|c| c.strong_count() > 0);
+        cursors.push(Arc::downgrade(cursor));
     }
 
     fn lock_cursors(&self) -> std::sync::MutexGuard<'_, Vec<Weak<CursorShared>>> {
@@ -238,7 +262,17 @@ impl BackendStream for JsStream {
         }
         let js = self.shared.js.clone();
         let headers = headers_with_id(message, &message.id().to_string());
-        let subject = format!("{}{}", self.prefix, message.topic().as_str());
+        // A keyed record goes under its key's partition: a keyed consumer group hands
+        // partitions to processes (R-DIST-6).
+        let subject = match message.key() {
+            Some(key) => format!(
+                "{}{}.{}",
+                self.keyed,
+                key_partition(key, self.partitions),
+                message.topic().as_str()
+            ),
+            None => format!("{}{}", self.prefix, message.topic().as_str()),
+        };
         let payload = message.payload().clone();
         let appended = self.shared.call(self.shared.bound(1), async move {
             publish_acked(&js, subject, headers, payload).await
@@ -282,12 +316,12 @@ impl BackendStream for JsStream {
         let js = self.shared.js.clone();
         let nats = self.nats.clone();
         let limits = self.shared.settings.limits;
-        let prefix = self.prefix.clone();
+        let prefix = (self.prefix.clone(), self.keyed.clone());
         let bound = self
             .shared
             .bound(u32::try_from(max.min(64)).unwrap_or(64) + 1);
         self.shared.call(bound, async move {
-            read_range(&js, &nats, &prefix, from, end, max, &limits).await
+            read_range(&js, &nats, prefix, from, end, max, &limits).await
         })
     }
 
@@ -312,6 +346,19 @@ impl BackendStream for JsStream {
                 check_offset(n, start, end)?;
             }
         }
+        if spec.keyed {
+            // Per-key order: a keyed consumer group, whose members split the partitions.
+            let cursor = GroupCursor::open(
+                Arc::clone(&self.shared),
+                &self.nats,
+                self.patterns.clone(),
+                self.partitions,
+                self.replicas,
+                spec,
+            )?;
+            self.watch(&cursor.shared_state());
+            return Ok(Box::new(cursor));
+        }
         let cursor = JsCursor::open(
             Arc::clone(&self.shared),
             &self.nats,
@@ -319,9 +366,7 @@ impl BackendStream for JsStream {
             self.patterns.clone(),
             spec,
         )?;
-        let mut cursors = self.lock_cursors();
-        cursors.retain(|c| c.strong_count() > 0);
-        cursors.push(Arc::downgrade(&cursor.shared_state()));
+        self.watch(&cursor.shared_state());
         Ok(Box::new(cursor))
     }
 
@@ -406,6 +451,26 @@ struct Limits {
     retention: Retention,
     window: Duration,
     replicas: usize,
+    /// Key partitions of a stream created now.
+    partitions: u32,
+}
+
+/// The key partitions a stream's metadata records.
+fn stored_partitions(metadata: &std::collections::HashMap<String, String>) -> Option<u32> {
+    metadata
+        .get(PARTITIONS_KEY)
+        .and_then(|n| n.parse::<u32>().ok())
+        .filter(|n| *n >= 1)
+}
+
+/// The subjects a stream capturing `patterns` stores its records on: each subject in the
+/// unkeyed namespace and, under any partition, in the keyed one.
+fn record_subjects(nats: &str, patterns: &[Pattern]) -> Vec<String> {
+    let (prefix, keyed) = (subject_prefix(nats), keyed_prefix(nats));
+    crate::subject::stream_subjects(patterns)
+        .into_iter()
+        .flat_map(|s| [format!("{prefix}{s}"), format!("{keyed}*.{s}")])
+        .collect()
 }
 
 /// Opens the JetStream stream `nats` for the tidings stream `stream` capturing `patterns`
@@ -420,6 +485,7 @@ async fn open_or_create(
         retention,
         window,
         replicas,
+        partitions,
     }: Limits,
 ) -> Result<StreamState, StreamError> {
     let mut spec = StreamSpec::new(nats.to_owned(), patterns.iter().cloned())
@@ -435,15 +501,15 @@ async fn open_or_create(
         .prepare()
         .map_err(|e| seam(format_args!("stream {stream}"), e))?;
     // The records live in a subject namespace of the stream's own: nothing published on
-    // the topics themselves (a transport on the same server) is ever stored.
-    let prefix = subject_prefix(nats);
-    config.subjects = crate::subject::stream_subjects(patterns)
-        .into_iter()
-        .map(|s| format!("{prefix}{s}"))
-        .collect();
+    // the topics themselves (a transport on the same server) is ever stored. Keyed records
+    // have a second one, by key partition.
+    config.subjects = record_subjects(nats, patterns);
     config
         .metadata
         .insert(PATTERNS_KEY.to_owned(), patterns_text(patterns));
+    config
+        .metadata
+        .insert(PARTITIONS_KEY.to_owned(), partitions.to_string());
     match js.context.get_stream(nats).await {
         Ok(mut existing) => {
             let info = existing
@@ -518,13 +584,15 @@ async fn check_existing(
             });
         }
         Some(_) if subjects != wanted => {
-            // Made by a build that stored records on the topics themselves.
+            // Made by a build that stored records on the topics themselves, or one without
+            // the keyed namespace (before keyed consumer groups): recreate it.
             return Err(StreamError::ConfigMismatch {
                 stream: stream.to_owned(),
                 setting: "subjects",
                 existing: format!("subjects {subjects:?}"),
                 requested: format!(
-                    "subjects {wanted:?} (records in the stream's own subject namespace)"
+                    "subjects {wanted:?} (records in the stream's own subject namespaces, \
+                     keyed ones by partition)"
                 ),
             });
         }
@@ -564,14 +632,23 @@ async fn check_existing(
             requested: format!("{:?}", asked.duplicate_window),
         });
     }
-    if info.config.metadata.contains_key(PATTERNS_KEY) {
+    if info.config.metadata.contains_key(PATTERNS_KEY)
+        && stored_partitions(&info.config.metadata).is_some()
+    {
         return Ok(StreamState::of(&info));
     }
-    // Same subjects, no record of the patterns: adopt the requested ones.
+    // Same subjects, no record of the patterns or partitions: adopt the requested ones.
     let mut adopted = info.config.clone();
     adopted
         .metadata
-        .insert(PATTERNS_KEY.to_owned(), requested.clone());
+        .entry(PATTERNS_KEY.to_owned())
+        .or_insert_with(|| requested.clone());
+    if stored_partitions(&adopted.metadata).is_none() {
+        adopted.metadata.insert(
+            PARTITIONS_KEY.to_owned(),
+            asked.metadata[PARTITIONS_KEY].clone(),
+        );
+    }
     let updated = js
         .context
         .update_stream(adopted)
@@ -598,7 +675,7 @@ pub(crate) fn check_offset(n: u64, start: u64, end: u64) -> Result<(), StreamErr
 async fn read_range(
     js: &JetStream,
     nats: &str,
-    prefix: &str,
+    (prefix, keyed): (String, String),
     from: u64,
     end: u64,
     max: usize,
@@ -616,11 +693,7 @@ async fn read_range(
             Ok(raw) => {
                 let header = |n: &str| codec::lookup(&raw.headers, n);
                 let stored = Stored {
-                    subject: raw
-                        .subject
-                        .as_str()
-                        .strip_prefix(prefix)
-                        .unwrap_or(raw.subject.as_str()),
+                    subject: super::strip_namespaces(raw.subject.as_str(), &prefix, &keyed),
                     payload: raw.payload.clone(),
                     sequence: raw.sequence,
                     published: SystemTime::from(raw.time),

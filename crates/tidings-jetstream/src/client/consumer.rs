@@ -61,6 +61,11 @@ pub struct ConsumerSpec {
     /// Prepended to every filter subject and stripped from every delivered subject (the
     /// durable backend's streams keep topics under a subject namespace of their own).
     pub(crate) subject_prefix: String,
+    /// The keyed records' namespace (`<keyed_prefix><partition>.<topic>`): stripped from
+    /// delivered subjects too.
+    pub(crate) keyed_prefix: String,
+    /// The prefixes filter subjects get (empty: `subject_prefix` alone).
+    pub(crate) filter_prefixes: Vec<String>,
 }
 
 impl ConsumerSpec {
@@ -78,6 +83,8 @@ impl ConsumerSpec {
             backoff: Vec::new(),
             inactive_threshold: DEFAULT_INACTIVE_THRESHOLD,
             subject_prefix: String::new(),
+            keyed_prefix: String::new(),
+            filter_prefixes: Vec::new(),
         }
     }
 
@@ -127,12 +134,42 @@ impl ConsumerSpec {
         self
     }
 
+    /// Keyed records are stored under `keyed` (`<keyed><partition>.<topic>`), and the
+    /// filter subjects are the pattern's under each of `filters` (in place of
+    /// `subject_prefix` alone).
+    pub(crate) fn namespaces_of(
+        mut self,
+        keyed: impl Into<String>,
+        filters: impl IntoIterator<Item = String>,
+    ) -> Self {
+        self.keyed_prefix = keyed.into();
+        self.filter_prefixes = filters.into_iter().collect();
+        self
+    }
+
+    /// The durable name, changed.
+    pub(crate) fn renamed(mut self, durable: impl Into<String>) -> Self {
+        self.durable = durable.into();
+        self
+    }
+
+    /// What a delivered subject loses: the unkeyed and the keyed prefix.
+    pub(crate) fn namespaces(&self) -> (&str, &str) {
+        (&self.subject_prefix, &self.keyed_prefix)
+    }
+
     /// The settings the server must report back for this spec.
     #[must_use]
     pub fn settings(&self) -> ConsumerSettings {
+        let one = [self.subject_prefix.clone()];
+        let prefixes: &[String] = if self.filter_prefixes.is_empty() {
+            &one
+        } else {
+            &self.filter_prefixes
+        };
         let mut filter_subjects: Vec<String> = filter_subjects(&self.pattern)
             .into_iter()
-            .map(|s| format!("{}{s}", self.subject_prefix))
+            .flat_map(|s| prefixes.iter().map(move |p| format!("{p}{s}")))
             .collect();
         filter_subjects.sort();
         ConsumerSettings {

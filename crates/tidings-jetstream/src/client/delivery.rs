@@ -35,7 +35,7 @@ impl Delivery {
     pub(crate) fn new(
         message: async_nats::jetstream::Message,
         request_timeout: Duration,
-        prefix: &str,
+        (prefix, keyed): (&str, &str),
     ) -> Result<Self, FetchError> {
         let info = message.info().map_err(|e| FetchError::Unavailable {
             detail: format!("delivery without JetStream metadata: {e}"),
@@ -63,11 +63,7 @@ impl Delivery {
             }
         }
         Ok(Self {
-            topic: message
-                .subject
-                .as_str()
-                .strip_prefix(prefix)
-                .unwrap_or(message.subject.as_str())
+            topic: crate::backend::strip_namespaces(message.subject.as_str(), prefix, keyed)
                 .to_owned(),
             message,
             headers,

@@ -101,8 +101,7 @@ impl Durable {
         let mut deliveries = Vec::with_capacity(raw.len());
         let mut skipped = 0;
         for message in raw {
-            let delivery =
-                Delivery::new(message, self.js.request_timeout, &self.spec.subject_prefix)?;
+            let delivery = Delivery::new(message, self.js.request_timeout, self.spec.namespaces())?;
             let matches = Topic::new(&delivery.topic).is_ok_and(|t| self.spec.pattern.matches(&t));
             if matches {
                 deliveries.push(delivery);

@@ -215,6 +215,7 @@ impl StreamState {
             messages: info.state.messages,
             first_sequence: info.state.first_sequence,
             last_sequence: info.state.last_sequence,
+            metadata: info.config.metadata.clone(),
         }
     }
 }
@@ -233,6 +234,8 @@ pub struct StreamState {
     pub first_sequence: u64,
     /// Sequence of the last stored record (0 when empty).
     pub last_sequence: u64,
+    /// The stream's metadata.
+    pub metadata: std::collections::HashMap<String, String>,
 }
 
 /// One record to append: a tidings message as the durable source stores it.

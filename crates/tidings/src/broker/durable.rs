@@ -21,7 +21,7 @@ use crate::durable::{
 use crate::error::SubscribeError;
 use crate::handler::Handler;
 use crate::message::Message;
-use crate::options::SubscribeOptions;
+use crate::options::{Concurrency, SubscribeOptions};
 use crate::scheduler::Target;
 use crate::subscription::shell::{FeedOffer, HandlerKind, SubscriptionShell};
 use crate::topic::Pattern;
@@ -280,9 +280,15 @@ impl Broker {
                 f.wake();
             }
         });
-        let cursor =
-            s.backend
-                .open_cursor(CursorSpec::new(name, &filter_pattern, start, window, waker))?;
+        // Per-key order asked for: a backend shared by processes splits the keys (R-DIST-6).
+        let keyed = matches!(
+            options.concurrency,
+            Concurrency::PerKey { .. } | Concurrency::Lanes(_)
+        );
+        let cursor = s.backend.open_cursor(
+            CursorSpec::new(name, &filter_pattern, start, window, waker).keyed(keyed),
+        )?;
+        let gate = cursor.start_gate();
         let mut options = options;
         options
             .name
@@ -315,7 +321,7 @@ impl Broker {
         let _ = wake_target.set(Arc::downgrade(&feeder)); // a new cell: not set before
         let hook = feeder.clone();
         sub.shared
-            .set_on_finished(Arc::new(move |items| hook.on_finished(items)));
+            .set_on_finished(Arc::new(move |items| hook.on_finished(items)), gate);
         // The driver runs the feeder (R-EXE-4): its own thread, a pool unit, a tokio task,
         // or `run_until_idle` in the caller's thread. Its steps stay idle until the handle
         // is in place, so every completion knows where its blocking I/O belongs.

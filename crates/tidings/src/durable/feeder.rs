@@ -365,7 +365,7 @@ impl CursorFeeder {
             return Pass::Waiting;
         }
         let room = (self.window - in_window).min(held_room).min(BATCH);
-        let fetched = match self.cursor.fetch(room) {
+        let fetched = match self.cursor.fetch_shared(room) {
             Ok(m) => m,
             Err(StreamError::Closed) => return Pass::Stopped,
             Err(e) => {
@@ -377,8 +377,7 @@ impl CursorFeeder {
         if fetched.is_empty() {
             return Pass::Dry; // woken by the next append
         }
-        self.offer_all(fetched.into_iter().map(Arc::new))
-            .unwrap_or(Pass::Again)
+        self.offer_all(fetched).unwrap_or(Pass::Again)
     }
 
     /// Nothing to fetch: let the cursor store its position, unless it did less than

@@ -84,5 +84,5 @@ pub(crate) use subscription::DurableSubscription;
 pub use registry::check_name;
 pub use source::{
     Appended, BackendCursor, BackendStream, Capabilities, CursorSpec, CursorWaker, DurableBackend,
-    Finished, Outcome,
+    Finished, Outcome, StartGate,
 };

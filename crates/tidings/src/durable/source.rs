@@ -298,6 +298,10 @@ pub struct CursorSpec<'a> {
     pub window: usize,
     /// Called when there may be more to fetch (an append, a redelivery, a seek).
     pub waker: CursorWaker,
+    /// The subscription keeps per-key order (keyed lanes or per-key concurrency): a
+    /// backend shared by several processes may then split the keys between them, each key
+    /// handled by one process at a time (R-DIST-6), and hand out a [`StartGate`].
+    pub keyed: bool,
 }
 
 impl<'a> CursorSpec<'a> {
@@ -316,8 +320,33 @@ impl<'a> CursorSpec<'a> {
             start,
             window,
             waker,
+            keyed: false,
         }
     }
+
+    /// This spec, keeping per-key order when `keyed` (see [`CursorSpec::keyed`]).
+    #[must_use]
+    pub fn keyed(mut self, keyed: bool) -> Self {
+        self.keyed = keyed;
+        self
+    }
+}
+
+/// Asked by the subscription before every handler attempt of a message its cursor handed
+/// out (first attempts and retries alike), under the subscription's lock: it must answer
+/// at once, never blocking on I/O.
+///
+/// A message the gate does not admit is *released*: its handler does not run, it is not
+/// reported finished (so its cursor neither commits nor acknowledges it), its key is free
+/// again, and it is counted in [`SubscriptionStats::released`](crate::SubscriptionStats).
+/// A backend releases what this process may no longer start — a key another process
+/// owns now, a lease that lapsed or is being handed over, or a stale copy of a message
+/// that was handed out again since — and delivers it again where it may start.
+pub trait StartGate: Send + Sync {
+    /// Whether the handler may start on `message` now. `message` is the allocation
+    /// [`BackendCursor::fetch_shared`] handed out, so a gate may tell copies of one offset
+    /// apart by pointer.
+    fn admit(&self, message: &Arc<Message>) -> bool;
 }
 
 /// A durable subscription's position in its stream.
@@ -340,6 +369,22 @@ pub trait BackendCursor: Send + Sync {
     /// connection): the feeder stops fetching until a seek, and the error shows in
     /// [`CursorState::error`].
     fn fetch(&self, max: usize) -> Result<Vec<Message>, StreamError>;
+
+    /// [`BackendCursor::fetch`], each message in the allocation the subscription will
+    /// queue, hold and hand to the [`StartGate`]: the feeder fetches through this. The
+    /// default wraps what `fetch` returned.
+    ///
+    /// # Errors
+    /// As [`BackendCursor::fetch`].
+    fn fetch_shared(&self, max: usize) -> Result<Vec<Arc<Message>>, StreamError> {
+        Ok(self.fetch(max)?.into_iter().map(Arc::new).collect())
+    }
+
+    /// The gate asked before every handler attempt of a message this cursor handed out;
+    /// `None` (the default): every attempt may start.
+    fn start_gate(&self) -> Option<Arc<dyn StartGate>> {
+        None
+    }
 
     /// These messages finished for good. A dead letter is stored in the durable DLQ
     /// before its message counts as finished; one that could not be stored is not

@@ -24,6 +24,7 @@
 //! | `tidings.subscription.delivered` | counter | handler successes |
 //! | `tidings.subscription.dead_lettered` | counter, label `reason` | accepted messages that left without success |
 //! | `tidings.subscription.redelivered` | counter | failed calls followed by another attempt |
+//! | `tidings.subscription.released` | counter | messages handed back unstarted by a keyed group's start gate |
 //! | `tidings.subscription.failures` | counter | failed handler calls |
 //! | `tidings.subscription.depth` | gauge | messages queued |
 //! | `tidings.subscription.in_flight` | gauge | messages taken and not finished |
@@ -96,6 +97,7 @@ fn export_subscription(sub: &SubscriptionSnapshot) {
     counter!("tidings.subscription.delivered", base.clone()).absolute(c.delivered);
     counter!("tidings.subscription.redelivered", base.clone()).absolute(c.redelivered);
     counter!("tidings.subscription.failures", base.clone()).absolute(c.failures);
+    counter!("tidings.subscription.released", base.clone()).absolute(c.released);
     for (reason, n) in &c.refused {
         counter!("tidings.subscription.refused", with("reason", reason)).absolute(*n);
     }

@@ -117,6 +117,10 @@ pub struct Counters {
     pub redelivered: u64,
     /// Publishers blocked under `Overflow::Block` now.
     pub blocked_publishers: u64,
+    /// Messages handed back to their cursor unstarted (a keyed group's key moved away:
+    /// [`SubscriptionStats::released`]).
+    #[serde(default)]
+    pub released: u64,
 }
 
 impl Counters {
@@ -157,6 +161,7 @@ impl Counters {
             failures: s.failures,
             redelivered: s.failures.saturating_sub(d.retries_exhausted + d.rejected),
             blocked_publishers: s.blocked_publishers,
+            released: s.released,
         }
     }
 }

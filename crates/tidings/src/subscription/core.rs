@@ -337,6 +337,9 @@ impl Core {
                         );
                         continue;
                     }
+                    if self.release_if_gated(worker, &q.message) {
+                        continue;
+                    }
                     return self.start(worker, q.message, 1);
                 }
                 Take::Retry(p) => {
@@ -351,6 +354,9 @@ impl Core {
                             now.wall(),
                             true,
                         );
+                        continue;
+                    }
+                    if self.release_if_gated(worker, &p.message) {
                         continue;
                     }
                     return self.start(worker, p.message, p.attempts + 1);
@@ -403,6 +409,25 @@ impl Core {
                 )
             }),
         }
+    }
+
+    /// Ask the cursor's start gate (a keyed group's leases, R-DIST-6) before an attempt:
+    /// a message it refuses is *released* — not run, not finished (its cursor delivers it
+    /// again where it may start), its key or lane free again — and counted. True when
+    /// released.
+    fn release_if_gated(&mut self, worker: usize, message: &Arc<Message>) -> bool {
+        let refused = self
+            .ledger
+            .as_ref()
+            .and_then(|l| l.completions.as_ref())
+            .and_then(|c| c.gate.as_ref())
+            .is_some_and(|gate| !gate.admit(message));
+        if refused {
+            self.finish_take(worker, message, None);
+            self.counts.finished();
+            self.ledger_mut().released += 1;
+        }
+        refused
     }
 
     fn start(&mut self, worker: usize, message: Arc<Message>, attempt: u32) -> Poll {
@@ -716,6 +741,7 @@ impl Core {
             in_flight: c.in_flight,
             attempts: c.attempts,
             failures: l.map_or(0, |l| l.failures),
+            released: l.map_or(0, |l| l.released),
             dlq_len: l.map_or(0, |l| l.dlq.len() as u64),
             dlq_evicted: l.map_or(0, |l| l.dlq.evicted()),
             dlq_forward_failures: l.map_or(0, |l| l.forward_failures),

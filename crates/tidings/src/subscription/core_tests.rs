@@ -635,3 +635,65 @@ fn finished_reports_name_every_end_but_shutdown() {
         ]
     );
 }
+
+/// R-DIST-6: a message the start gate refuses (its key moved to another process) is
+/// released: no handler attempt, no finished report (its cursor delivers it again
+/// elsewhere), its key free for the next message, counted in `released`. A retry is
+/// asked again before its next attempt.
+#[test]
+fn a_released_delivery_is_not_an_attempt_frees_its_key_and_is_never_reported_finished() {
+    let refuse = std::sync::Arc::new(std::sync::Mutex::new(vec!["a1".to_owned()]));
+    let gate_refuses = refuse.clone();
+    let mut h = Harness::new(SubscribeOptions {
+        concurrency: Concurrency::PerKey { max_in_flight: 2 },
+        retry: Retry::fixed(ms(10), 3),
+        dead_letter: DeadLetterOptions::default(),
+        ..opts()
+    })
+    .gated(move |payload| !gate_refuses.lock().unwrap().iter().any(|r| r == payload));
+    h.handler(|msg, attempt| match (msg, attempt) {
+        ("c1", 1) => Err(HandlerError::retry("down")),
+        _ => Ok(()),
+    });
+    h.accept(keyed("a1", "a"));
+    h.accept(keyed("a2", "a"));
+    h.accept(keyed("c1", "c"));
+    // The first attempt fails; the key moves away before the retry is due.
+    assert_eq!(
+        h.poll(0),
+        Polled::Deliver {
+            msg: "a2".into(),
+            attempt: 1
+        },
+        "a1 released, its key free at once"
+    );
+    assert_eq!(
+        h.poll(1),
+        Polled::Deliver {
+            msg: "c1".into(),
+            attempt: 1
+        }
+    );
+    h.complete(0, Ok(()));
+    h.complete(1, Err(HandlerError::retry("down")));
+    refuse.lock().unwrap().push("c1".into());
+    h.drive();
+    h.accept(keyed("c2", "c"));
+    h.drive();
+    assert_eq!(
+        h.take_events(),
+        vec![
+            deliver(0, 0, "a2", 1),
+            deliver(0, 1, "c1", 1),
+            finished(0, "a2", None),
+            // c1's retry fell due at 10 ms and was released: its key is free for c2.
+            deliver(10, 0, "c2", 1),
+            finished(10, "c2", None),
+        ],
+        "nothing of a1 or c1 after their release: no attempt, no report"
+    );
+    let s = h.stats();
+    assert_eq!((s.released, s.attempts, s.delivered), (2, 3, 2), "{s:?}");
+    assert_eq!((s.queued, s.in_flight), (0, 0), "{s:?}");
+    assert!(s.is_conserved(), "{s:?}");
+}

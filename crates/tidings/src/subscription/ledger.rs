@@ -41,6 +41,8 @@ pub(crate) struct Ledger {
     pub(crate) refused: RefusedCounts,
     pub(crate) dead_lettered: DeadLetterCounts,
     pub(crate) failures: u64,
+    /// Taken off the queue and handed back unstarted: the start gate refused them.
+    pub(crate) released: u64,
     pub(crate) dlq: DeadLetterQueue,
     /// Dead letters to publish to the dead-letter topic, handed out with the step's
     /// effects (see `Core::effects`).
@@ -68,6 +70,8 @@ use super::effects::{FinishedHook, Outcome};
 pub(crate) struct Completions {
     pub(crate) items: Vec<Finished>,
     pub(crate) hook: FinishedHook,
+    /// Asked before every handler attempt (a keyed group's leases, R-DIST-6).
+    pub(crate) gate: Option<Arc<dyn crate::durable::StartGate>>,
 }
 
 impl std::fmt::Debug for Completions {
@@ -84,6 +88,7 @@ impl Ledger {
             refused: RefusedCounts::default(),
             dead_lettered: DeadLetterCounts::default(),
             failures: 0,
+            released: 0,
             dlq: DeadLetterQueue::new(settings.dlq_capacity),
             to_forward: Vec::new(),
             shutdown: Vec::new(),

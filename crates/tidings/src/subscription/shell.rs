@@ -395,8 +395,13 @@ impl SubscriptionShell {
     }
 
     /// Durable subscriptions: record completions in the ledger and hand them to `hook`
-    /// after each operation, outside the lock. Set before the first offer.
-    pub(crate) fn set_on_finished(&self, hook: FinishedHook) {
+    /// after each operation, outside the lock; ask `gate` before every handler attempt.
+    /// Set before the first offer.
+    pub(crate) fn set_on_finished(
+        &self,
+        hook: FinishedHook,
+        gate: Option<Arc<dyn crate::durable::StartGate>>,
+    ) {
         let mut core = self.core_synced();
         let ledger = core.ledger_mut();
         if ledger.completions.is_none() {
@@ -406,6 +411,7 @@ impl SubscriptionShell {
             ledger.completions = Some(Completions {
                 items: Vec::new(),
                 hook,
+                gate,
             });
         }
     }

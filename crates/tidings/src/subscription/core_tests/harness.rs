@@ -202,6 +202,24 @@ impl Harness {
         self.core.ledger_mut().completions = Some(Completions {
             items: Vec::new(),
             hook: Arc::new(|_| {}),
+            gate: None,
+        });
+        self
+    }
+
+    /// Report finished messages and ask `admit` (with the message's payload) before every
+    /// handler attempt, as a keyed group's cursor does (R-DIST-6).
+    pub(super) fn gated(mut self, admit: impl Fn(&str) -> bool + Send + Sync + 'static) -> Self {
+        struct Gate<F>(F);
+        impl<F: Fn(&str) -> bool + Send + Sync> crate::durable::StartGate for Gate<F> {
+            fn admit(&self, message: &Arc<Message>) -> bool {
+                (self.0)(&String::from_utf8_lossy(message.payload()))
+            }
+        }
+        self.core.ledger_mut().completions = Some(Completions {
+            items: Vec::new(),
+            hook: Arc::new(|_| {}),
+            gate: Some(Arc::new(Gate(admit))),
         });
         self
     }
@@ -608,8 +626,8 @@ impl Harness {
         );
         assert_eq!(
             s.accepted,
-            s.delivered + s.dead_lettered.total() + s.queued + s.in_flight,
-            "accepted = delivered + dead-lettered + queued + in flight: {s:?}"
+            s.delivered + s.dead_lettered.total() + s.released + s.queued + s.in_flight,
+            "accepted = delivered + dead-lettered + released + queued + in flight: {s:?}"
         );
         let running = self.running().count() as u64;
         assert!(

@@ -1,0 +1,237 @@
+//! `jetstream/keyed-group/processes={1,2,3}`: one durable subscription with
+//! `Concurrency::PerKey` shared by 1, 2 or 3 OS processes (a keyed consumer group on the
+//! JetStream backend, R-DIST-6), draining keyed records stored before it starts.
+//!
+//! Each round stores the records (64 keys) in a fresh stream on one local `nats-server`
+//! (the testkit launcher), starts the worker processes — this benchmark binary again, with
+//! [`WORKER_ENV`] set — lets the key partitions spread over them for [`SETTLE`] (handlers
+//! wait for a `go` file meanwhile), and times from `go` until the handlers saw every
+//! record. A handler waits 1 ms (the work) and appends one byte to a
+//! file all workers share, whose length the parent watches; 16 handlers run at once per
+//! process. The figure is records over that time; the median is over rounds. A record seen
+//! twice (after a hand-over) counts once more in the file, so the time is until the file
+//! holds at least every record.
+//!
+//! Without a `nats-server` binary the cases are emitted with no values and the reason in
+//! their notes.
+
+use std::fs::{self, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tidings::{
+    Broker, Concurrency, DurableSpec, Message, MessageBuilder, StreamConfig, SubscribeOptions,
+};
+use tidings_jetstream::{ConnectOptions, JetStreamBackend};
+use tidings_testkit::nats::{NatsServer, NatsServerOptions};
+
+use crate::{Case, Filter, Plan};
+
+/// Set in a worker process: `<url> <stream> <dir> <name>`, separated by spaces.
+pub(crate) const WORKER_ENV: &str = "TIDINGS_BENCH_KEYED_WORKER";
+
+const PROCESSES: [usize; 3] = [1, 2, 3];
+const KEYS: u64 = 64;
+const IN_FLIGHT: usize = 16;
+const HANDLER_WAIT: Duration = Duration::from_millis(1);
+/// The ack wait, which is the group's lease: partitions settle within a few quarters of it.
+const LEASE: Duration = Duration::from_secs(3);
+/// How long the workers get, once all subscribed, for the partitions to spread over them
+/// before the timer starts (eight lease rounds).
+const SETTLE: Duration = Duration::from_secs(6);
+/// Bound on one round (never reached unless something broke).
+const PATIENCE: Duration = Duration::from_secs(120);
+
+fn case_name(processes: usize) -> String {
+    format!("jetstream/keyed-group/processes={processes}")
+}
+
+pub(crate) fn case_names() -> Vec<String> {
+    PROCESSES.iter().map(|p| case_name(*p)).collect()
+}
+
+fn broker(url: &str, stream: &str) -> Result<Broker, String> {
+    let backend = JetStreamBackend::builder()
+        .ack_wait(LEASE)
+        .connect(ConnectOptions::new(url).name("tidings-bench-keyed"))
+        .map_err(|e| e.to_string())?;
+    let broker = Broker::builder()
+        .durable_backend(Arc::new(backend))
+        .build()
+        .map_err(|e| e.to_string())?;
+    broker
+        .create_stream(StreamConfig::new(stream, [format!("{stream}.#")]))
+        .map_err(|e| e.to_string())?;
+    Ok(broker)
+}
+
+/// In a worker process (started by [`run`]): handle until `<dir>/stop` exists, then exit.
+/// Returns `None` in any other process.
+pub(crate) fn worker_from_env() -> Option<i32> {
+    let spec = std::env::var(WORKER_ENV).ok()?;
+    let parts: Vec<&str> = spec.split(' ').collect();
+    let [url, stream, dir, name] = parts[..] else {
+        eprintln!("{WORKER_ENV}: expected `<url> <stream> <dir> <name>`");
+        return Some(2);
+    };
+    match worker(url, stream, Path::new(dir), name) {
+        Ok(()) => Some(0),
+        Err(e) => {
+            eprintln!("keyed-group worker {name}: {e}");
+            Some(1)
+        }
+    }
+}
+
+fn worker(url: &str, stream: &str, dir: &Path, name: &str) -> Result<(), String> {
+    let seen = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("seen"))
+        .map_err(|e| e.to_string())?;
+    let go = dir.join("go");
+    let broker = broker(url, stream)?;
+    let _sub = broker
+        .subscribe_durable(
+            DurableSpec::new(stream)
+                .name("group")
+                .filter(format!("{stream}.#")),
+            SubscribeOptions {
+                concurrency: Concurrency::PerKey {
+                    max_in_flight: IN_FLIGHT,
+                },
+                ..SubscribeOptions::default()
+            },
+            move |_m: &Message| {
+                // Held until the timer starts: the partitions spread first.
+                while !go.exists() {
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                std::thread::sleep(HANDLER_WAIT);
+                (&seen)
+                    .write_all(b".")
+                    .map_err(|e| tidings::HandlerError::retry(e.to_string()))
+            },
+        )
+        .map_err(|e| e.to_string())?;
+    fs::write(dir.join(format!("ready-{name}")), b"").map_err(|e| e.to_string())?;
+    let deadline = Instant::now() + PATIENCE;
+    while !dir.join("stop").exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    broker.close(Duration::from_secs(10));
+    Ok(())
+}
+
+fn wait(what: &str, mut cond: impl FnMut() -> bool) -> Result<(), String> {
+    let deadline = Instant::now() + PATIENCE;
+    while !cond() {
+        if Instant::now() >= deadline {
+            return Err(format!("not within {PATIENCE:?}: {what}"));
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    Ok(())
+}
+
+/// One round: `records` keyed records drained by `processes` workers; records per second.
+fn round(server: &NatsServer, processes: usize, records: u64, round: usize) -> Result<f64, String> {
+    let url = server.url();
+    let stream = format!("keyed{processes}r{round}");
+    let dir: PathBuf = std::env::temp_dir().join(format!(
+        "tidings-bench-keyed-{}-{stream}",
+        std::process::id()
+    ));
+    fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let publisher = broker(&url, &stream)?;
+    for i in 0..records {
+        publisher
+            .publish(
+                MessageBuilder::new(format!("{stream}.order"))
+                    .key(format!("k{}", i % KEYS))
+                    .payload(i.to_string()),
+            )
+            .map_err(|e| e.to_string())?;
+    }
+    publisher.close(Duration::from_secs(5));
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut workers: Vec<Child> = Vec::new();
+    for w in 0..processes {
+        let spec = format!("{url} {stream} {} w{w}", dir.display());
+        workers.push(
+            Command::new(&exe)
+                .env(WORKER_ENV, spec)
+                .spawn()
+                .map_err(|e| e.to_string())?,
+        );
+    }
+    let timed = (|| -> Result<Duration, String> {
+        wait("the workers subscribed", || {
+            (0..processes).all(|w| dir.join(format!("ready-w{w}")).exists())
+        })?;
+        std::thread::sleep(SETTLE);
+        fs::write(dir.join("go"), b"").map_err(|e| e.to_string())?;
+        let started = Instant::now();
+        let seen = dir.join("seen");
+        wait("every record handled", || {
+            fs::metadata(&seen).is_ok_and(|m| m.len() >= records)
+        })?;
+        Ok(started.elapsed())
+    })();
+    let _ = fs::write(dir.join("stop"), b"");
+    for mut w in workers {
+        let _ = w.wait();
+    }
+    let _ = fs::remove_dir_all(&dir);
+    let took: Duration = timed?;
+    Ok(records as f64 / took.as_secs_f64())
+}
+
+pub(crate) fn run(plan: &Plan, filter: &Filter) -> Vec<Case> {
+    let mut cases: Vec<Case> = PROCESSES
+        .iter()
+        .filter(|p| filter.wants(&case_name(**p)))
+        .map(|p| Case::new(case_name(*p), "msgs/s", true))
+        .collect();
+    if cases.is_empty() {
+        return cases;
+    }
+    let server = match NatsServer::start(NatsServerOptions::new()) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("keyed-group cases skipped: {e}");
+            for c in &mut cases {
+                c.note(format!("skipped: {e}"));
+            }
+            return cases;
+        }
+    };
+    let (records, rounds) = if plan.quick { (3_200, 1) } else { (19_200, 3) };
+    for case in &mut cases {
+        let processes = PROCESSES
+            .iter()
+            .copied()
+            .find(|p| case.name == case_name(*p))
+            .unwrap_or(1);
+        let mut rates = Vec::new();
+        for r in 0..rounds {
+            match round(&server, processes, records, r) {
+                Ok(rate) => rates.push(rate),
+                Err(e) => case.note(format!("round {r} failed: {e}")),
+            }
+        }
+        rates.sort_by(f64::total_cmp);
+        case.tidings = rates.get(rates.len() / 2).copied();
+        case.note(format!(
+            "{records} keyed records ({KEYS} keys) stored first, drained by {processes} \
+             process(es) sharing one PerKey durable subscription ({IN_FLIGHT} in flight each, \
+             handler waits {HANDLER_WAIT:?}, lease {LEASE:?}); median of {} round(s), timed \
+             after the partitions spread ({SETTLE:?}) until the last record handled",
+            rates.len()
+        ));
+    }
+    cases
+}
