@@ -362,6 +362,8 @@ impl Bench {
         let client = runtime
             .block_on(async_nats::connect(url))
             .map_err(|e| format!("async-nats could not connect: {e}"))?;
+        // The JetStream context spawns a task of its own.
+        let _in_runtime = runtime.enter();
         Ok(Self {
             broker,
             stream,
@@ -386,13 +388,15 @@ impl Bench {
         n: u64,
         threads: usize,
     ) -> Result<(u64, Duration), String> {
-        let per = n / threads as u64;
+        let threads = threads.max(1) as u64;
         let started = Instant::now();
         std::thread::scope(|s| {
             let workers: Vec<_> = (0..threads)
-                .map(|_| {
-                    s.spawn(|| {
-                        for _ in 0..per {
+                .map(|i| {
+                    // `n` in all: the first `n % threads` publish one more.
+                    let share = n / threads + u64::from(i < n % threads);
+                    s.spawn(move || {
+                        for _ in 0..share {
                             self.broker
                                 .publish(Message::to(topic).payload(self.payload.clone()))
                                 .map_err(|e| e.to_string())?;
@@ -406,7 +410,7 @@ impl Bench {
             }
             Ok::<_, String>(())
         })?;
-        Ok((per * threads as u64, started.elapsed()))
+        Ok((n, started.elapsed()))
     }
 
     /// `n` raw publishes with ack to the stream's subject of `topic`, up to `window` in
@@ -526,15 +530,19 @@ impl Bench {
             ))
             .map_err(|e| e.to_string())?;
         let mut done = 0;
+        let mut progress = Instant::now();
         while done < n {
             let fetched = cursor.fetch(SEAM_BATCH).map_err(|e| e.to_string())?;
             if fetched.is_empty() {
-                if rx.recv_timeout(STALL).is_err() {
+                // Woken when there may be more (and once a second regardless).
+                let _ = rx.recv_timeout(Duration::from_secs(1));
+                while rx.try_recv().is_ok() {}
+                if progress.elapsed() > STALL {
                     return Err(format!("the cursor ran dry after {done} of {n}"));
                 }
-                while rx.try_recv().is_ok() {}
                 continue;
             }
+            progress = Instant::now();
             let finished: Vec<Finished> = fetched
                 .into_iter()
                 .map(|m| Finished::new(Arc::new(m), Outcome::Delivered))
