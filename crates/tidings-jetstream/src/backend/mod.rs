@@ -80,9 +80,11 @@
 //! [`Capabilities::first_offset`]: tidings::durable::Capabilities
 //! [`BackendCursor`]: tidings::durable::BackendCursor
 
+mod acker;
 mod cursor;
 mod dead_letters;
 mod keep_alive;
+mod puller;
 pub(crate) use crate::connection::runtime;
 mod stream;
 

@@ -8,6 +8,27 @@ use tidings::{Headers, MessageId};
 
 use crate::error::{AckError, FetchError};
 
+/// How a delivery is finished through a cursor's acknowledgement task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Finish {
+    /// Handled, or skipped by a filter: never delivered again.
+    Ack,
+    /// Handed out again at once.
+    Nak,
+    /// Given up (dead-lettered): never delivered again.
+    Term,
+}
+
+impl Finish {
+    fn kind(self) -> AckKind {
+        match self {
+            Self::Ack => AckKind::Ack,
+            Self::Nak => AckKind::Nak(None),
+            Self::Term => AckKind::Term,
+        }
+    }
+}
+
 /// One delivery of a stored record to a durable consumer.
 pub struct Delivery {
     pub(crate) message: async_nats::jetstream::Message,
@@ -93,6 +114,23 @@ impl Delivery {
             .map_err(|e| AckError::Failed {
                 detail: e.to_string(),
             })
+    }
+
+    /// Sends `finish` without asking for the server's answer (see `backend::acker`).
+    pub(crate) async fn send(&self, finish: Finish) -> Result<(), AckError> {
+        self.message
+            .ack_with(finish.kind())
+            .await
+            .map_err(|e| AckError::Failed {
+                detail: e.to_string(),
+            })
+    }
+
+    /// Sends `finish` and waits for the server's answer (bounded by the request timeout):
+    /// it, and every finish sent before it on this connection for this consumer, was
+    /// applied.
+    pub(crate) async fn confirm(&self, finish: Finish) -> Result<(), AckError> {
+        self.finish(finish.kind()).await
     }
 
     /// The record's topic (its NATS subject).

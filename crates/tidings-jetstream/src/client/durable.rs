@@ -170,7 +170,7 @@ impl Durable {
     /// consumer is looked up, and the lookup's typed kind decides: not found (the consumer
     /// or its stream) is [`FetchError::ConsumerGone`], anything else
     /// [`FetchError::Unavailable`] with `detail`.
-    async fn pull_failed(&self, detail: String) -> FetchError {
+    pub(crate) async fn pull_failed(&self, detail: String) -> FetchError {
         use async_nats::jetstream::stream::ConsumerErrorKind as K;
         let looked_up = self
             .js
