@@ -14,7 +14,7 @@ use tidings::{
     Broker, DeadLetterReason, Driver, Message, Pattern, Priority, Retention, StartAt, StreamConfig,
     StreamError, StreamErrorKind,
 };
-use tidings_jetstream::{ConnectOptions, JetStreamBackend, JetStreamError, StreamSpec};
+use tidings_jetstream::{ConnectOptions, JetStreamBackend, JetStreamError};
 use tidings_testkit::nats::{NatsServer, NatsServerOptions};
 
 /// Generous bound for waits on the server (never asserted as a speed).
@@ -810,23 +810,26 @@ fn a_stream_made_without_recorded_patterns_is_compared_by_its_subjects() {
         .build()
         .expect("runtime");
     rt.block_on(async {
-        let js = options(&server).connect().await.expect("connects");
-        // Records on the topics themselves: what builds before the subject namespace made.
-        js.ensure_stream(&StreamSpec::new("legacy", [p("legacy.#")]))
-            .await
-            .expect("made");
         let client = async_nats::connect(server.url()).await.expect("connects");
-        async_nats::jetstream::new(client)
-            .create_stream(async_nats::jetstream::stream::Config {
-                name: "manual".to_owned(),
-                subjects: vec![
-                    tidings_jetstream::record_subject("manual", "manual"),
-                    tidings_jetstream::record_subject("manual", "manual.>"),
-                ],
-                ..Default::default()
-            })
-            .await
-            .expect("made");
+        let js = async_nats::jetstream::new(client);
+        // Records on the topics themselves: what builds before the subject namespace made.
+        js.create_stream(async_nats::jetstream::stream::Config {
+            name: "legacy".to_owned(),
+            subjects: vec!["legacy".to_owned(), "legacy.>".to_owned()],
+            ..Default::default()
+        })
+        .await
+        .expect("made");
+        js.create_stream(async_nats::jetstream::stream::Config {
+            name: "manual".to_owned(),
+            subjects: vec![
+                tidings_jetstream::record_subject("manual", "manual"),
+                tidings_jetstream::record_subject("manual", "manual.>"),
+            ],
+            ..Default::default()
+        })
+        .await
+        .expect("made");
     });
     let b = backend(&server);
     // R-LOG-5, R-RT-1: other patterns, or records on the topics, are refused.

@@ -139,6 +139,7 @@ impl Delivery {
         &self.topic
     }
 
+    #[cfg(test)]
     /// The payload.
     #[must_use]
     pub fn payload(&self) -> &[u8] {
@@ -151,6 +152,7 @@ impl Delivery {
         &self.headers
     }
 
+    #[cfg(test)]
     /// The tidings message id (from `Nats-Msg-Id`), when the record carries one.
     #[must_use]
     pub fn message_id(&self) -> Option<MessageId> {
@@ -187,6 +189,7 @@ impl Delivery {
         }
     }
 
+    #[cfg(test)]
     /// Finishes the delivery (handled or dead-lettered) and waits for the server's
     /// confirmation: it will not be delivered again.
     ///
@@ -197,6 +200,7 @@ impl Delivery {
         self.finish(AckKind::Ack).await
     }
 
+    #[cfg(test)]
     /// Asks for redelivery, after `delay` when given (else at once).
     ///
     /// # Errors
@@ -206,6 +210,7 @@ impl Delivery {
         self.finish(AckKind::Nak(delay)).await
     }
 
+    #[cfg(test)]
     /// Says the handler is still working: the ack wait starts again.
     ///
     /// # Errors
