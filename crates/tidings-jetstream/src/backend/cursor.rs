@@ -401,7 +401,7 @@ impl JsCursor {
     /// Hands out what waits in the buffer: the returned message at its front alone when
     /// nothing else is out, else the others up to `max` while no returned one is out;
     /// `None` when the buffer is empty.
-    fn from_buffer(&self, max: usize) -> Option<Vec<Message>> {
+    fn hand_out_buffered(&self, max: usize) -> Option<Vec<Message>> {
         let (d, m) = {
             let mut g = self.cursor.lock();
             if g.alone.is_some() {
@@ -525,7 +525,7 @@ impl BackendCursor for JsCursor {
         if max == 0 {
             return Ok(Vec::new());
         }
-        if let Some(out) = self.from_buffer(max) {
+        if let Some(out) = self.hand_out_buffered(max) {
             // Room or not, the puller looks.
             self.cursor.nudge();
             return Ok(out);
@@ -572,7 +572,7 @@ impl BackendCursor for JsCursor {
             }
             g.gone_since = None;
         }
-        let out = self.from_buffer(max).unwrap_or_default();
+        let out = self.hand_out_buffered(max).unwrap_or_default();
         self.cursor.nudge();
         Ok(out)
     }
