@@ -337,6 +337,14 @@ impl JsCursor {
         Arc::clone(&self.cursor)
     }
 
+    /// Stops (`true`) or resumes the standing pull in the background, for an owner that
+    /// must not take messages for a while (a keyed group's partition without a valid
+    /// lease); a fetch that finds the buffer empty still pulls.
+    #[allow(dead_code)] // the seam itself never pauses
+    pub(crate) fn pause_pulling(&self, paused: bool) {
+        self.puller.pause(paused);
+    }
+
     fn stop_tasks(&self) {
         let old = self
             .tasks

@@ -131,7 +131,6 @@ impl Puller {
 
     /// Stops (`true`) or resumes background pulls; fetches that find the buffer empty
     /// still pull.
-    #[allow(dead_code)] // for owners that must stop pulling for a while (keyed groups)
     pub(crate) fn pause(&self, paused: bool) {
         self.paused.store(paused, Ordering::Release);
         if !paused {
