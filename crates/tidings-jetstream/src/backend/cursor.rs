@@ -87,7 +87,7 @@ use tidings::{
 
 use super::acker::Acker;
 use super::dead_letters::DeadLetters;
-use super::puller::Puller;
+use super::puller::{Puller, decode, reject};
 use super::stream::{bounds, check_offset};
 use super::{Settings, Shared, backend_error, keep_alive, nats_name, subject_prefix};
 use crate::classify::seam;
@@ -106,8 +106,9 @@ pub(crate) struct Inner {
     /// The sequence after the last one handed out.
     pub(crate) handed: u64,
     /// Pulled and not handed out yet, in the order the server sent them: a returned
-    /// message (`true`) goes out alone, the others once no returned one is out.
-    pub(crate) buffer: VecDeque<(Arc<Delivery>, Message, bool)>,
+    /// message (`true`, decoded already) goes out alone, the others (decoded when handed
+    /// out) once no returned one is out.
+    pub(crate) buffer: VecDeque<(Arc<Delivery>, Option<Message>, bool)>,
     /// The returned message handed out alone and not finished: its sequence and the
     /// handler starts counted before it.
     pub(crate) alone: Option<(u64, u32)>,
@@ -205,6 +206,8 @@ pub(crate) struct JsCursor {
     acker: Acker,
     spec: ConsumerSpec,
     stream: String,
+    /// The stream's patterns: a record none matches is skipped.
+    patterns: Arc<Vec<Pattern>>,
     dlq: DeadLetters,
     tasks: Mutex<Option<Tasks>>,
     /// The last consumer info read, with the change count before it was read.
@@ -296,12 +299,13 @@ impl JsCursor {
                 c.lock().transient = Some(e);
             }
         });
+        let patterns = Arc::new(patterns);
         let puller = Arc::new(Puller::new(
             Arc::clone(&cursor),
             durable,
             dlq.clone(),
             shared.settings.clone(),
-            Arc::new(patterns),
+            Arc::clone(&patterns),
             acker.clone(),
             spec.window,
             Arc::clone(&shared.changes),
@@ -326,6 +330,7 @@ impl JsCursor {
             acker,
             spec: cspec,
             stream: stream.to_owned(),
+            patterns,
             dlq,
             tasks: Mutex::new(Some(tasks)),
             cached: Mutex::new(None),
@@ -406,6 +411,29 @@ impl JsCursor {
         self.info()
     }
 
+    /// Dead-letters records that are not tidings messages (one bad record, a foreign
+    /// producer's, never stops the subscription).
+    fn reject_all(&self, rejected: Vec<(Arc<Delivery>, crate::codec::DecodeError)>) {
+        let (cursor, dlq, settings) = (
+            Arc::clone(&self.cursor),
+            self.dlq.clone(),
+            self.shared.settings.clone(),
+        );
+        let bound = self
+            .shared
+            .bound(2 * u32::try_from(rejected.len()).unwrap_or(u32::MAX / 2));
+        let done = self.shared.call(bound, async move {
+            for (d, why) in &rejected {
+                reject(&cursor, &dlq, &settings, d, why).await;
+            }
+            Ok(())
+        });
+        if let Err(e) = done {
+            // Not terminated: they come back after the ack wait.
+            self.cursor.lock().transient = Some(e.to_string());
+        }
+    }
+
     /// Hands out what waits in the buffer: the returned message at its front alone when
     /// nothing else is out, else the others up to `max` while no returned one is out;
     /// `None` when the buffer is empty.
@@ -418,21 +446,46 @@ impl JsCursor {
             let (_, _, returned) = g.buffer.front()?;
             if !returned {
                 let mut out = Vec::with_capacity(max.min(g.buffer.len()));
+                let mut rejected = Vec::new();
                 while out.len() < max && g.buffer.front().is_some_and(|(_, _, r)| !r) {
                     let Some((d, m, _)) = g.buffer.pop_front() else {
                         break;
                     };
+                    let m = match m.map_or_else(|| decode(&d, &self.shared.settings), Ok) {
+                        Ok(m) => m,
+                        Err(why) => {
+                            rejected.push((d, why));
+                            continue;
+                        }
+                    };
+                    if !self.patterns.iter().any(|p| p.matches(m.topic())) {
+                        // In the stream's namespace but matched by none of its patterns
+                        // (R-RT-1): written there by hand, never by tidings.
+                        self.acker.send(d, Finish::Ack);
+                        self.cursor.note_skipped();
+                        continue;
+                    }
                     let seq = d.sequence();
                     g.handed = g.handed.max(seq + 1);
                     g.outstanding.insert(seq, d);
                     out.push(m);
                 }
-                return Some(out);
+                // Everything buffered was skipped: the caller pulls, so a fetch still sees
+                // everything stored before it.
+                let drained = out.is_empty() && g.buffer.is_empty();
+                drop(g);
+                if !rejected.is_empty() {
+                    self.reject_all(rejected);
+                }
+                return if drained { None } else { Some(out) };
             }
             if !g.outstanding.is_empty() {
                 return Some(Vec::new());
             }
             let (d, m, _) = g.buffer.pop_front()?;
+            let Some(m) = m else {
+                return Some(Vec::new());
+            };
             (d, m)
         };
         let (dlq, settings) = (self.dlq.clone(), self.shared.settings.clone());
@@ -458,7 +511,7 @@ impl JsCursor {
             Err(e) => {
                 // Server away: tried again at the next wake (kept alive meanwhile).
                 g.transient = Some(e.to_string());
-                g.buffer.push_front((d, m, true));
+                g.buffer.push_front((d, Some(m), true));
                 Some(Vec::new())
             }
         }

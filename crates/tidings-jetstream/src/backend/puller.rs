@@ -6,8 +6,11 @@
 //! One pull request is in flight at a time (the `pulling` lock), each a *no-wait* request
 //! for what the window has room for (at most [`MAX_PULL`]): the server answers at once
 //! with what it has for this consumer and then ends the request. Deliveries go into the
-//! buffer as they arrive (decoded, re-checked against the patterns, in the order the
-//! server sent them), and the first one into an empty buffer wakes the feeder. The task
+//! buffer as they arrive, in the order the server sent them, and the first one into an
+//! empty buffer wakes the feeder. They are decoded and re-checked against the stream's
+//! patterns when handed out, on the fetching thread: this runtime thread also runs the
+//! connection and the acknowledgements, so the work is spread over two (a returned
+//! message, rare, is decoded here). The task
 //! pulls again while the last request came back full and the window has room (at least a
 //! quarter of it, or the buffer ran empty), and otherwise waits for a nudge: a publish
 //! on the stream's subjects seen by the cursor's watch, an append through this backend, a
@@ -274,8 +277,8 @@ impl Puller {
         )
         .await
         {
-            Taken::Out(d, m) => (d, m, false),
-            Taken::Returned(d, m) => (d, m, true),
+            Taken::Out(d) => (d, None, false),
+            Taken::Returned(d, m) => (d, Some(*m), true),
             Taken::Done => return,
         };
         let was_empty = {
@@ -292,10 +295,10 @@ impl Puller {
 
 /// What became of one delivery.
 enum Taken {
-    /// Hand it out.
-    Out(Arc<Delivery>, Message),
+    /// Hand it out (decoded then).
+    Out(Arc<Delivery>),
     /// It came back unfinished: hand it out alone, when nothing else is out.
-    Returned(Arc<Delivery>, Message),
+    Returned(Arc<Delivery>, Box<Message>),
     /// Skipped, dead-lettered here, or already held.
     Done,
 }
@@ -306,7 +309,7 @@ const UNDECODABLE: &str = "tidings.undecodable";
 /// Dead-letters a record that is not a tidings message ([`DeadLetterReason::Rejected`],
 /// the reason naming the field) and terminates it. A failure leaves it to come back after
 /// the ack wait.
-async fn reject(
+pub(crate) async fn reject(
     cursor: &CursorShared,
     dlq: &DeadLetters,
     settings: &Settings,
@@ -375,18 +378,12 @@ async fn take(
             return Taken::Done;
         }
     }
-    let decoded = {
-        let header = |n: &str| d.headers().get(n).map(str::to_owned);
-        let stored = Stored {
-            subject: d.topic(),
-            payload: d.payload_bytes(),
-            sequence: seq,
-            published: d.published(),
-            header: &header,
-        };
-        codec::decode(&stored, &settings.limits)
-    };
-    let message = match decoded {
+    if delivered <= 1 {
+        // Decoded when handed out, on the fetching thread: this runtime thread also runs
+        // the connection and the acknowledgements.
+        return Taken::Out(d);
+    }
+    let message = match decode(&d, settings) {
         Ok(m) => m,
         Err(why) => {
             // One bad record (a foreign producer's) never stops the subscription.
@@ -401,8 +398,18 @@ async fn take(
         cursor.note_skipped();
         return Taken::Done;
     }
-    if delivered > 1 {
-        return Taken::Returned(d, message);
-    }
-    Taken::Out(d, message)
+    Taken::Returned(d, Box::new(message))
+}
+
+/// The tidings message a delivery carries.
+pub(crate) fn decode(d: &Delivery, settings: &Settings) -> Result<Message, codec::DecodeError> {
+    let header = |n: &str| d.headers().get(n).map(str::to_owned);
+    let stored = Stored {
+        subject: d.topic(),
+        payload: d.payload_bytes(),
+        sequence: d.sequence(),
+        published: d.published(),
+        header: &header,
+    };
+    codec::decode(&stored, &settings.limits)
 }
