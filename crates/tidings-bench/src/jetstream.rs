@@ -112,8 +112,10 @@ impl Counts {
                 publish_one: (4, 100),
                 publish_many: (2, 800),
             },
+            // Enough records that opening the subscription (a consumer and, for tidings,
+            // its DLQ streams, each creation fsynced) does not dominate the rate.
             (false, true) => Self {
-                consume: 5_000,
+                consume: 20_000,
                 publish_one: (10, 50),
                 publish_many: (6, 800),
             },
