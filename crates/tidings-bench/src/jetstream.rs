@@ -1,231 +1,240 @@
-//! `jetstream/publish/window=1`, `jetstream/publish/window=1000`, `jetstream/consume`:
-//! `tidings-jetstream` against raw `async-nats` doing the same work, on one local
-//! `nats-server` that this module starts (the testkit launcher: 127.0.0.1, a fresh store
-//! dir, `jetstream { sync_interval: always }`, so every acknowledgement waited for an fsync).
+//! The `jetstream/` and `jetstream-default/` cases: what a user of tidings on NATS
+//! JetStream uses (a [`JetStreamBackend`] behind a [`Broker`], or its cursor through the
+//! durable-source seam), against raw `async-nats` used the way its own users use it, on one
+//! local `nats-server` this module starts (the testkit launcher: 127.0.0.1, a fresh store
+//! dir). The `jetstream/` cases run against a server with `sync_interval: always` (every
+//! acknowledged write was fsynced); the `jetstream-default/` cases against one with
+//! JetStream's default sync, where the disk does not hide the client's own cost.
 //!
-//! * `publish/window=1` — publish with ack, one in flight: tidings `JetStream::append`;
-//!   raw `publish_with_headers(..).await?.await?` with the same subject, `Nats-Msg-Id` and
-//!   128-byte payload.
-//! * `publish/window=1000` — up to 1,000 acknowledgements in flight: tidings `Pipeline`; raw
-//!   a queue of `PublishAckFuture`s, the oldest awaited once more than 1,000 are in flight.
-//! * `consume` — durable consume + confirmed ack of records stored before the timer starts:
-//!   tidings `Durable::fetch` (batches of 100, pattern re-check) and `Delivery::ack`; raw a
-//!   durable pull consumer's `batch()` of 100 and `double_ack` per message.
-//! * `publish/broker` — what a service sees: `Broker::publish` from one thread to a stream on
-//!   the `JetStreamBackend` (it returns once the server acknowledged), against raw
-//!   `publish_with_headers(..).await?.await?` to the same stream.
-//! * `consume/broker` — a durable subscription on the `JetStreamBackend` handling records
-//!   stored before it was opened, from `subscribe_durable` until its handler saw the last
-//!   one, against a raw durable pull consumer created and drained (batches of 100,
-//!   `double_ack` each) in the same time frame.
+//! * `consume` — the backend's cursor through the seam ([`BackendCursor::fetch`] and
+//!   [`BackendCursor::finish`] as the feeder calls them, batches of up to 256), opened on
+//!   records stored before the timer starts, until it has finished all of them.
+//! * `consume/broker` — what a service sees: a new durable subscription on the
+//!   [`JetStreamBackend`] (`subscribe_durable`) until its handler saw the last stored record.
+//! * Both against the same records, read by a raw durable pull consumer created in the
+//!   timed slice and drained in batches of 500: `async-nats-plain-ack` acknowledges each
+//!   message with a plain `ack()` (how NATS users consume), `async-nats-double-ack` with
+//!   `double_ack()` (each acknowledgement confirmed).
+//! * `publish/broker` — `Broker::publish` from one thread (it returns once the server
+//!   acknowledged the append) against raw `publish_with_headers(..).await?.await?`, one in
+//!   flight (`async-nats`), to the same stream.
+//! * `publish/broker/publishers=16` — `Broker::publish` from 16 threads at once against raw
+//!   publishes with 16 acknowledgements in flight on one connection.
 //!
-//! The load on this machine and its disk comes and goes within a second, and every message
-//! waits for an fsync, so the two sides are not timed in separate rounds but **paired**: each
-//! round alternates short slices of each side (T R, R T, T R, …) and a side's rate for the
-//! round is its messages over the sum of its slices' times. The median is over rounds. Each
-//! round uses fresh subjects (and, for `consume`, a fresh durable consumer per side, created
-//! and filled before the timer starts and deleted after it stops).
-//! Without a `nats-server` binary (see `tidings_testkit::nats`) the cases are emitted with
-//! no values and the reason in their notes, and a line on stderr says so.
+//! The load on this machine and its disk comes and goes within a second, so the sides are
+//! not timed in separate runs but **paired**: each round times each side in turn (the
+//! order rotates from round to round), a side's rate for the round is its messages over
+//! its time, and the median is over rounds. Each round uses fresh subjects and durable
+//! names. Without a `nats-server` binary (see `tidings_testkit::nats`) the cases are
+//! emitted with no values and the reason in their notes, and a line on stderr says so.
 
-use std::cell::Cell;
 use std::collections::VecDeque;
 use std::future::IntoFuture;
-use std::num::NonZeroUsize;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
 use async_nats::HeaderMap;
 use async_nats::jetstream::consumer::{AckPolicy, PullConsumer, pull};
 use bytes::Bytes;
 use futures_util::StreamExt;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
+use tidings::durable::{BackendStream, CursorSpec, CursorWaker, DurableBackend, Finished, Outcome};
 use tidings::{
-    Broker, DurableSpec, HandlerError, Message, MessageId, Pattern, StreamConfig, SubscribeOptions,
-    Topic,
+    Broker, DurableSpec, HandlerError, Message, Pattern, StartAt, StreamConfig, SubscribeOptions,
 };
-use tidings_jetstream::{
-    ConnectOptions, ConsumerSpec, Durable, JetStream, JetStreamBackend, Record, StreamSpec,
-};
+use tidings_jetstream::{ConnectOptions, JetStreamBackend, record_subject};
 use tidings_testkit::nats::{NatsServer, NatsServerOptions};
 
 use crate::harness::{ContenderRun, Tally};
 use crate::{Case, Filter, Plan};
 
-const PUBLISH_ONE: &str = "jetstream/publish/window=1";
-const PUBLISH_WINDOW: &str = "jetstream/publish/window=1000";
-const CONSUME: &str = "jetstream/consume";
-const PUBLISH_BROKER: &str = "jetstream/publish/broker";
-const CONSUME_BROKER: &str = "jetstream/consume/broker";
-/// The baseline's name in every case.
-const RAW: &str = "raw-async-nats";
+const CONSUME: &str = "consume";
+const CONSUME_BROKER: &str = "consume/broker";
+const PUBLISH_BROKER: &str = "publish/broker";
+const PUBLISH_BROKER_16: &str = "publish/broker/publishers=16";
+const CASES: [&str; 4] = [CONSUME, CONSUME_BROKER, PUBLISH_BROKER, PUBLISH_BROKER_16];
+
+/// The case prefixes: the server with `sync_interval: always`, and the one with the default.
+const ALWAYS: &str = "jetstream/";
+const DEFAULT_SYNC: &str = "jetstream-default/";
+
+/// Baselines of the consume cases.
+const PLAIN_ACK: &str = "async-nats-plain-ack";
+const DOUBLE_ACK: &str = "async-nats-double-ack";
+/// Baseline of the publish cases.
+const RAW_PUBLISH: &str = "async-nats";
 
 const PAYLOAD_BYTES: usize = 128;
-const WINDOW: usize = 1_000;
-const FETCH_BATCH: usize = 100;
-/// The stream the `tidings-jetstream` cases append to (it captures `bench.#`).
-const STREAM: &str = "bench";
-/// The stream of the broker cases (it captures `broker.#`).
-const BROKER_STREAM: &str = "broker";
-/// Bound on one pull: the records are already stored, so only a stall reaches it.
-const PULL_WAIT: Duration = Duration::from_secs(5);
+/// Messages per pull of the raw consumers.
+const RAW_BATCH: usize = 500;
+/// Messages per fetch of the seam case (the feeder's batch).
+const SEAM_BATCH: usize = 256;
+/// The seam case's window (the default capacity of a subscription).
+const SEAM_WINDOW: usize = 1024;
+/// Publishers (threads, or acknowledgements in flight) of the concurrent publish case.
+const PUBLISHERS: usize = 16;
+/// The stream every case uses (it captures `broker.#`).
+const STREAM: &str = "broker";
+/// Bound on one wait: the records are already stored, so only a stall reaches it.
+const STALL: Duration = Duration::from_secs(30);
 
 pub(crate) fn case_names() -> Vec<String> {
-    vec![
-        PUBLISH_ONE.into(),
-        PUBLISH_WINDOW.into(),
-        CONSUME.into(),
-        PUBLISH_BROKER.into(),
-        CONSUME_BROKER.into(),
-    ]
+    [ALWAYS, DEFAULT_SYNC]
+        .iter()
+        .flat_map(|prefix| CASES.iter().map(move |c| format!("{prefix}{c}")))
+        .collect()
 }
 
-/// Slices per round and messages per slice for each case. With `sync_interval: always` the
-/// server fsyncs every message it stores (1,000 to 2,500 a second on this machine's disk,
-/// window or not), so these are small: the five cases take about ten seconds in `--quick`
-/// and a few minutes in the full run.
+/// Messages per side and round (and slices per round where a side is timed in slices).
 struct Counts {
-    /// `(slices, messages per slice)` of each case.
+    /// Stored records each consumer drains (a multiple of [`RAW_BATCH`], so no raw pull
+    /// waits out its expiry for a short batch).
+    consume: u64,
+    /// `(slices, messages per slice)`.
     publish_one: (usize, u64),
-    /// Slices longer than the window, so most of a slice runs with the window full.
-    publish_window: (usize, u64),
-    /// Messages per slice are a multiple of [`FETCH_BATCH`], so no pull waits out its expiry
-    /// for a short batch.
-    consume: (usize, u64),
-    publish_broker: (usize, u64),
-    /// Messages per side and round (one slice each: a durable subscription drains all).
-    consume_broker: u64,
+    /// `(slices, messages per slice)`, a multiple of [`PUBLISHERS`].
+    publish_many: (usize, u64),
 }
 
 impl Counts {
-    fn new(plan: &Plan) -> Self {
-        let window = WINDOW as u64;
-        let batch = FETCH_BATCH as u64;
-        if plan.quick {
-            Self {
+    fn new(plan: &Plan, always: bool) -> Self {
+        // With `sync_interval: always` every stored message waits for an fsync (1,000 to
+        // 6,000 a second on this machine's disk), so those counts are small.
+        match (plan.quick, always) {
+            (true, true) => Self {
+                consume: 1_000,
                 publish_one: (4, 25),
-                publish_window: (1, window + window / 5),
-                consume: (2, 2 * batch),
-                publish_broker: (4, 25),
-                consume_broker: 2 * batch,
-            }
-        } else {
-            Self {
+                publish_many: (2, 160),
+            },
+            (true, false) => Self {
+                consume: 2_000,
+                publish_one: (4, 100),
+                publish_many: (2, 800),
+            },
+            // Enough records that opening the subscription (a consumer and, for tidings,
+            // its DLQ streams, each creation fsynced) does not dominate the rate.
+            (false, true) => Self {
+                consume: 20_000,
                 publish_one: (10, 50),
-                publish_window: (4, 2 * window),
-                consume: (10, 5 * batch),
-                publish_broker: (10, 50),
-                consume_broker: 10 * batch,
-            }
+                publish_many: (6, 800),
+            },
+            (false, false) => Self {
+                consume: 20_000,
+                publish_one: (10, 500),
+                publish_many: (6, 4_000),
+            },
         }
     }
 }
 
 pub(crate) fn run(plan: &Plan, filter: &Filter) -> Vec<Case> {
-    let mut cases: Vec<Case> = case_names()
-        .into_iter()
-        .filter(|n| filter.wants(n))
-        .map(|n| Case::new(n, "msgs/s", true))
-        .collect();
-    if cases.is_empty() {
-        return cases;
+    let mut all = Vec::new();
+    for (prefix, always) in [(ALWAYS, true), (DEFAULT_SYNC, false)] {
+        let mut cases: Vec<Case> = CASES
+            .iter()
+            .map(|c| format!("{prefix}{c}"))
+            .filter(|n| filter.wants(n))
+            .map(|n| Case::new(n, "msgs/s", true))
+            .collect();
+        if !cases.is_empty() {
+            run_on_server(plan, always, prefix, &mut cases);
+        }
+        all.extend(cases);
     }
-    let skip = |cases: &mut Vec<Case>, why: String| {
-        eprintln!("jetstream cases skipped: {why}");
+    all
+}
+
+fn run_on_server(plan: &Plan, always: bool, prefix: &str, cases: &mut [Case]) {
+    let skip = |cases: &mut [Case], why: String| {
+        eprintln!("{prefix} cases skipped: {why}");
         for c in cases.iter_mut() {
             c.note(format!("skipped: {why}"));
         }
     };
     if NatsServer::binary().is_none() {
         skip(
-            &mut cases,
+            cases,
             format!("{}", tidings_testkit::nats::LaunchError::BinaryNotFound),
         );
-        return cases;
+        return;
     }
-    let server = match NatsServer::start(NatsServerOptions::new()) {
-        Ok(s) => s,
-        Err(e) => {
-            skip(&mut cases, format!("nats-server did not start: {e}"));
-            return cases;
-        }
+    let options = if always {
+        NatsServerOptions::new()
+    } else {
+        NatsServerOptions::new().default_sync()
     };
-    // Its own runtime: the shared one has no I/O driver. Two workers, like a small service.
+    let server = match NatsServer::start(options) {
+        Ok(s) => s,
+        Err(e) => return skip(cases, format!("nats-server did not start: {e}")),
+    };
+    // The raw client's runtime. Two workers, like a small service.
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
     {
         Ok(rt) => rt,
-        Err(e) => {
-            skip(&mut cases, format!("no tokio runtime: {e}"));
-            return cases;
-        }
+        Err(e) => return skip(cases, format!("no tokio runtime: {e}")),
     };
-    let bench = match runtime.block_on(Bench::connect(&server.url())) {
+    let bench = match Bench::connect(&runtime, &server.url()) {
         Ok(b) => b,
-        Err(e) => {
-            skip(&mut cases, e);
-            return cases;
-        }
+        Err(e) => return skip(cases, e),
     };
-    let c = Counts::new(plan);
+    let c = Counts::new(plan, always);
     let rounds = plan.rounds;
+    let sync = if always {
+        "sync_interval: always"
+    } else {
+        "the default sync"
+    };
     let common = format!(
-        "{rounds} rounds of alternating slices; {PAYLOAD_BYTES} B payload with Nats-Msg-Id; \
-         one local nats-server {} with sync_interval: always (store {}); one connection per side",
-        bench.js.server_version(),
-        server.store_dir().display()
+        "{rounds} rounds, the sides' order rotating; {PAYLOAD_BYTES} B payload; one local \
+         nats-server with {sync}; one connection per side"
     );
-    for case in &mut cases {
-        let (outcomes, what) = match case.name.as_str() {
-            PUBLISH_ONE => {
+    for case in cases.iter_mut() {
+        let name = case
+            .name
+            .strip_prefix(prefix)
+            .unwrap_or_default()
+            .to_owned();
+        let (outcomes, what) = match name.as_str() {
+            CONSUME => (
+                bench.consume(&runtime, rounds, c.consume, Drain::Seam),
+                format!(
+                    "{n} stored records per round read by each side; tidings: the backend's \
+                     cursor through the seam (fetch up to {SEAM_BATCH}, finish each batch); \
+                     raw: a new durable pull consumer, batches of {RAW_BATCH}",
+                    n = c.consume
+                ),
+            ),
+            CONSUME_BROKER => (
+                bench.consume(&runtime, rounds, c.consume, Drain::Broker),
+                format!(
+                    "{n} stored records per round read by each side; tidings: a new durable \
+                     subscription until its handler saw all; raw: a new durable pull \
+                     consumer, batches of {RAW_BATCH}",
+                    n = c.consume
+                ),
+            ),
+            PUBLISH_BROKER => {
                 let (slices, n) = c.publish_one;
                 (
-                    runtime.block_on(bench.publish(rounds, slices, n, 1)),
+                    bench.publish(&runtime, rounds, slices, n, 1),
                     format!(
-                        "{slices} x {n} messages per side and round, one acknowledgement in flight"
-                    ),
-                )
-            }
-            PUBLISH_WINDOW => {
-                let (slices, n) = c.publish_window;
-                (
-                    runtime.block_on(bench.publish(rounds, slices, n, WINDOW)),
-                    format!(
-                        "{slices} x {n} messages per side and round, up to {WINDOW} acknowledgements in flight"
-                    ),
-                )
-            }
-            CONSUME => {
-                let (slices, n) = c.consume;
-                (
-                    runtime.block_on(bench.consume(rounds, slices, n)),
-                    format!(
-                        "{slices} x {n} stored messages per side and round drained by a durable pull \
-                         consumer, batches of {FETCH_BATCH}, one confirmed ack awaited per message"
-                    ),
-                )
-            }
-            PUBLISH_BROKER => {
-                let (slices, n) = c.publish_broker;
-                (
-                    bench.publish_broker(&runtime, &server.url(), rounds, slices, n),
-                    format!(
-                        "{slices} x {n} messages per side and round; tidings: Broker::publish on a \
-                         JetStreamBackend stream; raw: publish with ack, one in flight"
+                        "{slices} x {n} messages per side and round; tidings: Broker::publish \
+                         from one thread; raw: publish with ack, one in flight"
                     ),
                 )
             }
             _ => {
-                let n = c.consume_broker;
+                let (slices, n) = c.publish_many;
                 (
-                    bench.consume_broker(&runtime, &server.url(), rounds, n),
+                    bench.publish(&runtime, rounds, slices, n, PUBLISHERS),
                     format!(
-                        "{n} stored messages per side and round; tidings: a new durable subscription \
-                         on the JetStreamBackend until its handler saw all; raw: a new durable pull \
-                         consumer drained in batches of {FETCH_BATCH}, one confirmed ack per message"
+                        "{slices} x {n} messages per side and round; tidings: Broker::publish \
+                         from {PUBLISHERS} threads; raw: publish with ack, {PUBLISHERS} in \
+                         flight on one connection"
                     ),
                 )
             }
@@ -234,10 +243,10 @@ pub(crate) fn run(plan: &Plan, filter: &Filter) -> Vec<Case> {
         case.note(what);
         case.note(&common);
     }
+    bench.broker.close(Duration::from_secs(5));
     drop(bench);
     drop(runtime);
     drop(server);
-    cases
 }
 
 fn fill(case: &mut Case, outcomes: &[ContenderRun]) {
@@ -253,8 +262,15 @@ fn fill(case: &mut Case, outcomes: &[ContenderRun]) {
             case.note(format!("{} FAILED: {e}", o.name));
         }
     }
-    if let (Some(ours), Some(raw)) = (case.tidings, case.baselines.get(RAW)) {
-        case.note(format!("tidings/raw = {:.2}", ours / raw));
+    if let Some(ours) = case.tidings {
+        let ratios: Vec<String> = case
+            .baselines
+            .iter()
+            .map(|(name, raw)| format!("tidings/{name} = {:.2}", ours / raw))
+            .collect();
+        if !ratios.is_empty() {
+            case.note(ratios.join(", "));
+        }
     }
 }
 
@@ -304,396 +320,254 @@ impl Side {
     }
 }
 
-/// Whether tidings goes first in slice `slice` of round `round` (T R, R T, … and each round
-/// starts with the other side than the previous one).
-fn tidings_first(round: usize, slice: usize) -> bool {
-    (round + slice).is_multiple_of(2)
+/// The order of `sides` sides in slice `slice` of round `round`: rotated by one each time,
+/// so no side always goes first.
+fn order(round: usize, slice: usize, sides: usize) -> Vec<usize> {
+    (0..sides).map(|i| (i + round + slice) % sides).collect()
 }
 
-/// The two clients on one server, and the ids and subjects they use.
+/// How the tidings side of a consume case reads.
+#[derive(Debug, Clone, Copy)]
+enum Drain {
+    /// The backend's cursor through the seam.
+    Seam,
+    /// A durable subscription on the broker.
+    Broker,
+}
+
+/// The broker on the JetStream backend, the backend itself, and a raw client, on one server.
 struct Bench {
-    js: JetStream,
+    broker: Broker,
+    stream: Arc<dyn BackendStream>,
     raw: async_nats::jetstream::Context,
     payload: Bytes,
-    /// Message ids are unique across the whole run, so no append is a duplicate.
-    next_id: Cell<u128>,
-    /// Subjects are unique per round and side: `bench.<n>`.
-    next_subject: Cell<u64>,
+    /// Subjects and durable names are unique per round and side: `broker.<n>`.
+    next: AtomicU64,
 }
 
 impl Bench {
-    async fn connect(url: &str) -> Result<Self, String> {
-        let js = ConnectOptions::new(url)
-            .connect()
-            .await
-            .map_err(|e| format!("tidings-jetstream could not connect: {e}"))?;
-        let pattern = Pattern::new("bench.#").map_err(|e| e.to_string())?;
-        js.ensure_stream(&StreamSpec::new(STREAM, [pattern]))
-            .await
-            .map_err(|e| format!("creating the stream: {e}"))?;
-        let client = async_nats::connect(url)
-            .await
-            .map_err(|e| format!("async-nats could not connect: {e}"))?;
-        Ok(Self {
-            js,
-            raw: async_nats::jetstream::new(client),
-            payload: Bytes::from(vec![0x5A; PAYLOAD_BYTES]),
-            next_id: Cell::new(1),
-            next_subject: Cell::new(1),
-        })
-    }
-
-    fn id(&self) -> MessageId {
-        let id = self.next_id.get();
-        self.next_id.set(id + 1);
-        MessageId::from_u128(id)
-    }
-
-    fn subject(&self) -> String {
-        let n = self.next_subject.get();
-        self.next_subject.set(n + 1);
-        format!("bench.{n}")
-    }
-
-    fn record(&self, topic: &Topic) -> Record {
-        Record::new(self.id(), topic.clone()).payload(self.payload.to_vec())
-    }
-
-    fn raw_headers(&self) -> HeaderMap {
-        let mut headers = HeaderMap::new();
-        headers.insert(
-            async_nats::header::NATS_MESSAGE_ID,
-            self.id().to_string().as_str(),
-        );
-        headers
-    }
-
-    /// Paired rounds of slices of `n` publishes with up to `window` acknowledgements in
-    /// flight.
-    async fn publish(
-        &self,
-        rounds: usize,
-        slices: usize,
-        n: u64,
-        window: usize,
-    ) -> Vec<ContenderRun> {
-        let (mut ours, mut raw) = (Side::new("tidings"), Side::new(RAW));
-        'rounds: for round in 0..rounds {
-            let topic = match Topic::new(&self.subject()) {
-                Ok(t) => t,
-                Err(e) => {
-                    ours.outcome.error = Some(e.to_string());
-                    break;
-                }
-            };
-            let subject = self.subject();
-            for slice in 0..slices {
-                for tidings in [tidings_first(round, slice), !tidings_first(round, slice)] {
-                    let ok = if tidings {
-                        ours.slice(self.publish_tidings(&topic, n, window).await)
-                    } else {
-                        raw.slice(self.publish_raw(&subject, n, window).await)
-                    };
-                    if !ok {
-                        break 'rounds;
-                    }
-                }
-            }
-            ours.end_round();
-            raw.end_round();
-        }
-        vec![ours.outcome, raw.outcome]
-    }
-
-    async fn publish_tidings(
-        &self,
-        topic: &Topic,
-        n: u64,
-        window: usize,
-    ) -> Result<(u64, Duration), String> {
-        let window = NonZeroUsize::new(window).ok_or("window 0")?;
-        let started = Instant::now();
-        if window.get() == 1 {
-            for _ in 0..n {
-                self.js
-                    .append(&self.record(topic))
-                    .await
-                    .map_err(|e| e.to_string())?;
-            }
-        } else {
-            let mut pipeline = self.js.pipeline(window);
-            for _ in 0..n {
-                pipeline
-                    .append(&self.record(topic))
-                    .await
-                    .map_err(|e| e.to_string())?;
-            }
-            while let Some(acked) = pipeline.next_acknowledged().await {
-                acked.map_err(|e| e.to_string())?;
-            }
-        }
-        Ok((n, started.elapsed()))
-    }
-
-    async fn publish_raw(
-        &self,
-        subject: &str,
-        n: u64,
-        window: usize,
-    ) -> Result<(u64, Duration), String> {
-        let started = Instant::now();
-        if window == 1 {
-            for _ in 0..n {
-                self.raw
-                    .publish_with_headers(
-                        subject.to_owned(),
-                        self.raw_headers(),
-                        self.payload.clone(),
-                    )
-                    .await
-                    .map_err(|e| e.to_string())?
-                    .await
-                    .map_err(|e| e.to_string())?;
-            }
-        } else {
-            // What `Pipeline` does: send, then wait for the oldest once more than the window
-            // is in flight.
-            let mut in_flight = VecDeque::with_capacity(window + 1);
-            for _ in 0..n {
-                let ack = self
-                    .raw
-                    .publish_with_headers(
-                        subject.to_owned(),
-                        self.raw_headers(),
-                        self.payload.clone(),
-                    )
-                    .await
-                    .map_err(|e| e.to_string())?;
-                in_flight.push_back(ack.into_future());
-                if in_flight.len() > window {
-                    let oldest = in_flight.pop_front().ok_or("empty queue")?;
-                    oldest.await.map_err(|e| e.to_string())?;
-                }
-            }
-            for ack in in_flight {
-                ack.await.map_err(|e| e.to_string())?;
-            }
-        }
-        Ok((n, started.elapsed()))
-    }
-
-    /// Stores `n` records on a fresh subject (untimed) and returns the subject.
-    async fn fill(&self, n: u64) -> Result<String, String> {
-        let subject = self.subject();
-        let topic = Topic::new(&subject).map_err(|e| e.to_string())?;
-        let mut pipeline = self
-            .js
-            .pipeline(NonZeroUsize::new(WINDOW).ok_or("window 0")?);
-        for _ in 0..n {
-            pipeline
-                .append(&self.record(&topic))
-                .await
-                .map_err(|e| format!("filling: {e}"))?;
-        }
-        while let Some(acked) = pipeline.next_acknowledged().await {
-            acked.map_err(|e| format!("filling: {e}"))?;
-        }
-        Ok(subject)
-    }
-
-    /// Paired rounds: each side gets `slices * n` stored messages and a fresh durable
-    /// consumer (untimed), then drains `n` per slice.
-    async fn consume(&self, rounds: usize, slices: usize, n: u64) -> Vec<ContenderRun> {
-        let (mut ours, mut raw) = (Side::new("tidings"), Side::new(RAW));
-        for round in 0..rounds {
-            let consumers = async {
-                let total = n * slices as u64;
-                let ours = self.tidings_consumer(&self.fill(total).await?).await?;
-                let theirs = self.raw_consumer(&self.fill(total).await?).await?;
-                Ok::<_, String>((ours, theirs))
-            };
-            let (durable, consumer) = match consumers.await {
-                Ok(c) => c,
-                Err(e) => {
-                    ours.outcome.error = Some(format!("setting up: {e}"));
-                    break;
-                }
-            };
-            let mut ok = true;
-            for slice in 0..slices {
-                for tidings in [tidings_first(round, slice), !tidings_first(round, slice)] {
-                    ok = if tidings {
-                        ours.slice(consume_tidings(&durable, n).await)
-                    } else {
-                        raw.slice(consume_raw(&consumer, n).await)
-                    };
-                    if !ok {
-                        break;
-                    }
-                }
-                if !ok {
-                    break;
-                }
-            }
-            // Untimed; a consumer left behind only costs the server a little.
-            let _ = durable.delete().await;
-            let _ = self
-                .raw
-                .delete_consumer_from_stream(
-                    consumer
-                        .cached_info()
-                        .config
-                        .durable_name
-                        .as_deref()
-                        .unwrap_or_default(),
-                    STREAM,
-                )
-                .await;
-            if !ok {
-                break;
-            }
-            ours.end_round();
-            raw.end_round();
-        }
-        vec![ours.outcome, raw.outcome]
-    }
-
-    /// A broker whose durable backend is JetStream on `url`, with the broker cases' stream.
-    fn broker(url: &str) -> Result<Broker, String> {
+    fn connect(runtime: &tokio::runtime::Runtime, url: &str) -> Result<Self, String> {
         let backend = JetStreamBackend::connect(ConnectOptions::new(url))
             .map_err(|e| format!("JetStreamBackend: {e}"))?;
         let broker = Broker::builder()
-            .durable_backend(Arc::new(backend))
+            .durable_backend(Arc::new(backend.clone()))
             .build()
             .map_err(|e| e.to_string())?;
+        let config = StreamConfig::new(STREAM, ["broker.#"]);
         broker
-            .create_stream(StreamConfig::new(BROKER_STREAM, ["broker.#"]))
+            .create_stream(config.clone())
             .map_err(|e| e.to_string())?;
-        Ok(broker)
+        let pattern = Pattern::new("broker.#").map_err(|e| e.to_string())?;
+        let stream = backend
+            .open_stream(&config, &[pattern])
+            .map_err(|e| format!("opening the stream through the seam: {e}"))?;
+        let client = runtime
+            .block_on(async_nats::connect(url))
+            .map_err(|e| format!("async-nats could not connect: {e}"))?;
+        // The JetStream context spawns a task of its own.
+        let _in_runtime = runtime.enter();
+        Ok(Self {
+            broker,
+            stream,
+            raw: async_nats::jetstream::new(client),
+            payload: Bytes::from(vec![0x5A; PAYLOAD_BYTES]),
+            next: AtomicU64::new(1),
+        })
     }
 
+    fn topic(&self) -> String {
+        format!("broker.{}", self.next.fetch_add(1, Ordering::Relaxed))
+    }
+
+    fn name(&self) -> String {
+        format!("d{}", self.next.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// `n` publishes on `topic` through the broker from `threads` threads at once.
     fn broker_publish(
         &self,
-        broker: &Broker,
         topic: &str,
         n: u64,
+        threads: usize,
     ) -> Result<(u64, Duration), String> {
+        let threads = threads.max(1) as u64;
         let started = Instant::now();
+        std::thread::scope(|s| {
+            let workers: Vec<_> = (0..threads)
+                .map(|i| {
+                    // `n` in all: the first `n % threads` publish one more.
+                    let share = n / threads + u64::from(i < n % threads);
+                    s.spawn(move || {
+                        for _ in 0..share {
+                            self.broker
+                                .publish(Message::to(topic).payload(self.payload.clone()))
+                                .map_err(|e| e.to_string())?;
+                        }
+                        Ok::<_, String>(())
+                    })
+                })
+                .collect();
+            for w in workers {
+                w.join().map_err(|_| "a publisher panicked".to_owned())??;
+            }
+            Ok::<_, String>(())
+        })?;
+        Ok((n, started.elapsed()))
+    }
+
+    /// `n` raw publishes with ack to the stream's subject of `topic`, up to `window` in
+    /// flight.
+    async fn raw_publish(
+        &self,
+        topic: &str,
+        n: u64,
+        window: usize,
+    ) -> Result<(u64, Duration), String> {
+        let subject = record_subject(STREAM, topic);
+        let started = Instant::now();
+        let mut in_flight = VecDeque::with_capacity(window + 1);
         for _ in 0..n {
-            broker
-                .publish(Message::to(topic).payload(self.payload.clone()))
+            let mut headers = HeaderMap::new();
+            let id = format!("{:032x}", self.next.fetch_add(1, Ordering::Relaxed));
+            headers.insert(async_nats::header::NATS_MESSAGE_ID, id.as_str());
+            let ack = self
+                .raw
+                .publish_with_headers(subject.clone(), headers, self.payload.clone())
+                .await
                 .map_err(|e| e.to_string())?;
+            in_flight.push_back(ack.into_future());
+            if in_flight.len() >= window {
+                let oldest = in_flight.pop_front().ok_or("empty queue")?;
+                oldest.await.map_err(|e| e.to_string())?;
+            }
+        }
+        for ack in in_flight {
+            ack.await.map_err(|e| e.to_string())?;
         }
         Ok((n, started.elapsed()))
     }
 
-    /// Paired rounds of slices: `Broker::publish` against raw publish with ack.
-    fn publish_broker(
+    /// Paired rounds of slices: `Broker::publish` from `publishers` threads against raw
+    /// publishes with `publishers` in flight.
+    fn publish(
         &self,
         runtime: &tokio::runtime::Runtime,
-        url: &str,
         rounds: usize,
         slices: usize,
         n: u64,
+        publishers: usize,
     ) -> Vec<ContenderRun> {
-        let (mut ours, mut raw) = (Side::new("tidings"), Side::new(RAW));
-        let broker = match Self::broker(url) {
-            Ok(b) => b,
-            Err(e) => {
-                ours.outcome.error = Some(e);
-                return vec![ours.outcome, raw.outcome];
-            }
-        };
+        let mut sides = [Side::new("tidings"), Side::new(RAW_PUBLISH)];
         'rounds: for round in 0..rounds {
-            let (topic, subject) = (self.broker_subject(), self.broker_subject());
+            let (ours, theirs) = (self.topic(), self.topic());
             for slice in 0..slices {
-                for tidings in [tidings_first(round, slice), !tidings_first(round, slice)] {
-                    let ok = if tidings {
-                        ours.slice(self.broker_publish(&broker, &topic, n))
+                for side in order(round, slice, 2) {
+                    let result = if side == 0 {
+                        self.broker_publish(&ours, n, publishers)
                     } else {
-                        raw.slice(runtime.block_on(self.publish_raw(&subject, n, 1)))
+                        runtime.block_on(self.raw_publish(&theirs, n, publishers))
                     };
-                    if !ok {
+                    if !sides[side].slice(result) {
                         break 'rounds;
                     }
                 }
             }
-            ours.end_round();
-            raw.end_round();
+            sides.iter_mut().for_each(Side::end_round);
         }
-        broker.close(Duration::from_secs(5));
-        vec![ours.outcome, raw.outcome]
+        sides.into_iter().map(|s| s.outcome).collect()
     }
 
-    /// Paired rounds: `n` messages stored for each side (untimed), then a new durable
-    /// subscription drains its share and a new raw consumer drains the other, in turn.
-    fn consume_broker(
+    /// Paired rounds: `n` records stored on a fresh topic (untimed), then read by the
+    /// tidings side and by both raw consumers, each with a durable of its own.
+    fn consume(
         &self,
         runtime: &tokio::runtime::Runtime,
-        url: &str,
         rounds: usize,
         n: u64,
+        drain: Drain,
     ) -> Vec<ContenderRun> {
-        let (mut ours, mut raw) = (Side::new("tidings"), Side::new(RAW));
-        let broker = match Self::broker(url) {
-            Ok(b) => b,
-            Err(e) => {
-                ours.outcome.error = Some(e);
-                return vec![ours.outcome, raw.outcome];
-            }
-        };
-        for round in 0..rounds {
-            let (topic, subject) = (self.broker_subject(), self.broker_subject());
-            let filled = self
-                .broker_publish(&broker, &topic, n)
-                .and_then(|_| self.broker_publish(&broker, &subject, n));
-            if let Err(e) = filled {
-                ours.outcome.error = Some(format!("filling: {e}"));
+        let mut sides = [
+            Side::new("tidings"),
+            Side::new(PLAIN_ACK),
+            Side::new(DOUBLE_ACK),
+        ];
+        'rounds: for round in 0..rounds {
+            let topic = self.topic();
+            if let Err(e) = self.broker_publish(&topic, n, PUBLISHERS) {
+                sides[0].outcome.error = Some(format!("filling: {e}"));
                 break;
             }
-            let mut ok = true;
-            for tidings in [tidings_first(round, 0), !tidings_first(round, 0)] {
-                ok = if tidings {
-                    ours.slice(self.durable_drain(&broker, &topic, n))
-                } else {
-                    raw.slice(runtime.block_on(async {
-                        let started = Instant::now();
-                        let consumer = self.raw_consumer_on(BROKER_STREAM, &subject).await?;
-                        consume_raw(&consumer, n).await?;
-                        Ok((n, started.elapsed()))
-                    }))
+            for side in order(round, 0, 3) {
+                let result = match (side, drain) {
+                    (0, Drain::Seam) => self.seam_drain(&topic, n),
+                    (0, Drain::Broker) => self.durable_drain(&topic, n),
+                    (s, _) => runtime.block_on(self.raw_drain(&topic, n, s == 1)),
                 };
-                if !ok {
-                    break;
+                if !sides[side].slice(result) {
+                    break 'rounds;
                 }
             }
-            if !ok {
-                break;
-            }
-            ours.end_round();
-            raw.end_round();
+            sides.iter_mut().for_each(Side::end_round);
         }
-        broker.close(Duration::from_secs(5));
-        vec![ours.outcome, raw.outcome]
+        sides.into_iter().map(|s| s.outcome).collect()
     }
 
-    /// Opens a durable subscription on `topic` and waits until its handler saw `n` messages.
-    fn durable_drain(
-        &self,
-        broker: &Broker,
-        topic: &str,
-        n: u64,
-    ) -> Result<(u64, Duration), String> {
+    /// Opens a cursor on `topic` through the seam and fetches and finishes `n` records.
+    fn seam_drain(&self, topic: &str, n: u64) -> Result<(u64, Duration), String> {
+        let (tx, rx) = mpsc::channel::<()>();
+        let waker = CursorWaker::new(move || {
+            let _ = tx.send(());
+        });
+        let pattern = Pattern::new(topic).map_err(|e| e.to_string())?;
+        let name = self.name();
+        let started = Instant::now();
+        let cursor = self
+            .stream
+            .open_cursor(CursorSpec::new(
+                &name,
+                &pattern,
+                StartAt::Earliest,
+                SEAM_WINDOW,
+                waker,
+            ))
+            .map_err(|e| e.to_string())?;
+        let mut done = 0;
+        let mut progress = Instant::now();
+        while done < n {
+            let fetched = cursor.fetch(SEAM_BATCH).map_err(|e| e.to_string())?;
+            if fetched.is_empty() {
+                // Woken when there may be more (and once a second regardless).
+                let _ = rx.recv_timeout(Duration::from_secs(1));
+                while rx.try_recv().is_ok() {}
+                if progress.elapsed() > STALL {
+                    return Err(format!("the cursor ran dry after {done} of {n}"));
+                }
+                continue;
+            }
+            progress = Instant::now();
+            let finished: Vec<Finished> = fetched
+                .into_iter()
+                .map(|m| Finished::new(Arc::new(m), Outcome::Delivered))
+                .collect();
+            done += finished.len() as u64;
+            cursor.finish(&finished).map_err(|e| e.to_string())?;
+        }
+        let took = started.elapsed();
+        cursor.close();
+        Ok((done, took))
+    }
+
+    /// Opens a durable subscription on `topic` and waits until its handler saw `n` records.
+    fn durable_drain(&self, topic: &str, n: u64) -> Result<(u64, Duration), String> {
         let tally = Arc::new(Tally::new());
         tally.arm(n, 1);
         let seen = Arc::new(AtomicU64::new(0));
         let (t, s) = (Arc::clone(&tally), Arc::clone(&seen));
         let started = Instant::now();
-        let subscription = broker
+        let subscription = self
+            .broker
             .subscribe_durable(
-                DurableSpec::new(BROKER_STREAM)
-                    .name(topic.replace('.', "-"))
-                    .filter(topic),
+                DurableSpec::new(STREAM).name(self.name()).filter(topic),
                 SubscribeOptions::default(),
                 move |_: &Message| -> Result<(), HandlerError> {
                     let before = s.fetch_add(1, Ordering::Relaxed);
@@ -702,9 +576,9 @@ impl Bench {
                 },
             )
             .map_err(|e| e.to_string())?;
-        if !tally.wait(Duration::from_secs(60)) {
+        if !tally.wait(STALL) {
             return Err(format!(
-                "the durable subscription saw {} of {n} within 60 s",
+                "the durable subscription saw {} of {n} within {STALL:?}",
                 seen.load(Ordering::Relaxed)
             ));
         }
@@ -713,88 +587,48 @@ impl Bench {
         Ok((n, took))
     }
 
-    fn broker_subject(&self) -> String {
-        let n = self.next_subject.get();
-        self.next_subject.set(n + 1);
-        format!("broker.{n}")
-    }
-
-    async fn tidings_consumer(&self, subject: &str) -> Result<Durable, String> {
-        let pattern = Pattern::new(subject).map_err(|e| e.to_string())?;
-        self.js
-            .durable(ConsumerSpec::new(
-                STREAM,
-                subject.replace('.', "-"),
-                pattern,
-            ))
-            .await
-            .map_err(|e| e.to_string())
-    }
-
-    async fn raw_consumer(&self, subject: &str) -> Result<PullConsumer, String> {
-        self.raw_consumer_on(STREAM, subject).await
-    }
-
-    async fn raw_consumer_on(&self, stream: &str, subject: &str) -> Result<PullConsumer, String> {
-        self.raw
+    /// Creates a raw durable pull consumer on `topic`'s records and acknowledges `n` of
+    /// them, each with a plain `ack()` or with `double_ack()`.
+    async fn raw_drain(&self, topic: &str, n: u64, plain: bool) -> Result<(u64, Duration), String> {
+        let started = Instant::now();
+        let consumer: PullConsumer = self
+            .raw
             .create_consumer_on_stream(
                 pull::Config {
-                    durable_name: Some(subject.replace('.', "-")),
-                    filter_subject: subject.to_owned(),
+                    durable_name: Some(self.name()),
+                    filter_subject: record_subject(STREAM, topic),
                     ack_policy: AckPolicy::Explicit,
                     ..Default::default()
                 },
-                stream,
+                STREAM,
             )
             .await
-            .map_err(|e| e.to_string())
-    }
-}
-
-async fn consume_tidings(durable: &Durable, n: u64) -> Result<(u64, Duration), String> {
-    let started = Instant::now();
-    let mut consumed = 0;
-    while consumed < n {
-        let fetched = durable
-            .fetch(FETCH_BATCH, PULL_WAIT)
-            .await
             .map_err(|e| e.to_string())?;
-        if fetched.deliveries.is_empty() {
-            return Err(format!("ran dry after {consumed} of {n}"));
-        }
-        for d in fetched.deliveries {
-            d.ack().await.map_err(|e| e.to_string())?;
-            consumed += 1;
-        }
-    }
-    Ok((consumed, started.elapsed()))
-}
-
-async fn consume_raw(consumer: &PullConsumer, n: u64) -> Result<(u64, Duration), String> {
-    let started = Instant::now();
-    let mut consumed = 0;
-    while consumed < n {
-        let mut batch = consumer
-            .batch()
-            .max_messages(FETCH_BATCH)
-            .expires(PULL_WAIT)
-            .messages()
-            .await
-            .map_err(|e| e.to_string())?;
-        let before = consumed;
-        while let Some(message) = batch.next().await {
-            message
-                .map_err(|e| e.to_string())?
-                .double_ack()
+        let mut consumed = 0;
+        while consumed < n {
+            let mut batch = consumer
+                .batch()
+                .max_messages(RAW_BATCH)
+                .expires(STALL)
+                .messages()
                 .await
                 .map_err(|e| e.to_string())?;
-            consumed += 1;
+            let before = consumed;
+            while let Some(message) = batch.next().await {
+                let message = message.map_err(|e| e.to_string())?;
+                if plain {
+                    message.ack().await.map_err(|e| e.to_string())?;
+                } else {
+                    message.double_ack().await.map_err(|e| e.to_string())?;
+                }
+                consumed += 1;
+            }
+            if consumed == before {
+                return Err(format!("ran dry after {consumed} of {n}"));
+            }
         }
-        if consumed == before {
-            return Err(format!("ran dry after {consumed} of {n}"));
-        }
+        Ok((consumed, started.elapsed()))
     }
-    Ok((consumed, started.elapsed()))
 }
 
 #[cfg(test)]
@@ -802,11 +636,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn slices_alternate_and_rounds_start_with_the_other_side() {
-        let order: Vec<bool> = (0..2)
-            .flat_map(|round| (0..3).map(move |slice| tidings_first(round, slice)))
-            .collect();
-        assert_eq!(order, [true, false, true, false, true, false]);
+    fn every_side_goes_first_in_turn() {
+        let firsts: Vec<usize> = (0..3).map(|round| order(round, 0, 3)[0]).collect();
+        assert_eq!(firsts, [0, 1, 2]);
+        assert_eq!(order(1, 0, 3), [1, 2, 0]);
+        assert_eq!(order(0, 1, 2), [1, 0]);
+    }
+
+    #[test]
+    fn every_case_runs_on_both_servers() {
+        let names = case_names();
+        assert_eq!(names.len(), 2 * CASES.len());
+        assert!(names.contains(&"jetstream/consume/broker".to_owned()));
+        assert!(names.contains(&"jetstream-default/publish/broker/publishers=16".to_owned()));
     }
 
     #[test]

@@ -8,21 +8,23 @@
 //!
 //! | tidings | JetStream |
 //! |---|---|
-//! | topic `a.b.c` | subject `a.b.c` |
+//! | topic `a.b.c` of stream `s` | subject `$TIDINGS.s.<s>.a.b.c` ([`record_subject`]) |
 //! | pattern `*` / `#` | `*` / the tightest superset of filters, re-checked client-side ([`subject`]) |
-//! | stream ([`StreamSpec`]) | stream, file storage |
-//! | append ([`JetStream::append`]) | publish with ack, `Nats-Msg-Id` = message id (dedup) |
-//! | durable subscription cursor ([`Durable`]) | durable pull consumer, explicit ack, `max_deliver`, backoff, inactivity cleanup |
+//! | durable stream ([`JetStreamBackend`]) | stream, file storage |
+//! | append | publish with ack, `Nats-Msg-Id` = message id (dedup) |
+//! | durable subscription cursor | durable pull consumer, explicit ack, inactivity cleanup |
 //! | `StartAt::{Earliest, Latest, Offset, Time}` | deliver policy all / new / by start sequence / by start time |
 //! | finished (handled or dead-lettered) | ack; redeliver: nak; still working: in-progress; give up: term |
 //!
 //! # What is here and what is not
-//! Connecting (credentials, TLS, bounded timeouts, a server version check), streams,
-//! appends, durable consumers (fetch-and-wait, ack/nak/in-progress/term, seek, lag) and the
-//! read-back check of consumer settings, and [`JetStreamBackend`]: all of it behind
-//! tidings' durable-source seam ([`tidings::durable::DurableBackend`]), so a broker keeps
-//! its durable streams, cursors and durable dead letters on the server. The dispatcher,
-//! retry loop, TTL check and scheduler stay tidings' own; nothing here retries a handler.
+//! Connecting ([`ConnectOptions`], [`NatsConnection`]: credentials, TLS, bounded timeouts,
+//! a server version check), [`JetStreamBackend`] behind tidings' durable-source seam
+//! ([`tidings::durable::DurableBackend`]), so a broker keeps its durable streams, cursors
+//! and durable dead letters on the server, and [`NatsTransport`] for the broker's
+//! transport over core NATS. The async JetStream client these are written on (streams,
+//! appends, durable consumers and the read-back check of their settings) is internal.
+//! The dispatcher, retry loop, TTL check and scheduler stay tidings' own; nothing here
+//! retries a handler.
 //!
 //! # Failure
 //! Every operation is bounded by the connection's request timeout and returns a typed error
@@ -31,8 +33,8 @@
 //! error naming the feature or field (R-DIST-4).
 //!
 //! # Offsets and time
-//! Offsets are JetStream stream sequences (the first record is 1). `StartAt::Time` and
-//! [`Delivery::published`] use the server's store time, not the tidings message timestamp.
+//! Offsets are JetStream stream sequences (the first record is 1). `StartAt::Time` uses
+//! the server's store time, not the tidings message timestamp.
 
 pub mod backend;
 mod classify;
@@ -45,7 +47,6 @@ mod error;
 pub mod subject;
 pub mod transport;
 
-pub use client::pipeline;
 use client::{consumer, stream_spec};
 use connection::connect;
 
@@ -54,23 +55,14 @@ pub use backend::{
     BACKEND_NAME, CAPABILITIES, DEFAULT_KEY_PARTITIONS, DEFAULT_MAX_DELIVERIES, JetStreamBackend,
     JetStreamBackendBuilder, MAX_KEY_PARTITIONS, MAX_NAME_BYTES, key_partition, record_subject,
 };
-pub use client::consumer::{ConsumerSpec, DEFAULT_ACK_WAIT, DEFAULT_INACTIVE_THRESHOLD};
-pub use client::consumer_settings::ConsumerSettings;
-pub use client::delivery::Delivery;
-pub use client::durable::{Durable, Fetched, Lag};
+pub use client::consumer::{DEFAULT_ACK_WAIT, DEFAULT_INACTIVE_THRESHOLD};
 pub use connect::{
-    ConnectOptions, DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT, JetStream,
-    MIN_SERVER_VERSION, ServerVersion, check_server_version,
+    ConnectOptions, DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT, MIN_SERVER_VERSION,
+    ServerVersion, check_server_version,
 };
 pub use connection::NatsConnection;
-pub use error::{
-    AckError, AppendError, ConnectError, ConsumerError, FetchError, InfoError, JetStreamError,
-    StreamSpecError,
-};
-pub use pipeline::{Acknowledged, Pipeline, PipelineError};
-pub use stream_spec::{
-    Appended, DEFAULT_DUPLICATE_WINDOW, RESERVED_HEADER_PREFIX, Record, StreamSpec, StreamState,
-};
+pub use error::{ConnectError, JetStreamError};
+pub use stream_spec::RESERVED_HEADER_PREFIX;
 pub use transport::{NatsTransport, NatsTransportBuilder, TRANSPORT_NAME, TransportStats};
 
 /// The workspace README's Rust examples, compiled (and the in-process one run) as doctests

@@ -14,7 +14,7 @@ use tidings::{
     Broker, DeadLetterReason, Driver, Message, Pattern, Priority, Retention, StartAt, StreamConfig,
     StreamError, StreamErrorKind,
 };
-use tidings_jetstream::{ConnectOptions, JetStreamBackend, JetStreamError, StreamSpec};
+use tidings_jetstream::{ConnectOptions, JetStreamBackend, JetStreamError};
 use tidings_testkit::nats::{NatsServer, NatsServerOptions};
 
 /// Generous bound for waits on the server (never asserted as a speed).
@@ -810,13 +810,17 @@ fn a_stream_made_without_recorded_patterns_is_compared_by_its_subjects() {
         .build()
         .expect("runtime");
     rt.block_on(async {
-        let js = options(&server).connect().await.expect("connects");
-        // Records on the topics themselves: what builds before the subject namespace made.
-        js.ensure_stream(&StreamSpec::new("legacy", [p("legacy.#")]))
-            .await
-            .expect("made");
         let client = async_nats::connect(server.url()).await.expect("connects");
         let context = async_nats::jetstream::new(client);
+        // Records on the topics themselves: what builds before the subject namespace made.
+        context
+            .create_stream(async_nats::jetstream::stream::Config {
+                name: "legacy".to_owned(),
+                subjects: vec!["legacy".to_owned(), "legacy.>".to_owned()],
+                ..Default::default()
+            })
+            .await
+            .expect("made");
         // Made before keyed consumer groups: the unkeyed namespace only.
         context
             .create_stream(async_nats::jetstream::stream::Config {
@@ -865,4 +869,91 @@ fn a_stream_made_without_recorded_patterns_is_compared_by_its_subjects() {
         .open_stream(&StreamConfig::new("manual", ["manual.#"]), &[p("manual.#")])
         .expect("adopted");
     s.append(&msg("manual.a", "x")).expect("append");
+}
+
+/// Finishing is plain acknowledgements confirmed once per batch, but `commit` and `state`
+/// confirm what was sent before reading the ack floor (R-LOG-3, R-BP-3): every message
+/// finished before the call counts, at once.
+#[test]
+fn commit_and_state_count_every_finish_made_before_them() {
+    let Some(server) = NatsServer::for_test(NatsServerOptions::new()) else {
+        return;
+    };
+    let b = backend(&server);
+    let s = stream(&b, "acks", &["acks.*"]);
+    for round in 0..3 {
+        let name = format!("reader{round}");
+        for i in 0..300 {
+            s.append(&msg("acks.x", &format!("m{i}"))).expect("append");
+        }
+        let end = s.end_offset();
+        let c = cursor(&*s, &name, "acks.*", StartAt::Earliest, 512);
+        let got = fetch_n(&*c.cursor, 300 * (round + 1));
+        let done: Vec<Finished> = got
+            .iter()
+            .map(|m| finished(m, Outcome::Delivered))
+            .collect();
+        c.cursor.finish(&done).expect("finish");
+        if round == 1 {
+            let state = c.cursor.state();
+            assert_eq!((state.committed, state.outstanding), (end, 0), "state");
+        } else {
+            assert_eq!(c.cursor.commit().expect("commit"), end, "commit");
+        }
+        c.cursor.close();
+    }
+}
+
+/// What the standing pull took ahead and no handler started is handed back at close, so
+/// the next holder of the name gets it at once, not after the ack wait (R-DIST-3), in
+/// stream order, none lost and none twice.
+#[test]
+fn close_hands_back_what_was_pulled_ahead() {
+    let Some(server) = NatsServer::for_test(NatsServerOptions::new()) else {
+        return;
+    };
+    let b = JetStreamBackend::builder()
+        .ack_wait(Duration::from_secs(120))
+        .connect(options(&server))
+        .expect("connects");
+    let s = stream(&b, "ahead", &["ahead.*"]);
+    for i in 0..100 {
+        s.append(&msg("ahead.x", &format!("{i:03}")))
+            .expect("append");
+    }
+    let first = cursor(&*s, "reader", "ahead.*", StartAt::Earliest, 256);
+    let got = fetch_n(&*first.cursor, 10);
+    let done: Vec<Finished> = got
+        .iter()
+        .map(|m| finished(m, Outcome::Delivered))
+        .collect();
+    first.cursor.finish(&done).expect("finish");
+    // Room for the standing pull to take the rest ahead (how much it took is not
+    // asserted: all of it must come back either way).
+    std::thread::sleep(Duration::from_millis(300));
+    first.cursor.close();
+    let started = Instant::now();
+    let next = cursor(&*s, "reader", "ahead.*", StartAt::Earliest, 256);
+    let mut seen = Vec::new();
+    while seen.len() < 90 {
+        assert!(
+            started.elapsed() < PATIENCE,
+            "only {} of 90 came back within {PATIENCE:?} (the ack wait is 120 s)",
+            seen.len()
+        );
+        let got = next.cursor.fetch(100).expect("fetch");
+        if got.is_empty() {
+            std::thread::sleep(Duration::from_millis(10));
+            continue;
+        }
+        let done: Vec<Finished> = got
+            .iter()
+            .map(|m| finished(m, Outcome::Delivered))
+            .collect();
+        next.cursor.finish(&done).expect("finish");
+        seen.extend(payloads(&got));
+    }
+    let expected: Vec<String> = (10..100).map(|i| format!("{i:03}")).collect();
+    assert_eq!(seen, expected);
+    assert_quiet(&*next.cursor, Duration::from_millis(300));
 }

@@ -251,12 +251,18 @@ fn a_process_killed_mid_stream_leaves_its_messages_to_the_other() {
     let mut a = Child::spawn(&url, dir, "a", delay, KILL_ACK_WAIT);
     let b = Child::spawn(&url, dir, "b", delay, KILL_ACK_WAIT);
     wait_ready(dir, 2);
-    publish_all(&url);
+    // Published while the children consume: they keep up with the publishes, so a kill
+    // after publishing everything could land after the last message was handled.
+    let publisher = {
+        let url = url.clone();
+        std::thread::spawn(move || publish_all(&url))
+    };
     wait_until("process a handled 1,000 messages", || {
         a.handled().len() >= 1_000
     });
     a.process.kill();
     let at_kill = tally(&[&a, &b]).len();
+    publisher.join().expect("the publisher");
     wait_until("every message handled", || {
         tally(&[&a, &b]).len() as u64 == MESSAGES
     });

@@ -1,22 +1,37 @@
 //! One durable subscription's cursor: a durable pull consumer read by a background fetch.
 //!
 //! # Fetching
-//! [`BackendCursor::fetch`] is one no-wait pull: the server answers at once with what it
-//! has for this consumer (one round trip, bounded by the request timeout), never waiting
-//! for new messages. A background task wakes the feeder when there may be more: on every
-//! message published to the stream's subjects (a core NATS subscription, so appends by
-//! other processes count too) and once a second (redeliveries after an ack wait). An
-//! append through this backend wakes its stream's cursors at once, so a manual driver sees
-//! it in its next step. Deliveries the client-side pattern re-check rejects, and redrive
-//! copies meant for another durable subscription, are acknowledged and counted as skipped
-//! by the filter. A failed pull (server away) returns no messages and is retried at the
-//! next wake; the client reconnects by itself.
+//! A standing pull ([`puller`](super::puller)) keeps a local buffer filled within the
+//! subscription's window, so [`BackendCursor::fetch`] hands out what is already here
+//! without a round trip. Only a fetch that finds the buffer empty waits: for a pull in
+//! flight to land, then for one no-wait pull of its own (one round trip, bounded by the
+//! request timeout), so a fetch always sees everything stored before it (the puller's
+//! docs say why no waiting pull is used). A background task wakes the feeder and nudges
+//! the puller when there may be more: on every message published to the stream's
+//! subjects (a core NATS subscription, so appends by other processes count too) and once
+//! a second (redeliveries after an ack wait). An append through this backend wakes its
+//! stream's cursors at once, so a manual driver sees it in its next step. Deliveries the
+//! client-side pattern re-check rejects, and redrive copies meant for another durable
+//! subscription, are acknowledged and counted as skipped by the filter. A failed pull
+//! (server away) returns no messages and is retried at the next wake; the client
+//! reconnects by itself.
 //!
 //! # Finishing
-//! Delivered and filtered messages are acknowledged (confirmed by the server); a dead
-//! letter is stored in the DLQ stream, that store is awaited, and only then is the original
-//! terminated. A message whose finish failed is dropped locally: the server hands it out
-//! again after the ack wait (at-least-once).
+//! Delivered and filtered messages get plain acknowledgements (no answer asked), sent in
+//! order by the cursor's acknowledgement task ([`acker`](super::acker)), which asks for
+//! one confirmed answer per batch: [`BackendCursor::finish`] of delivered messages never
+//! waits for the server. A lost plain acknowledgement costs one redelivery after the ack
+//! wait (at-least-once). Confirmation is awaited only where the code must know:
+//! - before [`BackendCursor::close`] returns (its naks go the same way, confirmed last);
+//! - before [`BackendCursor::seek`] deletes the consumer (a late acknowledgement would
+//!   land on the consumer created in its place, which has the same name);
+//! - before [`BackendCursor::commit`] and [`BackendCursor::state`] read the ack floor
+//!   (`state` only when something is unconfirmed);
+//! - for a dead letter: it is stored in the DLQ stream and that store is awaited, then the
+//!   original is terminated and that too is awaited before `finish` returns.
+//!
+//! A message whose finish failed is dropped locally: the server hands it out again after
+//! the ack wait (at-least-once).
 //!
 //! # Positions
 //! `committed` is one past the consumer's ack floor (the stream's end once nothing is out
@@ -58,7 +73,7 @@
 //! fetched and did not finish, so it is handed out again at once (to the next subscriber
 //! of the name, or another process sharing it).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -66,101 +81,141 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use tidings::durable::{BackendCursor, CursorSpec, CursorWaker, Finished, Outcome};
 use tidings::{
-    CursorState, DeadLetterReason, DurableDeadLetter, Message, MessageId, MessageParts, Pattern,
-    StartAt, StreamError, Topic,
+    CursorState, DeadLetterReason, DurableDeadLetter, Message, Pattern, StartAt, StreamError,
+    StreamErrorKind,
 };
 
+use super::acker::Acker;
 use super::dead_letters::DeadLetters;
+use super::puller::{Puller, decode, reject};
 use super::stream::{bounds, check_offset};
-use super::{Settings, Shared, keep_alive, keyed_prefix, nats_name, subject_prefix};
-use crate::classify::{js_error, seam};
+use super::{Settings, Shared, backend_error, keep_alive, keyed_prefix, nats_name, subject_prefix};
+use crate::classify::seam;
 use crate::client::consumer::ConsumerSpec;
-use crate::client::delivery::Delivery;
-use crate::client::durable::Durable;
-use crate::codec::{self, Stored, TARGET};
-use crate::error::FetchError;
+use crate::client::delivery::{Delivery, Finish};
 use crate::error::JetStreamError;
 
 #[derive(Default)]
-struct Inner {
+pub(crate) struct Inner {
     /// Handed out and not finished, by sequence.
-    outstanding: HashMap<u64, Arc<Delivery>>,
-    /// Why fetching stopped (a record that is not a tidings message, a deleted consumer).
-    error: Option<JetStreamError>,
-    /// The last failed pull (cleared by a successful one).
-    transient: Option<String>,
+    pub(crate) outstanding: HashMap<u64, Arc<Delivery>>,
+    /// Why fetching stopped (a deleted consumer).
+    pub(crate) error: Option<JetStreamError>,
+    /// The last failed pull or acknowledgement batch (cleared by a successful pull).
+    pub(crate) transient: Option<String>,
     /// The sequence after the last one handed out.
-    handed: u64,
-    /// From the first returned message of a pull on, in stream order, waiting: a returned
-    /// one (`true`) goes out alone, the others once no returned one is out.
-    returned: std::collections::VecDeque<(Arc<Delivery>, Message, bool)>,
+    pub(crate) handed: u64,
+    /// Pulled and not handed out yet, in the order the server sent them: a returned
+    /// message (`true`, decoded already) goes out alone, the others (decoded when handed
+    /// out) once no returned one is out.
+    pub(crate) buffer: VecDeque<(Arc<Delivery>, Option<Message>, bool)>,
     /// The returned message handed out alone and not finished: its sequence and the
     /// handler starts counted before it.
-    alone: Option<(u64, u32)>,
+    pub(crate) alone: Option<(u64, u32)>,
     /// Since when the consumer is missing on the server (a seek elsewhere recreates it).
-    gone_since: Option<Instant>,
+    pub(crate) gone_since: Option<Instant>,
     /// A keyed group's new partition owner collects what the last owner left before
-    /// handing anything out: pulls only queue, in stream order (see `group::partition`).
-    gathering: bool,
+    /// handing anything out: pulls only fill the buffer (see `group::partition`).
+    pub(crate) gathering: bool,
 }
 
 /// What the cursor and its background tasks share.
 pub(crate) struct CursorShared {
     inner: Mutex<Inner>,
     waker: CursorWaker,
+    /// Wakes the standing pull (room freed, something published).
+    nudge: tokio::sync::Notify,
     name: String,
     skipped_by_filter: AtomicU64,
     keep_alives: AtomicU64,
     closed: AtomicBool,
-    /// Keep-alives are sent only while this admits (a keyed group's partition lease).
-    keep_alive_while: std::sync::OnceLock<Arc<dyn Fn() -> bool + Send + Sync>>,
+    /// Keep-alives and background pulls only while this admits (a keyed group's
+    /// partition lease); unset: always.
+    admits: std::sync::OnceLock<Arc<dyn Fn() -> bool + Send + Sync>>,
 }
 
 impl CursorShared {
-    fn lock(&self) -> MutexGuard<'_, Inner> {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Inner> {
         // A panic while holding the lock leaves plain data: keep going.
         self.inner
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Every delivery held: handed out and not finished, or returned and waiting.
+    /// Every delivery held: handed out and not finished, or pulled and waiting.
     pub(crate) fn held(&self) -> Vec<Arc<Delivery>> {
         let g = self.lock();
         g.outstanding
             .values()
             .cloned()
-            .chain(g.returned.iter().map(|(d, _, _)| Arc::clone(d)))
+            .chain(g.buffer.iter().map(|(d, _, _)| Arc::clone(d)))
             .collect()
     }
 
-    /// Whether keep-alives may be sent now (always, unless a lease says otherwise).
-    pub(crate) fn may_keep_alive(&self) -> bool {
-        self.keep_alive_while.get().is_none_or(|admits| admits())
+    /// Whether keep-alives may be sent and the standing pull may pull now (always, unless
+    /// a lease says otherwise).
+    pub(crate) fn admitted(&self) -> bool {
+        self.admits.get().is_none_or(|admits| admits())
     }
 
     pub(crate) fn note_keep_alive(&self, n: usize) {
         self.keep_alives.fetch_add(n as u64, Ordering::Relaxed);
     }
 
-    /// Wakes the feeder (an append through this backend, say).
+    /// One more delivery finished here without being handed out (skipped by a filter).
+    pub(crate) fn note_skipped(&self) {
+        self.skipped_by_filter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The durable name (a redrive copy's target is compared with it).
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    /// There may be more on the server (an append through this backend, a publish seen,
+    /// the idle tick): wakes the feeder and the standing pull.
     pub(crate) fn wake(&self) {
-        if !self.closed.load(Ordering::Acquire) {
+        if !self.is_closed() {
+            self.nudge();
             self.waker.wake();
         }
+    }
+
+    /// Something landed in the buffer: wakes the feeder only.
+    pub(crate) fn wake_feeder(&self) {
+        if !self.is_closed() {
+            self.waker.wake();
+        }
+    }
+
+    /// Wakes the standing pull (it looks whether the window has room).
+    pub(crate) fn nudge(&self) {
+        self.nudge.notify_one();
+    }
+
+    /// Until the next [`nudge`](Self::nudge) (one given before counts).
+    pub(crate) async fn nudged(&self) {
+        self.nudge.notified().await;
     }
 }
 
 struct Tasks {
     watch: tokio::task::JoinHandle<()>,
     keep_alive: tokio::task::JoinHandle<()>,
+    puller: tokio::task::JoinHandle<()>,
+    acker: tokio::task::JoinHandle<()>,
 }
 
 /// A durable subscription's cursor on JetStream (see the [module docs](self)).
 pub(crate) struct JsCursor {
     shared: Arc<Shared>,
     cursor: Arc<CursorShared>,
-    durable: Mutex<Arc<Durable>>,
+    puller: Arc<Puller>,
+    acker: Acker,
     spec: ConsumerSpec,
     stream: String,
     /// The stream's patterns: a record none matches is skipped.
@@ -267,28 +322,53 @@ impl JsCursor {
         let cursor = Arc::new(CursorShared {
             inner: Mutex::new(Inner::default()),
             waker: spec.waker.clone(),
+            nudge: tokio::sync::Notify::new(),
             name: spec.name.to_owned(),
             skipped_by_filter: AtomicU64::new(0),
             keep_alives: AtomicU64::new(0),
             closed: AtomicBool::new(false),
-            keep_alive_while: std::sync::OnceLock::new(),
+            admits: std::sync::OnceLock::new(),
         });
-        let watch = shared
-            .rt
-            .spawn(watch(shared.js.clone(), subjects, Arc::clone(&cursor)));
-        let keep_alive = shared.rt.spawn(keep_alive::run(
+        let noted = Arc::downgrade(&cursor);
+        let (acker, acker_task) = Acker::new(move |e| {
+            if let Some(c) = noted.upgrade() {
+                c.lock().transient = Some(e);
+            }
+        });
+        let patterns = Arc::new(patterns);
+        let puller = Arc::new(Puller::new(
             Arc::clone(&cursor),
-            shared.settings.keep_alive,
+            durable,
+            dlq.clone(),
+            shared.settings.clone(),
+            Arc::clone(&patterns),
+            acker.clone(),
+            spec.window,
+            Arc::clone(&shared.changes),
         ));
+        let tasks = Tasks {
+            acker: shared.rt.spawn(acker_task),
+            puller: shared.rt.spawn(Arc::clone(&puller).run()),
+            watch: shared
+                .rt
+                .spawn(watch(shared.js.clone(), subjects, Arc::clone(&cursor))),
+            keep_alive: shared.rt.spawn(keep_alive::run(
+                Arc::clone(&cursor),
+                shared.settings.keep_alive,
+            )),
+        };
+        // Fill the buffer before the first fetch asks.
+        cursor.nudge();
         Ok(Self {
             shared,
             cursor,
-            durable: Mutex::new(Arc::new(durable)),
+            puller,
+            acker,
             spec: cspec,
             stream: stream.to_owned(),
-            patterns: Arc::new(patterns),
+            patterns,
             dlq,
-            tasks: Mutex::new(Some(Tasks { watch, keep_alive })),
+            tasks: Mutex::new(Some(tasks)),
             cached: Mutex::new(None),
         })
     }
@@ -298,21 +378,26 @@ impl JsCursor {
         Arc::clone(&self.cursor)
     }
 
-    /// Send keep-alives only while `admits` (a keyed group's partition lease).
-    pub(crate) fn keep_alive_while(&self, admits: Arc<dyn Fn() -> bool + Send + Sync>) {
-        let _ = self.cursor.keep_alive_while.set(admits);
+    /// Send keep-alives and pull in the background only while `admits` (a keyed group's
+    /// partition lease): a process whose lease lapsed neither takes the partition's
+    /// messages from the new owner nor keeps its old deliveries from coming back.
+    pub(crate) fn hold_while(&self, admits: Arc<dyn Fn() -> bool + Send + Sync>) {
+        let _ = self.cursor.admits.set(admits);
     }
 
-    /// Collect (`true`): pulls only queue what they bring, in stream order, handing out
-    /// nothing; `false`: hand the queue out as usual.
+    /// Collect (`true`): the buffer fills, in stream order, and nothing is handed out;
+    /// `false`: hand the buffer out as usual.
     pub(crate) fn set_gathering(&self, on: bool) {
         self.cursor.lock().gathering = on;
+        if on {
+            self.cursor.nudge();
+        }
     }
 
-    /// How many queued deliveries have a sequence of at most `seq`.
+    /// How many buffered deliveries have a sequence of at most `seq`.
     pub(crate) fn waiting_through(&self, seq: u64) -> usize {
         let g = self.cursor.lock();
-        g.returned
+        g.buffer
             .iter()
             .filter(|(d, _, _)| d.sequence() <= seq)
             .count()
@@ -324,13 +409,13 @@ impl JsCursor {
     pub(crate) fn forget(&self) {
         let mut g = self.cursor.lock();
         g.outstanding.clear();
-        g.returned.clear();
+        g.buffer.clear();
         g.alone = None;
     }
 
     /// The consumer's unfinished deliveries and the last stream sequence it delivered.
     pub(crate) fn unfinished(&self) -> Result<(u64, u64), StreamError> {
-        let durable = self.durable();
+        let durable = self.puller.durable();
         self.shared.call(self.shared.bound(1), async move {
             let info = durable
                 .info()
@@ -338,15 +423,6 @@ impl JsCursor {
                 .map_err(|e| seam("reading the durable consumer's state", e))?;
             Ok((info.num_ack_pending as u64, info.delivered.stream_sequence))
         })
-    }
-
-    fn durable(&self) -> Arc<Durable> {
-        Arc::clone(
-            &self
-                .durable
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner),
-        )
     }
 
     fn stop_tasks(&self) {
@@ -358,12 +434,25 @@ impl JsCursor {
         if let Some(old) = old {
             old.watch.abort();
             old.keep_alive.abort();
+            old.puller.abort();
+            old.acker.abort();
         }
+    }
+
+    /// Waits until every finish sent so far was confirmed by the server.
+    fn confirm_finishes(&self) -> Result<(), StreamError> {
+        let acker = self.acker.clone();
+        self.shared.call(self.shared.bound(1), async move {
+            acker
+                .flush()
+                .await
+                .map_err(|e| backend_error(StreamErrorKind::Unavailable, e))
+        })
     }
 
     fn info(&self) -> Result<Positions, StreamError> {
         let before = self.shared.changes();
-        let durable = self.durable();
+        let durable = self.puller.durable();
         let (js, stream) = (self.shared.js.clone(), self.stream.clone());
         let info = self.shared.call(self.shared.bound(1), async move {
             let (info, bounds) = tokio::join!(durable.info(), bounds(&js, &stream));
@@ -380,7 +469,7 @@ impl JsCursor {
     }
 
     /// The cached info when nothing changed since it was read and it is recent, else a
-    /// fresh one: the feeder asks for the state at every step.
+    /// fresh one.
     fn recent_info(&self) -> Result<Positions, StreamError> {
         {
             let cached = self
@@ -396,10 +485,116 @@ impl JsCursor {
         }
         self.info()
     }
+
+    /// Dead-letters records that are not tidings messages (one bad record, a foreign
+    /// producer's, never stops the subscription).
+    fn reject_all(&self, rejected: Vec<(Arc<Delivery>, crate::codec::DecodeError)>) {
+        let (cursor, dlq, settings) = (
+            Arc::clone(&self.cursor),
+            self.dlq.clone(),
+            self.shared.settings.clone(),
+        );
+        let bound = self
+            .shared
+            .bound(2 * u32::try_from(rejected.len()).unwrap_or(u32::MAX / 2));
+        let done = self.shared.call(bound, async move {
+            for (d, why) in &rejected {
+                reject(&cursor, &dlq, &settings, d, why).await;
+            }
+            Ok(())
+        });
+        if let Err(e) = done {
+            // Not terminated: they come back after the ack wait.
+            self.cursor.lock().transient = Some(e.to_string());
+        }
+    }
+
+    /// Hands out what waits in the buffer: the returned message at its front alone when
+    /// nothing else is out, else the others up to `max` while no returned one is out;
+    /// `None` when the buffer is empty.
+    fn hand_out_buffered(&self, max: usize) -> Option<Vec<Message>> {
+        let (d, m) = {
+            let mut g = self.cursor.lock();
+            if g.alone.is_some() || g.gathering {
+                return Some(Vec::new());
+            }
+            let (_, _, returned) = g.buffer.front()?;
+            if !returned {
+                let mut out = Vec::with_capacity(max.min(g.buffer.len()));
+                let mut rejected = Vec::new();
+                while out.len() < max && g.buffer.front().is_some_and(|(_, _, r)| !r) {
+                    let Some((d, m, _)) = g.buffer.pop_front() else {
+                        break;
+                    };
+                    let m = match m.map_or_else(|| decode(&d, &self.shared.settings), Ok) {
+                        Ok(m) => m,
+                        Err(why) => {
+                            rejected.push((d, why));
+                            continue;
+                        }
+                    };
+                    if !self.patterns.iter().any(|p| p.matches(m.topic())) {
+                        // In the stream's namespace but matched by none of its patterns
+                        // (R-RT-1): written there by hand, never by tidings.
+                        self.acker.send(d, Finish::Ack);
+                        self.cursor.note_skipped();
+                        continue;
+                    }
+                    let seq = d.sequence();
+                    g.handed = g.handed.max(seq + 1);
+                    g.outstanding.insert(seq, d);
+                    out.push(m);
+                }
+                // Everything buffered was skipped: the caller pulls, so a fetch still sees
+                // everything stored before it.
+                let drained = out.is_empty() && g.buffer.is_empty();
+                drop(g);
+                if !rejected.is_empty() {
+                    self.reject_all(rejected);
+                }
+                return if drained { None } else { Some(out) };
+            }
+            if !g.outstanding.is_empty() {
+                return Some(Vec::new());
+            }
+            let (d, m, _) = g.buffer.pop_front()?;
+            let Some(m) = m else {
+                return Some(Vec::new());
+            };
+            (d, m)
+        };
+        let (dlq, settings) = (self.dlq.clone(), self.shared.settings.clone());
+        let (dd, mm) = (Arc::clone(&d), m.clone());
+        let counted = self.shared.call(self.shared.bound(4), async move {
+            count_start(&dlq, &settings, &dd, &mm).await
+        });
+        self.shared.changed();
+        let mut g = self.cursor.lock();
+        match counted {
+            Ok(Some(before)) => {
+                let seq = d.sequence();
+                g.alone = Some((seq, before));
+                g.handed = g.handed.max(seq + 1);
+                g.outstanding.insert(seq, d);
+                Some(vec![m])
+            }
+            Ok(None) => {
+                drop(g);
+                self.cursor.wake();
+                Some(Vec::new())
+            }
+            Err(e) => {
+                // Server away: tried again at the next wake (kept alive meanwhile).
+                g.transient = Some(e.to_string());
+                g.buffer.push_front((d, Some(m), true));
+                Some(Vec::new())
+            }
+        }
+    }
 }
 
-/// Wakes the feeder on every publish to `subjects` and every [`IDLE_WAKE`]; see the
-/// [module docs](self).
+/// Wakes the feeder and the standing pull on every publish to `subjects` and every
+/// [`IDLE_WAKE`]; see the [module docs](self).
 async fn watch(js: crate::connect::JetStream, subjects: Vec<String>, cursor: Arc<CursorShared>) {
     let mut subs = Vec::new();
     for s in subjects {
@@ -422,125 +617,6 @@ async fn watch(js: crate::connect::JetStream, subjects: Vec<String>, cursor: Arc
         }
         cursor.wake();
     }
-}
-
-/// What became of one delivery.
-enum Taken {
-    /// Hand it out.
-    Out(Arc<Delivery>, Message),
-    /// It came back unfinished: hand it out alone, when nothing else is out.
-    Returned(Arc<Delivery>, Message),
-    /// Skipped, dead-lettered here, or already held.
-    Done,
-}
-
-/// The topic a record that does not decode is dead-lettered under when its own is not one.
-const UNDECODABLE: &str = "tidings.undecodable";
-
-/// Dead-letters a record that is not a tidings message ([`DeadLetterReason::Rejected`],
-/// the reason naming the field) and terminates it. A failure leaves it to come back after
-/// the ack wait.
-async fn reject(
-    cursor: &CursorShared,
-    dlq: &DeadLetters,
-    settings: &Settings,
-    d: &Delivery,
-    why: &codec::DecodeError,
-) {
-    let Ok(topic) = Topic::new(d.topic()).or_else(|_| Topic::new(UNDECODABLE)) else {
-        return;
-    };
-    let id = MessageId::from_u128(u128::from(d.sequence()));
-    let mut parts = MessageParts::new(id, topic.clone(), d.published());
-    parts.payload = d.payload_bytes();
-    parts.offset = Some(d.sequence());
-    let message = Message::from_parts(parts, &settings.limits).or_else(|_| {
-        let mut parts = MessageParts::new(id, topic, d.published());
-        parts.offset = Some(d.sequence());
-        Message::from_parts(parts, &settings.limits)
-    });
-    let Ok(message) = message else {
-        return;
-    };
-    let reason = DeadLetterReason::Rejected {
-        error: why.to_string(),
-    };
-    let stored = dlq.put(&message, &reason, 1).await;
-    if let Err(e) = stored {
-        cursor.lock().transient = Some(format!("dead-lettering an undecodable record: {e}"));
-        return;
-    }
-    if d.term().await.is_ok() {
-        cursor.skipped_by_filter.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-/// Takes one delivery (see [`Taken`]); `Err` is the reason fetching must stop.
-async fn take(
-    cursor: &CursorShared,
-    dlq: &DeadLetters,
-    settings: &Settings,
-    patterns: &[Pattern],
-    d: Delivery,
-) -> Result<Taken, JetStreamError> {
-    if let Some(target) = d.headers().get(TARGET)
-        && target != cursor.name
-    {
-        // A redrive copy for another durable subscription.
-        d.ack()
-            .await
-            .map_err(|e| js_error("acknowledging a redrive copy for another name", e))?;
-        cursor.skipped_by_filter.fetch_add(1, Ordering::Relaxed);
-        return Ok(Taken::Done);
-    }
-    let seq = d.sequence();
-    let delivered = d.delivered();
-    let d = Arc::new(d);
-    {
-        let mut g = cursor.lock();
-        if let Some(held) = g.outstanding.get_mut(&seq) {
-            // Handed out again by the server while still held here (an ack wait passed
-            // despite the keep-alive): keep the newer handle, do not hand it out twice.
-            *held = Arc::clone(&d);
-            return Ok(Taken::Done);
-        }
-        if let Some(waiting) = g.returned.iter_mut().find(|(w, _, _)| w.sequence() == seq) {
-            waiting.0 = Arc::clone(&d);
-            return Ok(Taken::Done);
-        }
-    }
-    let decoded = {
-        let header = |n: &str| d.headers().get(n).map(str::to_owned);
-        let stored = Stored {
-            subject: d.topic(),
-            payload: d.payload_bytes(),
-            sequence: seq,
-            published: d.published(),
-            header: &header,
-        };
-        codec::decode(&stored, &settings.limits)
-    };
-    let message = match decoded {
-        Ok(m) => m,
-        Err(why) => {
-            // One bad record (a foreign producer's) never stops the subscription.
-            reject(cursor, dlq, settings, &d, &why).await;
-            return Ok(Taken::Done);
-        }
-    };
-    if !patterns.iter().any(|p| p.matches(message.topic())) {
-        // In the stream's namespace but matched by none of its patterns (R-RT-1): written
-        // there by hand, never by tidings.
-        d.ack()
-            .await
-            .map_err(|e| js_error("acknowledging a record no pattern matches", e))?;
-        cursor.skipped_by_filter.fetch_add(1, Ordering::Relaxed);
-        return Ok(Taken::Done);
-    }
-    if delivered > 1 {
-        return Ok(Taken::Returned(d, message));
-    }
-    Ok(Taken::Out(d, message))
 }
 
 /// Before a returned message is handed out alone: its counted handler starts, and either
@@ -574,76 +650,9 @@ async fn count_start(
     Ok(Some(starts))
 }
 
-/// What one pull brought.
-#[derive(Default)]
-struct Pulled {
-    out: Vec<(Arc<Delivery>, Message)>,
-    returned: Vec<(Arc<Delivery>, Message, bool)>,
-    /// The consumer is not on the server (for now: a seek elsewhere recreates it).
-    gone: bool,
-}
-
-impl JsCursor {
-    /// Hands out what waits behind a returned message: the returned one alone when nothing
-    /// else is out, the others up to `max` while no returned one is out; `None` when
-    /// nothing waits.
-    fn fetch_returned(&self, max: usize) -> Option<Vec<Message>> {
-        let (d, m) = {
-            let mut g = self.cursor.lock();
-            if g.alone.is_some() {
-                return Some(Vec::new());
-            }
-            let (_, _, returned) = g.returned.front()?;
-            if !returned {
-                let mut out = Vec::new();
-                while out.len() < max && g.returned.front().is_some_and(|(_, _, r)| !r) {
-                    let (d, m, _) = g.returned.pop_front()?;
-                    let seq = d.sequence();
-                    g.handed = g.handed.max(seq + 1);
-                    g.outstanding.insert(seq, d);
-                    out.push(m);
-                }
-                return Some(out);
-            }
-            if !g.outstanding.is_empty() {
-                return Some(Vec::new());
-            }
-            let (d, m, _) = g.returned.pop_front()?;
-            (d, m)
-        };
-        let (dlq, settings) = (self.dlq.clone(), self.shared.settings.clone());
-        let (dd, mm) = (Arc::clone(&d), m.clone());
-        let counted = self.shared.call(self.shared.bound(4), async move {
-            count_start(&dlq, &settings, &dd, &mm).await
-        });
-        self.shared.changed();
-        let mut g = self.cursor.lock();
-        match counted {
-            Ok(Some(before)) => {
-                let seq = d.sequence();
-                g.alone = Some((seq, before));
-                g.handed = g.handed.max(seq + 1);
-                g.outstanding.insert(seq, d);
-                Some(vec![m])
-            }
-            Ok(None) => {
-                drop(g);
-                self.cursor.wake();
-                Some(Vec::new())
-            }
-            Err(e) => {
-                // Server away: tried again at the next wake (kept alive meanwhile).
-                g.transient = Some(e.to_string());
-                g.returned.push_front((d, m, true));
-                Some(Vec::new())
-            }
-        }
-    }
-}
-
 impl BackendCursor for JsCursor {
     fn fetch(&self, max: usize) -> Result<Vec<Message>, StreamError> {
-        if self.cursor.closed.load(Ordering::Acquire) {
+        if self.cursor.is_closed() {
             return Err(StreamError::Closed);
         }
         if let Some(e) = &self.cursor.lock().error {
@@ -652,112 +661,62 @@ impl BackendCursor for JsCursor {
         if max == 0 {
             return Ok(Vec::new());
         }
-        let gathering = self.cursor.lock().gathering;
-        if !gathering && let Some(alone) = self.fetch_returned(max) {
-            return Ok(alone);
+        if let Some(out) = self.hand_out_buffered(max) {
+            // Room or not, the puller looks.
+            self.cursor.nudge();
+            return Ok(out);
         }
-        let durable = self.durable();
-        let (cursor, dlq) = (Arc::clone(&self.cursor), self.dlq.clone());
-        let settings = self.shared.settings.clone();
-        let patterns = Arc::clone(&self.patterns);
-        let bound = self
-            .shared
-            .bound(2 + u32::try_from(max.min(64)).unwrap_or(64));
-        let pulled = self.shared.call(bound, async move {
-            let pulled: Result<Pulled, JetStreamError> = async {
-                let fetched = match durable.fetch(max, Duration::ZERO).await {
-                    Ok(f) => f,
-                    Err(FetchError::ConsumerGone { .. }) => {
-                        return Ok(Pulled {
-                            gone: true,
-                            ..Pulled::default()
-                        });
-                    }
-                    Err(e) => {
-                        // Retried at the next wake; the client reconnects by itself.
-                        cursor.lock().transient = Some(e.to_string());
-                        return Ok(Pulled::default());
-                    }
-                };
-                cursor
-                    .skipped_by_filter
-                    .fetch_add(fetched.skipped, Ordering::Relaxed);
-                let mut pulled = Pulled::default();
-                for d in fetched.deliveries {
-                    match take(&cursor, &dlq, &settings, &patterns, d).await? {
-                        // Stream order: nothing overtakes a returned message.
-                        Taken::Out(d, m) if pulled.returned.is_empty() => pulled.out.push((d, m)),
-                        Taken::Out(d, m) => pulled.returned.push((d, m, false)),
-                        Taken::Returned(d, m) => pulled.returned.push((d, m, true)),
-                        Taken::Done => {}
-                    }
-                }
-                cursor.lock().transient = None;
-                Ok(pulled)
-            }
-            .await;
-            Ok(pulled)
+        // The buffer is empty: wait out a pull in flight, then pull once here, so nothing
+        // stored before this fetch is missed (see the puller's docs).
+        let puller = Arc::clone(&self.puller);
+        let pulled = self.shared.call(self.shared.bound(2), async move {
+            Ok(puller.pull_if_empty(max).await)
         });
         let pulled = match pulled {
             Ok(Ok(p)) => p,
-            Ok(Err(stop)) => {
-                self.cursor.lock().error = Some(stop.clone());
-                return Err(stop.into());
+            // Retried at the next wake; the client reconnects by itself. What a pull that
+            // timed out took comes back after the ack wait.
+            Ok(Err(e)) => {
+                self.cursor.lock().transient = Some(e.to_string());
+                return Ok(Vec::new());
             }
-            // No answer in time: nothing handed out; what the pull took comes back after
-            // the ack wait.
             Err(e) => {
                 self.cursor.lock().transient = Some(e.to_string());
                 return Ok(Vec::new());
             }
         };
-        self.shared.changed();
-        let mut g = self.cursor.lock();
-        if pulled.gone {
-            let since = *g.gone_since.get_or_insert_with(Instant::now);
-            if since.elapsed() < REBIND_GRACE {
-                // A seek elsewhere deletes and recreates it: pull again at the next wake.
-                g.transient = Some("the durable consumer is not on the server".to_owned());
-                return Ok(Vec::new());
+        {
+            let mut g = self.cursor.lock();
+            if pulled.gone {
+                let since = *g.gone_since.get_or_insert_with(Instant::now);
+                if since.elapsed() < REBIND_GRACE {
+                    // A seek elsewhere deletes and recreates it: pull again at the next
+                    // wake.
+                    g.transient = Some("the durable consumer is not on the server".to_owned());
+                    return Ok(Vec::new());
+                }
+                let stop = JetStreamError::new(
+                    StreamErrorKind::Unavailable,
+                    format_args!(
+                        "the durable consumer was deleted on the server and not recreated \
+                         within {REBIND_GRACE:?} (inactivity threshold, or an administrator); \
+                         seek to create it again"
+                    ),
+                );
+                g.error = Some(stop.clone());
+                return Err(stop.into());
             }
-            let stop = JetStreamError::new(
-                tidings::StreamErrorKind::Unavailable,
-                format_args!(
-                    "the durable consumer was deleted on the server and not recreated \
-                     within {REBIND_GRACE:?} (inactivity threshold, or an administrator); \
-                     seek to create it again"
-                ),
-            );
-            g.error = Some(stop.clone());
-            return Err(stop.into());
+            g.gone_since = None;
         }
-        g.gone_since = None;
-        let handed_now = if g.gathering {
-            let fresh = pulled.out.into_iter().map(|(d, m)| (d, m, false));
-            g.returned.extend(fresh);
-            Vec::new()
-        } else {
-            pulled.out
-        };
-        let mut out = Vec::with_capacity(handed_now.len());
-        for (d, m) in handed_now {
-            let seq = d.sequence();
-            g.handed = g.handed.max(seq + 1);
-            g.outstanding.insert(seq, d);
-            out.push(m);
-        }
-        g.returned.extend(pulled.returned);
-        // The server redelivers in its own order, not the stream's: what waits goes out in
-        // stream order.
-        g.returned
-            .make_contiguous()
-            .sort_by_key(|(d, _, _)| d.sequence());
+        let out = self.hand_out_buffered(max).unwrap_or_default();
+        self.cursor.nudge();
         Ok(out)
     }
 
     fn finish(&self, done: &[Finished]) -> Result<(), StreamError> {
-        let mut work = Vec::with_capacity(done.len());
+        let mut dead = Vec::new();
         let mut wake = false;
+        let mut any = false;
         {
             let mut g = self.cursor.lock();
             for f in done {
@@ -769,73 +728,92 @@ impl BackendCursor for JsCursor {
                     wake = true;
                 }
                 // Unknown: finished after a seek or close; the server hands it out again.
-                if let Some(d) = g.outstanding.remove(&seq) {
-                    work.push((d, Arc::clone(&f.message), f.outcome.clone()));
+                let Some(d) = g.outstanding.remove(&seq) else {
+                    continue;
+                };
+                any = true;
+                match &f.outcome {
+                    Outcome::DeadLettered { reason, attempts } => {
+                        dead.push((d, Arc::clone(&f.message), reason.clone(), *attempts));
+                    }
+                    // Plain, in order, confirmed once per batch (module docs, "Finishing").
+                    _ => self.acker.send(d, Finish::Ack),
                 }
             }
         }
-        if work.is_empty() {
+        if !any {
             return Ok(());
         }
-        let dlq = self.dlq.clone();
-        let bound = self
-            .shared
-            .bound(2 * u32::try_from(work.len()).unwrap_or(u32::MAX / 2));
-        let result = self.shared.call(bound, async move {
-            let mut acks = Vec::new();
-            let mut first_error = None;
-            for (d, message, outcome) in &work {
-                match outcome {
-                    Outcome::DeadLettered { reason, attempts } => {
-                        // Stored in the DLQ first; only then is the original given up.
-                        let stored = dlq.put(message, reason, *attempts).await;
-                        match stored {
-                            Ok(()) => {
-                                if let Err(e) = d.term().await {
-                                    first_error.get_or_insert(seam("terminating a dead letter", e));
-                                }
-                            }
-                            Err(e) => {
-                                first_error.get_or_insert(e);
-                            }
+        let mut result = Ok(());
+        if !dead.is_empty() {
+            let (dlq, acker) = (self.dlq.clone(), self.acker.clone());
+            let bound = self
+                .shared
+                .bound(2 * u32::try_from(dead.len()).unwrap_or(u32::MAX / 2));
+            result = self.shared.call(bound, async move {
+                let mut first_error = None;
+                let mut terminated = false;
+                for (d, message, reason, attempts) in dead {
+                    // Stored in the DLQ first; only then is the original given up.
+                    match dlq.put(&message, &reason, attempts).await {
+                        Ok(()) => {
+                            acker.send(d, Finish::Term);
+                            terminated = true;
+                        }
+                        Err(e) => {
+                            first_error.get_or_insert(e);
                         }
                     }
-                    _ => acks.push(d.ack()),
                 }
-            }
-            for r in futures_util::future::join_all(acks).await {
-                if let Err(e) = r {
-                    first_error.get_or_insert(seam("acknowledging", e));
+                if terminated && let Err(e) = acker.flush().await {
+                    first_error.get_or_insert(backend_error(
+                        StreamErrorKind::Unavailable,
+                        format_args!("terminating a dead letter: {e}"),
+                    ));
                 }
-            }
-            first_error.map_or(Ok(()), Err)
-        });
+                first_error.map_or(Ok(()), Err)
+            });
+        }
         self.shared.changed();
         if wake {
             // The next returned message may go out now.
             self.cursor.wake();
+        } else {
+            // Room in the window: the standing pull may refill.
+            self.cursor.nudge();
         }
         result
     }
 
     fn seek(&self, at: StartAt) -> Result<u64, StreamError> {
-        if self.cursor.closed.load(Ordering::Acquire) {
+        if self.cursor.is_closed() {
             return Err(StreamError::Closed);
         }
         let js = self.shared.js.clone();
         let (stream, spec) = (self.stream.clone(), self.spec.clone());
+        let (puller, acker, cursor) = (
+            Arc::clone(&self.puller),
+            self.acker.clone(),
+            Arc::clone(&self.cursor),
+        );
         let start = at;
-        {
-            let mut g = self.cursor.lock();
-            // Void once the consumer is deleted; late finishes of them are ignored.
-            g.outstanding.clear();
-            g.returned.clear();
-            g.alone = None;
-            g.gone_since = None;
-            g.error = None;
-            g.handed = 0;
-        }
-        let durable = self.shared.call(self.shared.bound(5), async move {
+        let info = self.shared.call(self.shared.bound(7), async move {
+            // No pull in flight while the consumer is replaced.
+            let _pulling = puller.exclusive().await;
+            {
+                let mut g = cursor.lock();
+                // Void once the consumer is deleted; late finishes of them are ignored.
+                g.outstanding.clear();
+                g.buffer.clear();
+                g.alone = None;
+                g.gone_since = None;
+                g.error = None;
+                g.handed = 0;
+            }
+            // Every finish sent lands before the delete: none can reach the consumer
+            // created in its place under the same name. A server away fails the delete
+            // below anyway.
+            let _ = acker.flush().await;
             if let StartAt::Offset(n) = start
                 && n != 0
             {
@@ -845,27 +823,34 @@ impl BackendCursor for JsCursor {
             js.delete_consumer(&stream, spec.durable())
                 .await
                 .map_err(|e| seam("deleting the durable consumer to seek", e))?;
-            js.durable(spec.start(start))
+            let durable = js
+                .durable(spec.start(start))
                 .await
-                .map_err(|e| seam("creating the durable consumer at the new start", e))
+                .map_err(|e| seam("creating the durable consumer at the new start", e))?;
+            // Read before a pull moves it (the lock is still held).
+            let info = durable.info().await;
+            puller.replace_durable(durable);
+            let (_, end) = bounds(&js, &stream).await?;
+            let info = info.map_err(|e| seam("reading the durable consumer's state", e))?;
+            Ok(Positions::new(&info, end))
         });
-        let durable = durable?;
-        *self
-            .durable
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(durable);
         self.shared.changed();
-        // Read before the feeder's next fetch moves it.
-        let info = self.info();
-        self.cursor.waker.wake();
-        Ok(info?.position)
+        self.cursor.wake();
+        let info = info?;
+        *self
+            .cached
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) =
+            Some((self.shared.changes(), Instant::now(), info));
+        Ok(info.position)
     }
 
     fn commit(&self) -> Result<u64, StreamError> {
-        if self.cursor.closed.load(Ordering::Acquire) {
+        if self.cursor.is_closed() {
             return Err(StreamError::Closed);
         }
-        // Every acknowledgement was confirmed by the server: the ack floor is the commit.
+        // The ack floor counts only what the server applied.
+        self.confirm_finishes()?;
         Ok(self.info()?.committed)
     }
 
@@ -882,6 +867,11 @@ impl BackendCursor for JsCursor {
         state.outstanding = outstanding;
         state.skipped_by_filter = self.cursor.skipped_by_filter.load(Ordering::Relaxed);
         state.error = error;
+        if self.acker.unconfirmed() {
+            // The ack floor read below counts only what the server applied. Server away:
+            // the read below fails too and says so.
+            let _ = self.confirm_finishes();
+        }
         // Server away: the last positions read (the client reconnects by itself); the
         // failure shows as the error only when nothing was ever read.
         let info = self.recent_info().map_err(|e| {
@@ -906,6 +896,11 @@ impl BackendCursor for JsCursor {
         // above it included.
         state.lag = info.end.saturating_sub(info.committed);
         state
+    }
+
+    fn outstanding(&self) -> usize {
+        // Handed out and not finished; what waits in the buffer is not handed out.
+        self.cursor.lock().outstanding.len()
     }
 
     fn dead_letters(&self) -> Result<Vec<DurableDeadLetter>, StreamError> {
@@ -958,37 +953,45 @@ impl BackendCursor for JsCursor {
         if self.cursor.closed.swap(true, Ordering::AcqRel) {
             return;
         }
-        self.stop_tasks();
-        let mut held = self.cursor.held();
-        let alone = {
-            let mut g = self.cursor.lock();
-            g.outstanding.clear();
-            g.returned.clear();
-            g.alone.take()
-        };
-        if held.is_empty() {
-            return;
-        }
-        let dlq = self.dlq.clone();
-        // Handed out again at once rather than after the ack wait, in stream order (the
-        // server redelivers in the order it was told).
-        held.sort_by_key(|d| d.sequence());
+        let (puller, acker, cursor, dlq) = (
+            Arc::clone(&self.puller),
+            self.acker.clone(),
+            Arc::clone(&self.cursor),
+            self.dlq.clone(),
+        );
+        let held = self.cursor.held().len();
         let bound = self
             .shared
-            .bound(u32::try_from(held.len() + 1).unwrap_or(u32::MAX / 2));
+            .bound(2 + u32::try_from(held / 256).unwrap_or(u32::MAX / 4));
         let _ = self.shared.call(bound, async move {
+            // A pull in flight lands in the buffer first; none starts after (closed).
+            let _pulling = puller.exclusive().await;
+            let (mut held, alone) = {
+                let mut g = cursor.lock();
+                let g = &mut *g;
+                let held: Vec<Arc<Delivery>> = g
+                    .outstanding
+                    .drain()
+                    .map(|(_, d)| d)
+                    .chain(g.buffer.drain(..).map(|(d, _, _)| d))
+                    .collect();
+                (held, g.alone.take())
+            };
             if let Some((seq, before)) = alone {
                 // A clean close is no death: the start counted for it is taken back.
                 let _ = dlq.set_starts(seq, before).await;
             }
-            for d in &held {
-                if d.nak(None).await.is_err() {
-                    // Server away: the rest come back after the ack wait anyway.
-                    break;
-                }
+            // Handed out again at once rather than after the ack wait, in stream order
+            // (the server redelivers in the order it was told).
+            held.sort_by_key(|d| d.sequence());
+            for d in held {
+                acker.send(d, Finish::Nak);
             }
+            // Server away: what is not confirmed comes back after the ack wait anyway.
+            let _ = acker.flush().await;
             Ok(())
         });
+        self.stop_tasks();
     }
 }
 

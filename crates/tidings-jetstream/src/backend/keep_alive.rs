@@ -15,7 +15,7 @@ pub(crate) async fn run(cursor: Arc<CursorShared>, interval: Duration) {
     tick.tick().await;
     loop {
         tick.tick().await;
-        if !cursor.may_keep_alive() {
+        if !cursor.admitted() {
             // A keyed group's lease lapsed: what this process holds is another's soon.
             continue;
         }

@@ -5,8 +5,8 @@
 //! | seam | JetStream |
 //! |---|---|
 //! | [`BackendStream`] | a stream, file storage, on subjects of its own; append = publish with ack, `Nats-Msg-Id` = message id |
-//! | [`BackendCursor`] | a durable pull consumer, explicit ack, filter superset + client re-check |
-//! | finished: delivered / filtered | ack |
+//! | [`BackendCursor`] | a durable pull consumer, explicit ack, filter superset + client re-check; a standing no-wait pull keeps a buffer filled within the window |
+//! | finished: delivered / filtered | plain ack, in order, by the cursor's acknowledgement task, one confirmed answer per batch |
 //! | finished: dead-lettered | publish to the subscription's DLQ stream (a reference when too large), await its ack, *then* term |
 //! | message outstanding | in-progress acks every third of the ack wait (retry in place never hits it) |
 //! | message returned unfinished | handed out alone after its handler start is counted durably |
@@ -35,8 +35,9 @@
 //!
 //! # Failure
 //! Every seam call is bounded: one request timeout ([`ConnectOptions::request_timeout`])
-//! per round trip it makes plus 0.5 s (an append, a fetch, a state read: one; a finish: two
-//! per message). A server that is away yields [`StreamError::Backend`] naming `jetstream`
+//! per round trip it makes plus 0.5 s (an append, a fetch that finds the cursor's buffer
+//! empty, a state read: one; a finish of delivered messages: none, it only queues plain
+//! acknowledgements; a dead letter: two). A server that is away yields [`StreamError::Backend`] naming `jetstream`
 //! within that bound, never a hang: of kind `Unavailable` (not connected, no JetStream
 //! answering) or `TimedOut` (no answer in time), a refusal by the server `Refused` with its
 //! API error code kept in the [`JetStreamError`] source, a record
@@ -81,11 +82,13 @@
 //! [`Capabilities::first_offset`]: tidings::durable::Capabilities
 //! [`BackendCursor`]: tidings::durable::BackendCursor
 
+mod acker;
 mod cursor;
 mod dead_letters;
 pub(crate) mod dedup;
 mod group;
 mod keep_alive;
+mod puller;
 pub(crate) use crate::connection::runtime;
 mod stream;
 

@@ -24,6 +24,7 @@
 //! ([`ConsumerSpec::inactive_threshold`], default [`DEFAULT_INACTIVE_THRESHOLD`]) is deleted
 //! by the server, so renamed or abandoned durable subscriptions do not leak.
 
+#[cfg(test)]
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
@@ -423,6 +424,7 @@ impl JetStream {
             spec,
             consumer,
             settings: answered,
+            #[cfg(test)]
             skipped: AtomicU64::new(0),
         })
     }

@@ -8,6 +8,27 @@ use tidings::{Headers, MessageId};
 
 use crate::error::{AckError, FetchError};
 
+/// How a delivery is finished through a cursor's acknowledgement task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Finish {
+    /// Handled, or skipped by a filter: never delivered again.
+    Ack,
+    /// Handed out again at once.
+    Nak,
+    /// Given up (dead-lettered): never delivered again.
+    Term,
+}
+
+impl Finish {
+    fn kind(self) -> AckKind {
+        match self {
+            Self::Ack => AckKind::Ack,
+            Self::Nak => AckKind::Nak(None),
+            Self::Term => AckKind::Term,
+        }
+    }
+}
+
 /// One delivery of a stored record to a durable consumer.
 pub struct Delivery {
     pub(crate) message: async_nats::jetstream::Message,
@@ -91,12 +112,30 @@ impl Delivery {
             })
     }
 
+    /// Sends `finish` without asking for the server's answer (see `backend::acker`).
+    pub(crate) async fn send(&self, finish: Finish) -> Result<(), AckError> {
+        self.message
+            .ack_with(finish.kind())
+            .await
+            .map_err(|e| AckError::Failed {
+                detail: e.to_string(),
+            })
+    }
+
+    /// Sends `finish` and waits for the server's answer (bounded by the request timeout):
+    /// it, and every finish sent before it on this connection for this consumer, was
+    /// applied.
+    pub(crate) async fn confirm(&self, finish: Finish) -> Result<(), AckError> {
+        self.finish(finish.kind()).await
+    }
+
     /// The record's topic (its NATS subject).
     #[must_use]
     pub fn topic(&self) -> &str {
         &self.topic
     }
 
+    #[cfg(test)]
     /// The payload.
     #[must_use]
     pub fn payload(&self) -> &[u8] {
@@ -109,6 +148,7 @@ impl Delivery {
         &self.headers
     }
 
+    #[cfg(test)]
     /// The tidings message id (from `Nats-Msg-Id`), when the record carries one.
     #[must_use]
     pub fn message_id(&self) -> Option<MessageId> {
@@ -145,6 +185,7 @@ impl Delivery {
         }
     }
 
+    #[cfg(test)]
     /// Finishes the delivery (handled or dead-lettered) and waits for the server's
     /// confirmation: it will not be delivered again.
     ///
@@ -155,6 +196,7 @@ impl Delivery {
         self.finish(AckKind::Ack).await
     }
 
+    #[cfg(test)]
     /// Asks for redelivery, after `delay` when given (else at once).
     ///
     /// # Errors
@@ -164,6 +206,7 @@ impl Delivery {
         self.finish(AckKind::Nak(delay)).await
     }
 
+    #[cfg(test)]
     /// Says the handler is still working: the ack wait starts again.
     ///
     /// # Errors

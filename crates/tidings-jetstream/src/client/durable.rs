@@ -1,33 +1,28 @@
-//! [`Durable`]: a durable pull consumer, the cursor of one durable subscription (fetch,
-//! re-check, seek, lag, delete).
+//! [`Durable`]: a durable pull consumer, the cursor of one durable subscription.
 
+#[cfg(test)]
 use std::sync::atomic::{AtomicU64, Ordering};
+#[cfg(test)]
 use std::time::Duration;
 
 use async_nats::jetstream::ErrorCode;
 use async_nats::jetstream::consumer::{self};
+#[cfg(test)]
 use futures_util::StreamExt;
-use tidings::{StartAt, StreamErrorKind, Topic};
+use tidings::StreamErrorKind;
+#[cfg(test)]
+use tidings::Topic;
 
-use super::consumer::{ConsumerSpec, deliver_policy, map_consumer_error};
+use super::consumer::ConsumerSpec;
 use super::consumer_settings::ConsumerSettings;
+#[cfg(test)]
 use super::delivery::Delivery;
 use crate::classify::Classify;
 use crate::connect::JetStream;
-use crate::error::{ConsumerError, FetchError, InfoError};
-
-/// A consumer's backlog.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Lag {
-    /// Records matching the server-side filter not yet delivered (the filter is a superset
-    /// of the pattern, so this may count records the re-check will skip).
-    pub pending: u64,
-    /// Records delivered and not yet acknowledged.
-    pub ack_pending: u64,
-}
+use crate::error::{FetchError, InfoError};
 
 /// What one [`Durable::fetch`] returned.
+#[cfg(test)]
 #[derive(Debug)]
 #[non_exhaustive]
 pub struct Fetched {
@@ -47,6 +42,8 @@ pub struct Durable {
     pub(crate) spec: ConsumerSpec,
     pub(crate) consumer: consumer::PullConsumer,
     pub(crate) settings: ConsumerSettings,
+    /// Deliveries the pattern re-check of [`Durable::fetch`] skipped.
+    #[cfg(test)]
     pub(crate) skipped: AtomicU64,
 }
 
@@ -73,7 +70,8 @@ impl Durable {
 
     /// Total deliveries skipped by the client-side pattern re-check since opening.
     #[must_use]
-    pub fn skipped(&self) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn skipped(&self) -> u64 {
         self.skipped.load(Ordering::Relaxed)
     }
 
@@ -89,7 +87,8 @@ impl Durable {
     ///
     /// [`FetchError::ConsumerGone`] when the consumer was deleted (by its inactivity
     /// threshold, say), [`FetchError::Unavailable`] when the pull failed.
-    pub async fn fetch(&self, max: usize, wait: Duration) -> Result<Fetched, FetchError> {
+    #[cfg(test)]
+    pub(crate) async fn fetch(&self, max: usize, wait: Duration) -> Result<Fetched, FetchError> {
         let max = max.max(1);
         let mut raw = self.pull(max, None).await?;
         if raw.is_empty() && !wait.is_zero() {
@@ -120,6 +119,7 @@ impl Durable {
         })
     }
 
+    #[cfg(test)]
     async fn pull(
         &self,
         n: usize,
@@ -169,7 +169,7 @@ impl Durable {
     /// consumer is looked up, and the lookup's typed kind decides: not found (the consumer
     /// or its stream) is [`FetchError::ConsumerGone`], anything else
     /// [`FetchError::Unavailable`] with `detail`.
-    async fn pull_failed(&self, detail: String) -> FetchError {
+    pub(crate) async fn pull_failed(&self, detail: String) -> FetchError {
         use async_nats::jetstream::stream::ConsumerErrorKind as K;
         let looked_up = self
             .js
@@ -191,39 +191,6 @@ impl Durable {
             }
             _ => FetchError::Unavailable { detail },
         }
-    }
-
-    /// Moves the consumer to `start`: it is deleted and created again with the same durable
-    /// name and settings (JetStream cannot change a consumer's start), so unacknowledged
-    /// deliveries of every process sharing it are dropped and redelivered from `start`.
-    ///
-    /// # Errors
-    ///
-    /// As [`JetStream::durable`].
-    pub async fn seek(&mut self, start: StartAt) -> Result<(), ConsumerError> {
-        let policy = deliver_policy(&start)?;
-        match self
-            .js
-            .context
-            .delete_consumer_from_stream(&self.spec.durable, &self.spec.stream)
-            .await
-        {
-            Ok(_) => {}
-            Err(e) => {
-                use async_nats::jetstream::stream::ConsumerErrorKind as K;
-                let gone = matches!(e.kind(), K::JetStream(err)
-                    if err.error_code() == ErrorCode::CONSUMER_NOT_FOUND);
-                if !gone {
-                    return Err(map_consumer_error(&self.js, &self.spec, &e));
-                }
-            }
-        }
-        let spec = self.spec.clone().start(start);
-        let reopened = self.js.open(spec, policy).await?;
-        self.spec = reopened.spec;
-        self.consumer = reopened.consumer;
-        self.settings = reopened.settings;
-        Ok(())
     }
 
     /// A failed info request as an [`InfoError`], by its kind.
@@ -254,45 +221,5 @@ impl Durable {
             .await
             .cloned()
             .map_err(|e| self.info_error(&e))
-    }
-
-    /// The consumer's backlog, as the server reports it now.
-    ///
-    /// # Errors
-    ///
-    /// [`InfoError`].
-    pub async fn lag(&self) -> Result<Lag, InfoError> {
-        let mut consumer = self.consumer.clone();
-        let info = consumer.info().await.map_err(|e| self.info_error(&e))?;
-        Ok(Lag {
-            pending: info.num_pending,
-            ack_pending: info.num_ack_pending as u64,
-        })
-    }
-
-    /// Deletes the consumer on the server (for every process sharing it). Returns whether
-    /// it existed.
-    ///
-    /// # Errors
-    ///
-    /// [`ConsumerError::Refused`] or [`ConsumerError::TimedOut`].
-    pub async fn delete(self) -> Result<bool, ConsumerError> {
-        match self
-            .js
-            .context
-            .delete_consumer_from_stream(&self.spec.durable, &self.spec.stream)
-            .await
-        {
-            Ok(status) => Ok(status.success),
-            Err(e) => {
-                use async_nats::jetstream::stream::ConsumerErrorKind as K;
-                match e.kind() {
-                    K::JetStream(err) if err.error_code() == ErrorCode::CONSUMER_NOT_FOUND => {
-                        Ok(false)
-                    }
-                    _ => Err(map_consumer_error(&self.js, &self.spec, &e)),
-                }
-            }
-        }
     }
 }

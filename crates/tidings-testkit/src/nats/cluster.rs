@@ -99,6 +99,7 @@ impl NatsCluster {
                 token: None,
                 tls: None,
                 max_payload: None,
+                default_sync: false,
                 cluster: Some(NodeConfig {
                     name: node_name(i),
                     http_port: http,

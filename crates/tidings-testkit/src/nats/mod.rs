@@ -54,6 +54,10 @@ pub struct NatsServerOptions {
     /// When set, the largest message the server accepts (`max_payload`, bytes; the
     /// server's default is 1 MiB).
     pub max_payload: Option<u32>,
+    /// When set, the server keeps JetStream's default sync (every 2 minutes) instead of
+    /// `sync_interval: always`: for measuring a client where the disk does not hide it,
+    /// never for tests of durability.
+    pub default_sync: bool,
 }
 
 /// The server's side of TLS: its certificate chain and key (PEM files), and, for mutual
@@ -106,6 +110,14 @@ impl NatsServerOptions {
     #[must_use]
     pub fn tls(mut self, tls: TlsFiles) -> Self {
         self.tls = Some(tls);
+        self
+    }
+
+    /// Keeps JetStream's default sync instead of `sync_interval: always` (see
+    /// [`NatsServerOptions::default_sync`](Self#structfield.default_sync)).
+    #[must_use]
+    pub fn default_sync(mut self) -> Self {
+        self.default_sync = true;
         self
     }
 
@@ -209,6 +221,7 @@ pub struct NatsServer {
     token: Option<String>,
     tls: Option<TlsFiles>,
     max_payload: Option<u32>,
+    default_sync: bool,
     /// Set for a node of a [`NatsCluster`].
     cluster: Option<cluster::NodeConfig>,
     child: Option<Child>,
@@ -276,6 +289,7 @@ impl NatsServer {
             token: options.token,
             tls: options.tls,
             max_payload: options.max_payload,
+            default_sync: options.default_sync,
             cluster: None,
             child: None,
         };
@@ -371,9 +385,14 @@ impl NatsServer {
 
     fn write_config(&self) -> Result<PathBuf, LaunchError> {
         let store = self.store_dir();
+        let sync = if self.default_sync {
+            ""
+        } else {
+            "  sync_interval: always\n"
+        };
         let mut config = format!(
             "listen: 127.0.0.1:{}\n\
-             jetstream {{\n  store_dir: {:?}\n  sync_interval: always\n}}\n",
+             jetstream {{\n  store_dir: {:?}\n{sync}}}\n",
             self.port,
             store.display().to_string()
         );

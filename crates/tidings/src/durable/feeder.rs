@@ -358,7 +358,7 @@ impl CursorFeeder {
         }
         // Held (delayed) messages are outstanding but take no room in the window.
         let held = self.held.load(Ordering::Acquire);
-        let in_window = self.cursor.state().outstanding.saturating_sub(held);
+        let in_window = self.cursor.outstanding().saturating_sub(held);
         let held_room = max_held(self.window).saturating_sub(held);
         if in_window >= self.window || held_room == 0 {
             // Woken when a completion frees room, or a held message falls due.
@@ -483,6 +483,7 @@ mod tests {
         idles: Arc<AtomicUsize>,
         finished: Arc<AtomicUsize>,
         closed: Arc<AtomicUsize>,
+        states: Arc<AtomicUsize>,
     }
 
     impl BackendCursor for EmptyCursor {
@@ -503,7 +504,11 @@ mod tests {
             Ok(0)
         }
         fn state(&self) -> CursorState {
+            self.states.fetch_add(1, Ordering::SeqCst);
             CursorState::default()
+        }
+        fn outstanding(&self) -> usize {
+            0
         }
         fn dead_letters(&self) -> Result<Vec<DurableDeadLetter>, StreamError> {
             Ok(Vec::new())
@@ -623,6 +628,29 @@ mod tests {
             assert_eq!(feeder.step(clock.now()), ServiceStep::Idle);
             assert_eq!(idles.load(Ordering::SeqCst), n);
         }
+    }
+
+    /// A step asks the cursor how much it holds through `outstanding`, never through
+    /// `state`, which costs a remote backend a round trip per step (issue 28).
+    #[test]
+    fn a_step_never_asks_the_cursor_for_its_state() {
+        let clock = Arc::new(crate::ManualClock::new());
+        let cursor = EmptyCursor::default();
+        let states = cursor.states.clone();
+        let feeder = CursorFeeder::new(
+            "bill",
+            "orders",
+            SubscriptionId(1),
+            Box::new(cursor),
+            Arc::new(NoSink),
+            8,
+            clock.clone(),
+        );
+        feeder.started(Box::new(NoHandle { on_time: true }));
+        for _ in 0..3 {
+            assert_eq!(feeder.step(clock.now()), ServiceStep::Idle);
+        }
+        assert_eq!(states.load(Ordering::SeqCst), 0);
     }
 
     /// A stopped feeder's step touches nothing; `shutdown` reports what a worker handed

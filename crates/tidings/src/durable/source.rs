@@ -413,6 +413,16 @@ pub trait BackendCursor: Send + Sync {
     /// Position, commit and lag, as of now.
     fn state(&self) -> CursorState;
 
+    /// How many messages this cursor handed out and was not told are finished: the
+    /// feeder asks at every step how much room its window has. Answered from what the
+    /// cursor itself holds, without a round trip to a remote engine (where
+    /// [`state`](Self::state) may need one); always equal to `state().outstanding`. The
+    /// default asks [`state`](Self::state): a backend whose state costs more should
+    /// answer this itself.
+    fn outstanding(&self) -> usize {
+        self.state().outstanding
+    }
+
     /// The entries of the durable DLQ, oldest first (R-DEL-4).
     ///
     /// # Errors

@@ -466,6 +466,11 @@ impl BackendCursor for EmbeddedCursor {
         }
     }
 
+    fn outstanding(&self) -> usize {
+        // Without the lag, which reads the log's end.
+        self.state.lock().pending.len()
+    }
+
     fn dead_letters(&self) -> Result<Vec<DurableDeadLetter>, StreamError> {
         Ok(self.dlq_entries()?.into_iter().map(|(_, e)| e).collect())
     }

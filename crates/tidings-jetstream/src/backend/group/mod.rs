@@ -554,12 +554,21 @@ impl BackendCursor for GroupCursor {
         Ok(committed)
     }
 
+    fn outstanding(&self) -> usize {
+        if !self.closed.load(Ordering::Acquire)
+            && let Ok(_step) = self.step.try_lock()
+        {
+            // While its window is full the feeder asks only this: leases must still be
+            // followed then (cheap when nothing changed).
+            self.reconcile();
+        }
+        self.unkeyed.outstanding() + lock(&self.track).tracked.len()
+    }
+
     fn state(&self) -> CursorState {
         if !self.closed.load(Ordering::Acquire)
             && let Ok(_step) = self.step.try_lock()
         {
-            // The feeder asks only for the state while its window is full: leases must
-            // still be followed then.
             self.reconcile();
         }
         let mut s = self.combined_positions();

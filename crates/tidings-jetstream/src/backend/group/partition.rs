@@ -52,7 +52,7 @@ impl PartitionCursor {
         ack_wait: Duration,
         admits: Arc<dyn Fn() -> bool + Send + Sync>,
     ) -> Result<Self, StreamError> {
-        inner.keep_alive_while(admits);
+        inner.hold_while(admits);
         let (unfinished, through) = inner.unfinished()?;
         let gather = (unfinished > 0).then(|| {
             inner.set_gathering(true);

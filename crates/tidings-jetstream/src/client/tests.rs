@@ -1,16 +1,20 @@
-//! The JetStream durable source against a real `nats-server` (started by the testkit
-//! launcher, which installs a missing binary; skipped, with a notice, only under
-//! `TIDINGS_SKIP_NATS=1`). Every server a test starts is stopped when the test ends.
+//! The client layer against a real `nats-server` (started by the testkit launcher, which
+//! installs a missing binary; skipped, with a notice, only under `TIDINGS_SKIP_NATS=1`).
+//! Every server a test starts is stopped when the test ends.
 
 use std::collections::BTreeSet;
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
-use tidings::{MessageId, Pattern, StartAt, Topic};
-use tidings_jetstream::{
-    AppendError, ConnectError, ConnectOptions, ConsumerError, ConsumerSpec, Delivery, Durable,
-    FetchError, InfoError, JetStream, MIN_SERVER_VERSION, Record, StreamSpec, StreamSpecError,
+use super::consumer::ConsumerSpec;
+use super::delivery::Delivery;
+use super::durable::Durable;
+use super::stream_spec::{Record, StreamSpec};
+use crate::connect::{ConnectOptions, JetStream, MIN_SERVER_VERSION};
+use crate::error::{
+    AppendError, ConnectError, ConsumerError, FetchError, InfoError, StreamSpecError,
 };
+use tidings::{MessageId, Pattern, StartAt, Topic};
 use tidings_testkit::nats::{NatsServer, NatsServerOptions};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -225,9 +229,9 @@ async fn wildcards_through_jetstream_are_amqp_exact() {
             // `a.>` lets a.b.c and a.a through; the re-check skips them, counted.
             assert_eq!(durable.skipped(), 2, "R-RT-1 skipped counted");
         }
-        let lag = durable.lag().await.expect("lag");
+        let info = durable.info().await.expect("info");
         assert_eq!(
-            (lag.pending, lag.ack_pending),
+            (info.num_pending, info.num_ack_pending as u64),
             (0, 0),
             "pattern {p}: all finished"
         );
@@ -336,7 +340,7 @@ async fn start_at_sequence_time_latest_and_seek() {
     // R-LOG-4 on JetStream: start by (server store) time, first record at or after it.
     assert_eq!(seqs(drain(&by_time, 2).await), [4, 5]);
 
-    let mut latest = js
+    let latest = js
         .durable(ConsumerSpec::new("log", "latest", pattern("log.#")).start(StartAt::Latest))
         .await
         .expect("consumer");
@@ -352,7 +356,13 @@ async fn start_at_sequence_time_latest_and_seek() {
     // R-LOG-4: Latest delivers only what is appended after.
     assert_eq!(seqs(drain(&latest, 1).await), [6]);
 
-    latest.seek(StartAt::Offset(2)).await.expect("seek");
+    // What the backend's seek does: JetStream cannot move a consumer, so it is deleted
+    // and created again at the new start.
+    assert!(js.delete_consumer("log", "latest").await.expect("delete"));
+    let latest = js
+        .durable(ConsumerSpec::new("log", "latest", pattern("log.#")).start(StartAt::Offset(2)))
+        .await
+        .expect("recreated");
     // R-LOG-4: seek moves the cursor back.
     assert_eq!(seqs(drain(&latest, 5).await), [2, 3, 4, 5, 6]);
 
@@ -549,7 +559,7 @@ async fn an_abandoned_consumer_is_removed_by_its_inactivity_threshold() {
     // Nobody fetches: the server deletes it (bounded wait; the threshold is the server's).
     let deadline = Instant::now() + PATIENCE;
     let gone = loop {
-        match durable.lag().await {
+        match durable.info().await {
             Err(InfoError::ConsumerGone { .. }) => break true,
             Ok(_) if Instant::now() < deadline => {
                 tokio::time::sleep(Duration::from_millis(200)).await;

@@ -1,0 +1,421 @@
+//! The standing pull of one cursor: a task on the backend's runtime keeps a local buffer
+//! filled within the subscription's window, so [`BackendCursor::fetch`] hands out what
+//! is already here without a round trip.
+//!
+//! # How it pulls
+//! One pull request is in flight at a time (the `pulling` lock), each a *no-wait* request
+//! for what the window has room for (at most [`MAX_PULL`]): the server answers at once
+//! with what it has for this consumer and then ends the request. Deliveries go into the
+//! buffer as they arrive, which is put in stream order when the request ends (the server
+//! redelivers in its own order), and the first one into an empty buffer wakes the feeder. They are decoded and re-checked against the stream's
+//! patterns when handed out, on the fetching thread: this runtime thread also runs the
+//! connection and the acknowledgements, so the work is spread over two (a returned
+//! message, rare, is decoded here). The task
+//! pulls again while the last request came back full and the window has room (at least a
+//! quarter of it, or the buffer ran empty), and otherwise waits for a nudge: a publish
+//! on the stream's subjects seen by the cursor's watch, an append through this backend, a
+//! finish or a fetch that freed room, the watch's idle tick.
+//!
+//! # Why no waiting pull
+//! A pull that waits at the server (`expires`, heartbeats) would save the idle requests,
+//! but it breaks a promise the manual driver's callers rely on: *a fetch sees everything
+//! stored before it*. With a waiting request parked at the server, a record stored just
+//! before a fetch may be on its way to the buffer, or still unsent, or handed to a later
+//! request that overtook the parked one; the fetch cannot tell "nothing yet" from "nothing
+//! there", so it would answer empty and the manual driver would call the subscription
+//! idle with a record stored. A no-wait request has a definite end: when its answer is
+//! in, everything the server had for this consumer when it handled the request (up to the
+//! batch size) is in the buffer. So a fetch that finds the buffer empty takes the
+//! `pulling` lock (waiting out a request in flight, whose deliveries land in the buffer
+//! first), and if the buffer is still empty makes one no-wait pull itself: an empty answer
+//! then truly means nothing stored before the fetch is left for this consumer.
+//!
+//! # Bounds
+//! The buffer and the messages handed out together stay within the window the feeder
+//! asked for, so one process never holds more of a shared consumer than its window. While
+//! a returned message waits in the buffer or is handed out alone (see the cursor's
+//! "Handler starts, not fetches, count"), nothing more is pulled in the background.
+//! Buffered messages are held like handed-out ones: kept alive, nak'ed at close.
+//!
+//! # Keyed partitions
+//! A keyed group's partition cursor pulls in the background only while its lease admits
+//! (`CursorShared::admitted`), so a process whose lease lapsed takes nothing from the new
+//! owner. While its new owner *gathers* what the last owner left, returned messages do
+//! not stop the pull and nothing is handed out: the buffer fills (within the window) until
+//! the partition cursor sees every unfinished delivery back, then goes out in stream
+//! order.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use futures_util::StreamExt;
+use tidings::{DeadLetterReason, Message, MessageId, MessageParts, Pattern, Topic};
+
+use super::Settings;
+use super::acker::Acker;
+use super::cursor::CursorShared;
+use super::dead_letters::DeadLetters;
+use crate::client::delivery::{Delivery, Finish};
+use crate::client::durable::Durable;
+use crate::codec::{self, Stored, TARGET};
+use crate::error::FetchError;
+
+/// Most messages asked for in one pull request.
+pub(crate) const MAX_PULL: usize = 512;
+
+/// The standing pull of one cursor (see the [module docs](self)).
+pub(crate) struct Puller {
+    cursor: Arc<CursorShared>,
+    durable: Mutex<Arc<Durable>>,
+    dlq: DeadLetters,
+    settings: Settings,
+    patterns: Arc<Vec<Pattern>>,
+    acker: Acker,
+    window: usize,
+    /// The backend's change count (a pull changes the consumer's state on the server).
+    changes: Arc<AtomicU64>,
+    /// Held by whoever pulls (the task, a fetch that found the buffer empty) and by a seek
+    /// or close that must know no pull is in flight.
+    pulling: tokio::sync::Mutex<()>,
+}
+
+/// What one pull request brought.
+#[derive(Debug, Default)]
+pub(crate) struct Pulled {
+    /// Deliveries received (whatever became of them).
+    pub(crate) received: usize,
+    /// The consumer is not on the server (for now: a seek elsewhere recreates it).
+    pub(crate) gone: bool,
+}
+
+impl Puller {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        cursor: Arc<CursorShared>,
+        durable: Durable,
+        dlq: DeadLetters,
+        settings: Settings,
+        patterns: Arc<Vec<Pattern>>,
+        acker: Acker,
+        window: usize,
+        changes: Arc<AtomicU64>,
+    ) -> Self {
+        Self {
+            cursor,
+            durable: Mutex::new(Arc::new(durable)),
+            dlq,
+            settings,
+            patterns,
+            acker,
+            window: window.max(1),
+            changes,
+            pulling: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// The consumer pulled from.
+    pub(crate) fn durable(&self) -> Arc<Durable> {
+        Arc::clone(
+            &self
+                .durable
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
+    }
+
+    /// Pulls from `durable` from now on (a seek recreated the consumer); call with the
+    /// `pulling` lock held.
+    pub(crate) fn replace_durable(&self, durable: Durable) {
+        *self
+            .durable
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(durable);
+    }
+
+    /// Waits until no pull is in flight and keeps it so while the guard lives.
+    pub(crate) async fn exclusive(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.pulling.lock().await
+    }
+
+    /// What a fetch that found the buffer empty does: after any pull in flight answered,
+    /// one no-wait pull of up to `max` when the buffer is still empty.
+    ///
+    /// # Errors
+    /// The pull failed ([`FetchError::Unavailable`]); retried at the next wake.
+    pub(crate) async fn pull_if_empty(&self, max: usize) -> Result<Pulled, FetchError> {
+        let _pulling = self.pulling.lock().await;
+        if !self.cursor.lock().buffer.is_empty() {
+            return Ok(Pulled::default());
+        }
+        self.pull_locked(max.clamp(1, MAX_PULL)).await
+    }
+
+    /// How many to pull in the background now (0: none).
+    fn want(&self) -> usize {
+        if self.cursor.is_closed() || !self.cursor.admitted() {
+            return 0;
+        }
+        let g = self.cursor.lock();
+        if g.error.is_some() || g.gone_since.is_some() {
+            return 0;
+        }
+        // A returned message goes out alone (see the cursor's docs), so nothing more is
+        // taken while one waits; except while gathering, when everything the last owner
+        // left must come in before anything goes out.
+        if !g.gathering && (g.alone.is_some() || g.buffer.iter().any(|(_, _, r)| *r)) {
+            return 0;
+        }
+        let room = self
+            .window
+            .saturating_sub(g.outstanding.len() + g.buffer.len());
+        let worth = (self.window / 4).clamp(1, MAX_PULL);
+        if room == 0 || room < worth && !g.buffer.is_empty() {
+            return 0;
+        }
+        room.min(MAX_PULL)
+    }
+
+    /// The background task: pulls while there is room and the server has more, then
+    /// waits for a nudge. Runs until aborted (the cursor closes).
+    pub(crate) async fn run(self: Arc<Self>) {
+        loop {
+            self.cursor.nudged().await;
+            loop {
+                if self.want() == 0 {
+                    break;
+                }
+                let _pulling = self.pulling.lock().await;
+                let want = self.want();
+                if want == 0 {
+                    break;
+                }
+                match self.pull_locked(want).await {
+                    Ok(p) if !p.gone && p.received >= want => {}
+                    Ok(_) => break,
+                    Err(e) => {
+                        // Retried at the next nudge (the watch's tick at the latest); the
+                        // client reconnects by itself.
+                        self.cursor.lock().transient = Some(e.to_string());
+                        break;
+                    }
+                }
+            }
+        }
+    }
+
+    /// One no-wait pull of up to `max`, its deliveries into the buffer; call with the
+    /// `pulling` lock held.
+    async fn pull_locked(&self, max: usize) -> Result<Pulled, FetchError> {
+        let mut pulled = Pulled::default();
+        if self.cursor.is_closed() {
+            return Ok(pulled);
+        }
+        let durable = self.durable();
+        let unavailable = |detail: String| FetchError::Unavailable { detail };
+        let mut batch = durable
+            .consumer
+            .fetch()
+            .max_messages(max)
+            .messages()
+            .await
+            .map_err(|e| unavailable(e.to_string()))?;
+        self.changes.fetch_add(1, Ordering::AcqRel);
+        // The server ends a no-wait request itself; the bound only guards against a
+        // connection that went silent.
+        let bound = durable.js.request_timeout;
+        loop {
+            match tokio::time::timeout(bound, batch.next()).await {
+                Err(_) if pulled.received == 0 => {
+                    return Err(unavailable(format!(
+                        "no answer to the pull within {bound:?}"
+                    )));
+                }
+                Err(_) | Ok(None) => break,
+                Ok(Some(Err(e))) => match durable.pull_failed(e.to_string()).await {
+                    FetchError::ConsumerGone { .. } => {
+                        pulled.gone = true;
+                        break;
+                    }
+                    other if pulled.received == 0 => return Err(other),
+                    _ => break,
+                },
+                Ok(Some(Ok(m))) => {
+                    pulled.received += 1;
+                    self.receive(&durable, m).await;
+                }
+            }
+        }
+        {
+            let mut g = self.cursor.lock();
+            g.transient = None;
+            // The server redelivers in its own order, not the stream's: what waits goes
+            // out in stream order (a keyed partition's new owner relies on it). Nearly
+            // sorted already, so this is a linear pass.
+            g.buffer
+                .make_contiguous()
+                .sort_by_key(|(d, _, _)| d.sequence());
+        }
+        Ok(pulled)
+    }
+
+    /// One delivery into the buffer, or finished here (see [`Taken`]).
+    async fn receive(&self, durable: &Durable, m: async_nats::jetstream::Message) {
+        let Ok(d) = Delivery::new(m, durable.js.request_timeout, durable.spec.namespaces()) else {
+            // No JetStream metadata: not a delivery of this consumer's (it cannot be
+            // acknowledged either).
+            return;
+        };
+        let ours = Topic::new(d.topic()).is_ok_and(|t| durable.spec.pattern.matches(&t));
+        if !ours {
+            // The server's filter is a superset of the subscription's pattern: not this
+            // subscription's, finished so it is not delivered again.
+            self.acker.send(Arc::new(d), Finish::Ack);
+            self.cursor.note_skipped();
+            return;
+        }
+        let (d, m, returned) = match take(
+            &self.cursor,
+            &self.dlq,
+            &self.acker,
+            &self.settings,
+            &self.patterns,
+            d,
+        )
+        .await
+        {
+            Taken::Out(d) => (d, None, false),
+            Taken::Returned(d, m) => (d, Some(*m), true),
+            Taken::Done => return,
+        };
+        let was_empty = {
+            let mut g = self.cursor.lock();
+            let was_empty = g.buffer.is_empty();
+            g.buffer.push_back((d, m, returned));
+            was_empty
+        };
+        if was_empty {
+            self.cursor.wake_feeder();
+        }
+    }
+}
+
+/// What became of one delivery.
+enum Taken {
+    /// Hand it out (decoded then).
+    Out(Arc<Delivery>),
+    /// It came back unfinished: hand it out alone, when nothing else is out.
+    Returned(Arc<Delivery>, Box<Message>),
+    /// Skipped, dead-lettered here, or already held.
+    Done,
+}
+
+/// The topic a record that does not decode is dead-lettered under when its own is not one.
+const UNDECODABLE: &str = "tidings.undecodable";
+
+/// Dead-letters a record that is not a tidings message ([`DeadLetterReason::Rejected`],
+/// the reason naming the field) and terminates it. A failure leaves it to come back after
+/// the ack wait.
+pub(crate) async fn reject(
+    cursor: &CursorShared,
+    dlq: &DeadLetters,
+    settings: &Settings,
+    d: &Delivery,
+    why: &codec::DecodeError,
+) {
+    let Ok(topic) = Topic::new(d.topic()).or_else(|_| Topic::new(UNDECODABLE)) else {
+        return;
+    };
+    let id = MessageId::from_u128(u128::from(d.sequence()));
+    let mut parts = MessageParts::new(id, topic.clone(), d.published());
+    parts.payload = d.payload_bytes();
+    parts.offset = Some(d.sequence());
+    let message = Message::from_parts(parts, &settings.limits).or_else(|_| {
+        let mut parts = MessageParts::new(id, topic, d.published());
+        parts.offset = Some(d.sequence());
+        Message::from_parts(parts, &settings.limits)
+    });
+    let Ok(message) = message else {
+        return;
+    };
+    let reason = DeadLetterReason::Rejected {
+        error: why.to_string(),
+    };
+    let stored = dlq.put(&message, &reason, 1).await;
+    if let Err(e) = stored {
+        cursor.lock().transient = Some(format!("dead-lettering an undecodable record: {e}"));
+        return;
+    }
+    // Stored in the DLQ first; only then is the original given up, confirmed.
+    if d.term().await.is_ok() {
+        cursor.note_skipped();
+    }
+}
+
+/// Takes one delivery (see [`Taken`]).
+async fn take(
+    cursor: &CursorShared,
+    dlq: &DeadLetters,
+    acker: &Acker,
+    settings: &Settings,
+    patterns: &[Pattern],
+    d: Delivery,
+) -> Taken {
+    if let Some(target) = d.headers().get(TARGET)
+        && target != cursor.name()
+    {
+        // A redrive copy for another durable subscription.
+        acker.send(Arc::new(d), Finish::Ack);
+        cursor.note_skipped();
+        return Taken::Done;
+    }
+    let seq = d.sequence();
+    let delivered = d.delivered();
+    let d = Arc::new(d);
+    {
+        let mut g = cursor.lock();
+        if let Some(held) = g.outstanding.get_mut(&seq) {
+            // Handed out again by the server while still held here (an ack wait passed
+            // despite the keep-alive): keep the newer handle, do not hand it out twice.
+            *held = Arc::clone(&d);
+            return Taken::Done;
+        }
+        if let Some(waiting) = g.buffer.iter_mut().find(|(w, _, _)| w.sequence() == seq) {
+            waiting.0 = Arc::clone(&d);
+            return Taken::Done;
+        }
+    }
+    if delivered <= 1 {
+        // Decoded when handed out, on the fetching thread: this runtime thread also runs
+        // the connection and the acknowledgements.
+        return Taken::Out(d);
+    }
+    let message = match decode(&d, settings) {
+        Ok(m) => m,
+        Err(why) => {
+            // One bad record (a foreign producer's) never stops the subscription.
+            reject(cursor, dlq, settings, &d, &why).await;
+            return Taken::Done;
+        }
+    };
+    if !patterns.iter().any(|p| p.matches(message.topic())) {
+        // In the stream's namespace but matched by none of its patterns (R-RT-1): written
+        // there by hand, never by tidings.
+        acker.send(d, Finish::Ack);
+        cursor.note_skipped();
+        return Taken::Done;
+    }
+    Taken::Returned(d, Box::new(message))
+}
+
+/// The tidings message a delivery carries.
+pub(crate) fn decode(d: &Delivery, settings: &Settings) -> Result<Message, codec::DecodeError> {
+    let header = |n: &str| d.headers().get(n).map(str::to_owned);
+    let stored = Stored {
+        subject: d.topic(),
+        payload: d.payload_bytes(),
+        sequence: d.sequence(),
+        published: d.published(),
+        header: &header,
+    };
+    codec::decode(&stored, &settings.limits)
+}
