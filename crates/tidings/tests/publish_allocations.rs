@@ -102,6 +102,14 @@ fn round(broker: &Broker, make: &dyn Fn() -> MessageBuilder) -> u64 {
 /// live subscriptions, once per pass): not per message.
 const PER_DRIVE: u64 = 4;
 
+/// With feature `otel` every message carries a `traceparent` header of its own (R-OPS-3):
+/// its value, its name and the headers' vector, each allocated once per message. Without
+/// it, nothing is allocated per message.
+const TRACE_HEADER: u64 = if cfg!(feature = "otel") { 3 } else { 0 };
+
+/// Allocations a round of `N` may make: the trace header's, and one drive's.
+const ALLOWED: u64 = N as u64 * TRACE_HEADER + PER_DRIVE;
+
 /// Warm up (route cache, message pool, queue storage: a subscription's ingress keeps two
 /// buffers, one filled while the other drains, so two rounds grow both), then count two
 /// rounds.
@@ -125,7 +133,7 @@ fn a_cached_route_publishes_and_delivers_without_an_allocation_per_message() {
     });
     for (how, counts) in [("&Topic", by_ref), ("Topic", by_value)] {
         assert!(
-            counts.iter().all(|&n| n <= PER_DRIVE),
+            counts.iter().all(|&n| n <= ALLOWED),
             "allocations per round of {N}, {how}: {counts:?}"
         );
     }
@@ -138,7 +146,7 @@ fn a_cached_route_publishes_and_delivers_without_an_allocation_per_message() {
         Message::to("orders.created").payload(Bytes::from_static(b"p"))
     });
     assert!(
-        counts.iter().all(|&n| n <= PER_DRIVE),
+        counts.iter().all(|&n| n <= ALLOWED),
         "allocations per round of {N}, a 14-byte &str: {counts:?}"
     );
     assert_eq!(sub.stats().delivered, 4 * N as u64);
@@ -151,7 +159,7 @@ fn a_cached_route_publishes_and_delivers_without_an_allocation_per_message() {
     assert!(
         counts
             .iter()
-            .all(|&n| n >= N as u64 && n <= N as u64 + PER_DRIVE),
+            .all(|&n| n >= N as u64 * (1 + TRACE_HEADER) && n <= N as u64 + ALLOWED),
         "one allocation per message, the topic's copy: {counts:?} for {N}"
     );
     assert_eq!(sub.stats().delivered, 4 * N as u64);
