@@ -32,6 +32,30 @@ const INLINE: usize = 22;
 /// `&mut str`, `String`, `&String`, `Box<str>`, `Cow<str>`, `char`), and so do [`Topic`]
 /// and `&Topic`. A string is checked at publish, as before.
 ///
+/// ```
+/// # use tidings::*;
+/// # fn region() -> &'static str { "eu" }
+/// let owned = String::from("orders.created");
+/// let borrowed: &str = owned.as_str(); // not 'static
+/// let checked = Topic::new("orders.created")?;
+/// let builders = [
+///     Message::to("orders.created"),
+///     Message::to(owned.clone()),
+///     Message::to(&owned),
+///     Message::to(borrowed),
+///     Message::to(format!("orders.{}", region())),
+///     Message::to(std::borrow::Cow::Borrowed("orders.created")),
+///     Message::to(checked.clone()),
+///     Message::to(&checked),
+///     MessageBuilder::new(&checked),
+/// ];
+/// # let _ = builders;
+/// # Ok::<(), TopicError>(())
+/// ```
+///
+/// Generic code bounded by `Into<String>` converts first: `Message::to(String::from(t))`, or
+/// bound by `Into<TopicName>` instead.
+///
 /// # Publishing without an allocation
 ///
 /// A publish to a topic published before (and no subscribe or unsubscribe since) allocates
