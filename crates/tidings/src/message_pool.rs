@@ -24,8 +24,9 @@
 //! At most [`BATCH`] messages per thread, and in the shared pool at most as many as the
 //! largest queue subscribed in this process so far can hold ([`expect_queue`]), at least
 //! [`MIN_POOL_BATCHES`] × [`BATCH`] (256) and at most [`MAX_POOL_BATCHES`] × [`BATCH`]
-//! (16,384). Each is the size of a `Message` with no payload (about 250 bytes): at most
-//! 4 MiB, and with the default capacity of 1,024, 256 KiB, however many messages go through.
+//! (16,384). Each is the size of a `Message` with no payload and its reference counts (256
+//! bytes): at most 4 MiB, and with the default capacity of 1,024, 256 KiB, however many
+//! messages go through.
 //! A message that is not unique when recycled, or that finds the pool full, is simply
 //! dropped, as without the pool.
 //!
@@ -234,6 +235,18 @@ mod tests {
         assert_eq!(held.key(), Some(&b"k"[..]));
         drop(held);
         assert!(dropped.load(Ordering::SeqCst));
+    }
+
+    /// The module docs' bound: what the shared pool can hold at most, counted with each
+    /// allocation's reference counts.
+    #[test]
+    fn the_documented_bound_holds() {
+        let each = std::mem::size_of::<Message>() + 2 * std::mem::size_of::<usize>();
+        assert!(
+            each <= 256,
+            "{each} bytes per message; update the module docs"
+        );
+        assert!(MAX_POOL_BATCHES * BATCH * each <= 4 << 20, "at most 4 MiB");
     }
 
     #[test]
