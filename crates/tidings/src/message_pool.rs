@@ -249,6 +249,18 @@ mod tests {
         assert!(MAX_POOL_BATCHES * BATCH * each <= 4 << 20, "at most 4 MiB");
     }
 
+    /// A queue raises what the shared pool keeps to its capacity, within the maximum, and
+    /// a smaller queue later never lowers it.
+    #[test]
+    fn a_large_queue_raises_the_bound_up_to_the_maximum() {
+        expect_queue(100 * BATCH);
+        assert!(POOL_BATCHES.load(Ordering::Relaxed) >= 100);
+        expect_queue(usize::MAX);
+        assert_eq!(POOL_BATCHES.load(Ordering::Relaxed), MAX_POOL_BATCHES);
+        expect_queue(1);
+        assert_eq!(POOL_BATCHES.load(Ordering::Relaxed), MAX_POOL_BATCHES);
+    }
+
     #[test]
     fn what_is_kept_is_bounded() {
         let kept: Vec<_> = (0..(MAX_POOL_BATCHES + 2) * BATCH)
