@@ -200,6 +200,7 @@ mod telemetry;
 #[cfg(feature = "tokio")]
 mod timeout;
 mod topic;
+mod topic_name;
 pub mod transport;
 mod typed;
 
@@ -247,6 +248,7 @@ pub use topic::{
     HASH, MAX_TOPIC_LEN, MAX_WORD_LEN, MAX_WORDS, Pattern, SEPARATOR, STAR, Topic, TopicError,
     TopicTrie, Words, is_word_char,
 };
+pub use topic_name::TopicName;
 pub use typed::Typed;
 #[cfg(feature = "serde")]
 pub use typed::json_handler;

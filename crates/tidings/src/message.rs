@@ -16,6 +16,7 @@ use crate::error::PublishError;
 use crate::filter::HeaderLookup;
 use crate::limits::Limits;
 use crate::topic::Topic;
+use crate::topic_name::TopicName;
 
 /// A unique, time-ordered message id.
 ///
@@ -274,8 +275,13 @@ impl Message {
         self.correlation_id = None;
     }
 
-    /// Start building a message for `topic`. The topic is validated at publish.
-    pub fn to(topic: impl Into<String>) -> MessageBuilder {
+    /// Start building a message for `topic`: a string (checked at publish) or a [`Topic`]
+    /// (checked already). See [`TopicName`] for every form accepted.
+    ///
+    /// To publish without an allocation for the topic, pass a [`Topic`] (or `&Topic`) you
+    /// validated once, or a string of at most 22 bytes; a longer string is copied to the heap
+    /// for each message ([`TopicName`], "Publishing without an allocation").
+    pub fn to(topic: impl Into<TopicName>) -> MessageBuilder {
         MessageBuilder::new(topic)
     }
     /// Unique, time-ordered id assigned at publish.
@@ -348,7 +354,7 @@ impl Message {
     /// id. `None` when the message asked for no reply.
     pub fn reply(&self) -> Option<MessageBuilder> {
         let to = self.reply_to.as_ref()?;
-        let mut b = MessageBuilder::new(to.as_str());
+        let mut b = MessageBuilder::new(to);
         b.correlation_id = self.correlation_id.clone();
         Some(b)
     }
@@ -372,7 +378,7 @@ impl HeaderLookup for Message {
 #[derive(Clone, Debug)]
 #[must_use = "a message builder does nothing until it is published"]
 pub struct MessageBuilder {
-    pub(crate) topic: String,
+    pub(crate) topic: TopicName,
     pub(crate) payload: Bytes,
     pub(crate) headers: Headers,
     pub(crate) key: Option<Bytes>,
@@ -387,8 +393,9 @@ pub struct MessageBuilder {
 }
 
 impl MessageBuilder {
-    /// A builder for `topic` with an empty payload.
-    pub fn new(topic: impl Into<String>) -> Self {
+    /// A builder for `topic` with an empty payload: a string (checked at publish) or a
+    /// [`Topic`] (checked already); see [`Message::to`].
+    pub fn new(topic: impl Into<TopicName>) -> Self {
         Self {
             topic: topic.into(),
             payload: Bytes::new(),
@@ -550,7 +557,7 @@ impl MessageBuilder {
         );
         let topic = match checked {
             Some(topic) => topic,
-            None => Topic::new(&b.topic).map_err(PublishError::InvalidTopic)?,
+            None => b.topic.into_topic().map_err(PublishError::InvalidTopic)?,
         };
         let reply_to = b
             .reply_to

@@ -21,13 +21,31 @@
 //!
 //! # Bounds
 //!
-//! At most [`BATCH`] messages per thread and [`POOL_BATCHES`] × [`BATCH`] in the shared pool,
-//! each the size of a `Message` with no payload (a few hundred bytes): about 100 KiB at most,
-//! however many messages go through. A message that is not unique when recycled is simply
+//! At most [`BATCH`] messages per thread, and in the shared pool at most as many as the
+//! largest queue subscribed in this process so far can hold ([`expect_queue`]), at least
+//! [`MIN_POOL_BATCHES`] × [`BATCH`] (256) and at most [`MAX_POOL_BATCHES`] × [`BATCH`]
+//! (16,384). Each is the size of a `Message` with no payload and its reference counts (256
+//! bytes): at most 4 MiB, and with the default capacity of 1,024, 256 KiB, however many
+//! messages go through.
+//! A message that is not unique when recycled, or that finds the pool full, is simply
 //! dropped, as without the pool.
+//!
+//! Why the queue's capacity: a subscription's queue that fills (a burst, or the manual
+//! driver, which delivers only in `run_until_idle`) holds that many messages at once, and
+//! they all come back when it drains. A pool smaller than that frees the excess and the next
+//! burst allocates it again, one `malloc` per message (the `alloc/publish` bench case: 0.93
+//! per message with a 4,096-message queue and a 256-message pool). The allocator would keep
+//! that memory for the process after the free anyway (glibc returns only the top of its heap
+//! to the system), so keeping it here raises the resident size little, and the limit holds it
+//! to one queue's worth, not the sum of every queue.
+//!
+//! The batches' own vectors circulate too: a thread that takes a full batch leaves its empty
+//! vector in the pool, and a thread whose stash fills takes an empty one from there, so
+//! moving messages between threads allocates nothing either.
 
 use std::cell::RefCell;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 
@@ -35,15 +53,52 @@ use crate::message::Message;
 
 /// Messages moved between a thread's stash and the shared pool at a time.
 const BATCH: usize = 32;
-/// Batches the shared pool holds at most.
-const POOL_BATCHES: usize = 8;
+/// Batches the shared pool may always hold.
+const MIN_POOL_BATCHES: usize = 8;
+/// Batches the shared pool holds at most, however large the queues.
+const MAX_POOL_BATCHES: usize = 512;
 
-/// Full batches of recycled messages, shared by every thread.
-static POOL: Mutex<Vec<Vec<Arc<Message>>>> = Mutex::new(Vec::new());
+/// Batches the shared pool holds at most now: raised by [`expect_queue`], never lowered.
+static POOL_BATCHES: AtomicUsize = AtomicUsize::new(MIN_POOL_BATCHES);
+
+/// Recycled messages in full batches, and the empty vectors batches travel in, shared by
+/// every thread.
+struct Pool {
+    full: Vec<Vec<Arc<Message>>>,
+    empty: Vec<Vec<Arc<Message>>>,
+}
+
+impl Pool {
+    /// Keep `batch` in `list` unless it holds `limit` already. Room for `limit` is reserved
+    /// at once, so the lists do not grow step by step while messages circulate.
+    fn keep(list: &mut Vec<Vec<Arc<Message>>>, batch: Vec<Arc<Message>>, limit: usize) -> bool {
+        if list.len() >= limit {
+            return false;
+        }
+        if list.len() == list.capacity() {
+            list.reserve_exact(limit - list.len());
+        }
+        list.push(batch);
+        true
+    }
+}
+
+static POOL: Mutex<Pool> = Mutex::new(Pool {
+    full: Vec::new(),
+    empty: Vec::new(),
+});
 
 std::thread_local! {
     /// This thread's recycled messages: filled by [`recycle`], emptied by [`allocate`].
     static STASH: RefCell<Vec<Arc<Message>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A subscription whose queue holds up to `capacity` messages exists: let the shared pool
+/// keep as many (within [`MAX_POOL_BATCHES`]), so a full queue that drains and fills again
+/// reuses its messages' allocations instead of freeing and allocating them again.
+pub(crate) fn expect_queue(capacity: usize) {
+    let batches = capacity.div_ceil(BATCH).min(MAX_POOL_BATCHES);
+    POOL_BATCHES.fetch_max(batches, Ordering::Relaxed);
 }
 
 /// `message` in a shared allocation: a recycled one when there is one, else a new one.
@@ -52,7 +107,11 @@ pub(crate) fn allocate(message: Message) -> Arc<Message> {
         .try_with(|stash| {
             let mut stash = stash.try_borrow_mut().ok()?;
             if stash.is_empty() {
-                *stash = POOL.lock().pop()?;
+                let mut pool = POOL.lock();
+                let full = pool.full.pop()?;
+                // The emptied vector stays in circulation for a thread whose stash fills.
+                let empty = std::mem::replace(&mut *stash, full);
+                Pool::keep(&mut pool.empty, empty, POOL_BATCHES.load(Ordering::Relaxed));
             }
             stash.pop()
         })
@@ -86,15 +145,25 @@ pub(crate) fn recycle(mut message: Arc<Message>) {
         let Ok(mut stash) = stash.try_borrow_mut() else {
             return;
         };
+        if stash.capacity() == 0 {
+            // A thread's first recycle: its stash's vector, once.
+            stash.reserve_exact(BATCH);
+        }
         stash.push(message);
         if stash.len() >= BATCH {
-            let full = std::mem::replace(&mut *stash, Vec::with_capacity(BATCH));
             let mut pool = POOL.lock();
-            if pool.len() < POOL_BATCHES {
-                pool.push(full);
+            let limit = POOL_BATCHES.load(Ordering::Relaxed);
+            if pool.full.len() < limit {
+                let empty = pool
+                    .empty
+                    .pop()
+                    .unwrap_or_else(|| Vec::with_capacity(BATCH));
+                let full = std::mem::replace(&mut *stash, empty);
+                Pool::keep(&mut pool.full, full, limit);
             } else {
                 drop(pool);
-                drop(full);
+                // Freed outside the lock; the stash keeps its vector.
+                stash.clear();
             }
         }
     });
@@ -168,9 +237,33 @@ mod tests {
         assert!(dropped.load(Ordering::SeqCst));
     }
 
+    /// The module docs' bound: what the shared pool can hold at most, counted with each
+    /// allocation's reference counts.
+    #[test]
+    fn the_documented_bound_holds() {
+        let each = std::mem::size_of::<Message>() + 2 * std::mem::size_of::<usize>();
+        assert!(
+            each <= 256,
+            "{each} bytes per message; update the module docs"
+        );
+        assert!(MAX_POOL_BATCHES * BATCH * each <= 4 << 20, "at most 4 MiB");
+    }
+
+    /// A queue raises what the shared pool keeps to its capacity, within the maximum, and
+    /// a smaller queue later never lowers it.
+    #[test]
+    fn a_large_queue_raises_the_bound_up_to_the_maximum() {
+        expect_queue(100 * BATCH);
+        assert!(POOL_BATCHES.load(Ordering::Relaxed) >= 100);
+        expect_queue(usize::MAX);
+        assert_eq!(POOL_BATCHES.load(Ordering::Relaxed), MAX_POOL_BATCHES);
+        expect_queue(1);
+        assert_eq!(POOL_BATCHES.load(Ordering::Relaxed), MAX_POOL_BATCHES);
+    }
+
     #[test]
     fn what_is_kept_is_bounded() {
-        let kept: Vec<_> = (0..(POOL_BATCHES + 2) * BATCH * 2)
+        let kept: Vec<_> = (0..(MAX_POOL_BATCHES + 2) * BATCH)
             .map(|_| Arc::new(message("a.b", Bytes::new())))
             .collect();
         for m in kept {
@@ -179,7 +272,8 @@ mod tests {
         let stash = STASH.with(|s| s.borrow().len());
         assert!(stash < BATCH, "a full stash moves to the shared pool");
         let pool = POOL.lock();
-        assert!(pool.len() <= POOL_BATCHES);
-        assert!(pool.iter().all(|b| b.len() == BATCH));
+        assert!(pool.full.len() <= POOL_BATCHES.load(Ordering::Relaxed));
+        assert!(pool.full.len() <= MAX_POOL_BATCHES);
+        assert!(pool.full.iter().all(|b| b.len() == BATCH));
     }
 }

@@ -567,6 +567,8 @@ impl BrokerInner {
             return Err(SubscribeError::Closed);
         }
         let pattern = if routed {
+            // Publishes recycle as many messages as this queue holds (src/message_pool.rs).
+            crate::message_pool::expect_queue(options.capacity);
             self.shared_pattern(pattern)
         } else {
             pattern

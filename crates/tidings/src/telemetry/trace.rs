@@ -49,6 +49,9 @@ use crate::message::Message;
 /// The W3C trace-context header name.
 pub const TRACEPARENT: &str = "traceparent";
 
+/// Length of a version-00 `traceparent` value: `00-` 32 hex `-` 16 hex `-` 2 hex.
+const TRACEPARENT_LEN: usize = 55;
+
 /// The `publish {topic}` span (R-OPS-3).
 pub(crate) fn publish_span(topic: &str) -> tracing::Span {
     tracing::info_span!(
@@ -243,12 +246,17 @@ impl TraceParent {
         (tp.trace != 0 && tp.span != 0).then_some(tp)
     }
 
-    /// The header value, formatted in one allocation (this runs on every publish).
+    /// The header value, formatted in one allocation (this runs on every publish): into
+    /// its exact length, where `format!` would start from a guess and grow three times.
     fn header(&self) -> String {
-        format!(
+        use std::fmt::Write;
+        let mut value = String::with_capacity(TRACEPARENT_LEN);
+        let _ = write!(
+            value,
             "00-{:032x}-{:016x}-{:02x}",
             self.trace, self.span, self.flags
-        )
+        );
+        value
     }
 
     #[cfg_attr(not(feature = "otel"), allow(dead_code))]
