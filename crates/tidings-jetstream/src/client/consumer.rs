@@ -291,26 +291,9 @@ pub(crate) fn map_consumer_error(
     e: &async_nats::jetstream::stream::ConsumerError,
 ) -> ConsumerError {
     use async_nats::jetstream::stream::ConsumerErrorKind as K;
-    match e.kind() {
-        K::JetStream(err) if err.error_code() == ErrorCode::STREAM_NOT_FOUND => {
-            ConsumerError::StreamNotFound {
-                stream: spec.stream.clone(),
-            }
-        }
-        _ => match e.class() {
-            (StreamErrorKind::TimedOut, _) => ConsumerError::TimedOut {
-                after: js.request_timeout,
-            },
-            (StreamErrorKind::Unavailable, _) => ConsumerError::Unavailable {
-                detail: e.to_string(),
-            },
-            (_, code) => ConsumerError::Refused {
-                durable: spec.durable.clone(),
-                detail: e.to_string(),
-                code,
-            },
-        },
-    }
+    let stream_gone =
+        matches!(e.kind(), K::JetStream(err) if err.error_code() == ErrorCode::STREAM_NOT_FOUND);
+    consumer_error(js, spec, stream_gone, e)
 }
 
 /// A failed strict create as a [`ConsumerError`], by its kind.
@@ -319,26 +302,36 @@ fn map_create_error(
     spec: &ConsumerSpec,
     e: &ConsumerCreateStrictError,
 ) -> ConsumerError {
-    match e.kind() {
-        ConsumerCreateStrictErrorKind::JetStream(err)
-            if err.error_code() == ErrorCode::STREAM_NOT_FOUND =>
-        {
-            ConsumerError::StreamNotFound {
-                stream: spec.stream.clone(),
-            }
-        }
-        _ => match e.class() {
-            (StreamErrorKind::TimedOut, _) => ConsumerError::TimedOut {
-                after: js.request_timeout,
-            },
-            (StreamErrorKind::Unavailable, _) => ConsumerError::Unavailable {
-                detail: e.to_string(),
-            },
-            (_, code) => ConsumerError::Refused {
-                durable: spec.durable.clone(),
-                detail: e.to_string(),
-                code,
-            },
+    let stream_gone = matches!(
+        e.kind(),
+        ConsumerCreateStrictErrorKind::JetStream(err) if err.error_code() == ErrorCode::STREAM_NOT_FOUND
+    );
+    consumer_error(js, spec, stream_gone, e)
+}
+
+/// One mapping for both: the stream is gone, or the error's kind decides.
+fn consumer_error(
+    js: &JetStream,
+    spec: &ConsumerSpec,
+    stream_gone: bool,
+    e: &impl Classify,
+) -> ConsumerError {
+    if stream_gone {
+        return ConsumerError::StreamNotFound {
+            stream: spec.stream.clone(),
+        };
+    }
+    match e.class() {
+        (StreamErrorKind::TimedOut, _) => ConsumerError::TimedOut {
+            after: js.request_timeout,
+        },
+        (StreamErrorKind::Unavailable, _) => ConsumerError::Unavailable {
+            detail: e.to_string(),
+        },
+        (_, code) => ConsumerError::Refused {
+            durable: spec.durable.clone(),
+            detail: e.to_string(),
+            code,
         },
     }
 }

@@ -141,3 +141,24 @@ impl Effects {
         }
     }
 }
+
+// `StartGate` is the durable seam's too (re-exported by `tidings::durable`), defined here
+// for the same reason: the subscription asks it, and durable code points at the
+// subscription, never back.
+
+/// Asked by the subscription before every handler attempt of a message its cursor handed
+/// out (first attempts and retries alike), under the subscription's lock: it must answer
+/// at once, never blocking on I/O.
+///
+/// A message the gate does not admit is *released*: its handler does not run, it is not
+/// reported finished (so its cursor neither commits nor acknowledges it), its key is free
+/// again, and it is counted in [`SubscriptionStats::released`](crate::SubscriptionStats).
+/// A backend releases what this process may no longer start — a key another process
+/// owns now, a lease that lapsed or is being handed over, or a stale copy of a message
+/// that was handed out again since — and delivers it again where it may start.
+pub trait StartGate: Send + Sync {
+    /// Whether the handler may start on `message` now. `message` is the allocation
+    /// [`BackendCursor::fetch_shared`](crate::durable::BackendCursor::fetch_shared) handed out, so a gate may tell copies of one offset
+    /// apart by pointer.
+    fn admit(&self, message: &Arc<Message>) -> bool;
+}

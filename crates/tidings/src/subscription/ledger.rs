@@ -71,7 +71,7 @@ pub(crate) struct Completions {
     pub(crate) items: Vec<Finished>,
     pub(crate) hook: FinishedHook,
     /// Asked before every handler attempt (a keyed group's leases, R-DIST-6).
-    pub(crate) gate: Option<Arc<dyn crate::durable::StartGate>>,
+    pub(crate) gate: Option<Arc<dyn crate::subscription::StartGate>>,
 }
 
 impl std::fmt::Debug for Completions {

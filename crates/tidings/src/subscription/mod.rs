@@ -18,5 +18,5 @@ pub(crate) mod slots;
 
 pub use self::core::Refusal;
 // The durable seam's report of a finished message (re-exported by `crate::durable`).
-pub use effects::{Finished, Outcome};
+pub use effects::{Finished, Outcome, StartGate};
 pub use handle::{Subscription, SubscriptionId};

@@ -400,7 +400,7 @@ impl SubscriptionShell {
     pub(crate) fn set_on_finished(
         &self,
         hook: FinishedHook,
-        gate: Option<Arc<dyn crate::durable::StartGate>>,
+        gate: Option<Arc<dyn crate::subscription::StartGate>>,
     ) {
         let mut core = self.core_synced();
         let ledger = core.ledger_mut();

@@ -211,7 +211,7 @@ impl Harness {
     /// handler attempt, as a keyed group's cursor does (R-DIST-6).
     pub(super) fn gated(mut self, admit: impl Fn(&str) -> bool + Send + Sync + 'static) -> Self {
         struct Gate<F>(F);
-        impl<F: Fn(&str) -> bool + Send + Sync> crate::durable::StartGate for Gate<F> {
+        impl<F: Fn(&str) -> bool + Send + Sync> crate::subscription::StartGate for Gate<F> {
             fn admit(&self, message: &Arc<Message>) -> bool {
                 (self.0)(&String::from_utf8_lossy(message.payload()))
             }
