@@ -122,5 +122,5 @@ fn a_missing_capability_skips_visibly() {
 fn every_suite_case_is_wired() {
     // Adding a case to suite::ALL without a test above would leave it unrun.
     assert_eq!(suite::ALL.len(), 8);
-    assert_eq!(durable_suite::ALL.len(), 13);
+    assert_eq!(durable_suite::ALL.len(), 14);
 }
