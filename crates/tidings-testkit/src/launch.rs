@@ -7,12 +7,28 @@ use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-/// A TCP port of 127.0.0.1 free at the moment of asking (a launcher retries when another
-/// process takes it before the server binds it).
+/// A TCP port of 127.0.0.1 free at the moment of asking, and never handed out before in
+/// this process: the kernel may give a port just released to the next bind, so two
+/// servers started at once by parallel tests could otherwise be handed the same one. A
+/// launcher still retries when another process (or an outgoing connection) takes it
+/// before the server binds it.
 pub(crate) fn free_port() -> std::io::Result<u16> {
-    Ok(TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?
-        .local_addr()?
-        .port())
+    static HANDED_OUT: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut handed = HANDED_OUT
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut port = 0;
+    // Bounded: the ephemeral range has ~28,000 ports, and a test run uses a few hundred.
+    for _ in 0..64 {
+        port = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?
+            .local_addr()?
+            .port();
+        if !handed.contains(&port) {
+            break;
+        }
+    }
+    handed.push(port);
+    Ok(port)
 }
 
 /// A path under the temporary directory no other launch in this or another process uses:

@@ -80,6 +80,20 @@ impl NatsCluster {
     pub fn start(n: usize) -> Result<Self, LaunchError> {
         let n = n.max(1);
         let binary = install::ensure_binary()?;
+        // A port found free may be taken before a node binds it (by another test's server
+        // or an outgoing connection): start again on new ports, a few times. The nodes of
+        // a failed try are stopped when it is dropped.
+        let mut last = None;
+        for _ in 0..3 {
+            match Self::start_once(n, &binary) {
+                Ok(cluster) => return Ok(cluster),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or(LaunchError::BinaryNotFound))
+    }
+
+    fn start_once(n: usize, binary: &std::path::Path) -> Result<Self, LaunchError> {
         let mut ports = Vec::with_capacity(n);
         for _ in 0..n {
             ports.push((free_port()?, free_port()?, free_port()?));
@@ -93,7 +107,7 @@ impl NatsCluster {
             std::fs::create_dir_all(dir.join("store"))
                 .map_err(super::io(format!("create {}", dir.display())))?;
             cluster.nodes.push(NatsServer {
-                binary: binary.clone(),
+                binary: binary.to_path_buf(),
                 dir,
                 port: client,
                 token: None,
