@@ -197,11 +197,14 @@ fn finished_hook_reports_each_message_once() {
         });
         {
             let finished = finished.clone();
-            sub.set_on_finished(Arc::new(move |items| {
-                for f in items {
-                    finished.add(number(&f.message));
-                }
-            }));
+            sub.set_on_finished(
+                Arc::new(move |items| {
+                    for f in items {
+                        finished.add(number(&f.message));
+                    }
+                }),
+                None,
+            );
         }
         let parking = Arc::new(Parking::new(1));
         sub.set_waker(parking.clone());
