@@ -16,7 +16,7 @@ use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use super::{LaunchError, NatsServer, free_port, install, unique_dir};
+use super::{LaunchError, NatsServer, free_port, install, unique_dir, with_fresh_ports};
 
 /// How long [`NatsCluster::start`] and [`NatsCluster::restart`] wait for the cluster to
 /// have a JetStream meta leader with every node current.
@@ -80,17 +80,8 @@ impl NatsCluster {
     pub fn start(n: usize) -> Result<Self, LaunchError> {
         let n = n.max(1);
         let binary = install::ensure_binary()?;
-        // A port found free may be taken before a node binds it (by another test's server
-        // or an outgoing connection): start again on new ports, a few times. The nodes of
-        // a failed try are stopped when it is dropped.
-        let mut last = None;
-        for _ in 0..3 {
-            match Self::start_once(n, &binary) {
-                Ok(cluster) => return Ok(cluster),
-                Err(e) => last = Some(e),
-            }
-        }
-        Err(last.unwrap_or(LaunchError::BinaryNotFound))
+        // The nodes of a failed try are stopped when it is dropped.
+        with_fresh_ports(|| Self::start_once(n, &binary))
     }
 
     fn start_once(n: usize, binary: &std::path::Path) -> Result<Self, LaunchError> {

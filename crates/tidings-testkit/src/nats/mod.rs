@@ -293,16 +293,11 @@ impl NatsServer {
             cluster: None,
             child: None,
         };
-        // A port found free may be taken before the server binds it: try a few.
-        let mut last = None;
-        for _ in 0..3 {
+        with_fresh_ports(|| {
             server.port = free_port()?;
-            match server.launch() {
-                Ok(()) => return Ok(server),
-                Err(e) => last = Some(e),
-            }
-        }
-        Err(last.unwrap_or(LaunchError::BinaryNotFound))
+            server.launch()
+        })?;
+        Ok(server)
     }
 
     /// `nats://127.0.0.1:<port>`.
@@ -513,6 +508,22 @@ impl Drop for NatsServer {
         let _ = self.kill();
         let _ = fs::remove_dir_all(&self.dir);
     }
+}
+
+/// Runs `attempt` (which picks its ports afresh) up to three times: a port found free may be
+/// taken before the server binds it, by another test's server or an outgoing connection.
+/// The last failure when none succeeds.
+fn with_fresh_ports<T>(
+    mut attempt: impl FnMut() -> Result<T, LaunchError>,
+) -> Result<T, LaunchError> {
+    let mut last = attempt();
+    for _ in 1..3 {
+        if last.is_ok() {
+            break;
+        }
+        last = attempt();
+    }
+    last
 }
 
 fn free_port() -> Result<u16, LaunchError> {
