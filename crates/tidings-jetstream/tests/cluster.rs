@@ -101,14 +101,7 @@ fn broker(options: ConnectOptions, name: &str) -> Broker {
 
 /// Connect options trying node `first` of `urls` first, then the others in order.
 fn preferring(urls: &[String], first: usize) -> ConnectOptions {
-    let mut order = vec![urls[first].clone()];
-    order.extend(
-        urls.iter()
-            .enumerate()
-            .filter(|(i, _)| *i != first)
-            .map(|(_, u)| u.clone()),
-    );
-    ConnectOptions::servers(order).keep_server_order(true)
+    ConnectOptions::servers(support::preferring(urls, first)).keep_server_order(true)
 }
 
 /// What the handlers saw.

@@ -27,7 +27,7 @@ use tidings_testkit::child::{ScratchDir, TestChild, count_files, wait_until};
 use tidings_testkit::nats::NatsCluster;
 
 mod support;
-use support::{Published, lock};
+use support::{Published, lock, preferring};
 
 const ROLE_ENV: &str = "TIDINGS_CLUSTER_PROCESSES_ROLE";
 const URLS_ENV: &str = "TIDINGS_CLUSTER_PROCESSES_URLS";
@@ -67,18 +67,6 @@ fn broker(urls: Vec<String>, name: &str) -> Broker {
         .create_stream(StreamConfig::new(STREAM, ["work.#"]).replicas(3))
         .expect("a stream with three replicas");
     broker
-}
-
-/// The node URLs with node `first` first.
-fn preferring(urls: &[String], first: usize) -> Vec<String> {
-    let mut order = vec![urls[first].clone()];
-    order.extend(
-        urls.iter()
-            .enumerate()
-            .filter(|(i, _)| *i != first)
-            .map(|(_, u)| u.clone()),
-    );
-    order
 }
 
 /// The child role: subscribe durably as [`DURABLE`] and note every handled index in

@@ -9,6 +9,18 @@ use std::time::{Duration, Instant};
 
 use tidings::{Broker, Message, MessageId, PublishError};
 
+/// The node URLs with node `first` first, the others after it in order.
+pub fn preferring(urls: &[String], first: usize) -> Vec<String> {
+    let mut order = vec![urls[first].clone()];
+    order.extend(
+        urls.iter()
+            .enumerate()
+            .filter(|(i, _)| *i != first)
+            .map(|(_, u)| u.clone()),
+    );
+    order
+}
+
 /// Locks `m`, whether or not a panicking thread held it.
 pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
