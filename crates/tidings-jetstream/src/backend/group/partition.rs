@@ -76,7 +76,9 @@ impl PartitionCursor {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some(g) = *gather {
-            let got = self.inner.fetch(max.max(g.count))?;
+            // Hands out nothing while gathering; it nudges the standing pull, which fills
+            // the buffer within the window.
+            let got = self.inner.fetch(max)?;
             debug_assert!(got.is_empty(), "a gathering cursor hands out nothing");
             if self.inner.waiting_through(g.through) < g.count && Instant::now() < g.until {
                 return Ok(Vec::new());
