@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use tidings::durable::DurableBackend;
 use tidings::{Broker, DurableSpec, HandlerError, Message, StreamConfig, SubscribeOptions};
 use tidings_jetstream::{ConnectOptions, JetStreamBackend};
-use tidings_testkit::child::{ScratchDir, TestChild, count_files, wait_until};
+use tidings_testkit::child::{self, ScratchDir, TestChild, count_files, wait_until};
 use tidings_testkit::nats::NatsCluster;
 
 mod support;
@@ -115,8 +115,7 @@ fn child_cluster_consumer() {
 fn handled(dir: &Path) -> BTreeMap<u64, u32> {
     let mut counts = BTreeMap::new();
     for name in ["a", "b"] {
-        let text = fs::read_to_string(dir.join(format!("{name}.handled"))).unwrap_or_default();
-        for line in text.lines() {
+        for line in child::complete_lines(&dir.join(format!("{name}.handled"))) {
             let index: u64 = line.parse().expect("a whole index per line");
             *counts.entry(index).or_insert(0) += 1;
         }
@@ -125,10 +124,7 @@ fn handled(dir: &Path) -> BTreeMap<u64, u32> {
 }
 
 fn handled_by(dir: &Path, name: &str) -> usize {
-    fs::read_to_string(dir.join(format!("{name}.handled")))
-        .unwrap_or_default()
-        .lines()
-        .count()
+    child::complete_lines(&dir.join(format!("{name}.handled"))).len()
 }
 
 #[test]

@@ -19,7 +19,7 @@ use tidings::{
     MessageId, StreamConfig, StreamError, StreamErrorKind, SubscribeOptions,
 };
 use tidings_jetstream::{ConnectOptions, JetStreamBackend};
-use tidings_testkit::child::{ScratchDir, TestChild, wait_until};
+use tidings_testkit::child::{self, ScratchDir, TestChild, wait_until};
 use tidings_testkit::nats::{NatsCluster, NatsServer, NatsServerOptions};
 
 /// Generous bound on every wait (never asserted as a speed).
@@ -374,11 +374,7 @@ impl DedupStore for StallAfterRecord {
 }
 
 fn lines(path: &Path) -> Vec<String> {
-    fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .map(str::to_owned)
-        .collect()
+    child::complete_lines(path)
 }
 
 /// Process A handles message 0, records its id and is SIGKILLed before acknowledging it;

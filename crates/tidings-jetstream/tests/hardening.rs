@@ -21,7 +21,7 @@ use tidings::{
     StreamConfig, SubscribeOptions,
 };
 use tidings_jetstream::{ConnectOptions, JetStreamBackend, NatsTransport};
-use tidings_testkit::child::{ScratchDir, TestChild};
+use tidings_testkit::child::{self, ScratchDir, TestChild};
 use tidings_testkit::nats::{NatsServer, NatsServerOptions};
 
 /// Generous bound on every wait (never asserted as a speed).
@@ -431,11 +431,7 @@ fn child_aborting_consumer() {
 }
 
 fn handled(path: &Path) -> BTreeSet<String> {
-    fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .map(str::to_owned)
-        .collect()
+    child::complete_lines(path).into_iter().collect()
 }
 
 /// R-DEL-6: a message that aborts every process it reaches is dead-lettered after

@@ -174,9 +174,8 @@ struct Line {
 }
 
 fn read_log(path: &Path) -> Vec<Line> {
-    fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
+    child::complete_lines(path)
+        .iter()
         .map(|l| {
             let mut words = l.split(' ');
             let kind = words.next().and_then(|w| w.chars().next()).expect("kind");
@@ -196,9 +195,8 @@ fn read_log(path: &Path) -> Vec<Line> {
 }
 
 fn successes(path: &Path) -> usize {
-    fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
+    child::complete_lines(path)
+        .iter()
         .filter(|l| l.starts_with('D'))
         .count()
 }
@@ -422,10 +420,7 @@ impl Setup {
     }
 
     fn lines(&self) -> usize {
-        fs::read_to_string(&self.log)
-            .unwrap_or_default()
-            .lines()
-            .count()
+        child::complete_lines(&self.log).len()
     }
 
     fn wait_all_handled(&self, total: usize) {

@@ -148,11 +148,10 @@ impl Child {
     }
 }
 
-/// The indexes written to `path` (a torn last line cannot happen: one `write` per line).
+/// The indexes written to `path`, whole lines only (see [`child::complete_lines`]).
 fn handled(path: &Path) -> Vec<u64> {
-    fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
+    child::complete_lines(path)
+        .iter()
         .map(|l| l.parse().expect("an index per line"))
         .collect()
 }

@@ -195,3 +195,16 @@ pub fn count_files(dir: &Path, prefix: &str) -> usize {
             .count()
     })
 }
+
+/// The complete lines of a file other processes are appending to, one `write(2)` per line.
+///
+/// `O_APPEND` keeps writers' lines whole and in one order, but a *reader* racing a writer
+/// can see a line whose bytes are only partly placed (the kernel publishes a write's size
+/// page by page), so a last line without its newline is left for the next read. A missing
+/// file has no lines.
+#[must_use]
+pub fn complete_lines(path: &Path) -> Vec<String> {
+    let text = fs::read_to_string(path).unwrap_or_default();
+    let complete = text.rfind('\n').map_or(0, |end| end + 1);
+    text[..complete].lines().map(str::to_owned).collect()
+}
