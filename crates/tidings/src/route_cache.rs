@@ -69,7 +69,9 @@ pub(crate) struct Route {
     pub(crate) targets: Targets,
 }
 
-type Routes = HashMap<Box<str>, Entry, FastState>;
+/// Keyed by the topic's bytes: a publisher's spelling is looked up before anything checks
+/// that it is UTF-8 (src/topic_name.rs), and a hit proves it is.
+type Routes = HashMap<Box<[u8]>, Entry, FastState>;
 
 /// What [`RouteCache::invalidate`] took out, to be dropped outside the registry lock.
 pub(crate) struct Evicted {
@@ -123,7 +125,7 @@ impl RouteCache {
     /// The cached route of the topic spelled `name`. Needs no other lock (see the module
     /// docs). A hit means `name` is a valid topic (it was checked when the entry was made)
     /// and these are the subscriptions it matches now.
-    pub(crate) fn get(&self, name: &str) -> Option<Route> {
+    pub(crate) fn get(&self, name: &[u8]) -> Option<Route> {
         let map = self.shard().read();
         let e = map.get(name)?;
         Some(Route {
@@ -140,12 +142,12 @@ impl RouteCache {
         compute: impl FnOnce() -> Vec<Arc<SubscriptionShell>>,
     ) -> Targets {
         let shard = self.shard();
-        if let Some(e) = shard.read().get(topic.as_str()) {
+        if let Some(e) = shard.read().get(topic.as_str().as_bytes()) {
             return e.targets.clone();
         }
         let targets: Targets = compute().into();
         let mut map = shard.write();
-        if map.len() >= MAX_ROUTES && !map.contains_key(topic.as_str()) {
+        if map.len() >= MAX_ROUTES && !map.contains_key(topic.as_str().as_bytes()) {
             let mut drop_n = MAX_ROUTES / 4;
             map.retain(|_, _| {
                 if drop_n == 0 {
@@ -156,7 +158,7 @@ impl RouteCache {
             });
         }
         map.insert(
-            topic.as_str().into(),
+            topic.as_str().as_bytes().into(),
             Entry {
                 topic: topic.clone(),
                 targets: targets.clone(),
@@ -184,7 +186,7 @@ mod tests {
     fn hit_miss_invalidate_and_bound() {
         let cache = RouteCache::default();
         let mut computed = 0;
-        assert!(cache.get("a.b").is_none(), "nothing cached yet");
+        assert!(cache.get(b"a.b").is_none(), "nothing cached yet");
         for _ in 0..3 {
             cache.get_or_compute(&topic("a.b"), || {
                 computed += 1;
@@ -192,11 +194,11 @@ mod tests {
             });
         }
         assert_eq!(computed, 1, "a repeated topic is computed once");
-        let hit = cache.get("a.b").expect("cached");
+        let hit = cache.get(b"a.b").expect("cached");
         assert_eq!(hit.topic.as_str(), "a.b");
         drop(cache.invalidate());
         assert_eq!(cache.len(), 0);
-        assert!(cache.get("a.b").is_none(), "a change empties the cache");
+        assert!(cache.get(b"a.b").is_none(), "a change empties the cache");
         cache.get_or_compute(&topic("a.b"), || {
             computed += 1;
             Vec::new()
@@ -220,10 +222,10 @@ mod tests {
             for _ in 0..threads {
                 s.spawn(|| {
                     cache.get_or_compute(&topic("a.b"), Vec::new);
-                    assert!(cache.get("a.b").is_some(), "cached in this thread's shard");
+                    assert!(cache.get(b"a.b").is_some(), "cached in this thread's shard");
                     filled.wait();
                     changed.wait();
-                    assert!(cache.get("a.b").is_none(), "emptied by the change");
+                    assert!(cache.get(b"a.b").is_none(), "emptied by the change");
                 });
             }
             filled.wait();

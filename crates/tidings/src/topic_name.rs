@@ -105,6 +105,17 @@ impl TopicName {
         }
     }
 
+    /// The topic's bytes as spelled, without the check [`TopicName::as_str`] makes: what the
+    /// publish path looks a cached route up by (a hit proves the spelling valid), so a hot
+    /// topic is never checked again.
+    pub(crate) fn as_bytes(&self) -> &[u8] {
+        match &self.0 {
+            Repr::Inline { len, buf } => &buf[..usize::from(*len)],
+            Repr::Heap(s) => s.as_bytes(),
+            Repr::Checked(t) => t.as_str().as_bytes(),
+        }
+    }
+
     /// The [`Topic`] it was given as, when it was given as one.
     #[must_use]
     pub fn checked(&self) -> Option<&Topic> {

@@ -45,6 +45,7 @@ use tracing::field::Empty;
 
 use crate::handler::HandlerError;
 use crate::message::Message;
+use crate::topic_name::TopicName;
 
 /// The W3C trace-context header name.
 pub const TRACEPARENT: &str = "traceparent";
@@ -53,15 +54,18 @@ pub const TRACEPARENT: &str = "traceparent";
 const TRACEPARENT_LEN: usize = 55;
 
 /// The `publish {topic}` span (R-OPS-3).
-pub(crate) fn publish_span(topic: &str) -> tracing::Span {
+///
+/// `topic` is spelled out only when the span is enabled (the macro evaluates its fields
+/// then): a hot topic's spelling is otherwise never checked as UTF-8 (src/topic_name.rs).
+pub(crate) fn publish_span(topic: &TopicName) -> tracing::Span {
     tracing::info_span!(
         target: "tidings::trace",
         "publish",
-        otel.name = %format_args!("publish {topic}"),
+        otel.name = %format_args!("publish {}", topic.as_str()),
         otel.kind = "producer",
         messaging.system = "tidings",
         messaging.operation.type = "send",
-        messaging.destination.name = topic,
+        messaging.destination.name = topic.as_str(),
         messaging.message.id = Empty,
         messaging.message.conversation_id = Empty,
         trace_id = Empty,
