@@ -249,7 +249,7 @@ fn run_on_server(plan: &Plan, always: bool, prefix: &str, cases: &mut [Case]) {
     drop(server);
 }
 
-fn fill(case: &mut Case, outcomes: &[ContenderRun]) {
+pub(crate) fn fill(case: &mut Case, outcomes: &[ContenderRun]) {
     for o in outcomes {
         match (o.name.as_str(), o.median()) {
             ("tidings", v) => case.tidings = v,
@@ -275,15 +275,15 @@ fn fill(case: &mut Case, outcomes: &[ContenderRun]) {
 }
 
 /// One side of a paired case: its per-round rates, and the time and messages of the round
-/// under way.
-struct Side {
-    outcome: ContenderRun,
+/// under way. (The `transport/` cases pair their sides the same way.)
+pub(crate) struct Side {
+    pub(crate) outcome: ContenderRun,
     busy: Duration,
     messages: u64,
 }
 
 impl Side {
-    fn new(name: &str) -> Self {
+    pub(crate) fn new(name: &str) -> Self {
         Self {
             outcome: ContenderRun {
                 name: name.to_owned(),
@@ -295,7 +295,7 @@ impl Side {
     }
 
     /// Adds one timed slice, or records the failure (the case stops).
-    fn slice(&mut self, result: Result<(u64, Duration), String>) -> bool {
+    pub(crate) fn slice(&mut self, result: Result<(u64, Duration), String>) -> bool {
         match result {
             Ok((n, took)) => {
                 self.messages += n;
@@ -309,7 +309,7 @@ impl Side {
         }
     }
 
-    fn end_round(&mut self) {
+    pub(crate) fn end_round(&mut self) {
         if self.messages > 0 && !self.busy.is_zero() {
             self.outcome
                 .samples
@@ -322,7 +322,7 @@ impl Side {
 
 /// The order of `sides` sides in slice `slice` of round `round`: rotated by one each time,
 /// so no side always goes first.
-fn order(round: usize, slice: usize, sides: usize) -> Vec<usize> {
+pub(crate) fn order(round: usize, slice: usize, sides: usize) -> Vec<usize> {
     (0..sides).map(|i| (i + round + slice) % sides).collect()
 }
 

@@ -44,6 +44,7 @@ mod output;
 mod perkey;
 pub mod plot;
 mod scale;
+mod transport;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -277,6 +278,7 @@ pub fn case_names() -> Vec<String> {
     names.extend(logbench::case_names());
     names.extend(jetstream::case_names());
     names.extend(keyed_group::case_names());
+    names.extend(transport::case_names());
     names
 }
 
@@ -322,6 +324,7 @@ pub fn run(args: &BenchArgs) -> Result<Report, BenchError> {
     progress(logbench::run(&plan, &filter));
     progress(jetstream::run(&plan, &filter));
     progress(keyed_group::run(&plan, &filter));
+    progress(transport::run(&plan, &filter));
     env.finish();
     let wall = started.elapsed();
     let load = format!("{load_before} before, {} after", output::loadavg());

@@ -86,7 +86,7 @@ pub(crate) fn table(report: &Report) -> String {
 }
 
 /// Case families, in report order, with the heading and the analysis prompt for each.
-const FAMILIES: [(&str, &str, &str); 7] = [
+const FAMILIES: [(&str, &str, &str); 8] = [
     (
         "fanout",
         "Fan-out",
@@ -128,6 +128,12 @@ const FAMILIES: [(&str, &str, &str); 7] = [
         "JetStream backend",
         "The JetStream backend against raw async-nats doing the same work on one local \
          nats-server: publish with acknowledgement, consume, and both through the broker.",
+    ),
+    (
+        "transport",
+        "NATS transport",
+        "Buffered subscriptions across brokers over core NATS against raw async-nats core \
+         publish and subscribe; the losses of both sides.",
     ),
 ];
 

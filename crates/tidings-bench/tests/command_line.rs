@@ -16,6 +16,7 @@ fn list_prints_the_case_names() {
     let text = String::from_utf8(out.stdout).expect("UTF-8");
     assert!(text.lines().any(|l| l == "fanout/n=1/pool"), "{text}");
     assert!(text.lines().any(|l| l == "log/read"), "{text}");
+    assert!(text.lines().any(|l| l == "transport/nats/1to1"), "{text}");
 }
 
 /// A reader that stops reading (`tidings-bench --list | head -1`) ends the run quietly: no

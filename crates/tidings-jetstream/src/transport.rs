@@ -468,7 +468,8 @@ fn decode(m: &async_nats::Message, inner: &Inner) -> Option<Received> {
     if m.subject.starts_with(NATS_INBOX_PREFIX) {
         return None;
     }
-    let header = |name: &str| m.headers.as_ref().and_then(|h| codec::lookup(h, name));
+    let tidings = codec::TidingsHeaders::of(m.headers.as_ref());
+    let header = |name: &str| tidings.get(name);
     if header(codec::TARGET).is_some() {
         return None;
     }

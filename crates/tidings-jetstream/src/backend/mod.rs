@@ -29,9 +29,13 @@
 //!
 //! # Threads
 //! The seam is synchronous; async-nats runs on a current-thread runtime on a thread this
-//! backend owns. A call spawns its work there and waits on a channel, so calling from
-//! inside another tokio runtime never nests `block_on` (it blocks the calling thread, as
-//! every seam call may). Dropping the backend stops that thread.
+//! backend owns. A call spawns its work there and waits on a channel, except an append:
+//! its publish runs on the calling thread inside that runtime's context (its own small
+//! park/unpark loop, not tokio's `block_on`), so that concurrent appends from many threads
+//! leave the runtime thread only the connection's I/O. Either way, calling from inside
+//! another tokio runtime never nests `block_on` (it blocks the calling thread, as every
+//! seam call may), and a call made on the runtime thread itself is refused as `Closed`.
+//! Dropping the backend stops that thread.
 //!
 //! # Failure
 //! Every seam call is bounded: one request timeout ([`ConnectOptions::request_timeout`])
@@ -186,6 +190,32 @@ impl Shared {
             StreamError::from(JetStreamError::new(
                 StreamErrorKind::Closed,
                 "the backend is closed (or was called on its own runtime thread)",
+            ))
+        })?
+    }
+
+    /// As [`Self::call`], but `fut` runs on the calling thread inside the runtime's
+    /// context ([`Runtime::call_here`](crate::connection::runtime::Runtime::call_here)):
+    /// no task on the runtime thread, no hop there and back. Refused on the runtime's own
+    /// thread, as [`Self::call`] is.
+    pub(crate) fn call_here<F, T>(&self, bound: Duration, fut: F) -> Result<T, StreamError>
+    where
+        F: Future<Output = Result<T, StreamError>>,
+    {
+        let timed = async move {
+            match tokio::time::timeout(bound, fut).await {
+                Ok(r) => r,
+                Err(_) => Err(JetStreamError::new(
+                    StreamErrorKind::TimedOut,
+                    format_args!("no answer within {bound:?}"),
+                )
+                .into()),
+            }
+        };
+        self.rt.call_here(timed).map_err(|_| {
+            StreamError::from(JetStreamError::new(
+                StreamErrorKind::Closed,
+                "the backend was called on its own runtime thread",
             ))
         })?
     }

@@ -274,7 +274,9 @@ impl BackendStream for JsStream {
             None => format!("{}{}", self.prefix, message.topic().as_str()),
         };
         let payload = message.payload().clone();
-        let appended = self.shared.call(self.shared.bound(1), async move {
+        // On this thread: the runtime thread only does the connection's I/O, and
+        // concurrent appends from many threads do not queue behind one another's tasks.
+        let appended = self.shared.call_here(self.shared.bound(1), async move {
             publish_acked(&js, subject, headers, payload).await
         })?;
         if appended.duplicate {

@@ -3,12 +3,16 @@
 //! worker, or inside some other tokio runtime — without nesting `block_on`.
 //!
 //! A call spawns its future on the backend's runtime and waits for the answer on a
-//! channel. Dropping the last handle stops the runtime on its own thread (a runtime may not
-//! be dropped inside another one's context).
+//! channel ([`Runtime::call`]), or runs it on the calling thread inside the runtime's
+//! context, so that only the connection's own task works on the runtime thread
+//! ([`Runtime::call_here`]). Dropping the last handle stops the runtime on its own thread
+//! (a runtime may not be dropped inside another one's context).
 
 use std::future::Future;
+use std::pin::pin;
 use std::sync::Arc;
-use std::thread::{self, JoinHandle, ThreadId};
+use std::task::{Context, Poll, Wake, Waker};
+use std::thread::{self, JoinHandle, Thread, ThreadId};
 
 use tokio::runtime::Handle;
 use tokio::sync::oneshot;
@@ -123,11 +127,131 @@ impl Runtime {
         rx.recv().map_err(|_| RuntimeGone)
     }
 
+    /// Runs `fut` to completion on the calling thread, inside the runtime's context: its
+    /// timers and the connection's channels are the runtime's, and the connection's task
+    /// on the runtime thread does the I/O, but the future itself is polled here, so a call
+    /// costs the runtime thread no task of its own. The caller's thread sleeps between
+    /// polls (woken by the runtime thread), as it sleeps on [`Self::call`]'s channel.
+    ///
+    /// Made inside another tokio runtime, it enters this runtime's context for the call
+    /// (allowed, unlike nesting `block_on`) and blocks that thread as [`Self::call`] does;
+    /// the caller's cooperative budget does not apply to `fut`.
+    ///
+    /// `fut` must be bounded by the caller (a timeout): nothing here gives up.
+    ///
+    /// # Errors
+    /// [`RuntimeGone`] when called on the runtime's own thread (sleeping there would stop
+    /// the I/O the future waits for).
+    pub(crate) fn call_here<F: Future>(&self, fut: F) -> Result<F::Output, RuntimeGone> {
+        if thread::current().id() == self.0.thread {
+            return Err(RuntimeGone);
+        }
+        // The runtime runs as long as a handle (this one) lives: its drivers are up.
+        let _context = self.0.handle.enter();
+        Ok(block_here(tokio::task::unconstrained(fut)))
+    }
+
     /// Spawns a background task.
     pub(crate) fn spawn<F>(&self, fut: F) -> tokio::task::JoinHandle<()>
     where
         F: Future<Output = ()> + Send + 'static,
     {
         self.0.handle.spawn(fut)
+    }
+}
+
+/// Wakes a thread sleeping in [`block_here`].
+struct Unpark(Thread);
+
+impl Wake for Unpark {
+    fn wake(self: Arc<Self>) {
+        self.0.unpark();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.0.unpark();
+    }
+}
+
+/// Polls `fut` on this thread until it is ready, sleeping between polls until its waker
+/// is called. An unpark that comes before the sleep is kept (`park` returns at once), and
+/// a spurious return only costs one more poll.
+fn block_here<F: Future>(fut: F) -> F::Output {
+    let waker = Waker::from(Arc::new(Unpark(thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    let mut fut = pin!(fut);
+    loop {
+        if let Poll::Ready(out) = fut.as_mut().poll(&mut cx) {
+            return out;
+        }
+        thread::park();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn a_call_here_runs_timers_and_channels_of_the_runtime() {
+        let rt = Runtime::start("test-rt").expect("runtime");
+        let (tx, rx) = tokio::sync::oneshot::channel::<u32>();
+        // The sender fires from a task on the runtime thread after a timer.
+        rt.spawn(async move {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let _ = tx.send(7);
+        });
+        let got =
+            rt.call_here(async move { tokio::time::timeout(Duration::from_secs(10), rx).await });
+        assert_eq!(got.expect("not on the runtime thread"), Ok(Ok(7)));
+    }
+
+    #[test]
+    fn a_call_here_on_the_runtime_thread_is_refused() {
+        let rt = Runtime::start("test-rt").expect("runtime");
+        let inner = rt.clone();
+        let refused = rt
+            .call(async move { inner.call_here(async { 1 }).is_err() })
+            .expect("the runtime runs");
+        assert!(refused);
+    }
+
+    #[test]
+    fn a_call_here_inside_another_runtime_neither_panics_nor_starves() {
+        let rt = Runtime::start("test-rt").expect("runtime");
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        // On a thread of its own, so that a starved loop (it would spin, never finishing)
+        // fails the test within a bound instead of hanging it.
+        thread::spawn(move || {
+            let other = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            // Far more tokio operations than one task's cooperative budget (128): a budget
+            // carried into the call would make every poll after it pending at once.
+            let sum = other.block_on(async {
+                let mut sum = 0u32;
+                for i in 0..1_000u32 {
+                    let (tx, rx) = tokio::sync::oneshot::channel::<u32>();
+                    let _ = tx.send(i);
+                    sum += rt
+                        .call_here(async move {
+                            tokio::time::timeout(Duration::from_secs(5), rx)
+                                .await
+                                .ok()
+                                .and_then(Result::ok)
+                                .unwrap_or(0)
+                        })
+                        .expect("not on the runtime thread");
+                }
+                sum
+            });
+            let _ = done_tx.send(sum);
+        });
+        let sum = done_rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the calls finished");
+        assert_eq!(sum, (0..1_000u32).sum::<u32>());
     }
 }
