@@ -86,7 +86,7 @@ pub(crate) fn table(report: &Report) -> String {
 }
 
 /// Case families, in report order, with the heading and the analysis prompt for each.
-const FAMILIES: [(&str, &str, &str); 8] = [
+const FAMILIES: [(&str, &str, &str); 10] = [
     (
         "fanout",
         "Fan-out",
@@ -128,6 +128,18 @@ const FAMILIES: [(&str, &str, &str); 8] = [
         "JetStream backend",
         "The JetStream backend against raw async-nats doing the same work on one local \
          nats-server: publish with acknowledgement, consume, and both through the broker.",
+    ),
+    (
+        "jetstream-default",
+        "JetStream backend, the server's default sync",
+        "The same JetStream cases on a server with its default sync, where the disk no longer \
+         hides tidings' own cost.",
+    ),
+    (
+        "alloc",
+        "Allocations per publish",
+        "Heap allocations per published-and-delivered message in steady state on a cached \
+         route, counted on every thread.",
     ),
     (
         "transport",
@@ -273,7 +285,19 @@ pub(crate) fn markdown(
 
 #[cfg(test)]
 mod tests {
-    use super::fmt_value;
+    use super::{FAMILIES, fmt_value};
+
+    /// A case whose first name part has no section would be missing from BENCHMARKS.md.
+    #[test]
+    fn every_case_has_a_section_in_the_markdown() {
+        for name in crate::case_names() {
+            let prefix = name.split('/').next().unwrap_or_default();
+            assert!(
+                FAMILIES.iter().any(|(p, _, _)| *p == prefix),
+                "no BENCHMARKS.md section for {name}"
+            );
+        }
+    }
 
     #[test]
     fn formats() {
