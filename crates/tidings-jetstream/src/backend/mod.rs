@@ -176,17 +176,7 @@ impl Shared {
         F: Future<Output = Result<T, StreamError>> + Send + 'static,
         T: Send + 'static,
     {
-        let timed = async move {
-            match tokio::time::timeout(bound, fut).await {
-                Ok(r) => r,
-                Err(_) => Err(JetStreamError::new(
-                    StreamErrorKind::TimedOut,
-                    format_args!("no answer within {bound:?}"),
-                )
-                .into()),
-            }
-        };
-        self.rt.call(timed).map_err(|_| {
+        self.rt.call(bounded(bound, fut)).map_err(|_| {
             StreamError::from(JetStreamError::new(
                 StreamErrorKind::Closed,
                 "the backend is closed (or was called on its own runtime thread)",
@@ -197,22 +187,12 @@ impl Shared {
     /// As [`Self::call`], but `fut` runs on the calling thread inside the runtime's
     /// context ([`Runtime::call_here`](crate::connection::runtime::Runtime::call_here)):
     /// no task on the runtime thread, no hop there and back. Refused on the runtime's own
-    /// thread, as [`Self::call`] is.
+    /// thread.
     pub(crate) fn call_here<F, T>(&self, bound: Duration, fut: F) -> Result<T, StreamError>
     where
         F: Future<Output = Result<T, StreamError>>,
     {
-        let timed = async move {
-            match tokio::time::timeout(bound, fut).await {
-                Ok(r) => r,
-                Err(_) => Err(JetStreamError::new(
-                    StreamErrorKind::TimedOut,
-                    format_args!("no answer within {bound:?}"),
-                )
-                .into()),
-            }
-        };
-        self.rt.call_here(timed).map_err(|_| {
+        self.rt.call_here(bounded(bound, fut)).map_err(|_| {
             StreamError::from(JetStreamError::new(
                 StreamErrorKind::Closed,
                 "the backend was called on its own runtime thread",
@@ -220,9 +200,51 @@ impl Shared {
         })?
     }
 
+    /// As [`Self::call`], for an async caller: `fut` runs as a task on the backend's
+    /// runtime and the returned future only awaits its answer, so it may be polled on any
+    /// runtime and holds no thread while it waits. Dropping it does not cancel the task.
+    pub(crate) fn call_async<F, T>(
+        &self,
+        bound: Duration,
+        fut: F,
+    ) -> impl Future<Output = Result<T, StreamError>> + Send + 'static
+    where
+        F: Future<Output = Result<T, StreamError>> + Send + 'static,
+        T: Send + 'static,
+    {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.rt.spawn(async move {
+            let _ = tx.send(bounded(bound, fut).await);
+        });
+        async move {
+            rx.await.unwrap_or_else(|_| {
+                Err(JetStreamError::new(
+                    StreamErrorKind::Closed,
+                    "the backend closed before the answer",
+                )
+                .into())
+            })
+        }
+    }
+
     /// A bound for one step of `requests` round trips.
     pub(crate) fn bound(&self, requests: u32) -> Duration {
         self.js.request_timeout() * requests.max(1) + Duration::from_millis(500)
+    }
+}
+
+/// `fut`, or [`StreamErrorKind::TimedOut`] when it has no answer within `bound`.
+async fn bounded<F, T>(bound: Duration, fut: F) -> Result<T, StreamError>
+where
+    F: Future<Output = Result<T, StreamError>>,
+{
+    match tokio::time::timeout(bound, fut).await {
+        Ok(r) => r,
+        Err(_) => Err(JetStreamError::new(
+            StreamErrorKind::TimedOut,
+            format_args!("no answer within {bound:?}"),
+        )
+        .into()),
     }
 }
 

@@ -19,7 +19,7 @@ use async_nats::HeaderMap;
 use async_nats::jetstream::context::{CreateStreamErrorKind, GetStreamErrorKind};
 use async_nats::jetstream::{ErrorCode, stream as js_stream};
 use tidings::StorageInfo;
-use tidings::durable::{Appended, BackendCursor, BackendStream, CursorSpec};
+use tidings::durable::{AppendFuture, Appended, BackendCursor, BackendStream, CursorSpec};
 use tidings::{Message, Pattern, Retention, StartAt, StreamConfig, StreamError, StreamErrorKind};
 
 use super::cursor::{CursorShared, JsCursor};
@@ -174,6 +174,38 @@ pub(crate) fn headers_with_id(m: &Message, msg_id: &str) -> HeaderMap {
 }
 
 impl JsStream {
+    /// The subject, headers and payload `message` is stored with. A keyed record goes under
+    /// its key's partition: a keyed consumer group hands partitions to processes
+    /// (R-DIST-6).
+    fn record_of(&self, message: &Message) -> (String, HeaderMap, bytes::Bytes) {
+        let headers = headers_with_id(message, &message.id().to_string());
+        let subject = match message.key() {
+            Some(key) => format!(
+                "{}{}.{}",
+                self.keyed,
+                key_partition(key, self.partitions),
+                message.topic().as_str()
+            ),
+            None => format!("{}{}", self.prefix, message.topic().as_str()),
+        };
+        (subject, headers, message.payload().clone())
+    }
+
+    /// An append the server acknowledged: a new record moves the known end and wakes
+    /// this backend's cursors (a manual driver's next step should find it; their own
+    /// watch sees it too, later). A duplicate changes nothing.
+    fn stored(&self, appended: Appended) -> Appended {
+        if appended.duplicate {
+            return appended;
+        }
+        self.end.fetch_max(appended.offset + 1, Ordering::Relaxed);
+        self.shared.changed();
+        for c in self.lock_cursors().iter().filter_map(Weak::upgrade) {
+            c.wake();
+        }
+        appended
+    }
+
     /// Opens the stream `config` names, creating it when it does not exist; an existing
     /// one must have the same patterns and retention (R-LOG-5): it is never updated.
     pub(crate) fn open(
@@ -260,37 +292,26 @@ impl BackendStream for JsStream {
         if self.closed.load(Ordering::Acquire) {
             return Err(StreamError::Closed);
         }
+        let (subject, headers, payload) = self.record_of(message);
         let js = self.shared.js.clone();
-        let headers = headers_with_id(message, &message.id().to_string());
-        // A keyed record goes under its key's partition: a keyed consumer group hands
-        // partitions to processes (R-DIST-6).
-        let subject = match message.key() {
-            Some(key) => format!(
-                "{}{}.{}",
-                self.keyed,
-                key_partition(key, self.partitions),
-                message.topic().as_str()
-            ),
-            None => format!("{}{}", self.prefix, message.topic().as_str()),
-        };
-        let payload = message.payload().clone();
         // On this thread: the runtime thread only does the connection's I/O, and
         // concurrent appends from many threads do not queue behind one another's tasks.
         let appended = self.shared.call_here(self.shared.bound(1), async move {
             publish_acked(&js, subject, headers, payload).await
         })?;
-        if appended.duplicate {
-            return Ok(appended);
+        Ok(self.stored(appended))
+    }
+
+    fn append_async(self: Arc<Self>, message: &Message) -> Option<AppendFuture> {
+        if self.closed.load(Ordering::Acquire) {
+            return Some(Box::pin(std::future::ready(Err(StreamError::Closed))));
         }
-        let seq = appended.offset;
-        self.end.fetch_max(seq + 1, Ordering::Relaxed);
-        self.shared.changed();
-        // The cursors' own watch sees the publish too, later: a manual driver's next step
-        // should find it.
-        for c in self.lock_cursors().iter().filter_map(Weak::upgrade) {
-            c.wake();
-        }
-        Ok(appended)
+        let (subject, headers, payload) = self.record_of(message);
+        let js = self.shared.js.clone();
+        let acked = self.shared.call_async(self.shared.bound(1), async move {
+            publish_acked(&js, subject, headers, payload).await
+        });
+        Some(Box::pin(async move { Ok(self.stored(acked.await?)) }))
     }
 
     fn start_offset(&self) -> u64 {

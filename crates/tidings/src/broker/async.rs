@@ -5,15 +5,21 @@
 //! `request`, `close` — for use inside a tokio runtime, where blocking a worker thread can
 //! stall (with a current-thread runtime: deadlock) the very dispatchers being waited for.
 //!
-//! They are honest wrappers: each runs the sync call on tokio's blocking thread pool
-//! (`spawn_blocking`; a plain thread when not called inside a runtime) and awaits its
-//! result. They therefore never block a runtime worker thread, at the cost of one
-//! blocking-pool hand-off per call. See each method's `# Cancel safety`.
+//! None of them blocks a runtime worker thread. `request_async` and `close_async` run the
+//! sync call on tokio's blocking thread pool (`spawn_blocking`; a plain thread when not
+//! called inside a runtime) and await its result. `publish_async` runs the publish's steps
+//! as a task and sends to the blocking pool only the steps that may wait there: an append
+//! to a backend without an async path (the embedded log's write and fsync), and offers to a
+//! subscription that makes publishers wait or to a transport; an append to JetStream is
+//! awaited without a thread. See each method's `# Cancel safety`.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use tracing::Instrument;
+
 use crate::async_handler::AsyncHandler;
+use crate::clock::Now;
 use crate::driver::tokio::allow_blocking;
 use crate::error::{PublishError, SubscribeError};
 use crate::message::{Message, MessageBuilder};
@@ -23,7 +29,7 @@ use crate::request::RequestError;
 use crate::subscription::Subscription;
 use crate::subscription::shell::HandlerKind;
 
-use super::Broker;
+use super::{Broker, BrokerInner};
 
 impl Broker {
     /// Subscribe an async `handler` to every topic matching `pattern` (R-CORE-1, R-EXE-3).
@@ -50,16 +56,27 @@ impl Broker {
             .subscribe(pattern, options, HandlerKind::Async(Arc::new(handler)))
     }
 
-    /// [`Broker::publish`] without blocking the async runtime: under `Overflow::Block` the
-    /// wait for room happens on a blocking-pool thread while this future is pending.
+    /// [`Broker::publish`] without blocking the async runtime (R-EXE-1).
     ///
-    /// Same result and contract as `publish`. Sequential `publish_async(..).await` calls
-    /// from one task keep that task's publish order (R-ORD-2).
+    /// Inside a tokio runtime the publish runs as a task of that runtime: validating and
+    /// stamping the message never waits; an append to a stream whose backend can wait
+    /// without a thread ([`BackendStream::append_async`](crate::durable::BackendStream::append_async):
+    /// JetStream, waiting for the server's acknowledgement) holds no thread while it waits;
+    /// an append to the embedded log (a write and maybe an fsync), and the offers when one
+    /// of them may wait (a subscription with `Overflow::Block`, or a transport), run on
+    /// tokio's blocking pool. So a publish to a JetStream stream whose topic no blocking
+    /// subscription matches takes no blocking-pool thread. Outside a runtime the whole
+    /// publish runs on a plain thread.
+    ///
+    /// Same result and contract as `publish`, except that the offers' enqueue time is read
+    /// after the appends (a sync publish reads the clock once, before them). Sequential
+    /// `publish_async(..).await` calls from one task keep that task's publish order
+    /// (R-ORD-2).
     ///
     /// # Cancel safety
-    /// Not cancel safe. The publish runs on tokio's blocking pool as soon as this future is
-    /// first polled; dropping the future does **not** cancel it: the message is still
-    /// offered (possibly after a `Block` wait of up to the subscription's timeout), and its
+    /// Not cancel safe. The publish starts as soon as this future is first polled; dropping
+    /// the future does **not** cancel it: the message is still appended and offered
+    /// (possibly after a `Block` wait of up to the subscription's timeout), and its
     /// [`PublishReport`] or error is lost. Because it completes in the background, a later
     /// publish by the same task may then be offered before it — publish order is kept only
     /// between publishes whose futures were awaited to completion.
@@ -68,8 +85,20 @@ impl Broker {
         &self,
         message: impl Into<MessageBuilder>,
     ) -> Result<PublishReport, PublishError> {
-        let (broker, message) = (self.clone(), message.into());
-        off_runtime(move || broker.publish(message)).await
+        let (inner, message) = (self.inner.clone(), message.into());
+        let Ok(handle) = ::tokio::runtime::Handle::try_current() else {
+            return off_runtime(move || inner.publish_builder(message)).await;
+        };
+        // A task, not this future: dropping the future must not cancel a publish halfway.
+        match handle
+            .spawn(async move { inner.publish_builder_async(message).await })
+            .await
+        {
+            Ok(r) => r,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            // Cancelled: the runtime is shutting down and will drop this future too.
+            Err(_) => std::future::pending().await,
+        }
     }
 
     /// [`Broker::request`] without blocking the async runtime: the request is published and
@@ -109,6 +138,38 @@ impl Broker {
     pub async fn close_async(&self, drain: Duration) -> CloseReport {
         let broker = self.clone();
         off_runtime(move || allow_blocking(|| broker.close(drain))).await
+    }
+}
+
+impl BrokerInner {
+    /// The steps of `publish_builder` (src/broker/publish.rs) with the waits moved off the
+    /// runtime's worker threads: see [`Broker::publish_async`].
+    async fn publish_builder_async(
+        self: Arc<Self>,
+        b: MessageBuilder,
+    ) -> Result<PublishReport, PublishError> {
+        let span = crate::telemetry::trace::publish_span(&b.topic);
+        let mut prepared = {
+            let _entered = span.enter();
+            self.prepare(b, &span, &Now::new(self.clock.as_ref()))?
+        };
+        let appends = self
+            .durables
+            .append_async(prepared.message(), |stream, message| {
+                Box::pin(off_runtime(move || stream.append(&message)))
+            })
+            .instrument(span.clone())
+            .await?;
+        if self.finish_may_wait(&mut prepared, !appends.0.is_empty()) {
+            let inner = self.clone();
+            return off_runtime(move || {
+                let _entered = span.enter();
+                inner.finish(prepared, appends, &Now::new(inner.clock.as_ref()))
+            })
+            .await;
+        }
+        let _entered = span.enter();
+        self.finish(prepared, appends, &Now::new(self.clock.as_ref()))
     }
 }
 

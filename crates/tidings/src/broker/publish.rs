@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use crate::clock::{Now, deadline_after};
 use crate::dlq::DeadLetter;
+use crate::durable::registry::Appends;
 use crate::error::PublishError;
 use crate::message::{Message, MessageBuilder};
 use crate::report::PublishReport;
@@ -35,6 +36,23 @@ impl BrokerInner {
         // R-OPS-3: the publish span, and (feature `otel`) the traceparent header (src/ops).
         let span = crate::telemetry::trace::publish_span(&b.topic);
         let _entered = span.enter();
+        // One clock reading for the whole publish: the message's time stamps it and its
+        // entry into every queue it reaches.
+        let now = Now::new(self.clock.as_ref());
+        let prepared = self.prepare(b, &span, &now)?;
+        // Durable streams first: a failed append fails the publish (src/durable).
+        let appends = self.durables.append(&prepared.message)?;
+        self.finish(prepared, appends, &now)
+    }
+
+    /// A publish's first step: refused when closed, validated, stamped with `now`, its
+    /// route looked up when cached. Never waits.
+    pub(super) fn prepare(
+        &self,
+        b: MessageBuilder,
+        span: &tracing::Span,
+        now: &Now<'_>,
+    ) -> Result<Prepared, PublishError> {
         if self.closed.load(Ordering::Acquire) {
             return Err(PublishError::Closed);
         }
@@ -45,22 +63,30 @@ impl BrokerInner {
             Some(route) => (Some(route.topic), Some(route.targets)),
             None => (None, None),
         };
-        // One clock reading for the whole publish: the message's time stamps it and its
-        // entry into every queue it reaches.
-        let now = Now::new(self.clock.as_ref());
         let message = crate::message_pool::allocate(crate::telemetry::trace::stamped(
-            self.build_message(b, topic, &now)?,
+            self.build_message(b, topic, now)?,
             &self.limits,
         ));
-        crate::telemetry::trace::record_published(&span, &message);
-        // Durable streams first: a failed append fails the publish (src/durable).
-        let (streams, duplicate_in) = self.durables.append(&message)?;
-        let mut report = match self.due_time(&message, &now) {
+        crate::telemetry::trace::record_published(span, &message);
+        Ok(Prepared { message, targets })
+    }
+
+    /// A publish's last step, once the message is in every matching stream (`appends`):
+    /// hold it until due, or offer it (to the matching subscriptions, or the transport).
+    /// Waits only where an offer waits: a full `Overflow::Block` queue, or the transport.
+    pub(super) fn finish(
+        &self,
+        prepared: Prepared,
+        (streams, duplicate_in): Appends,
+        now: &Now<'_>,
+    ) -> Result<PublishReport, PublishError> {
+        let Prepared { message, targets } = prepared;
+        let mut report = match self.due_time(&message, now) {
             // With a transport a delayed message travels now; receivers hold it, and a
             // held message is routed when due, to the subscriptions there are then.
             Some(due) if !self.has_transport() => self.schedule(due, message)?,
             _ => {
-                let report = self.dispatch(&message, !streams.is_empty(), targets, &now);
+                let report = self.dispatch(&message, !streams.is_empty(), targets, now);
                 crate::message_pool::recycle(message);
                 report?
             }
@@ -68,6 +94,20 @@ impl BrokerInner {
         report.streams = streams;
         report.duplicate_in = duplicate_in;
         Ok(report)
+    }
+
+    /// Whether [`Self::finish`] may wait: it publishes to the transport, or offers to a
+    /// subscription whose full queue makes a publisher wait (`Overflow::Block`). Looks the
+    /// route up now when `prepared` has none yet, and keeps it there.
+    #[cfg(feature = "tokio")]
+    pub(super) fn finish_may_wait(&self, prepared: &mut Prepared, appended: bool) -> bool {
+        if self.has_transport() {
+            return self.transport_publishes(appended);
+        }
+        let targets = self.targets(&prepared.message, prepared.targets.take());
+        let may_wait = targets.iter().any(|sub| sub.makes_publishers_wait());
+        prepared.targets = Some(targets);
+        may_wait
     }
 
     /// The monotonic due time of a message delivered in the future (R-TIME-2), from the
@@ -226,6 +266,22 @@ impl BrokerInner {
         self.routes.get(name)
     }
 
+    /// The subscriptions `message`'s topic matches now: `known` when the publish already
+    /// looked them up, else from the route cache, else computed under the registry's read
+    /// lock (and cached).
+    fn targets(&self, message: &Message, known: Option<Targets>) -> Targets {
+        known.unwrap_or_else(|| {
+            let reg = self.registry.read();
+            let topic = message.topic();
+            self.routes.get_or_compute(topic, || {
+                let mut targets = Vec::new();
+                reg.router
+                    .for_each_match(topic, |_, sub| targets.push(sub.clone()));
+                targets
+            })
+        })
+    }
+
     /// Snapshot the matching subscriptions, release the lock, offer to each (R-CORE-2).
     /// A topic published before, with no subscribe or unsubscribe since, takes its
     /// snapshot from the route cache: one hash lookup (src/route_cache.rs). `known`: that
@@ -237,16 +293,7 @@ impl BrokerInner {
         known: Option<Targets>,
         now: &Now<'_>,
     ) -> PublishReport {
-        let targets = known.unwrap_or_else(|| {
-            let reg = self.registry.read();
-            let topic = message.topic();
-            self.routes.get_or_compute(topic, || {
-                let mut targets = Vec::new();
-                reg.router
-                    .for_each_match(topic, |_, sub| targets.push(sub.clone()));
-                targets
-            })
-        });
+        let targets = self.targets(message, known);
         let mut report = PublishReport {
             id: message.id(),
             accepted: 0,
@@ -262,6 +309,21 @@ impl BrokerInner {
             }
         }
         report
+    }
+}
+
+/// A message between the steps of a publish (see [`BrokerInner::prepare`]).
+pub(crate) struct Prepared {
+    message: Arc<Message>,
+    /// Its route, when already looked up.
+    targets: Option<Targets>,
+}
+
+impl Prepared {
+    /// The message being published.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn message(&self) -> &Arc<Message> {
+        &self.message
     }
 }
 

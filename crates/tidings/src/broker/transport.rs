@@ -94,7 +94,7 @@ impl BrokerInner {
         let Some(attached) = &self.transport else {
             return Ok(self.route(message, targets, now));
         };
-        if !(appended && attached.carries_appends) {
+        if self.transport_publishes(appended) {
             attached
                 .transport
                 .publish(message)
@@ -109,6 +109,14 @@ impl BrokerInner {
             streams: Vec::new(),
             duplicate_in: Vec::new(),
         })
+    }
+
+    /// Whether a publish goes out on the transport: there is one, and it does not already
+    /// carry the message (`appended` to a stream on the transport's own connection).
+    pub(super) fn transport_publishes(&self, appended: bool) -> bool {
+        self.transport
+            .as_ref()
+            .is_some_and(|attached| !(appended && attached.carries_appends))
     }
 
     /// Whether buffered subscriptions receive through a transport.

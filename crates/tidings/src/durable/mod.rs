@@ -83,6 +83,6 @@ pub(crate) use subscription::DurableSubscription;
 // The seam a backend implements: reachable here only.
 pub use registry::check_name;
 pub use source::{
-    Appended, BackendCursor, BackendStream, Capabilities, CursorSpec, CursorWaker, DurableBackend,
-    Finished, Outcome, StartGate,
+    AppendFuture, Appended, BackendCursor, BackendStream, Capabilities, CursorSpec, CursorWaker,
+    DurableBackend, Finished, Outcome, StartGate,
 };

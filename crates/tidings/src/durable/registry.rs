@@ -31,6 +31,30 @@ use super::{StreamConfig, StreamError};
 /// The streams a publish reached, and those of them that already held the message.
 pub(crate) type Appends = (Vec<String>, Vec<String>);
 
+/// Book one stream's append `outcome` into `appends` (the streams holding the message, and
+/// those that held it already); a failure fails the publish, naming the streams appended
+/// to before it.
+fn record_append(
+    stream: &OpenStream,
+    outcome: Result<super::Appended, StreamError>,
+    (names, duplicate_in): &mut Appends,
+) -> Result<(), PublishError> {
+    match outcome {
+        Ok(appended) => {
+            if appended.duplicate {
+                duplicate_in.push(stream.name().to_owned());
+            }
+            names.push(stream.name().to_owned());
+            Ok(())
+        }
+        Err(e) => Err(PublishError::Stream {
+            stream: stream.name().to_owned(),
+            error: Arc::new(e),
+            appended_to: std::mem::take(names),
+        }),
+    }
+}
+
 /// Checks a stream, durable subscription or dedup store name: 1 to [`MAX_NAME_LEN`] bytes of
 /// ASCII letters, digits, `-`, `_` and `.`, not starting with `.` (a backend may make a file
 /// name of it). The one rule every backend starts from; a backend with a shorter limit
@@ -186,8 +210,42 @@ impl Durables {
     /// those among them that already held it (R-DEL-7: nothing stored there).
     /// Returns at once (no allocation, no lock) when the broker has no stream.
     pub(crate) fn append(&self, message: &Message) -> Result<Appends, PublishError> {
+        let mut appends = (Vec::new(), Vec::new());
+        for s in self.append_targets(message)? {
+            let outcome = s.backend.append(message);
+            record_append(&s, outcome, &mut appends)?;
+        }
+        Ok(appends)
+    }
+
+    /// [`Self::append`] without holding a thread while a backend waits
+    /// ([`BackendStream::append_async`](super::BackendStream::append_async)); a backend
+    /// without that path is appended to by `blocking` (the caller's way to run a blocking
+    /// call off its async runtime). Streams are appended to one after the other, as by
+    /// `append`.
+    #[cfg(feature = "tokio")]
+    pub(crate) async fn append_async(
+        &self,
+        message: &Arc<Message>,
+        blocking: impl Fn(Arc<dyn super::BackendStream>, Arc<Message>) -> super::AppendFuture,
+    ) -> Result<Appends, PublishError> {
+        let mut appends = (Vec::new(), Vec::new());
+        for s in self.append_targets(message)? {
+            let appending = match s.backend.clone().append_async(message) {
+                Some(appending) => appending,
+                None => blocking(s.backend.clone(), message.clone()),
+            };
+            record_append(&s, appending.await, &mut appends)?;
+        }
+        Ok(appends)
+    }
+
+    /// The streams `message` is appended to; refused before anything is stored when one
+    /// of them cannot keep its priority. Empty at once (no allocation, no lock) when the
+    /// broker has no stream.
+    fn append_targets(&self, message: &Message) -> Result<Vec<Arc<OpenStream>>, PublishError> {
         if !self.any.load(Ordering::Acquire) {
-            return Ok((Vec::new(), Vec::new()));
+            return Ok(Vec::new());
         }
         let targets: Vec<Arc<OpenStream>> = self
             .streams
@@ -196,10 +254,6 @@ impl Durables {
             .filter(|s| s.patterns.iter().any(|p| p.matches(message.topic())))
             .cloned()
             .collect();
-        if targets.is_empty() {
-            return Ok((Vec::new(), Vec::new()));
-        }
-        // Refused before anything is stored: a backend that cannot keep the priority.
         if message.priority() != Priority::Normal
             && let Some(s) = targets.iter().find(|s| !s.keeps_priority)
         {
@@ -213,26 +267,7 @@ impl Durables {
                 appended_to: Vec::new(),
             });
         }
-        let mut names = Vec::with_capacity(targets.len());
-        let mut duplicate_in = Vec::new();
-        for s in targets {
-            match s.backend.append(message) {
-                Ok(appended) => {
-                    if appended.duplicate {
-                        duplicate_in.push(s.name().to_owned());
-                    }
-                }
-                Err(e) => {
-                    return Err(PublishError::Stream {
-                        stream: s.name().to_owned(),
-                        error: Arc::new(e),
-                        appended_to: names,
-                    });
-                }
-            }
-            names.push(s.name().to_owned());
-        }
-        Ok((names, duplicate_in))
+        Ok(targets)
     }
 
     /// Broker close: stop every feeder, close every cursor (each writes its position;

@@ -29,6 +29,8 @@
 
 use std::any::Any;
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -178,6 +180,9 @@ pub trait DurableBackend: Any + Send + Sync + fmt::Debug {
     fn close(&self) {}
 }
 
+/// What [`BackendStream::append_async`] returns: the append's outcome, later.
+pub type AppendFuture = Pin<Box<dyn Future<Output = Result<Appended, StreamError>> + Send>>;
+
 /// One open stream.
 ///
 /// # Ordering
@@ -199,6 +204,22 @@ pub trait BackendStream: Send + Sync + fmt::Debug {
     /// # Errors
     /// Not stored: publish fails with the error and offers the message to nobody.
     fn append(&self, message: &Message) -> Result<Appended, StreamError>;
+
+    /// [`append`](Self::append) as a future that holds no thread while it waits (a
+    /// network backend waiting for the server's acknowledgement), or `None` when the
+    /// backend has no such path (the embedded log: an append is a write and maybe an fsync,
+    /// so [`Broker::publish_async`](crate::Broker::publish_async) runs `append` on the
+    /// blocking pool instead). The default is `None`.
+    ///
+    /// Same contract as `append`, bounded by the backend's own timeouts. The future owns
+    /// what it needs (`'static`); it may be polled on any async runtime, so it must not
+    /// depend on the caller's (run its I/O on the backend's own, and only await the
+    /// answer). Dropping it does not cancel an append already sent: the message may be
+    /// stored, as when a caller of `append` gives up.
+    fn append_async(self: Arc<Self>, message: &Message) -> Option<AppendFuture> {
+        let _ = message;
+        None
+    }
 
     /// The earliest retained offset, as last known.
     fn start_offset(&self) -> u64;

@@ -603,6 +603,12 @@ impl SubscriptionShell {
             .map_err(|payload| format!("predicate panicked: {}", panic_text(payload.as_ref())))
     }
 
+    /// Whether an offer to a full queue makes the publisher wait (`Overflow::Block`).
+    #[cfg(feature = "tokio")]
+    pub(crate) fn makes_publishers_wait(&self) -> bool {
+        matches!(self.settings.overflow, Overflow::Block { .. })
+    }
+
     /// `Overflow::Block`: wait (holding no broker lock, only releasing this subscription's
     /// lock while waiting) until room is made, the timeout passes on the broker's clock, or
     /// the subscription closes. The offers' effects are gathered into `effects`.
