@@ -53,7 +53,14 @@ const CONSUME: &str = "consume";
 const CONSUME_BROKER: &str = "consume/broker";
 const PUBLISH_BROKER: &str = "publish/broker";
 const PUBLISH_BROKER_16: &str = "publish/broker/publishers=16";
-const CASES: [&str; 4] = [CONSUME, CONSUME_BROKER, PUBLISH_BROKER, PUBLISH_BROKER_16];
+const PUBLISH_ASYNC_16: &str = "publish/broker/async-tasks=16";
+const CASES: [&str; 5] = [
+    CONSUME,
+    CONSUME_BROKER,
+    PUBLISH_BROKER,
+    PUBLISH_BROKER_16,
+    PUBLISH_ASYNC_16,
+];
 
 /// The case prefixes: the server with `sync_interval: always`, and the one with the default.
 const ALWAYS: &str = "jetstream/";
@@ -84,6 +91,16 @@ pub(crate) fn case_names() -> Vec<String> {
         .iter()
         .flat_map(|prefix| CASES.iter().map(move |c| format!("{prefix}{c}")))
         .collect()
+}
+
+/// Who publishes on the tidings side of a publish case (the raw side keeps as many in
+/// flight).
+#[derive(Clone, Copy)]
+enum Publishers {
+    /// Threads calling `Broker::publish`.
+    Threads(usize),
+    /// Tasks calling `Broker::publish_async`.
+    Tasks(usize),
 }
 
 /// Messages per side and round (and slices per round where a side is timed in slices).
@@ -220,17 +237,29 @@ fn run_on_server(plan: &Plan, always: bool, prefix: &str, cases: &mut [Case]) {
             PUBLISH_BROKER => {
                 let (slices, n) = c.publish_one;
                 (
-                    bench.publish(&runtime, rounds, slices, n, 1),
+                    bench.publish(&runtime, rounds, slices, n, Publishers::Threads(1)),
                     format!(
                         "{slices} x {n} messages per side and round; tidings: Broker::publish \
                          from one thread; raw: publish with ack, one in flight"
                     ),
                 )
             }
+            PUBLISH_ASYNC_16 => {
+                let (slices, n) = c.publish_many;
+                (
+                    bench.publish(&runtime, rounds, slices, n, Publishers::Tasks(PUBLISHERS)),
+                    format!(
+                        "{slices} x {n} messages per side and round; tidings: \
+                         Broker::publish_async from {PUBLISHERS} tasks on the bench's 2-worker \
+                         runtime; raw: publish with ack, {PUBLISHERS} in flight on one \
+                         connection"
+                    ),
+                )
+            }
             _ => {
                 let (slices, n) = c.publish_many;
                 (
-                    bench.publish(&runtime, rounds, slices, n, PUBLISHERS),
+                    bench.publish(&runtime, rounds, slices, n, Publishers::Threads(PUBLISHERS)),
                     format!(
                         "{slices} x {n} messages per side and round; tidings: Broker::publish \
                          from {PUBLISHERS} threads; raw: publish with ack, {PUBLISHERS} in \
@@ -415,6 +444,39 @@ impl Bench {
         Ok((n, started.elapsed()))
     }
 
+    /// `n` `Broker::publish_async` calls to `topic` from `tasks` tasks of the current
+    /// runtime.
+    async fn broker_publish_async(
+        &self,
+        topic: &str,
+        n: u64,
+        tasks: usize,
+    ) -> Result<(u64, Duration), String> {
+        let tasks = tasks.max(1) as u64;
+        let started = Instant::now();
+        let mut running = Vec::new();
+        for i in 0..tasks {
+            // `n` in all: the first `n % tasks` publish one more.
+            let share = n / tasks + u64::from(i < n % tasks);
+            let (broker, topic, payload) =
+                (self.broker.clone(), topic.to_owned(), self.payload.clone());
+            running.push(tokio::spawn(async move {
+                for _ in 0..share {
+                    broker
+                        .publish_async(Message::to(topic.as_str()).payload(payload.clone()))
+                        .await
+                        .map_err(|e| e.to_string())?;
+                }
+                Ok::<_, String>(())
+            }));
+        }
+        for task in running {
+            task.await
+                .map_err(|_| "a publishing task panicked".to_owned())??;
+        }
+        Ok((n, started.elapsed()))
+    }
+
     /// `n` raw publishes with ack to the stream's subject of `topic`, up to `window` in
     /// flight.
     async fn raw_publish(
@@ -455,17 +517,21 @@ impl Bench {
         rounds: usize,
         slices: usize,
         n: u64,
-        publishers: usize,
+        publishers: Publishers,
     ) -> Vec<ContenderRun> {
         let mut sides = [Side::new("tidings"), Side::new(RAW_PUBLISH)];
         'rounds: for round in 0..rounds {
             let (ours, theirs) = (self.topic(), self.topic());
             for slice in 0..slices {
                 for side in order(round, slice, 2) {
-                    let result = if side == 0 {
-                        self.broker_publish(&ours, n, publishers)
-                    } else {
-                        runtime.block_on(self.raw_publish(&theirs, n, publishers))
+                    let result = match (side, publishers) {
+                        (0, Publishers::Threads(threads)) => self.broker_publish(&ours, n, threads),
+                        (0, Publishers::Tasks(tasks)) => {
+                            runtime.block_on(self.broker_publish_async(&ours, n, tasks))
+                        }
+                        (_, Publishers::Threads(k) | Publishers::Tasks(k)) => {
+                            runtime.block_on(self.raw_publish(&theirs, n, k))
+                        }
                     };
                     if !sides[side].slice(result) {
                         break 'rounds;
