@@ -200,9 +200,11 @@ impl Shared {
         })?
     }
 
-    /// As [`Self::call`], for an async caller: `fut` runs as a task on the backend's
-    /// runtime and the returned future only awaits its answer, so it may be polled on any
-    /// runtime and holds no thread while it waits. Dropping it does not cancel the task.
+    /// As [`Self::call`], for an async caller: `fut` is polled by whoever polls the
+    /// returned future (any runtime), inside the backend runtime's context
+    /// ([`Runtime::in_context`](crate::connection::runtime::Runtime::in_context)), so it
+    /// holds no thread while it waits and costs the runtime thread only the connection's
+    /// I/O. Dropping it drops `fut`.
     pub(crate) fn call_async<F, T>(
         &self,
         bound: Duration,
@@ -212,19 +214,7 @@ impl Shared {
         F: Future<Output = Result<T, StreamError>> + Send + 'static,
         T: Send + 'static,
     {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        self.rt.spawn(async move {
-            let _ = tx.send(bounded(bound, fut).await);
-        });
-        async move {
-            rx.await.unwrap_or_else(|_| {
-                Err(JetStreamError::new(
-                    StreamErrorKind::Closed,
-                    "the backend closed before the answer",
-                )
-                .into())
-            })
-        }
+        self.rt.in_context(bounded(bound, fut))
     }
 
     /// A bound for one step of `requests` round trips.

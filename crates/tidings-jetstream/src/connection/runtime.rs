@@ -151,12 +151,42 @@ impl Runtime {
         Ok(block_here(tokio::task::unconstrained(fut)))
     }
 
+    /// `fut`, polled wherever the returned future is polled (any runtime, any thread) but
+    /// inside this runtime's context at every poll: its timers and the connection's
+    /// channels are this runtime's, while the work of each poll is the caller's. So an
+    /// async caller costs the runtime thread nothing but the connection's I/O, as
+    /// [`Self::call_here`] does for a blocking one. Dropping it drops `fut`.
+    pub(crate) fn in_context<F: Future>(&self, fut: F) -> InContext<F> {
+        InContext {
+            handle: self.0.handle.clone(),
+            fut: Box::pin(fut),
+        }
+    }
+
     /// Spawns a background task.
     pub(crate) fn spawn<F>(&self, fut: F) -> tokio::task::JoinHandle<()>
     where
         F: Future<Output = ()> + Send + 'static,
     {
         self.0.handle.spawn(fut)
+    }
+}
+
+/// See [`Runtime::in_context`]. The future is boxed so that this needs no pin projection
+/// (one allocation per call, beside the seam's own boxed future).
+pub(crate) struct InContext<F> {
+    handle: Handle,
+    fut: std::pin::Pin<Box<F>>,
+}
+
+impl<F: Future> Future for InContext<F> {
+    type Output = F::Output;
+
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        // Entering another runtime's context is allowed anywhere (unlike `block_on`), and
+        // the guard ends with this poll.
+        let _context = self.handle.enter();
+        self.fut.as_mut().poll(cx)
     }
 }
 
@@ -205,6 +235,26 @@ mod tests {
         let got =
             rt.call_here(async move { tokio::time::timeout(Duration::from_secs(10), rx).await });
         assert_eq!(got.expect("not on the runtime thread"), Ok(Ok(7)));
+    }
+
+    #[test]
+    fn a_future_in_context_uses_the_runtimes_timers_wherever_it_is_polled() {
+        let rt = Runtime::start("test-rt").expect("runtime");
+        // Polled by no runtime at all: a tokio timer outside any context would panic.
+        let slept = block_here(rt.in_context(async {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            1
+        }));
+        assert_eq!(slept, 1);
+        // Polled by another runtime that has no timer of its own.
+        let other = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("a runtime without timers");
+        let timed =
+            other.block_on(rt.in_context(async {
+                tokio::time::timeout(Duration::from_secs(5), async { 2 }).await
+            }));
+        assert_eq!(timed, Ok(2));
     }
 
     #[test]
