@@ -93,6 +93,12 @@ pub(crate) fn case_names() -> Vec<String> {
         .collect()
 }
 
+/// `n` split into `parts` (at least one) shares: the first `n % parts` get one more.
+fn shares(n: u64, parts: usize) -> impl Iterator<Item = u64> {
+    let parts = parts.max(1) as u64;
+    (0..parts).map(move |i| n / parts + u64::from(i < n % parts))
+}
+
 /// Who publishes on the tidings side of a publish case (the raw side keeps as many in
 /// flight).
 #[derive(Clone, Copy)]
@@ -419,13 +425,10 @@ impl Bench {
         n: u64,
         threads: usize,
     ) -> Result<(u64, Duration), String> {
-        let threads = threads.max(1) as u64;
         let started = Instant::now();
         std::thread::scope(|s| {
-            let workers: Vec<_> = (0..threads)
-                .map(|i| {
-                    // `n` in all: the first `n % threads` publish one more.
-                    let share = n / threads + u64::from(i < n % threads);
+            let workers: Vec<_> = shares(n, threads)
+                .map(|share| {
                     s.spawn(move || {
                         for _ in 0..share {
                             self.broker
@@ -452,12 +455,9 @@ impl Bench {
         n: u64,
         tasks: usize,
     ) -> Result<(u64, Duration), String> {
-        let tasks = tasks.max(1) as u64;
         let started = Instant::now();
         let mut running = Vec::new();
-        for i in 0..tasks {
-            // `n` in all: the first `n % tasks` publish one more.
-            let share = n / tasks + u64::from(i < n % tasks);
+        for share in shares(n, tasks) {
             let (broker, topic, payload) =
                 (self.broker.clone(), topic.to_owned(), self.payload.clone());
             running.push(tokio::spawn(async move {
