@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 
 use tidings::durable::DurableBackend;
 use tidings::{
-    Broker, Driver, DurableSpec, HandlerError, Message, Overflow, StreamConfig, SubscribeOptions,
+    Broker, Driver, DurableSpec, HandlerError, Message, Overflow, PublishError, StreamConfig,
+    StreamErrorKind, SubscribeOptions,
 };
 use tidings_jetstream::{ConnectOptions, JetStreamBackend};
 use tidings_testkit::nats::{NatsServer, NatsServerOptions};
@@ -162,4 +163,66 @@ fn a_publish_async_that_waits_for_room_leaves_the_runtime_free() {
             .expect("no panic");
     });
     broker.close(Duration::from_secs(10));
+}
+
+// R-DIST-5, R-LIM-1: the ways an async publish fails are the sync one's, typed, and none
+// hangs: a server that is gone (within the request timeout), a payload over the server's
+// limit, a closed broker.
+#[test]
+fn a_publish_async_fails_as_publish_does() {
+    let Some(mut server) = NatsServer::for_test(NatsServerOptions::new().max_payload(8192)) else {
+        return;
+    };
+    let backend = JetStreamBackend::builder()
+        .connect(
+            ConnectOptions::new(server.url())
+                .connect_timeout(Duration::from_secs(2))
+                .request_timeout(Duration::from_secs(2)),
+        )
+        .expect("connects");
+    let broker = Broker::builder()
+        .driver(Driver::Thread)
+        .durable_backend(Arc::new(backend) as Arc<dyn DurableBackend>)
+        .build()
+        .expect("valid configuration");
+    broker
+        .create_stream(StreamConfig::new("orders", ["orders.#"]))
+        .expect("stream");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let too_large = broker
+            .publish_async(Message::to("orders.big").payload(vec![0u8; 64 * 1024]))
+            .await;
+        assert!(
+            matches!(&too_large, Err(PublishError::Stream { stream, .. }) if stream == "orders"),
+            "{too_large:?}"
+        );
+        broker
+            .publish_async(Message::to("orders.small").payload("fits"))
+            .await
+            .expect("a message that fits is still published");
+
+        server.kill().expect("SIGKILL the server");
+        let away = tokio::time::timeout(
+            PATIENCE,
+            broker.publish_async(Message::to("orders.lost").payload("x")),
+        )
+        .await
+        .expect("bounded by the request timeout, not hanging");
+        assert!(
+            matches!(&away, Err(PublishError::Stream { stream, error, .. })
+                if stream == "orders"
+                    && matches!(error.kind(), StreamErrorKind::Unavailable | StreamErrorKind::TimedOut)),
+            "{away:?}"
+        );
+
+        broker.close_async(Duration::from_secs(5)).await;
+        let closed = broker
+            .publish_async(Message::to("orders.late").payload("x"))
+            .await;
+        assert!(matches!(closed, Err(PublishError::Closed)), "{closed:?}");
+    });
 }
