@@ -15,9 +15,11 @@ use tidings_testkit::nats::{NatsServer, NatsServerOptions};
 /// Generous bound for waits (never asserted as a speed).
 const PATIENCE: Duration = Duration::from_secs(30);
 
-fn open(server: &NatsServer) -> Broker {
+/// A thread-driven broker on the server `options` names, with the stream `orders`
+/// capturing `orders.#`.
+fn open(options: ConnectOptions) -> Broker {
     let backend = JetStreamBackend::builder()
-        .connect(ConnectOptions::new(server.url()))
+        .connect(options)
         .expect("connects");
     let broker = Broker::builder()
         .driver(Driver::Thread)
@@ -60,7 +62,7 @@ fn publish_async_to_a_jetstream_stream_takes_no_blocking_thread() {
     let Some(server) = NatsServer::for_test(NatsServerOptions::new()) else {
         return;
     };
-    let broker = open(&server);
+    let broker = open(ConnectOptions::new(server.url()));
     let seen = Arc::new(Mutex::new(Vec::new()));
     let log = seen.clone();
     let sub = broker
@@ -117,7 +119,7 @@ fn a_publish_async_that_waits_for_room_leaves_the_runtime_free() {
     let Some(server) = NatsServer::for_test(NatsServerOptions::new()) else {
         return;
     };
-    let broker = open(&server);
+    let broker = open(ConnectOptions::new(server.url()));
     let (go, gate) = std::sync::mpsc::channel::<()>();
     let gate = Mutex::new(gate);
     let _slow = broker
@@ -173,21 +175,11 @@ fn a_publish_async_fails_as_publish_does() {
     let Some(mut server) = NatsServer::for_test(NatsServerOptions::new().max_payload(8192)) else {
         return;
     };
-    let backend = JetStreamBackend::builder()
-        .connect(
-            ConnectOptions::new(server.url())
-                .connect_timeout(Duration::from_secs(2))
-                .request_timeout(Duration::from_secs(2)),
-        )
-        .expect("connects");
-    let broker = Broker::builder()
-        .driver(Driver::Thread)
-        .durable_backend(Arc::new(backend) as Arc<dyn DurableBackend>)
-        .build()
-        .expect("valid configuration");
-    broker
-        .create_stream(StreamConfig::new("orders", ["orders.#"]))
-        .expect("stream");
+    let broker = open(
+        ConnectOptions::new(server.url())
+            .connect_timeout(Duration::from_secs(2))
+            .request_timeout(Duration::from_secs(2)),
+    );
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
