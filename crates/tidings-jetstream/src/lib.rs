@@ -44,6 +44,7 @@ mod client;
 pub(crate) mod codec;
 mod connection;
 mod error;
+mod names;
 pub mod subject;
 pub mod transport;
 

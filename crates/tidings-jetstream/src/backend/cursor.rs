@@ -89,7 +89,7 @@ use super::acker::Acker;
 use super::dead_letters::DeadLetters;
 use super::puller::{Puller, decode, reject};
 use super::stream::{bounds, check_offset};
-use super::{Settings, Shared, backend_error, keep_alive, keyed_prefix, nats_name, subject_prefix};
+use super::{Settings, Shared, backend_error, keep_alive, keyed_prefix, subject_prefix};
 use crate::classify::seam;
 use crate::client::consumer::ConsumerSpec;
 use crate::client::delivery::{Delivery, Finish};
@@ -280,11 +280,15 @@ pub(crate) fn consumer_spec(
 ) -> ConsumerSpec {
     let (plain, keyed) = (subject_prefix(stream), keyed_prefix(stream));
     let filters = [plain.clone(), format!("{keyed}*.")];
-    ConsumerSpec::new(stream, nats_name(name), filter.clone())
-        .ack_wait(settings.ack_wait)
-        .inactive_threshold(settings.inactive_threshold)
-        .subject_prefix(plain)
-        .namespaces_of(keyed, filters)
+    ConsumerSpec::new(
+        stream,
+        crate::names::DurableNames::new(stream, name).consumer(),
+        filter.clone(),
+    )
+    .ack_wait(settings.ack_wait)
+    .inactive_threshold(settings.inactive_threshold)
+    .subject_prefix(plain)
+    .namespaces_of(keyed, filters)
 }
 
 impl JsCursor {

@@ -1,7 +1,7 @@
 //! A keyed group's leases: who may start the messages of each key partition (R-DIST-6).
 //!
 //! # The bucket
-//! Each group has a key-value bucket of its own, `TIDINGS_g_<stream>_<durable>`, whose
+//! Each group has a key-value bucket of its own, `TIDINGS_g_<stream>_x<durable>`, whose
 //! entries live `max_age` = the lease time = the ack wait (file storage, as many replicas
 //! as the stream). It holds `m.<member>` for every live member and `p.<n>` naming the
 //! member that holds partition `n` (or `free` after a clean hand-over).
@@ -126,12 +126,6 @@ impl Leases {
     pub(crate) fn clear(&self) {
         self.lock().iter_mut().for_each(|h| *h = None);
     }
-}
-
-/// The group's bucket name for durable `durable` of the stream `nats` (both JetStream
-/// names).
-pub(crate) fn bucket_name(nats: &str, durable: &str) -> String {
-    format!("TIDINGS_g_{nats}_{durable}")
 }
 
 /// Opens (creating when absent) the group's bucket.

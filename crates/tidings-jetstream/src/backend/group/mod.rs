@@ -41,7 +41,7 @@ use tidings::durable::{BackendCursor, CursorSpec, CursorWaker, Finished, StartGa
 use tidings::{CursorState, DurableDeadLetter, Message, Pattern, StartAt, StreamError};
 
 use super::cursor::{JsCursor, consumer_spec};
-use super::{BACKEND_NAME, Shared, keyed_prefix, nats_name, subject_prefix};
+use super::{BACKEND_NAME, Shared, keyed_prefix, subject_prefix};
 use crate::classify::seam;
 use lease::{Leases, Rounds, Standing};
 use partition::PartitionCursor;
@@ -158,7 +158,7 @@ impl GroupCursor {
         replicas: usize,
         spec: CursorSpec<'_>,
     ) -> Result<Self, StreamError> {
-        let durable = nats_name(spec.name);
+        let names = crate::names::DurableNames::new(stream, spec.name);
         let settings = shared.settings.clone();
         // Every partition's consumer exists from the start, at the subscription's start:
         // one taken later must not begin where the stream is then.
@@ -166,7 +166,7 @@ impl GroupCursor {
             .map(|p| partition_spec(&shared, stream, &spec, p).start(spec.start))
             .collect();
         let js = shared.js.clone();
-        let bucket = lease::bucket_name(stream, &durable);
+        let bucket = names.lease_bucket();
         let lease_time = settings.ack_wait;
         let store = shared.call(shared.bound(4 + partitions), async move {
             let created = futures_util::future::join_all(specs.into_iter().map(|s| {
@@ -403,7 +403,7 @@ fn partition_spec(
 ) -> crate::consumer::ConsumerSpec {
     let keyed = keyed_prefix(stream);
     consumer_spec(&shared.settings, stream, spec.name, spec.filter)
-        .renamed(format!("{}_k{p}", nats_name(spec.name)))
+        .renamed(crate::names::DurableNames::new(stream, spec.name).partition_consumer(p))
         .namespaces_of(keyed.clone(), [format!("{keyed}{p}.")])
 }
 
