@@ -355,6 +355,30 @@ impl NatsServer {
         Ok(())
     }
 
+    /// Stalls the server (`SIGSTOP`, `stop == true`) or lets it go on (`SIGCONT`): its
+    /// sockets stay open and nothing answers — a server that hangs, not one that is gone.
+    /// Does nothing when it is not running. Resume it before it drops (a stopped process
+    /// cannot be killed cleanly by every launcher).
+    ///
+    /// # Errors
+    /// [`LaunchError::Io`] when the signal cannot be sent.
+    pub fn pause(&self, stop: bool) -> Result<(), LaunchError> {
+        let Some(child) = &self.child else {
+            return Ok(());
+        };
+        let signal = if stop { "-STOP" } else { "-CONT" };
+        let status = std::process::Command::new("kill")
+            .args([signal, &child.id().to_string()])
+            .status()
+            .map_err(io("signal nats-server"))?;
+        if !status.success() {
+            return Err(io("signal nats-server")(std::io::Error::other(format!(
+                "kill {signal} exited with {status}"
+            ))));
+        }
+        Ok(())
+    }
+
     /// Kills the server if it runs, then starts it again on the same port, config and store
     /// dir, and waits until it is ready.
     ///

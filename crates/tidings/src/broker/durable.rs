@@ -263,14 +263,9 @@ impl Broker {
             error,
         })?;
         options.validate().map_err(SubscribeError::from)?;
-        let key = (stream.to_owned(), name.to_owned());
-        let mut feeders = durables.feeders.lock();
-        if feeders.get(&key).and_then(Weak::upgrade).is_some() {
-            return Err(StreamError::DurableInUse {
-                stream: stream.to_owned(),
-                name: name.to_owned(),
-            });
-        }
+        // Not the registry's lock: opening the cursor may wait on the network (issue 33:
+        // a stalled server froze every durable call on the broker for 7 s).
+        let reservation = durables.reserve(stream, name)?;
         let window = options.capacity;
         // The cursor wakes a feeder that exists only once the cursor is open.
         let wake_target: Arc<OnceLock<Weak<CursorFeeder>>> = Arc::new(OnceLock::new());
@@ -333,7 +328,10 @@ impl Broker {
             }
         };
         feeder.started(handle);
-        feeders.insert(key, Arc::downgrade(&feeder));
+        if let Err(e) = reservation.fulfil(&feeder) {
+            feeder.shutdown();
+            return Err(e);
+        }
         Ok(DurableSubscription {
             sub,
             feeder,

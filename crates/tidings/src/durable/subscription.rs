@@ -197,7 +197,8 @@ impl Drop for DurableSubscription {
         self.feeder.shutdown();
         if let Some(registry) = self.registry.upgrade() {
             let key = (self.feeder.stream.clone(), self.feeder.name.clone());
-            let mut map = registry.feeders.lock();
+            let mut feeders = registry.feeders.lock();
+            let map = &mut feeders.open;
             if map
                 .get(&key)
                 .is_some_and(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(&self.feeder)))
