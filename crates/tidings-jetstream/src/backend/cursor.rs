@@ -129,9 +129,12 @@ pub(crate) struct CursorShared {
     skipped_by_filter: AtomicU64,
     keep_alives: AtomicU64,
     closed: AtomicBool,
-    /// Keep-alives and background pulls only while this admits (a keyed group's
-    /// partition lease); unset: always.
+    /// Background pulls only while this admits (a keyed group's partition lease, active);
+    /// unset: always.
     admits: std::sync::OnceLock<Arc<dyn Fn() -> bool + Send + Sync>>,
+    /// Keep-alives only while this holds (the lease, active or handing over: running
+    /// handlers finish here); unset: always.
+    keeps: std::sync::OnceLock<Arc<dyn Fn() -> bool + Send + Sync>>,
 }
 
 impl CursorShared {
@@ -152,10 +155,14 @@ impl CursorShared {
             .collect()
     }
 
-    /// Whether keep-alives may be sent and the standing pull may pull now (always, unless
-    /// a lease says otherwise).
+    /// Whether the standing pull may pull now (always, unless a lease says otherwise).
     pub(crate) fn admitted(&self) -> bool {
         self.admits.get().is_none_or(|admits| admits())
+    }
+
+    /// Whether keep-alives may be sent now (always, unless a lease says otherwise).
+    pub(crate) fn keeps_alive(&self) -> bool {
+        self.keeps.get().is_none_or(|keeps| keeps())
     }
 
     pub(crate) fn note_keep_alive(&self, n: usize) {
@@ -332,6 +339,7 @@ impl JsCursor {
             keep_alives: AtomicU64::new(0),
             closed: AtomicBool::new(false),
             admits: std::sync::OnceLock::new(),
+            keeps: std::sync::OnceLock::new(),
         });
         let noted = Arc::downgrade(&cursor);
         let (acker, acker_task) = Acker::new(move |e| {
@@ -382,11 +390,18 @@ impl JsCursor {
         Arc::clone(&self.cursor)
     }
 
-    /// Send keep-alives and pull in the background only while `admits` (a keyed group's
-    /// partition lease): a process whose lease lapsed neither takes the partition's
-    /// messages from the new owner nor keeps its old deliveries from coming back.
-    pub(crate) fn hold_while(&self, admits: Arc<dyn Fn() -> bool + Send + Sync>) {
+    /// Pull in the background only while `admits`, and send keep-alives only while
+    /// `keeps` (a keyed group's partition lease, active; held): a process whose lease
+    /// lapsed neither takes the partition's messages from the new owner nor keeps its old
+    /// deliveries from coming back, and one handing over keeps its running handlers'
+    /// deliveries alive until they finish.
+    pub(crate) fn hold_while(
+        &self,
+        admits: Arc<dyn Fn() -> bool + Send + Sync>,
+        keeps: Arc<dyn Fn() -> bool + Send + Sync>,
+    ) {
         let _ = self.cursor.admits.set(admits);
+        let _ = self.cursor.keeps.set(keeps);
     }
 
     /// Collect (`true`): the buffer fills, in stream order, and nothing is handed out;

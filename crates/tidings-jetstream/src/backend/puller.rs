@@ -165,9 +165,11 @@ impl Puller {
         if !g.gathering && (g.alone.is_some() || g.buffer.iter().any(|(_, _, r)| *r)) {
             return 0;
         }
-        let room = self
-            .window
-            .saturating_sub(g.outstanding.len() + g.buffer.len());
+        let room = room(
+            g.gathering,
+            self.window,
+            g.outstanding.len() + g.buffer.len(),
+        );
         let worth = (self.window / 4).clamp(1, MAX_PULL);
         if room == 0 || room < worth && !g.buffer.is_empty() {
             return 0;
@@ -405,6 +407,19 @@ async fn take(
         return Taken::Done;
     }
     Taken::Returned(d, Box::new(message))
+}
+
+/// How many messages a cursor with a window of `window` and `held` pulled and not
+/// finished may pull now. Gathering (a keyed partition just taken over), a full batch
+/// whatever is held: a pull cannot ask for redeliveries only, and a buffer full of newer
+/// messages must not keep the last owner's from coming back (bounded by the gathering's
+/// deadline and the server's `max_ack_pending`).
+pub(crate) fn room(gathering: bool, window: usize, held: usize) -> usize {
+    if gathering {
+        window
+    } else {
+        window.saturating_sub(held)
+    }
 }
 
 /// The tidings message a delivery carries.
