@@ -122,6 +122,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use parking_lot::Mutex;
 use tidings::HandlerError;
 
+mod consumer;
 mod error;
 #[cfg(feature = "postgres")]
 mod pg;
@@ -130,8 +131,10 @@ mod sqlite;
 mod table;
 mod value;
 
+pub use consumer::{ConsumerName, MAX_CONSUMER_NAME_LEN};
 pub use error::{
-    ColumnError, DbError, DeliveryError, OpenError, PruneError, QueryError, TableNameError,
+    ColumnError, ConsumerNameError, DbError, DeliveryError, OpenError, PruneError, QueryError,
+    TableNameError,
 };
 #[cfg(feature = "postgres")]
 pub use pg::{AsyncPgTx, DEFAULT_CONNECT_TIMEOUT, PgTx, Postgres, PostgresAsync};
@@ -163,6 +166,7 @@ impl<D, F> Clone for Transactional<D, F> {
 pub(crate) struct Inner<D, F> {
     pub(crate) db: D,
     pub(crate) table: TableName,
+    pub(crate) consumer: ConsumerName,
     pub(crate) handler: F,
     counters: Counters,
 }
@@ -173,6 +177,7 @@ struct Counters {
     skipped: AtomicU64,
     rolled_back: AtomicU64,
     failed: AtomicU64,
+    fenced: AtomicU64,
     last: Mutex<Option<DeliveryError>>,
 }
 
@@ -189,6 +194,10 @@ pub struct TransactionalStats {
     pub rolled_back: u64,
     /// Deliveries that failed in the database (unavailable, begin, record, commit).
     pub failed: u64,
+    /// Deliveries refused as a stale owner's (R-DIST-8): a greater lease term of their
+    /// partition was recorded; rolled back before the handler ran
+    /// ([`DeliveryError::Fenced`]).
+    pub fenced: u64,
 }
 
 /// How a delivery ended when it ended well.
@@ -199,18 +208,19 @@ pub(crate) enum Settled {
 }
 
 impl<D, F> Transactional<D, F> {
-    pub(crate) fn from_parts(db: D, table: TableName, handler: F) -> Self {
+    pub(crate) fn from_parts(db: D, table: TableName, consumer: ConsumerName, handler: F) -> Self {
         Self {
             inner: Arc::new(Inner {
                 db,
                 table,
+                consumer,
                 handler,
                 counters: Counters::default(),
             }),
         }
     }
 
-    /// The counters: committed, skipped (duplicates), rolled back, failed.
+    /// The counters: committed, skipped (duplicates), rolled back, failed, fenced.
     #[must_use]
     pub fn stats(&self) -> TransactionalStats {
         let c = &self.inner.counters;
@@ -219,6 +229,7 @@ impl<D, F> Transactional<D, F> {
             skipped: c.skipped.load(Ordering::Relaxed),
             rolled_back: c.rolled_back.load(Ordering::Relaxed),
             failed: c.failed.load(Ordering::Relaxed),
+            fenced: c.fenced.load(Ordering::Relaxed),
         }
     }
 
@@ -228,10 +239,16 @@ impl<D, F> Transactional<D, F> {
         self.inner.counters.last.lock().clone()
     }
 
-    /// The processed-messages table.
+    /// The processed-messages table (its fence table is [`TableName::fence`]).
     #[must_use]
     pub fn table(&self) -> &TableName {
         &self.inner.table
+    }
+
+    /// The consumer whose ids (and lease terms) this handler records.
+    #[must_use]
+    pub fn consumer(&self) -> &ConsumerName {
+        &self.inner.consumer
     }
 }
 
@@ -240,6 +257,7 @@ impl<D, F> fmt::Debug for Transactional<D, F> {
         f.debug_struct("Transactional")
             .field("database", &std::any::type_name::<D>())
             .field("table", &self.inner.table)
+            .field("consumer", &self.inner.consumer)
             .field("stats", &self.stats())
             .finish_non_exhaustive()
     }
@@ -259,7 +277,9 @@ impl<D, F> Inner<D, F> {
                 Ok(())
             }
             Err(e) => {
-                let counter = if e.is_database() {
+                let counter = if e.is_fenced() {
+                    &c.fenced
+                } else if e.is_database() {
                     &c.failed
                 } else {
                     &c.rolled_back
@@ -270,6 +290,19 @@ impl<D, F> Inner<D, F> {
             }
         }
     }
+}
+
+/// Validate a constructor's table and consumer names.
+pub(crate) fn names(table: &str, consumer: &str) -> Result<(TableName, ConsumerName), OpenError> {
+    let t = TableName::new(table).map_err(|error| OpenError::InvalidTableName {
+        name: table.to_owned(),
+        error,
+    })?;
+    let c = ConsumerName::new(consumer).map_err(|error| OpenError::InvalidConsumerName {
+        name: consumer.to_owned(),
+        error,
+    })?;
+    Ok((t, c))
 }
 
 /// Milliseconds since the UNIX epoch (0 before it), for `processed_at`.
@@ -287,18 +320,87 @@ pub(crate) fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "non-string panic payload".to_owned())
 }
 
-/// The insert that records an id; `p1`, `p2` are the placeholders.
-pub(crate) fn insert_sql(table: &TableName, p1: &str, p2: &str) -> String {
+/// The insert that records a consumer's id; `p` are the placeholders of consumer, id and
+/// time.
+pub(crate) fn insert_sql(table: &TableName, p: [&str; 3]) -> String {
     format!(
-        "INSERT INTO {} (message_id, processed_at) VALUES ({p1}, {p2}) \
-         ON CONFLICT (message_id) DO NOTHING",
-        table.quoted()
+        "INSERT INTO {} (consumer, message_id, processed_at) VALUES ({}, {}, {}) \
+         ON CONFLICT (consumer, message_id) DO NOTHING",
+        table.quoted(),
+        p[0],
+        p[1],
+        p[2]
     )
 }
 
-/// The delete that prunes ids recorded before a cutoff.
-pub(crate) fn prune_sql(table: &TableName, p1: &str) -> String {
-    format!("DELETE FROM {} WHERE processed_at < {p1}", table.quoted())
+/// The delete that prunes a consumer's ids recorded before a cutoff; `p` are the
+/// placeholders of consumer and cutoff.
+pub(crate) fn prune_sql(table: &TableName, p: [&str; 2]) -> String {
+    format!(
+        "DELETE FROM {} WHERE consumer = {} AND processed_at < {}",
+        table.quoted(),
+        p[0],
+        p[1]
+    )
+}
+
+/// The upsert that records a delivery's term for (consumer, partition) and returns the
+/// greatest term recorded, which is the delivery's own unless a newer owner's is there.
+/// On PostgreSQL it locks the row until the transaction ends, so deliveries of one
+/// partition serialise on it; on SQLite `BEGIN IMMEDIATE` serialises every delivery.
+/// `greatest` is the database's two-argument maximum; `p` the placeholders of consumer,
+/// partition and term.
+pub(crate) fn fence_sql(table: &TableName, greatest: &str, p: [&str; 3]) -> String {
+    let fence = table.fence().quoted();
+    format!(
+        "INSERT INTO {fence} (consumer, key_partition, term) VALUES ({}, {}, {}) \
+         ON CONFLICT (consumer, key_partition) DO UPDATE \
+         SET term = {greatest}({fence}.term, excluded.term) RETURNING term",
+        p[0], p[1], p[2]
+    )
+}
+
+/// A delivery's fence as the fence table stores it: partition and term, both `i64`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct StoredFence {
+    pub fence: tidings::Fence,
+    pub partition: i64,
+    pub term: i64,
+}
+
+impl StoredFence {
+    /// The fence of `message`, if it has one.
+    ///
+    /// # Errors
+    /// [`DeliveryError::TermOutOfRange`] for a term beyond `i64::MAX`.
+    pub(crate) fn of(message: &tidings::Message) -> Result<Option<Self>, DeliveryError> {
+        let Some(fence) = message.fence() else {
+            return Ok(None);
+        };
+        let term = i64::try_from(fence.term()).map_err(|_| DeliveryError::TermOutOfRange {
+            partition: fence.partition(),
+            term: fence.term(),
+        })?;
+        Ok(Some(Self {
+            fence,
+            partition: i64::from(fence.partition()),
+            term,
+        }))
+    }
+
+    /// `Err(Fenced)` when `recorded`, the greatest term the fence table holds after the
+    /// upsert, is greater than this delivery's.
+    pub(crate) fn check(self, recorded: i64) -> Result<(), DeliveryError> {
+        if recorded > self.term {
+            Err(DeliveryError::Fenced {
+                partition: self.fence.partition(),
+                term: self.fence.term(),
+                recorded: u64::try_from(recorded).unwrap_or(0),
+            })
+        } else {
+            Ok(())
+        }
+    }
 }
 
 /// Runs a blocking delivery on tokio's blocking pool (the async face of a blocking
