@@ -379,9 +379,12 @@ fn pruning_forgets_old_ids() {
     let db = tmp.path().join("ledger.db");
     create_accounts(&db);
     let ledger = Transactional::sqlite(&db, TABLE, "ledger", add).unwrap();
+    // Another consumer's ids in the same table are not this handler's to prune.
+    let audit = Transactional::sqlite(&db, TABLE, "audit", |_tx, _m: &Message| Ok(())).unwrap();
     let (a, b) = (payment("alice", 1), payment("alice", 2));
     ledger.handle(&a).unwrap();
     ledger.handle(&b).unwrap();
+    audit.handle(&a).unwrap();
     assert_eq!(
         ledger
             .prune_before(SystemTime::now() - Duration::from_secs(3600))
@@ -393,6 +396,13 @@ fn pruning_forgets_old_ids() {
             .prune_before(SystemTime::now() + Duration::from_secs(1))
             .unwrap(),
         2
+    );
+    assert_eq!(recorded(&db), vec![a.id().to_string()], "audit's id stays");
+    assert_eq!(
+        audit
+            .prune_before(SystemTime::now() + Duration::from_secs(1))
+            .unwrap(),
+        1
     );
     assert!(recorded(&db).is_empty());
     ledger.handle(&a).unwrap();
