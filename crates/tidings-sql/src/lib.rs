@@ -276,7 +276,8 @@ pub struct TransactionalStats {
     /// Deliveries skipped because the id was recorded already (duplicates, acknowledged).
     pub skipped: u64,
     /// Deliveries rolled back because the handler failed or panicked (or swallowed a
-    /// failed statement on PostgreSQL).
+    /// failed statement on PostgreSQL), and deliveries whose lease term was out of range
+    /// ([`DeliveryError::TermOutOfRange`]).
     pub rolled_back: u64,
     /// Deliveries that failed in the database (unavailable, begin, record, commit).
     pub failed: u64,
