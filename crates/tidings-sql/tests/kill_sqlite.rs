@@ -19,9 +19,18 @@ use tidings_sql::{Sqlite, SqliteTx, Transactional};
 
 struct SqliteLedger(PathBuf);
 
+/// The checker's connection: it waits for the write lock a consumer's open transaction
+/// holds (without a busy timeout SQLite fails at once with `database is locked`).
+fn checker(path: &Path) -> rusqlite::Connection {
+    let conn = rusqlite::Connection::open(path).expect("open");
+    conn.busy_timeout(std::time::Duration::from_secs(30))
+        .expect("busy timeout");
+    conn
+}
+
 impl Ledger for SqliteLedger {
     fn balances(&self) -> BTreeMap<String, i64> {
-        let conn = rusqlite::Connection::open(&self.0).expect("open");
+        let conn = checker(&self.0);
         let mut stmt = conn.prepare("SELECT id, balance FROM accounts").unwrap();
         stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
             .unwrap()
@@ -29,7 +38,7 @@ impl Ledger for SqliteLedger {
             .unwrap()
     }
     fn processed(&self) -> BTreeSet<String> {
-        let conn = rusqlite::Connection::open(&self.0).expect("open");
+        let conn = checker(&self.0);
         let mut stmt = conn
             .prepare(&format!("SELECT message_id FROM {TABLE}"))
             .unwrap();
@@ -74,6 +83,7 @@ fn ledger_handler(db: &Path) -> Ledgers {
     Transactional::sqlite(
         db,
         TABLE,
+        common::DURABLE,
         add_payment as fn(&mut SqliteTx<'_>, &Message) -> _,
     )
     .expect("the ledger handler")
