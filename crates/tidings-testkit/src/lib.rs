@@ -20,6 +20,7 @@ pub mod driver;
 pub mod durable;
 pub mod durable_macros;
 pub mod durable_suite;
+pub mod fault_proxy;
 pub mod helpers;
 mod launch;
 pub mod nats;
