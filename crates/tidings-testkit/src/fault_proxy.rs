@@ -22,7 +22,13 @@
 //!   discarded — the sender's kernel sees it acknowledged, the receiver never sees it —
 //!   and a close (FIN) in that direction is held back too. Connections stay open: a real
 //!   partition, not a reset. New connections are accepted and connected to the target,
-//!   so a client's connect attempt hangs until its own timeout.
+//!   so a client's connect attempt hangs until its own timeout. Bytes are lost at any
+//!   point of a frame, so a protocol stream healed mid-frame is garbled (as behind a
+//!   middlebox that drops): the endpoints must notice and reconnect.
+//! - [`stall`](FaultProxy::stall): what travels in that direction is held, unread, until
+//!   healed, then delivered intact and in order — TCP over a partitioned link that heals
+//!   before the sender gives up retransmitting. The sender's writes block once the
+//!   kernel's buffers are full.
 //! - [`cut`](FaultProxy::cut): every open connection is shut down (both sides see it
 //!   closed), and a new one is accepted and closed at once, until [`heal`](FaultProxy::heal).
 //! - [`refuse_new`](FaultProxy::refuse_new): open connections go on; a new one is accepted
@@ -93,6 +99,8 @@ struct Faults {
     delay: Duration,
     blackhole_to_server: bool,
     blackhole_to_client: bool,
+    stall_to_server: bool,
+    stall_to_client: bool,
     cut: bool,
     refuse_new: bool,
 }
@@ -103,6 +111,14 @@ impl Faults {
             self.blackhole_to_server
         } else {
             self.blackhole_to_client
+        }
+    }
+
+    fn stalled(&self, to_server: bool) -> bool {
+        if to_server {
+            self.stall_to_server
+        } else {
+            self.stall_to_client
         }
     }
 }
@@ -200,11 +216,25 @@ impl Shared {
         }
     }
 
-    /// Waits while the direction is blackholed (a close is held back like the bytes),
-    /// unless the proxy stops or is cut.
+    /// Waits while the direction is stalled, unless the proxy stops or is cut.
+    fn wait_unstalled(&self, to_server: bool) {
+        let mut faults = lock(&self.faults);
+        while faults.stalled(to_server) && !faults.cut && !self.stopped() {
+            faults = self
+                .changed
+                .wait(faults)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+
+    /// Waits while the direction is blackholed or stalled (a close is held back like the
+    /// bytes), unless the proxy stops or is cut.
     fn wait_unblocked(&self, to_server: bool) {
         let mut faults = lock(&self.faults);
-        while faults.blackholed(to_server) && !faults.cut && !self.stopped() {
+        while (faults.blackholed(to_server) || faults.stalled(to_server))
+            && !faults.cut
+            && !self.stopped()
+        {
             faults = self
                 .changed
                 .wait(faults)
@@ -275,6 +305,19 @@ impl FaultProxy {
             Direction::Both => {
                 f.blackhole_to_server = true;
                 f.blackhole_to_client = true;
+            }
+        });
+    }
+
+    /// Holds what travels in `direction`, unread, until [`heal`](Self::heal) (adding to
+    /// what is already stalled); then it is delivered intact, in order.
+    pub fn stall(&self, direction: Direction) {
+        self.shared.set(|f| match direction {
+            Direction::ClientToServer => f.stall_to_server = true,
+            Direction::ServerToClient => f.stall_to_client = true,
+            Direction::Both => {
+                f.stall_to_server = true;
+                f.stall_to_client = true;
             }
         });
     }
@@ -423,10 +466,15 @@ fn read_side(
 ) {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
+        // A stalled direction is not read: the sender's kernel buffers fill, as behind a
+        // link that carries nothing.
+        shared.wait_unstalled(to_server);
         let n = match from.read(&mut buf) {
             Ok(0) | Err(_) => return,
             Ok(n) => n,
         };
+        // A chunk read just before the stall began waits too.
+        shared.wait_unstalled(to_server);
         let faults = shared.faults();
         if faults.blackholed(to_server) {
             discard(shared, to_server, n);
@@ -662,6 +710,23 @@ mod tests {
         let mut rest = Vec::new();
         s.read_to_end(&mut rest).expect("closed cleanly");
         assert!(rest.is_empty());
+    }
+
+    #[test]
+    fn a_stall_holds_bytes_and_delivers_them_intact_when_healed() {
+        let echo = Echo::start();
+        let proxy = FaultProxy::start(echo.addr).expect("proxy");
+        let mut s = connect(&proxy);
+        round_trip(&mut s, b"x");
+        proxy.stall(Direction::ClientToServer);
+        s.write_all(b"held").expect("write");
+        assert_eq!(read_quietly(&mut s), None, "nothing passes");
+        assert_eq!(echo.received(), 1, "the server saw nothing");
+        assert_eq!(proxy.stats().discarded_to_server, 0, "nothing lost");
+        proxy.heal();
+        let mut back = [0u8; 4];
+        s.read_exact(&mut back).expect("delivered after the heal");
+        assert_eq!(&back, b"held");
     }
 
     #[test]
