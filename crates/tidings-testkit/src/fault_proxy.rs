@@ -22,9 +22,11 @@
 //!   discarded — the sender's kernel sees it acknowledged, the receiver never sees it —
 //!   and a close (FIN) in that direction is held back too. Connections stay open: a real
 //!   partition, not a reset. New connections are accepted and connected to the target,
-//!   so a client's connect attempt hangs until its own timeout. Bytes are lost at any
-//!   point of a frame, so a protocol stream healed mid-frame is garbled (as behind a
-//!   middlebox that drops): the endpoints must notice and reconnect.
+//!   so a client's connect attempt hangs until its own timeout. A connection that lost
+//!   bytes is closed at the [`heal`](FaultProxy::heal): TCP never delivers a stream with
+//!   a hole in it — the endpoints of a real one would have seen it reset after their
+//!   retransmissions failed — and a protocol stream that went on past a hole would lose
+//!   protocol state silently (a NATS subscription's interest, say), which no network does.
 //! - [`stall`](FaultProxy::stall): what travels in that direction is held, unread, until
 //!   healed, then delivered intact and in order — TCP over a partitioned link that heals
 //!   before the sender gives up retransmitting. The sender's writes block once the
@@ -34,7 +36,7 @@
 //! - [`refuse_new`](FaultProxy::refuse_new): open connections go on; a new one is accepted
 //!   and closed at once.
 //! - [`heal`](FaultProxy::heal): all of the above undone; connections still open carry
-//!   bytes again (what was blackholed is gone for good, as on a network).
+//!   bytes again, except those that lost bytes to a blackhole, which are closed.
 //!
 //! # Threads and lifecycle
 //! One thread accepts; each connection has four (a reader and a writer per direction).
@@ -128,6 +130,8 @@ impl Faults {
 struct Link {
     client: TcpStream,
     server: TcpStream,
+    /// Bytes of this connection were blackholed: it is closed at the heal.
+    lost: AtomicBool,
 }
 
 impl Link {
@@ -334,9 +338,16 @@ impl FaultProxy {
         self.shared.set(|f| f.refuse_new = true);
     }
 
-    /// Undoes every fault: no delay, nothing blackholed, new connections forwarded.
+    /// Undoes every fault: no delay, nothing blackholed or stalled, new connections
+    /// forwarded. A connection that lost bytes to a blackhole is closed (see the
+    /// [module docs](self)); the others carry bytes again.
     pub fn heal(&self) {
         self.shared.set(|f| *f = Faults::default());
+        for link in lock(&self.shared.links).iter() {
+            if link.lost.load(Ordering::Acquire) {
+                link.shutdown();
+            }
+        }
     }
 
     /// The counts so far.
@@ -421,7 +432,11 @@ fn link(client: TcpStream, target: SocketAddr, shared: &Arc<Shared>) {
         refuse(&client);
         return;
     };
-    let link = Arc::new(Link { client, server });
+    let link = Arc::new(Link {
+        client,
+        server,
+        lost: AtomicBool::new(false),
+    });
     {
         // Registered under the registry's lock, after checking stop and cut under it: a
         // cut or a drop either sees this link or this link sees it.
@@ -438,14 +453,14 @@ fn link(client: TcpStream, target: SocketAddr, shared: &Arc<Shared>) {
     let finished = Arc::new(AtomicU64::new(0));
     for (from, to, to_server) in [(c_read, s_write, true), (s_read, c_write, false)] {
         let (tx, rx) = mpsc::channel::<(Instant, Vec<u8>)>();
-        let reading = Arc::clone(shared);
+        let (reading, read_link) = (Arc::clone(shared), Arc::clone(&link));
         shared.spawn("fault-proxy-read", move || {
-            read_side(from, &tx, to_server, &reading);
+            read_side(from, &tx, to_server, &reading, &read_link);
         });
         let (writing, link, finished) =
             (Arc::clone(shared), Arc::clone(&link), Arc::clone(&finished));
         shared.spawn("fault-proxy-write", move || {
-            write_side(&to, &rx, to_server, &writing);
+            write_side(&to, &rx, to_server, &writing, &link);
             // The second direction to finish closes the connection and unregisters it.
             if finished.fetch_add(1, Ordering::AcqRel) == 1 {
                 link.shutdown();
@@ -463,6 +478,7 @@ fn read_side(
     queue: &mpsc::Sender<(Instant, Vec<u8>)>,
     to_server: bool,
     shared: &Shared,
+    link: &Link,
 ) {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
@@ -477,7 +493,7 @@ fn read_side(
         shared.wait_unstalled(to_server);
         let faults = shared.faults();
         if faults.blackholed(to_server) {
-            discard(shared, to_server, n);
+            discard(shared, link, to_server, n);
             continue;
         }
         if queue
@@ -497,13 +513,14 @@ fn write_side(
     queue: &mpsc::Receiver<(Instant, Vec<u8>)>,
     to_server: bool,
     shared: &Shared,
+    link: &Link,
 ) {
     while let Ok((due, chunk)) = queue.recv() {
         if !shared.wait_until(due) {
             break;
         }
         if shared.faults().blackholed(to_server) {
-            discard(shared, to_server, chunk.len());
+            discard(shared, link, to_server, chunk.len());
             continue;
         }
         if to.write_all(&chunk).is_err() {
@@ -520,7 +537,8 @@ fn write_side(
     let _ = to.shutdown(Shutdown::Write);
 }
 
-fn discard(shared: &Shared, to_server: bool, n: usize) {
+fn discard(shared: &Shared, link: &Link, to_server: bool, n: usize) {
+    link.lost.store(true, Ordering::Release);
     let counter = if to_server {
         &shared.counters.discarded_to_server
     } else {
@@ -670,6 +688,21 @@ mod tests {
         assert_eq!(read_quietly(&mut s), None, "nothing back, and not closed");
         assert_eq!(echo.received(), 6, "the server never saw it");
         proxy.heal();
+        // It lost bytes: closed at the heal; a new one works.
+        let mut buf = [0u8; 8];
+        assert_eq!(s.read(&mut buf).unwrap_or(0), 0, "closed at the heal");
+        round_trip(&mut connect(&proxy), b"after");
+    }
+
+    #[test]
+    fn a_blackhole_that_lost_nothing_leaves_the_connection_open_at_the_heal() {
+        let echo = Echo::start();
+        let proxy = FaultProxy::start(echo.addr).expect("proxy");
+        let mut s = connect(&proxy);
+        round_trip(&mut s, b"before");
+        proxy.blackhole(Direction::Both);
+        assert_eq!(read_quietly(&mut s), None, "open and quiet");
+        proxy.heal();
         round_trip(&mut s, b"after");
         assert_eq!(proxy.stats().accepted, 1, "the same connection");
     }
@@ -688,7 +721,12 @@ mod tests {
         });
         assert_eq!(read_quietly(&mut s), None, "half-open: nothing arrives");
         proxy.heal();
-        round_trip(&mut s, b"healed");
+        let mut buf = [0u8; 8];
+        assert_eq!(
+            s.read(&mut buf).unwrap_or(0),
+            0,
+            "it lost bytes: closed at the heal"
+        );
     }
 
     #[test]
