@@ -56,6 +56,9 @@ fn call_bound() -> Duration {
     REQUEST_TIMEOUT + BACKEND_SLACK + MARGIN
 }
 
+/// A fault to apply (to every proxy concerned): its name, how long it lasts, how.
+type Fault<'a> = (&'a str, Duration, &'a dyn Fn(&FaultProxy));
+
 fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
     let deadline = Instant::now() + PATIENCE;
     while !cond() {
@@ -191,7 +194,7 @@ fn a_publisher_partitioned_mid_publish_loses_nothing_acknowledged_and_resumes() 
     let direct = broker(&connection(&server.url(), "tidings-observer"));
     let published = Arc::new(Published::default());
     let thread = publisher(&publishing, &published, 0);
-    let faults: [(&str, Duration, &dyn Fn(&FaultProxy)); 4] = [
+    let faults: [Fault; 4] = [
         ("blackhole both ways", Duration::from_secs(6), &|p| {
             p.blackhole(Direction::Both);
         }),

@@ -52,6 +52,9 @@ const PATIENCE: Duration = Duration::from_secs(60);
 /// The node partitioned from the others.
 const ISOLATED: usize = 0;
 
+/// A fault to apply (to every proxy concerned): its name, how long it lasts, how.
+type Fault<'a> = (&'a str, Duration, &'a dyn Fn(&FaultProxy));
+
 fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
     let deadline = Instant::now() + PATIENCE;
     while !cond() {
@@ -193,7 +196,7 @@ fn a_node_partitioned_from_the_cluster_keeps_its_clients_bounded_and_they_recove
     wait_until("both brokers publish and handle", || {
         published.iter().all(|p| p.acknowledged() >= 50) && (0..2).all(|b| handled.by(b) >= 20)
     });
-    let faults: [(&str, Duration, &dyn Fn(&FaultProxy)); 2] = [
+    let faults: [Fault; 2] = [
         ("routes blackholed", Duration::from_secs(10), &|p| {
             p.blackhole(Direction::Both);
         }),

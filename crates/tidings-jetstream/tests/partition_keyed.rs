@@ -263,12 +263,7 @@ fn a_member_partitioned_while_holding_keys_runs_no_key_in_two_places() {
         .iter()
         .filter(|l| l.who == "A" && l.kind == 'S')
         .count();
-    let v = check(
-        &all,
-        &[(cut_at, Mark::CutOff("A".into()))],
-        keys,
-        per_key,
-    );
+    let v = check(&all, &[(cut_at, Mark::CutOff("A".into()))], keys, per_key);
     eprintln!(
         "partition: cut off at line {cut_at} for {PARTITION:?} (ack wait {ACK_WAIT:?}); B \
          handled one of A's {} keys {moved_after:?} after the cut; A started {a_during} \

@@ -59,7 +59,6 @@ pub fn read_log(path: &Path) -> Vec<Line> {
 /// How many successes (`D` lines) the log holds.
 pub fn successes(path: &Path) -> usize {
     child::complete_lines(path)
-
         .iter()
         .filter(|l| l.starts_with('D'))
         .count()
@@ -256,7 +255,6 @@ pub fn spread(lines: &[Line]) -> BTreeMap<String, usize> {
     }
     out
 }
-
 
 /// Prints the verdict's counts and the first violations of each kind.
 pub fn report(

@@ -95,7 +95,7 @@ impl NatsCluster {
     }
 
     /// As [`for_test`](Self::for_test), with every route of node `node` going through a
-    /// [`FaultProxy`] (see the [module docs](self#partitions)).
+    /// [`FaultProxy`] (see [`with_proxied_node`](Self::with_proxied_node)).
     ///
     /// # Panics
     /// As [`for_test`](Self::for_test), or when `node` is not below `n` (with `n` at least
@@ -113,6 +113,13 @@ impl NatsCluster {
 
     /// Starts `n` nodes (at least 2) whose node `node` reaches the others, and they it,
     /// only through [`FaultProxy`]s, and waits until the cluster is ready.
+    ///
+    /// One proxy stands in front of `node`'s route port (the others' routes to it, and the
+    /// address it advertises, so a route learnt by gossip goes through it too), one in
+    /// front of every other node's route port (`node`'s own routes). Applying the same
+    /// fault to every one of [`route_proxies`](Self::route_proxies) partitions `node`
+    /// from the rest while its clients stay connected to it. `node` starts last, so no
+    /// node tells it another's own route port, and the routes are checked at start.
     ///
     /// # Errors
     /// As [`start`](Self::start); a proxy could not be started; a route of `node` bypassed
