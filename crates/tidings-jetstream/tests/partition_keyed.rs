@@ -1,9 +1,9 @@
 //! A keyed-group member partitioned from the server while it holds keys (R-DIST-9, with
 //! R-DIST-6 and R-DIST-8): two processes share a durable subscription with
 //! `Concurrency::PerKey`; process A reaches the server through a
-//! [`FaultProxy`], process B directly. While both handle, A's traffic is blackholed both
-//! ways for more than twice the ack wait (A is not paused: it runs on, cut off), then the
-//! network heals.
+//! [`FaultProxy`], process B directly. While both handle, A's traffic is blackholed (lost)
+//! or stalled (held) both ways for more than twice the ack wait (A is not paused: it runs
+//! on, cut off), then the network heals.
 //!
 //! Each child is this test binary started again with [`ROLE_ENV`] set, so it runs only
 //! [`child_worker`]. Every handler start, success and failure is one line of a shared
@@ -184,12 +184,25 @@ fn publish_range(broker: &Broker, keys: u32, seqs: std::ops::Range<u32>) {
 /// and takes keys again after the heal without a restart; per-key order holds.
 #[test]
 fn a_member_partitioned_while_holding_keys_runs_no_key_in_two_places() {
+    partitioned_member("blackholed", |p| p.blackhole(Direction::Both));
+}
+
+/// R-DIST-9, R-DIST-8, R-DIST-6: as above, with the member's traffic stalled both ways
+/// (held, delivered intact at the heal: TCP over a link that comes back before the sender
+/// gives up) instead of lost.
+#[test]
+fn a_member_stalled_while_holding_keys_runs_no_key_in_two_places() {
+    partitioned_member("stalled", |p| p.stall(Direction::Both));
+}
+
+/// The scenario of the tests above, with `cut_off` applied to A's proxy.
+fn partitioned_member(test: &str, cut_off: impl Fn(&FaultProxy)) {
     let Some(server) = NatsServer::for_test(NatsServerOptions::new()) else {
         return;
     };
     let proxy = FaultProxy::start(SocketAddr::from((Ipv4Addr::LOCALHOST, server.port())))
         .expect("a proxy in front of the server");
-    let scratch = ScratchDir::new("partition-keyed");
+    let scratch = ScratchDir::new(&format!("partition-keyed-{test}"));
     let dir = scratch.path();
     let log = dir.join("log");
     let publisher = broker(&server.url());
@@ -212,7 +225,7 @@ fn a_member_partitioned_while_holding_keys_runs_no_key_in_two_places() {
         .map(|l| l.key.clone())
         .collect();
     assert!(!a_keys.is_empty(), "A took keys");
-    proxy.blackhole(Direction::Both);
+    cut_off(&proxy);
     let cut_at = lines();
     let cut = Instant::now();
     // While A is cut off: its keys wait until its leases expire, then move to B.
@@ -265,7 +278,7 @@ fn a_member_partitioned_while_holding_keys_runs_no_key_in_two_places() {
         .count();
     let v = check(&all, &[(cut_at, Mark::CutOff("A".into()))], keys, per_key);
     eprintln!(
-        "partition: cut off at line {cut_at} for {PARTITION:?} (ack wait {ACK_WAIT:?}); B \
+        "{test}: cut off at line {cut_at} for {PARTITION:?} (ack wait {ACK_WAIT:?}); B \
          handled one of A's {} keys {moved_after:?} after the cut; A started {a_during} \
          handlers while cut off; healed at line {healed_at}; A started a handler again \
          {a_again:?} after the heal, {a_after} in all; proxy {:?}",
@@ -273,7 +286,7 @@ fn a_member_partitioned_while_holding_keys_runs_no_key_in_two_places() {
         proxy.stats(),
     );
     report(
-        "partition",
+        test,
         &v,
         &spread(&all[..cut_at]),
         &spread(&all[healed_at..]),
