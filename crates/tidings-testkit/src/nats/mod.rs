@@ -24,6 +24,8 @@
 //! # Clusters
 //! [`NatsCluster`] starts a three-node (or n-node) JetStream cluster on 127.0.0.1 the same
 //! way, kills and restarts single nodes, and tells which node leads a stream or a consumer.
+//! [`NatsCluster::with_proxied_node`] routes one node's cluster traffic through
+//! [`FaultProxy`](crate::fault_proxy::FaultProxy)s, to partition it from the others.
 
 use std::fmt;
 use std::fs;
