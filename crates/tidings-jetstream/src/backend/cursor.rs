@@ -345,6 +345,7 @@ impl JsCursor {
             acker.clone(),
             spec.window,
             Arc::clone(&shared.changes),
+            shared.js.clone(),
         ));
         let tasks = Tasks {
             acker: shared.rt.spawn(acker_task),
@@ -597,10 +598,14 @@ impl JsCursor {
 /// [`IDLE_WAKE`]; see the [module docs](self).
 async fn watch(js: crate::connect::JetStream, subjects: Vec<String>, cursor: Arc<CursorShared>) {
     let mut subs = Vec::new();
-    for s in subjects {
-        // Without the subscription the periodic wake still finds everything, later.
-        if let Ok(sub) = js.client.subscribe(s).await {
-            subs.push(sub);
+    // On the receiving connection: what is published here is whatever others wrote, and a
+    // header block the client cannot parse costs the connection it arrives on a reconnect.
+    // Without it (or a subscription) the periodic wake still finds everything, later.
+    if let Ok(js) = js.receiving().await {
+        for s in subjects {
+            if let Ok(sub) = js.client.subscribe(s).await {
+                subs.push(sub);
+            }
         }
     }
     let mut published = futures_util::stream::select_all(subs);
