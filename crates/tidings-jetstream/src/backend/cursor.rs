@@ -45,9 +45,11 @@
 //! # What is handed out
 //! A record whose topic no pattern of the stream matches (a producer writing into the
 //! stream's subject namespace by hand) is acknowledged and counted as skipped by the filter.
-//! A record that is not a tidings message (a header that does not parse) is dead-lettered
-//! [`Rejected`](DeadLetterReason::Rejected), the reason naming the header, and counted as
-//! skipped: one bad record never stops the subscription.
+//! A record that is not a tidings message (a header that does not parse, a subject that is
+//! not a topic) is dead-lettered [`Rejected`](DeadLetterReason::Rejected), the reason
+//! naming the header or the subject, and counted as skipped: one bad record never stops
+//! the subscription. One whose header block the client library cannot parse at all is
+//! found by the puller's screen and dealt with the same way (see `unreadable`).
 //!
 //! # Handler starts, not fetches, count (R-DEL-6)
 //! The server counts a delivery for every fetch, including messages fetched ahead that no

@@ -230,6 +230,101 @@ fn base64(s: &str) -> Option<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::{BufRead, BufReader, Write};
+    use tidings_testkit::nats::{NatsServer, NatsServerOptions};
+
+    /// Generous bound for waits on the server (never asserted as a speed).
+    const PATIENCE: Duration = Duration::from_secs(30);
+
+    /// Publishes `header` and `payload` to `subject` through a plain TCP connection speaking
+    /// the NATS protocol: bytes no client library would send.
+    fn publish_raw(url: &str, subject: &str, header: &[u8], payload: &[u8]) {
+        let mut tcp = std::net::TcpStream::connect(url.trim_start_matches("nats://"))
+            .expect("raw TCP connection");
+        tcp.set_read_timeout(Some(PATIENCE)).expect("read timeout");
+        let mut frame = format!(
+            "CONNECT {{\"headers\":true,\"verbose\":false}}\r\nHPUB {subject} {} {}\r\n",
+            header.len(),
+            header.len() + payload.len()
+        )
+        .into_bytes();
+        frame.extend_from_slice(header);
+        frame.extend_from_slice(payload);
+        frame.extend_from_slice(b"\r\nPING\r\n");
+        tcp.write_all(&frame).expect("write");
+        let mut input = BufReader::new(tcp);
+        let mut line = String::new();
+        while line.trim_end() != "PONG" {
+            line.clear();
+            input.read_line(&mut line).expect("read");
+            assert!(!line.is_empty() && !line.starts_with("-ERR"), "{line}");
+        }
+    }
+
+    // R-SEC-2: a header block the client cannot parse costs the connection it arrives on a
+    // reconnect, and only that one: the receiving connection takes it, the main one is
+    // untouched; the record reads back through the message-get API and is recognised.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_unreadable_record_costs_only_the_receiving_connection() {
+        let Some(server) = NatsServer::for_test(NatsServerOptions::new()) else {
+            return;
+        };
+        let main = crate::connect::ConnectOptions::new(server.url())
+            .connect()
+            .await
+            .expect("connects");
+        main.context
+            .create_stream(async_nats::jetstream::stream::Config {
+                name: "RAW".into(),
+                subjects: vec!["raw.>".into()],
+                ..Default::default()
+            })
+            .await
+            .expect("stream");
+        let receiving = main.receiving().await.expect("the receiving connection");
+        let mut sub = receiving
+            .client
+            .subscribe("raw.>")
+            .await
+            .expect("subscribes");
+        receiving.client.flush().await.expect("flush");
+        assert_eq!((main.connects(), receiving.connects()), (1, 1));
+        publish_raw(
+            &server.url(),
+            "raw.x",
+            b"NATS/1.0\r\nno-colon\r\n\r\n",
+            b"p",
+        );
+        let deadline = std::time::Instant::now() + PATIENCE;
+        while receiving.connects() < 2 {
+            assert!(std::time::Instant::now() < deadline, "the client read it");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(main.connects(), 1, "the main connection never dropped");
+        let record = loop {
+            if let Some(record) = read(&main, "RAW", 1).await.expect("reads") {
+                break record;
+            }
+            assert!(std::time::Instant::now() < deadline, "stored");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        assert_eq!(record.subject, "raw.x");
+        assert_eq!(&record.payload[..], b"p");
+        assert!(record.stored > UNIX_EPOCH);
+        assert!(unreadable(&record.header).is_some(), "{record:?}");
+        assert!(read(&main, "RAW", 2).await.expect("reads").is_none());
+        // The receiving connection goes on.
+        receiving
+            .client
+            .publish("raw.y", "clean".into())
+            .await
+            .expect("publish");
+        let got = tokio::time::timeout(PATIENCE, futures_util::StreamExt::next(&mut sub))
+            .await
+            .expect("a clean message after the reconnect")
+            .expect("the subscription lives");
+        assert_eq!(got.subject.as_str(), "raw.y");
+    }
 
     // R-SEC-2: the shapes issue 34 found, each refused with a reason, and what the client
     // reads is read.
