@@ -51,7 +51,7 @@
 //! the partition cursor sees every unfinished delivery back, then goes out in stream
 //! order.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
@@ -99,8 +99,9 @@ pub(crate) struct Puller {
 struct Screened {
     /// Every sequence up to this one was read and found readable, or dealt with.
     through: u64,
-    /// Found unreadable and not yet terminated (a failure): tried again at the next screen.
-    again: BTreeSet<u64>,
+    /// Found unreadable and not yet terminated (a failure): tried again at the next screen,
+    /// each with whether its dead letter is stored already (so it is not stored twice).
+    again: BTreeMap<u64, bool>,
 }
 
 /// What one pull request brought.
@@ -318,7 +319,7 @@ impl Puller {
         let last = info.delivered.stream_sequence;
         let (from, again) = {
             let mut s = self.screened();
-            s.again.retain(|&seq| seq > floor);
+            s.again.retain(|&seq, _| seq > floor);
             (s.through.max(floor) + 1, s.again.clone())
         };
         let to = last.min(from.saturating_add(SCREEN_BATCH - 1));
@@ -326,7 +327,8 @@ impl Puller {
         let held: HashSet<u64> = self.cursor.held().iter().map(|d| d.sequence()).collect();
         let filters = durable.spec.settings().filter_subjects;
         let stream = &durable.spec.stream;
-        for seq in again.into_iter().chain(from..=to) {
+        let fresh_range = (from..=to).map(|seq| (seq, false));
+        for (seq, stored) in again.into_iter().chain(fresh_range) {
             let fresh = seq >= from;
             if !held.contains(&seq) {
                 let record = match unreadable::read(&self.main, stream, seq).await {
@@ -341,13 +343,15 @@ impl Puller {
                     && filters.iter().any(|f| subject_matches(f, &record.subject))
                     && let Some(why) = unreadable::unreadable(&record.header)
                 {
-                    let done = self.reject_unreadable(durable, seq, &record, why).await;
+                    let outcome = self
+                        .reject_unreadable(durable, seq, &record, why, stored)
+                        .await;
                     let mut s = self.screened();
-                    if done {
-                        s.again.remove(&seq);
-                    } else {
-                        s.again.insert(seq);
-                    }
+                    match outcome {
+                        Rejected::Done => s.again.remove(&seq),
+                        Rejected::Stored => s.again.insert(seq, true),
+                        Rejected::Failed => s.again.insert(seq, stored),
+                    };
                 }
             }
             if fresh {
@@ -357,15 +361,16 @@ impl Puller {
         }
     }
 
-    /// Dead-letters record `seq`, which the client cannot read, then terminates it; whether
-    /// both were confirmed.
+    /// Dead-letters record `seq`, which the client cannot read (unless `stored` says its
+    /// dead letter is stored already), then terminates it.
     async fn reject_unreadable(
         &self,
         durable: &Durable,
         seq: u64,
         record: &RawRecord,
         why: &str,
-    ) -> bool {
+        stored: bool,
+    ) -> Rejected {
         let (plain, keyed) = durable.spec.namespaces();
         let topic = strip_namespaces(&record.subject, plain, keyed);
         let Some(message) = rejected_message(
@@ -375,15 +380,15 @@ impl Puller {
             record.payload.clone(),
             &self.settings,
         ) else {
-            return false;
+            return Rejected::Failed;
         };
         let reason = DeadLetterReason::Rejected {
             error: format!("record {seq} cannot be read by the NATS client: {why}"),
         };
-        if let Err(e) = self.dlq.put(&message, &reason, 1).await {
+        if !stored && let Err(e) = self.dlq.put(&message, &reason, 1).await {
             self.cursor.lock().transient =
                 Some(format!("dead-lettering an unreadable record: {e}"));
-            return false;
+            return Rejected::Failed;
         }
         // Stored in the DLQ first; only then is the original given up, confirmed.
         let stream = &durable.spec.stream;
@@ -391,12 +396,12 @@ impl Puller {
             Ok(()) => {
                 self.cursor.note_skipped();
                 self.changes.fetch_add(1, Ordering::AcqRel);
-                true
+                Rejected::Done
             }
             Err(e) => {
                 self.cursor.lock().transient =
                     Some(format!("terminating unreadable record {seq}: {e}"));
-                false
+                Rejected::Stored
             }
         }
     }
@@ -453,6 +458,16 @@ impl Puller {
             self.cursor.wake_feeder();
         }
     }
+}
+
+/// How far dealing with a record the client cannot read got.
+enum Rejected {
+    /// Dead-lettered and terminated.
+    Done,
+    /// Dead-lettered, not terminated (no confirmation).
+    Stored,
+    /// Neither.
+    Failed,
 }
 
 /// What became of one delivery.
