@@ -45,9 +45,11 @@
 //! # What is handed out
 //! A record whose topic no pattern of the stream matches (a producer writing into the
 //! stream's subject namespace by hand) is acknowledged and counted as skipped by the filter.
-//! A record that is not a tidings message (a header that does not parse) is dead-lettered
-//! [`Rejected`](DeadLetterReason::Rejected), the reason naming the header, and counted as
-//! skipped: one bad record never stops the subscription.
+//! A record that is not a tidings message (a header that does not parse, a subject that is
+//! not a topic) is dead-lettered [`Rejected`](DeadLetterReason::Rejected), the reason
+//! naming the header or the subject, and counted as skipped: one bad record never stops
+//! the subscription. One whose header block the client library cannot parse at all is
+//! found by the puller's screen and dealt with the same way (see `unreadable`).
 //!
 //! # Handler starts, not fetches, count (R-DEL-6)
 //! The server counts a delivery for every fetch, including messages fetched ahead that no
@@ -357,6 +359,7 @@ impl JsCursor {
             acker.clone(),
             spec.window,
             Arc::clone(&shared.changes),
+            shared.js.clone(),
         ));
         let tasks = Tasks {
             acker: shared.rt.spawn(acker_task),
@@ -616,10 +619,14 @@ impl JsCursor {
 /// [`IDLE_WAKE`]; see the [module docs](self).
 async fn watch(js: crate::connect::JetStream, subjects: Vec<String>, cursor: Arc<CursorShared>) {
     let mut subs = Vec::new();
-    for s in subjects {
-        // Without the subscription the periodic wake still finds everything, later.
-        if let Ok(sub) = js.client.subscribe(s).await {
-            subs.push(sub);
+    // On the receiving connection: what is published here is whatever others wrote, and a
+    // header block the client cannot parse costs the connection it arrives on a reconnect.
+    // Without it (or a subscription) the periodic wake still finds everything, later.
+    if let Ok(js) = js.receiving().await {
+        for s in subjects {
+            if let Ok(sub) = js.client.subscribe(s).await {
+                subs.push(sub);
+            }
         }
     }
     let mut published = futures_util::stream::select_all(subs);

@@ -96,6 +96,7 @@ mod keep_alive;
 mod puller;
 pub(crate) use crate::connection::runtime;
 mod stream;
+mod unreadable;
 
 use std::fmt;
 use std::sync::Arc;
