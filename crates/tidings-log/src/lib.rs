@@ -226,6 +226,7 @@ mod config;
 mod crc;
 mod dir;
 mod error;
+mod excerpt;
 #[cfg(test)]
 mod fuzz;
 mod index;
@@ -247,6 +248,7 @@ pub use config::{Fsync, LogConfig, MAX_RECORD_BYTES, MIN_SEGMENT_BYTES, Retentio
 pub use error::{
     AppendError, CloseError, ConfigError, OpenError, ReadError, RetentionError, ToolError,
 };
+pub use excerpt::Excerpt;
 pub use log::Log;
 pub use record::{MAX_HEADER_NAME, Record, StoredRecord};
 pub use recovery::{RecoveryReport, Truncation};

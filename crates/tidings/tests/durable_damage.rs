@@ -288,3 +288,29 @@ fn flip_byte(path: &Path, at: usize) {
     b[0] ^= 0x10;
     f.write_all_at(&b, at as u64).unwrap();
 }
+
+#[test]
+fn a_damaged_meta_files_long_line_is_quoted_bounded() {
+    // R-SEC-2, R-LIM-2: a stream's META file with a 68,953-byte line is refused naming the
+    // file; the message quotes at most 64 bytes of the line and says how long it was.
+    let dir = tempfile::tempdir().unwrap();
+    let b = broker_on(dir.path());
+    orders(&b);
+    b.close(std::time::Duration::from_secs(5));
+    drop(b);
+    let meta = dir.path().join("streams/orders/META");
+    let mut text = std::fs::read_to_string(&meta).unwrap();
+    text.push_str("pattern");
+    text.push_str(&"z".repeat(68_953 - "pattern".len()));
+    text.push('\n');
+    std::fs::write(&meta, text).unwrap();
+    let b = broker_on(dir.path());
+    let err = b
+        .create_stream(StreamConfig::new("orders", ["orders.#"]))
+        .unwrap_err();
+    let message = err.to_string();
+    assert_eq!(err.kind(), tidings::StreamErrorKind::Corrupt, "{message}");
+    assert!(message.contains(&meta.display().to_string()), "{message}");
+    assert!(message.contains("… (68953 bytes)"), "{message}");
+    assert!(message.len() < 400, "{} bytes: {message}", message.len());
+}
