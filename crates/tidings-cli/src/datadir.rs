@@ -713,7 +713,8 @@ fn format_time(ms: u64) -> String {
 fn parse_time(text: &str) -> Result<SystemTime, String> {
     let bad = || {
         format!(
-            "--time {text:?}: expected milliseconds since the UNIX epoch or an RFC 3339 time like 2026-12-02T17:00:00Z"
+            "--time {}: expected milliseconds since the UNIX epoch or an RFC 3339 time like 2026-12-02T17:00:00Z",
+            tidings_log::Excerpt::of(text)
         )
     };
     if let Ok(ms) = text.parse::<u64>() {

@@ -2,6 +2,8 @@
 //! its bad input. Real files in a temporary directory; the manual driver where retries
 //! are counted.
 
+mod common;
+
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -16,7 +18,7 @@ use tidings_sql::{DeliveryError, OpenError, SqliteTx, TableNameError, Transactio
 const TABLE: &str = "processed_messages";
 
 fn create_accounts(path: &Path) {
-    let conn = rusqlite::Connection::open(path).unwrap();
+    let conn = common::sqlite_checker(path);
     conn.execute_batch(
         "CREATE TABLE accounts (id TEXT PRIMARY KEY, balance INTEGER NOT NULL);
          INSERT INTO accounts VALUES ('alice', 0), ('bob', 0);",
@@ -25,7 +27,7 @@ fn create_accounts(path: &Path) {
 }
 
 fn balance(path: &Path, account: &str) -> i64 {
-    let conn = rusqlite::Connection::open(path).unwrap();
+    let conn = common::sqlite_checker(path);
     conn.query_row(
         "SELECT balance FROM accounts WHERE id = ?1",
         [account],
@@ -35,7 +37,7 @@ fn balance(path: &Path, account: &str) -> i64 {
 }
 
 fn recorded(path: &Path) -> Vec<String> {
-    let conn = rusqlite::Connection::open(path).unwrap();
+    let conn = common::sqlite_checker(path);
     let mut stmt = conn
         .prepare(&format!(
             "SELECT message_id FROM {TABLE} ORDER BY message_id"
