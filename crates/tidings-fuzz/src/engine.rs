@@ -131,7 +131,8 @@ impl Settings {
 
 /// The workspace root (this crate lives in `crates/tidings-fuzz`).
 fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+    let ws = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    ws.canonicalize().unwrap_or(ws)
 }
 
 /// `<workspace>/fuzz/corpus/<name>`: the kept corpus, committed.
@@ -146,10 +147,7 @@ fn failure_dir(name: &str) -> PathBuf {
 }
 
 fn shown(p: &Path) -> String {
-    let ws = workspace();
-    let ws = ws.canonicalize().unwrap_or(ws);
-    let p = p.canonicalize().unwrap_or_else(|_| p.to_path_buf());
-    p.strip_prefix(&ws)
+    p.strip_prefix(workspace())
         .map_or_else(|_| p.display().to_string(), |r| r.display().to_string())
 }
 

@@ -51,11 +51,13 @@ pub mod fields;
 pub mod mutate;
 mod panics;
 pub mod rng;
+mod tmp;
 
 pub use alloc::{HARD_CAP, Measured, TrackingAlloc};
 pub use engine::{DEFAULT_HANG_SECS, DEFAULT_SECS, Outcome, Report, Target, corpus_dir};
 pub use fields::Fields;
 pub use panics::{PanicWatch, watch};
+pub use tmp::scratch_dir;
 
 // The engine's own tests measure allocations too.
 #[cfg(test)]

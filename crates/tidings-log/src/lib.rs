@@ -218,6 +218,8 @@ mod dir;
 mod error;
 #[cfg(test)]
 mod fuzz;
+#[cfg(test)]
+mod fuzz_targets;
 mod index;
 mod log;
 mod reader;
