@@ -44,6 +44,8 @@ mod client;
 pub(crate) mod codec;
 mod connection;
 mod error;
+#[cfg(test)]
+mod fuzz_targets;
 pub mod subject;
 pub mod transport;
 
