@@ -17,7 +17,7 @@ use crate::scan::check_streaming;
 use crate::segment::{FileKind, file_name};
 use crate::storage::sim::SimStorage;
 use crate::storage::{OpenMode, Storage};
-use crate::{Fsync, Log, LogConfig};
+use crate::{Fsync, Log, LogConfig, OpenError};
 
 /// Measures allocations of the fuzz worker thread (test builds only; see `tidings-fuzz`).
 #[global_allocator]
@@ -260,14 +260,33 @@ fn fuzz_log_dir() {
                 let content = f.next_or_empty();
                 std::fs::write(dir.join(dir_entry_name(name)), content).expect("write a file");
             }
-            let (log, _report) = match Log::open(&dir, small_config()) {
+            let (log, report) = match Log::open(&dir, small_config()) {
                 Ok(opened) => opened,
-                Err(e) => return Outcome::of(("open", kind(&e))),
+                Err(e) => {
+                    let reason = match &e {
+                        OpenError::Corrupt { reason, .. } | OpenError::BadHeader { reason, .. } => {
+                            reason
+                        }
+                        _ => "",
+                    };
+                    return Outcome::of(("open", kind(&e), reason));
+                }
             };
+            // What recovery did, in buckets: which repairs ran, not how many bytes.
+            let recovered = (
+                report.segments.min(4),
+                report.created,
+                report.truncated.is_some(),
+                report.removed_incomplete_segment.is_some(),
+                report.rebuilt_indexes.len().min(2),
+                report.adopted_segments.len().min(2),
+                report.removed_files.len().min(2),
+                report.ignored_files.is_empty(),
+            );
             let (start, end) = (log.start_offset(), log.end_offset());
             assert!(start <= end, "start {start} after end {end}");
             let mut at = start;
-            let mut outcome = Outcome::of(("read all", (end - start).min(4)));
+            let mut outcome = Outcome::of(("read all", (end - start).min(4), recovered));
             while at < end {
                 match log.read(at, 64) {
                     Ok(records) if records.is_empty() => break,
@@ -278,7 +297,7 @@ fn fuzz_log_dir() {
                         }
                     }
                     Err(e) => {
-                        outcome = Outcome::of(("read", kind(&e)));
+                        outcome = Outcome::of(("read", kind(&e), recovered));
                         break;
                     }
                 }

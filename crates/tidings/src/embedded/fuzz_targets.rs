@@ -27,7 +27,7 @@ use super::stream_meta::StreamMeta;
 use crate::dedup::DedupStore;
 use crate::dlq::DeadLetterReason;
 use crate::message::{Headers, Message, MessageId, Priority};
-use crate::topic::Topic;
+use crate::topic::{Pattern, Topic};
 
 /// Measures allocations of the fuzz worker thread (test builds only; see `tidings-fuzz`).
 #[global_allocator]
@@ -333,7 +333,14 @@ fn fuzz_stream_meta() {
         .alloc_bound(|len| 8192 + 8 * len)
         .run(move |data| {
             let decoded = StreamMeta::decode(data);
-            if let Ok(meta) = &decoded {
+            // Round trip for what the encoder can write: patterns are valid patterns (no
+            // control characters). A pattern line that is not one still decodes (a typed
+            // `ConfigMismatch` at open, against the valid patterns asked for), but may not
+            // come back byte for byte: a last line ending in `\r` keeps it, and re-encoded,
+            // that `\r` and the encoder's `\n` make a line end, which drops it.
+            if let Ok(meta) = &decoded
+                && meta.patterns.iter().all(|p| Pattern::new(p).is_ok())
+            {
                 let again = StreamMeta::decode(meta.encode().as_bytes());
                 assert_eq!(again.as_ref(), Ok(meta), "round trip");
             }
