@@ -116,9 +116,7 @@ fn fuzz_jetstream_record() {
         .correlation_id("c 1\n")
         .build_detached()
         .expect("a valid message");
-    let bare = Message::to("a")
-        .build_detached()
-        .expect("a valid message");
+    let bare = Message::to("a").build_detached().expect("a valid message");
     let mut seeds = vec![
         input_of("orders.created", 1, 1_765_000_000_000_000_000, &full),
         input_of("a", 2, 0, &bare),
