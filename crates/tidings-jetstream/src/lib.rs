@@ -45,6 +45,8 @@ pub(crate) mod codec;
 mod connection;
 mod error;
 mod names;
+#[cfg(test)]
+mod fuzz_targets;
 pub mod subject;
 pub mod transport;
 

@@ -229,6 +229,8 @@ mod error;
 mod excerpt;
 #[cfg(test)]
 mod fuzz;
+#[cfg(test)]
+mod fuzz_targets;
 mod index;
 mod log;
 mod reader;

@@ -52,7 +52,7 @@ impl StreamMeta {
         }
     }
 
-    fn encode(&self) -> String {
+    pub(super) fn encode(&self) -> String {
         let mut out = format!("{MAGIC}\n");
         for p in &self.patterns {
             out.push_str(&format!("pattern {p}\n"));
@@ -69,7 +69,7 @@ impl StreamMeta {
         out
     }
 
-    fn decode(bytes: &[u8]) -> Result<Self, String> {
+    pub(super) fn decode(bytes: &[u8]) -> Result<Self, String> {
         let text = std::str::from_utf8(bytes).map_err(|_| "not UTF-8".to_owned())?;
         let mut lines = text.lines();
         if lines.next() != Some(MAGIC) {
