@@ -67,12 +67,21 @@ pub(crate) fn case_names() -> Vec<String> {
 /// One in-process drain of `records` stored records by a fresh durable subscription, keyed
 /// (a keyed group with per-key order) or plain; records per second, timed from the
 /// subscribe until the no-op handler saw every record.
-fn no_op_round(server: &NatsServer, keyed: bool, records: u64, round: usize) -> Result<f64, String> {
+fn no_op_round(
+    server: &NatsServer,
+    keyed: bool,
+    records: u64,
+    round: usize,
+) -> Result<f64, String> {
     let stream = format!("noop{}r{round}", if keyed { "k" } else { "p" });
     let broker = broker(&server.url(), &stream)?;
     for i in 0..records {
         let m = MessageBuilder::new(format!("{stream}.order")).payload(i.to_string());
-        let m = if keyed { m.key(format!("k{}", i % KEYS)) } else { m };
+        let m = if keyed {
+            m.key(format!("k{}", i % KEYS))
+        } else {
+            m
+        };
         broker.publish(m).map_err(|e| e.to_string())?;
     }
     let seen = Arc::new(std::sync::atomic::AtomicU64::new(0));
@@ -116,7 +125,10 @@ fn run_no_op(plan: &Plan, server: &NatsServer, case: &mut Case) {
             let rates = if first { &mut keyed } else { &mut plain };
             match no_op_round(server, first, records, r) {
                 Ok(rate) => rates.push(rate),
-                Err(e) => case.note(format!("round {r} ({}) failed: {e}", if first { "keyed" } else { "plain" })),
+                Err(e) => case.note(format!(
+                    "round {r} ({}) failed: {e}",
+                    if first { "keyed" } else { "plain" }
+                )),
             }
         }
     }

@@ -44,9 +44,9 @@ mod client;
 pub(crate) mod codec;
 mod connection;
 mod error;
-mod names;
 #[cfg(test)]
 mod fuzz_targets;
+mod names;
 pub mod subject;
 pub mod transport;
 

@@ -302,7 +302,7 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(2_000))]
+        #![proptest_config(ProptestConfig::with_cases(500))]
         /// R-DIST-8: every server-side name is unique to its (stream, durable) pair.
         #[test]
         fn every_name_parses_back(stream in adversarial(), durable in adversarial(), p in 0u32..1024) {

@@ -17,7 +17,7 @@
 //! Duplicates (a message handled again after its process died or lost its lease before
 //! acknowledging) and the spread of keys over the processes are printed.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -30,6 +30,10 @@ use tidings::{
 };
 use tidings_jetstream::{ConnectOptions, JetStreamBackend};
 use tidings_testkit::child::{self, ScratchDir, TestChild};
+
+#[path = "support/keyed_log.rs"]
+mod keyed_log;
+use keyed_log::{Mark, SLOTS, check, read_log, report, spread, successes};
 use tidings_testkit::nats::{NatsServer, NatsServerOptions};
 
 const ROLE_ENV: &str = "TIDINGS_KEYED_ROLE";
@@ -40,8 +44,6 @@ const LOG_ENV: &str = "TIDINGS_KEYED_LOG";
 const SLOW_ENV: &str = "TIDINGS_KEYED_SLOW_MS";
 
 const STREAM: &str = "orders";
-/// Handler calls each worker runs at once (`Concurrency::PerKey { max_in_flight }`).
-const SLOTS: usize = 16;
 const DURABLE: &str = "keyed";
 /// The ack wait, which is also the lease: a key moves within about 1.25 of it after its
 /// process dies (see docs/design.md). Short, so the tests do not wait long; long enough
@@ -176,228 +178,6 @@ fn wait_ready(dir: &Path, names: &[&str]) {
     });
 }
 
-/// One line of the shared log.
-#[derive(Debug, Clone)]
-struct Line {
-    kind: char,
-    who: String,
-    key: String,
-    seq: u32,
-}
-
-fn read_log(path: &Path) -> Vec<Line> {
-    child::complete_lines(path)
-        .iter()
-        .map(|l| {
-            let mut words = l.split(' ');
-            let kind = words.next().and_then(|w| w.chars().next()).expect("kind");
-            let who = words.next().expect("who").to_owned();
-            let (key, seq) = words
-                .next()
-                .and_then(|w| w.split_once(':'))
-                .expect("key:seq");
-            Line {
-                kind,
-                who,
-                key: key.to_owned(),
-                seq: seq.parse().expect("seq"),
-            }
-        })
-        .collect()
-}
-
-fn successes(path: &Path) -> usize {
-    child::complete_lines(path)
-        .iter()
-        .filter(|l| l.starts_with('D'))
-        .count()
-}
-
-/// Something that happened to a process, at a line of the log.
-#[derive(Debug, Clone)]
-enum Mark {
-    /// It was SIGKILLed: its running handlers never end.
-    Killed(String),
-    /// It was stopped: a handler it was running then may still end after the resume (the
-    /// documented overlap).
-    Paused(String),
-    /// It was resumed: from here on it must start nothing stale.
-    Resumed(String),
-}
-
-/// What the log showed.
-#[derive(Debug, Default)]
-struct Verdict {
-    overlaps: Vec<String>,
-    early_starts: Vec<String>,
-    first_start_order: Vec<String>,
-    stale_after_resume: Vec<String>,
-    missing: Vec<String>,
-    duplicates: usize,
-    excused: usize,
-    excused_starts: usize,
-}
-
-impl Verdict {
-    fn clean(&self) -> bool {
-        self.overlaps.is_empty()
-            && self.early_starts.is_empty()
-            && self.first_start_order.is_empty()
-            && self.stale_after_resume.is_empty()
-            && self.missing.is_empty()
-    }
-}
-
-/// Checks the log (see the module docs); `marks` are (line index, mark).
-fn check(lines: &[Line], marks: &[(usize, Mark)], keys: u32, per_key: u32) -> Verdict {
-    let mut v = Verdict::default();
-    // Per key: the running handler (who, seq), the succeeded seqs, the highest succeeded.
-    let mut running: HashMap<&str, (String, u32, usize)> = HashMap::new();
-    let mut done: HashMap<&str, BTreeSet<u32>> = HashMap::new();
-    let mut first_started: HashMap<&str, u32> = HashMap::new();
-    let mut succeeded: HashMap<(&str, u32), u32> = HashMap::new();
-    let mut resumed: BTreeSet<String> = BTreeSet::new();
-    let mut excused: BTreeSet<(String, String, u32)> = BTreeSet::new();
-    let mut grace: Option<(String, usize)> = None;
-    let mut marks = marks.iter().peekable();
-    for (i, l) in lines.iter().enumerate() {
-        while let Some((at, mark)) = marks.next_if(|(at, _)| *at <= i) {
-            let _ = at;
-            match mark {
-                Mark::Killed(who) | Mark::Paused(who) => {
-                    // Its running handlers: never ending (killed) or ending late (paused,
-                    // the documented overlap).
-                    running.retain(|key, (w, seq, _)| {
-                        if w == who {
-                            excused.insert((w.clone(), (*key).to_owned(), *seq));
-                            false
-                        } else {
-                            true
-                        }
-                    });
-                }
-                Mark::Resumed(who) => {
-                    resumed.insert(who.clone());
-                    grace = Some((who.clone(), SLOTS));
-                }
-            }
-        }
-        let key = l.key.as_str();
-        // A start the resumed process's gate admitted before it stopped (the documented
-        // overlap): one per dispatcher slot at most, so among its first `SLOTS` starts
-        // after the resume.
-        if let Some((who, left)) = &mut grace
-            && *who == l.who
-            && l.kind == 'S'
-        {
-            *left -= 1;
-            if *left == 0 {
-                grace = None;
-            }
-            let stale = running.contains_key(key)
-                || done
-                    .get(key)
-                    .is_some_and(|d| d.range(l.seq..).next().is_some());
-            if stale {
-                excused.insert((l.who.clone(), key.to_owned(), l.seq));
-                v.excused_starts += 1;
-                continue;
-            }
-        }
-        match l.kind {
-            'S' => {
-                if let Some((w, seq, since)) = running.get(key) {
-                    v.overlaps.push(format!(
-                        "line {i}: {} starts {key}:{} while {w} runs {key}:{seq} (started at \
-                         line {since})",
-                        l.who, l.seq
-                    ));
-                }
-                running.insert(key, (l.who.clone(), l.seq, i));
-                let ok = done.get(key);
-                let missing_before = (0..l.seq).find(|m| !ok.is_some_and(|d| d.contains(m)));
-                if let Some(m) = missing_before {
-                    v.early_starts.push(format!(
-                        "line {i}: {} starts {key}:{} before {key}:{m} succeeded",
-                        l.who, l.seq
-                    ));
-                }
-                match first_started.get(key) {
-                    None if l.seq != 0 => v
-                        .first_start_order
-                        .push(format!("line {i}: the first start of {key} is {}", l.seq)),
-                    None => {
-                        first_started.insert(key, 0);
-                    }
-                    Some(highest) if l.seq > *highest => {
-                        if l.seq != highest + 1 {
-                            v.first_start_order.push(format!(
-                                "line {i}: {key}:{} first started after {key}:{highest}",
-                                l.seq
-                            ));
-                        }
-                        first_started.insert(key, l.seq);
-                    }
-                    Some(_) => {}
-                }
-                if resumed.contains(&l.who)
-                    && ok.is_some_and(|d| d.range(l.seq + 1..).next().is_some())
-                {
-                    v.stale_after_resume.push(format!(
-                        "line {i}: resumed {} starts {key}:{} after a later one succeeded",
-                        l.who, l.seq
-                    ));
-                }
-            }
-            'D' | 'F' => {
-                let ends_running = running
-                    .get(key)
-                    .is_some_and(|(w, seq, _)| *w == l.who && *seq == l.seq);
-                if ends_running {
-                    running.remove(key);
-                } else if excused.contains(&(l.who.clone(), key.to_owned(), l.seq)) {
-                    v.excused += 1;
-                }
-                if l.kind == 'D' {
-                    done.entry(key).or_default().insert(l.seq);
-                    *succeeded.entry((key, l.seq)).or_insert(0) += 1;
-                }
-            }
-            other => panic!("unknown line kind {other}"),
-        }
-    }
-    for key in 0..keys {
-        for seq in 0..per_key {
-            let k = format!("k{key}");
-            match succeeded.get(&(k.as_str(), seq)) {
-                None => v.missing.push(format!("{k}:{seq}")),
-                Some(n) => v.duplicates += (*n as usize).saturating_sub(1),
-            }
-        }
-    }
-    v
-}
-
-/// Which process started each key's messages in `lines`, as counts of keys per process
-/// (a key counted for the process that started most of its messages there).
-fn spread(lines: &[Line]) -> BTreeMap<String, usize> {
-    let mut per_key: HashMap<&str, HashMap<&str, usize>> = HashMap::new();
-    for l in lines.iter().filter(|l| l.kind == 'S') {
-        *per_key
-            .entry(&l.key)
-            .or_default()
-            .entry(&l.who)
-            .or_insert(0) += 1;
-    }
-    let mut out = BTreeMap::new();
-    for starts in per_key.values() {
-        if let Some((who, _)) = starts.iter().max_by_key(|(w, n)| (**n, **w)) {
-            *out.entry((*who).to_owned()).or_insert(0) += 1;
-        }
-    }
-    out
-}
-
 /// A test's setup: a server, a scratch directory, the shared log, a publishing broker.
 struct Setup {
     _server: NatsServer,
@@ -456,38 +236,6 @@ impl Setup {
         fs::write(self.dir().join("stop"), b"").expect("stop file");
         for c in children {
             c.wait_success(PATIENCE);
-        }
-    }
-}
-
-fn report(
-    name: &str,
-    v: &Verdict,
-    before: &BTreeMap<String, usize>,
-    after: &BTreeMap<String, usize>,
-) {
-    eprintln!(
-        "{name}: {} overlaps, {} early starts, {} first-start order violations, {} stale \
-         starts after a resume, {} missing; {} duplicates, {} excused late ends, {} excused \
-         starts admitted before a stop; keys before {before:?}, after {after:?}",
-        v.overlaps.len(),
-        v.early_starts.len(),
-        v.first_start_order.len(),
-        v.stale_after_resume.len(),
-        v.missing.len(),
-        v.duplicates,
-        v.excused,
-        v.excused_starts,
-    );
-    for what in [
-        &v.overlaps,
-        &v.early_starts,
-        &v.first_start_order,
-        &v.stale_after_resume,
-        &v.missing,
-    ] {
-        for line in what.iter().take(5) {
-            eprintln!("  {line}");
         }
     }
 }
