@@ -50,12 +50,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     broker.create_stream(StreamConfig::new("orders", ["orders.#"]))?;
     let _billing = broker.subscribe(
         "orders.created",
-        SubscribeOptions {
-            name: Some("billing".into()),
-            capacity: 64,
-            retry: Retry::fixed(Duration::from_millis(20), 3),
-            ..Default::default()
-        },
+        SubscribeOptions::new()
+            .name("billing")
+            .capacity(64)
+            .retry(Retry::fixed(Duration::from_millis(20), 3)),
         |m: &Message| {
             let n: u64 = std::str::from_utf8(m.payload())
                 .ok()
@@ -71,10 +69,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     )?;
     let _audit = broker.subscribe(
         "orders.#",
-        SubscribeOptions {
-            name: Some("audit".into()),
-            ..Default::default()
-        },
+        SubscribeOptions::new().name("audit"),
         |_: &Message| Ok::<(), HandlerError>(()),
     )?;
     let _ship = broker.subscribe_durable(

@@ -57,6 +57,7 @@
 //! Loss-safe and race-free: each entry is taken out of the DLQ atomically and then
 //! re-offered (see [`tidings::Broker::redrive_dead_letters`]); two concurrent redrives of
 //! the same entry re-offer it once, and the loser sees it under `missing`.
+#![forbid(unsafe_code)]
 
 mod http;
 mod server;

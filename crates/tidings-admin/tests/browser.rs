@@ -361,10 +361,10 @@ fn the_dashboard_charts_each_subscriptions_rates_depth_and_lag_while_messages_fl
     broker
         .create_stream(tidings::StreamConfig::new("orders", ["orders.#"]))
         .unwrap();
-    let named = |name: &str| tidings::SubscribeOptions {
-        name: Some(name.into()),
-        capacity: 100_000,
-        ..Default::default()
+    let named = |name: &str| {
+        tidings::SubscribeOptions::new()
+            .name(name)
+            .capacity(100_000)
     };
     let fast = broker
         .subscribe("orders.*", named("fast"), |_: &Message| {
@@ -375,10 +375,7 @@ fn the_dashboard_charts_each_subscriptions_rates_depth_and_lag_while_messages_fl
     let flaky = broker
         .subscribe(
             "orders.*",
-            tidings::SubscribeOptions {
-                retry: tidings::Retry::fixed(Duration::from_millis(1), 3),
-                ..named("flaky")
-            },
+            named("flaky").retry(tidings::Retry::fixed(Duration::from_millis(1), 3)),
             move |m: &Message| {
                 let n: u64 = m.header("n").and_then(|v| v.parse().ok()).unwrap_or(0);
                 if n.is_multiple_of(10) {

@@ -43,13 +43,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut keep = Vec::new();
     for i in 0..subs as usize {
         let counts = counts.clone();
-        let options = SubscribeOptions {
-            capacity: 1024,
-            overflow: Overflow::Block {
+        let options = SubscribeOptions::new()
+            .capacity(1024)
+            .overflow(Overflow::Block {
                 timeout: Duration::from_secs(60),
-            },
-            ..SubscribeOptions::default()
-        };
+            });
         keep.push(
             broker.subscribe("bench.topic", options, move |_: &Message| {
                 counts[i].fetch_add(1, Ordering::Relaxed);

@@ -68,10 +68,7 @@ fn measure(label: &str, rounds: usize) -> Result<f64, String> {
     let _sub = broker
         .subscribe(
             TOPIC,
-            SubscribeOptions {
-                capacity: MESSAGES,
-                ..Default::default()
-            },
+            SubscribeOptions::new().capacity(MESSAGES),
             |_: &Message| Ok::<(), HandlerError>(()),
         )
         .map_err(|e| e.to_string())?;

@@ -331,14 +331,12 @@ impl TidingsFanout {
         let mut subs = Vec::new();
         for i in 0..n {
             let t = tally.clone();
-            let opts = SubscribeOptions {
-                name: Some(format!("fanout-{i}")),
-                capacity: TIDINGS_CAPACITY,
-                overflow: Overflow::Block {
+            let opts = SubscribeOptions::new()
+                .name(format!("fanout-{i}"))
+                .capacity(TIDINGS_CAPACITY)
+                .overflow(Overflow::Block {
                     timeout: BLOCK_TIMEOUT,
-                },
-                ..Default::default()
-            };
+                });
             let sub = if padded {
                 let count = CachePadded::new(AtomicU64::new(0));
                 broker.subscribe(TOPIC, opts, move |_m: &Message| {

@@ -195,12 +195,9 @@ fn worker(url: &str, stream: &str, dir: &Path, name: &str) -> Result<(), String>
             DurableSpec::new(stream)
                 .name("group")
                 .filter(format!("{stream}.#")),
-            SubscribeOptions {
-                concurrency: Concurrency::PerKey {
-                    max_in_flight: IN_FLIGHT,
-                },
-                ..SubscribeOptions::default()
-            },
+            SubscribeOptions::new().concurrency(Concurrency::PerKey {
+                max_in_flight: IN_FLIGHT,
+            }),
             move |_m: &Message| {
                 // Held until the timer starts: the partitions spread first.
                 while !go.exists() {

@@ -238,14 +238,12 @@ impl TidingsLatency {
         let tally = Arc::new(Tally::new());
         let (h, t) = (hist.clone(), tally.clone());
         let count = AtomicU64::new(0);
-        let opts = SubscribeOptions {
-            name: Some("latency".into()),
-            capacity: TIDINGS_CAPACITY,
-            overflow: Overflow::Block {
+        let opts = SubscribeOptions::new()
+            .name("latency")
+            .capacity(TIDINGS_CAPACITY)
+            .overflow(Overflow::Block {
                 timeout: BLOCK_TIMEOUT,
-            },
-            ..Default::default()
-        };
+            });
         let sub = broker
             .subscribe(TOPIC, opts, move |m: &Message| {
                 record(&h, m.payload());

@@ -29,7 +29,11 @@
 //! - `log` (default): the `log/*` cases measure tidings' durable log; pulls in
 //!   `tidings-log`. Without it those cases are still emitted, with `"tidings": null`, and
 //!   their raw-file baselines still run. No public item depends on it.
+// The counting allocator (`alloc`) implements `GlobalAlloc`, which is unsafe by nature;
+// every other module is safe code.
+#![deny(unsafe_code)]
 
+#[allow(unsafe_code)]
 pub mod alloc;
 mod alloc_publish;
 mod env;
@@ -62,6 +66,7 @@ pub use env::{DRIVERS, DriverKind};
     name = "tidings-bench",
     about = "Benchmark tidings against baselines (interleaved rounds, medians)"
 )]
+#[non_exhaustive]
 pub struct BenchArgs {
     /// Small counts and 3 rounds: the whole run finishes in under a minute on 2 cores.
     #[arg(long)]

@@ -179,10 +179,7 @@ mod tlog {
     }
 
     fn open(dir: &Path, policy: &str) -> Result<Log, String> {
-        let config = LogConfig {
-            fsync: fsync(policy),
-            ..Default::default()
-        };
+        let config = LogConfig::new().fsync(fsync(policy));
         Log::open(dir, config)
             .map(|(log, _report)| log)
             .map_err(|e| format!("Log::open: {e}"))

@@ -1,4 +1,5 @@
 //! `tidings-bench`: see the library docs, or run with `--help`.
+#![forbid(unsafe_code)]
 
 /// Counts live heap bytes for the `scale/*/bytes-per-sub` cases.
 #[global_allocator]

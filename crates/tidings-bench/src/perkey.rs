@@ -66,18 +66,16 @@ impl PerKeySystem {
         let tally = Arc::new(Tally::new());
         let count = AtomicU64::new(0);
         let t = tally.clone();
-        let opts = SubscribeOptions {
-            name: Some("perkey".into()),
-            capacity,
-            overflow: Overflow::Block {
+        let opts = SubscribeOptions::new()
+            .name("perkey")
+            .capacity(capacity)
+            .overflow(Overflow::Block {
                 timeout: BLOCK_TIMEOUT,
-            },
-            retry: Retry::fixed(PARK, 2),
-            concurrency: Concurrency::PerKey {
+            })
+            .retry(Retry::fixed(PARK, 2))
+            .concurrency(Concurrency::PerKey {
                 max_in_flight: MAX_IN_FLIGHT,
-            },
-            ..Default::default()
-        };
+            });
         let sub = broker
             .subscribe(TOPIC, opts, move |m: &Message| {
                 let bad = m

@@ -256,10 +256,7 @@ impl TidingsPair {
         let subscription = subscriber
             .subscribe(
                 TIDINGS_TOPIC,
-                SubscribeOptions {
-                    capacity,
-                    ..SubscribeOptions::default()
-                },
+                SubscribeOptions::new().capacity(capacity),
                 move |m: &Message| -> Result<(), HandlerError> {
                     std::hint::black_box(m);
                     a.hit();

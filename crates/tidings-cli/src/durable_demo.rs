@@ -162,13 +162,9 @@ impl Place {
         start: StartAt,
         handler: impl tidings::Handler,
     ) -> DemoResult<DurableSubscription> {
-        let options = SubscribeOptions {
-            name: Some(name.to_owned()),
-            // A failed order waits a minute to retry, in place: the crash finds order 31
-            // waiting and 32.. queued behind it, none finished, so none committed.
-            retry: tidings::Retry::fixed(Duration::from_secs(60), 3),
-            ..Default::default()
-        };
+        let options = SubscribeOptions::new()
+            .name(name.to_owned())
+            .retry(tidings::Retry::fixed(Duration::from_secs(60), 3));
         Ok(broker.subscribe_durable(
             DurableSpec::new(self.stream())
                 .name(name)

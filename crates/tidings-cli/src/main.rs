@@ -21,6 +21,7 @@
 //! Exit codes: 0 success; 1 the command ran and found a problem (a failed verification, a
 //! corrupt record, a broken demo invariant, a failed benchmark run); 2 the command could not
 //! run (bad arguments, missing or unreadable paths).
+#![forbid(unsafe_code)]
 
 /// `println!` that ignores a closed standard output: `tidings … | head` must not panic. The
 /// command still runs to its end; what it prints after the reader left is dropped.

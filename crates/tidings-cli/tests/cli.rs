@@ -22,10 +22,7 @@ fn text(out: &Output) -> (String, String) {
 
 /// A stream directory with `n` records in one segment, closed cleanly.
 fn write_log(dir: &Path, n: u64) {
-    let config = LogConfig {
-        fsync: Fsync::Always,
-        ..Default::default()
-    };
+    let config = LogConfig::new().fsync(Fsync::Always);
     let (log, _) = Log::open(dir, config).expect("open a fresh log");
     for i in 0..n {
         let record = Record::new(1_700_000_000_000 + i, format!("order {i} payload bytes"))

@@ -7,11 +7,7 @@ use tidings_log::{Fsync, Log, LogConfig, Record};
 #[test]
 fn log_verify_names_a_damaged_time_index_file() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let config = LogConfig {
-        fsync: Fsync::Never,
-        segment_bytes: 4096,
-        ..Default::default()
-    };
+    let config = LogConfig::new().fsync(Fsync::Never).segment_bytes(4096);
     let (log, _) = Log::open(dir.path(), config).expect("open a fresh log");
     for i in 0..200u64 {
         log.append(&Record::new(i, format!("payload {i}")))

@@ -9,9 +9,9 @@ use std::sync::Arc;
 
 use serde_json::Value;
 use std::sync::Mutex;
+use tidings::embedded::Fsync;
 use tidings::{
-    Broker, Driver, DurableSpec, Fsync, HandlerError, ManualClock, Message, StreamConfig,
-    SubscribeOptions,
+    Broker, Driver, DurableSpec, HandlerError, ManualClock, Message, StreamConfig, SubscribeOptions,
 };
 
 fn tidings(dir: &Path, args: &[&str]) -> Output {

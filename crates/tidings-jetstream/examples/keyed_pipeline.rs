@@ -51,10 +51,7 @@ fn worker(url: &str, dir: &Path, name: &str) -> Result<(), Box<dyn std::error::E
     let who = name.to_owned();
     let _orders = broker.subscribe_durable(
         DurableSpec::new("orders").name("fulfil").filter("orders.#"),
-        SubscribeOptions {
-            concurrency: Concurrency::PerKey { max_in_flight: 4 },
-            ..SubscribeOptions::default()
-        },
+        SubscribeOptions::new().concurrency(Concurrency::PerKey { max_in_flight: 4 }),
         move |m: &Message| {
             let order = String::from_utf8_lossy(m.payload());
             // The work: a millisecond, then one line saying who handled which order.

@@ -35,6 +35,7 @@
 //! # Offsets and time
 //! Offsets are JetStream stream sequences (the first record is 1). `StartAt::Time` uses
 //! the server's store time, not the tidings message timestamp.
+#![forbid(unsafe_code)]
 
 pub mod backend;
 mod classify;

@@ -125,13 +125,11 @@ fn a_publish_async_that_waits_for_room_leaves_the_runtime_free() {
     let _slow = broker
         .subscribe(
             "orders.#",
-            SubscribeOptions {
-                capacity: 1,
-                overflow: Overflow::Block {
+            SubscribeOptions::new()
+                .capacity(1)
+                .overflow(Overflow::Block {
                     timeout: Duration::from_secs(60),
-                },
-                ..SubscribeOptions::default()
-            },
+                }),
             move |_: &Message| {
                 let _ = gate.lock().unwrap().recv_timeout(PATIENCE);
                 Ok::<(), HandlerError>(())

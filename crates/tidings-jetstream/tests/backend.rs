@@ -752,10 +752,8 @@ fn an_existing_stream_is_never_changed_by_another_process() {
     // Another retention is refused the same way.
     let err = b
         .create_stream(
-            StreamConfig::new("shared2", ["sh2.#"]).retention(Retention {
-                max_bytes: None,
-                max_age: Some(Duration::from_secs(3600)),
-            }),
+            StreamConfig::new("shared2", ["sh2.#"])
+                .retention(Retention::new().max_age(Duration::from_secs(3600))),
         )
         .and_then(|_| a.create_stream(StreamConfig::new("shared2", ["sh2.#"])))
         .expect_err("other retention");
@@ -779,10 +777,8 @@ fn retention_is_set_on_the_server_stream() {
         return;
     };
     let b = backend(&server);
-    let config = StreamConfig::new("small", ["small.#"]).retention(Retention {
-        max_bytes: Some(2_000),
-        max_age: None,
-    });
+    let config =
+        StreamConfig::new("small", ["small.#"]).retention(Retention::new().max_bytes(2_000));
     let s = b
         .open_stream(&config, &[p("small.#")])
         .expect("stream opens");

@@ -144,10 +144,7 @@ fn the_same_handler_runs_on_jetstream() {
     );
 
     let backoff = Duration::from_millis(700);
-    let opts = || SubscribeOptions {
-        retry: Retry::fixed(backoff, 3),
-        ..Default::default()
-    };
+    let opts = || SubscribeOptions::new().retry(Retry::fixed(backoff, 3));
     let log = Log::default();
     let sub = broker
         .subscribe_durable(

@@ -110,12 +110,11 @@ fn pipeline_child() {
     let (dropped, committed_log) = (log("dropped.log"), log("committed.log"));
     let weak = broker.downgrade();
     let noted = Arc::clone(&dropped);
-    let options = SubscribeOptions {
-        retry: Retry::exponential(Duration::from_millis(20), 2.0)
+    let options = SubscribeOptions::new().retry(
+        Retry::exponential(Duration::from_millis(20), 2.0)
             .max_delay(Duration::from_millis(500))
             .max_attempts(10_000),
-        ..SubscribeOptions::default()
-    };
+    );
     let pipe = Arc::new(
         broker
             .subscribe_durable(

@@ -111,10 +111,7 @@ fn the_duplicate_window_is_the_streams_and_is_reported() {
         StreamConfig::new("zero", ["zero.#"]).duplicate_window(Duration::ZERO),
         StreamConfig::new("endless", ["endless.#"]).duplicate_window(Duration::MAX),
         StreamConfig::new("short", ["short.#"])
-            .retention(Retention {
-                max_age: Some(Duration::from_secs(10)),
-                ..Retention::default()
-            })
+            .retention(Retention::new().max_age(Duration::from_secs(10)))
             .duplicate_window(Duration::from_secs(60)),
     ] {
         let err = broker.create_stream(refused).expect_err("refused");
@@ -123,10 +120,8 @@ fn the_duplicate_window_is_the_streams_and_is_reported() {
     // The default with a short max_age is max_age (the server's own rule): accepted.
     broker
         .create_stream(
-            StreamConfig::new("brief", ["brief.#"]).retention(Retention {
-                max_age: Some(Duration::from_secs(10)),
-                ..Retention::default()
-            }),
+            StreamConfig::new("brief", ["brief.#"])
+                .retention(Retention::new().max_age(Duration::from_secs(10))),
         )
         .expect("default window shortened to max_age");
     broker.close(Duration::from_secs(5));

@@ -203,11 +203,7 @@ fn a_full_queue_applies_its_overflow_policy_without_blocking_the_network() {
         let sub = b
             .subscribe(
                 "jobs.run",
-                SubscribeOptions {
-                    capacity: 1,
-                    overflow,
-                    ..Default::default()
-                },
+                SubscribeOptions::new().capacity(1).overflow(overflow),
                 move |_: &Message| {
                     let _ = started_tx.lock().expect("not poisoned").send(());
                     let _ = release_rx
@@ -518,10 +514,7 @@ fn fan_out_keeps_each_publishers_order_and_one_handler_call_at_a_time() {
         let sub = b
             .subscribe(
                 "fan.out",
-                SubscribeOptions {
-                    capacity: total,
-                    ..Default::default()
-                },
+                SubscribeOptions::new().capacity(total),
                 move |m: &Message| {
                     use std::sync::atomic::Ordering::SeqCst;
                     if r.fetch_add(1, SeqCst) > 0 {

@@ -78,10 +78,7 @@ fn typed_json_on_jetstream() {
             DurableSpec::new("orders")
                 .name("billing")
                 .start(StartAt::Earliest),
-            SubscribeOptions {
-                retry: Retry::fixed(Duration::from_millis(10), 5),
-                ..Default::default()
-            },
+            SubscribeOptions::new().retry(Retry::fixed(Duration::from_millis(10), 5)),
             move |o, m| {
                 let ct = m.header(CONTENT_TYPE_HEADER).map(str::to_owned);
                 g.lock().expect("lock").push((o, ct));

@@ -86,10 +86,7 @@ fn main() {
     // Never vs raw buffered writes.
     let (log, _) = Log::open(
         tmp.path().join("never"),
-        LogConfig {
-            fsync: Fsync::Never,
-            ..Default::default()
-        },
+        LogConfig::new().fsync(Fsync::Never),
     )
     .expect("open");
     let t = Instant::now();
@@ -121,10 +118,7 @@ fn main() {
     let (log, _) = Log::open_with_storage(
         Arc::new(Counting(counter.clone())),
         &tmp.path().join("always"),
-        LogConfig {
-            fsync: Fsync::Always,
-            ..Default::default()
-        },
+        LogConfig::new().fsync(Fsync::Always),
     )
     .expect("open");
     let log = Arc::new(log);

@@ -37,6 +37,7 @@ pub const MIN_SEGMENT_BYTES: u64 = 128;
 /// [`Log::durable_offset`](crate::Log::durable_offset) count them only once the seal has
 /// published the file: nothing they report is lost.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Fsync {
     /// Sync before acknowledging every append (with group commit).
     Always,
@@ -49,7 +50,11 @@ pub enum Fsync {
 
 /// Which old segments [`Log::apply_retention`](crate::Log::apply_retention) removes. Only whole
 /// sealed segments are removed, oldest first, never the active segment.
+///
+/// Built with [`Retention::new`] (keep everything) and its setters; `#[non_exhaustive]`, so a
+/// new limit is not a breaking change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub struct Retention {
     /// Remove the oldest sealed segments while the total size of all segments exceeds this.
     pub max_bytes: Option<u64>,
@@ -59,7 +64,23 @@ pub struct Retention {
 }
 
 /// Configuration of one log (one stream directory).
+///
+/// Built with [`LogConfig::new`] (the defaults) and its setters; the fields stay readable.
+/// `#[non_exhaustive]`, so a new setting is not a breaking change: code outside this crate
+/// cannot write a struct literal.
+///
+/// ```
+/// use tidings_log::{Fsync, LogConfig};
+/// let config = LogConfig::new().fsync(Fsync::Never).segment_bytes(1 << 20);
+/// assert_eq!(config.segment_bytes, 1 << 20);
+/// ```
+///
+/// ```compile_fail
+/// use tidings_log::LogConfig;
+/// let config = LogConfig { segment_bytes: 1 << 20, ..LogConfig::default() };
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct LogConfig {
     /// A new segment is started when the next record would make the active segment larger than
     /// this (a record larger than this gets a segment of its own). Default 64 MiB.
@@ -100,7 +121,74 @@ impl Default for LogConfig {
     }
 }
 
+impl Retention {
+    /// Keep everything (the default).
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// Remove the oldest sealed segments while all segments total more than `bytes`.
+    #[must_use]
+    pub fn max_bytes(mut self, bytes: u64) -> Self {
+        self.max_bytes = Some(bytes);
+        self
+    }
+    /// Remove the oldest sealed segments whose newest record is older than `age`.
+    #[must_use]
+    pub fn max_age(mut self, age: Duration) -> Self {
+        self.max_age = Some(age);
+        self
+    }
+}
+
 impl LogConfig {
+    /// The defaults (see each field).
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// See [`LogConfig::segment_bytes`](#structfield.segment_bytes).
+    #[must_use]
+    pub fn segment_bytes(mut self, bytes: u64) -> Self {
+        self.segment_bytes = bytes;
+        self
+    }
+    /// See [`LogConfig::fsync`](#structfield.fsync).
+    #[must_use]
+    pub fn fsync(mut self, fsync: Fsync) -> Self {
+        self.fsync = fsync;
+        self
+    }
+    /// See [`LogConfig::retention`](#structfield.retention).
+    #[must_use]
+    pub fn retention(mut self, retention: Retention) -> Self {
+        self.retention = retention;
+        self
+    }
+    /// See [`LogConfig::index_interval_bytes`](#structfield.index_interval_bytes).
+    #[must_use]
+    pub fn index_interval_bytes(mut self, bytes: u32) -> Self {
+        self.index_interval_bytes = bytes;
+        self
+    }
+    /// See [`LogConfig::max_record_bytes`](#structfield.max_record_bytes).
+    #[must_use]
+    pub fn max_record_bytes(mut self, bytes: u32) -> Self {
+        self.max_record_bytes = bytes;
+        self
+    }
+    /// See [`LogConfig::write_buffer_bytes`](#structfield.write_buffer_bytes).
+    #[must_use]
+    pub fn write_buffer_bytes(mut self, bytes: usize) -> Self {
+        self.write_buffer_bytes = bytes;
+        self
+    }
+    /// See [`LogConfig::verify_on_open`](#structfield.verify_on_open).
+    #[must_use]
+    pub fn verify_on_open(mut self, verify: bool) -> Self {
+        self.verify_on_open = verify;
+        self
+    }
     /// Checks the configuration; [`Log::open`](crate::Log::open) calls this first.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.segment_bytes == 0 {

@@ -8,7 +8,7 @@
 //! ```
 //! use tidings_log::{Fsync, Log, LogConfig, Record};
 //! # let dir = tempfile::tempdir().unwrap();
-//! let (log, _report) = Log::open(dir.path(), LogConfig { fsync: Fsync::Always, ..Default::default() })?;
+//! let (log, _report) = Log::open(dir.path(), LogConfig::new().fsync(Fsync::Always))?;
 //! let offset = log.append(&Record::new(1_700_000_000_000, "hello").with_key("k"))?;
 //! let recs = log.read(offset, 10)?;
 //! assert_eq!(recs[0].payload, "hello");

@@ -8,7 +8,7 @@
 //! use tidings_log::{Fsync, Log, LogConfig, Record};
 //!
 //! let sim = SimStorage::new();
-//! let cfg = LogConfig { fsync: Fsync::Always, ..LogConfig::default() };
+//! let cfg = LogConfig::new().fsync(Fsync::Always);
 //! let (log, _) = Log::open_with_storage(Arc::new(sim.clone()), Path::new("/s"), cfg.clone()).unwrap();
 //! let acked = log.append(&Record::new(1, "durable")).unwrap();
 //! drop(log);

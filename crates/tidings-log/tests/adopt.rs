@@ -17,12 +17,10 @@ use tidings_log::tools::verify_with_storage;
 use tidings_log::{Fsync, Log, LogConfig};
 
 fn config() -> LogConfig {
-    LogConfig {
-        fsync: Fsync::Always,
-        segment_bytes: 512,
-        index_interval_bytes: 100,
-        ..LogConfig::default()
-    }
+    LogConfig::new()
+        .fsync(Fsync::Always)
+        .segment_bytes(512)
+        .index_interval_bytes(100)
 }
 
 /// A closed log of `n` records in several segments; returns its segment paths, oldest first.

@@ -13,10 +13,7 @@ use tidings_log::testing::SimStorage;
 use tidings_log::{Fsync, LogConfig, OpenError, Record, StoredRecord};
 
 fn config() -> LogConfig {
-    LogConfig {
-        fsync: Fsync::Never,
-        ..LogConfig::default()
-    }
+    LogConfig::new().fsync(Fsync::Never)
 }
 
 /// The frames, exactly as the log writes them, of `record_for(o)` for `o` in `from..to`: taken

@@ -83,7 +83,7 @@ proptest! {
         let _ = verify_with_storage(&sim, dir).map(|r| r.to_string());
         let _ = inspect_with_storage(&sim, dir).map(|r| r.to_string());
         let _ = dump_with_storage(&sim, dir, 0, 1000);
-        let cfg = tidings_log::LogConfig { verify_on_open, ..small_config() };
+        let cfg = small_config().verify_on_open(verify_on_open);
         match sim_open(&sim, cfg) {
             Ok((log, report)) => {
                 let _ = report.to_string();

@@ -23,12 +23,10 @@ use tidings_log::tools::{ProblemKind, verify_with_storage};
 use tidings_log::{Fsync, LogConfig, OpenError, ReadError, StoredRecord};
 
 fn config(verify_on_open: bool) -> LogConfig {
-    LogConfig {
-        fsync: Fsync::Never,
-        segment_bytes: 400,
-        verify_on_open,
-        ..small_config()
-    }
+    small_config()
+        .fsync(Fsync::Never)
+        .segment_bytes(400)
+        .verify_on_open(verify_on_open)
 }
 
 fn read_until_error(log: &tidings_log::Log) -> Result<Vec<StoredRecord>, ReadError> {

@@ -11,10 +11,7 @@ use tidings_log::tools::{inspect_with_storage, verify_with_storage};
 use tidings_log::{Fsync, LogConfig, OpenError};
 
 fn config() -> LogConfig {
-    LogConfig {
-        fsync: Fsync::Never,
-        ..small_config()
-    }
+    small_config().fsync(Fsync::Never)
 }
 
 /// A closed log with several segments.

@@ -17,10 +17,7 @@ fn concurrent_appenders_share_syncs_and_all_acks_are_durable() {
     const PER_THREAD: usize = 40;
     let sim = SimStorage::new();
     sim.set_sync_delay(Some(Duration::from_millis(2)));
-    let cfg = LogConfig {
-        fsync: Fsync::Always,
-        ..LogConfig::default()
-    };
+    let cfg = LogConfig::new().fsync(Fsync::Always);
     let (log, _) = sim_open(&sim, cfg.clone()).unwrap();
     let log = Arc::new(log);
     let syncs_before = sim.sync_count();

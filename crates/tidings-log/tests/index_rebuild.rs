@@ -10,12 +10,10 @@ use tidings_log::tools::verify;
 use tidings_log::{Fsync, Log, LogConfig};
 
 fn config() -> LogConfig {
-    LogConfig {
-        fsync: Fsync::Never,
-        segment_bytes: 600,
-        index_interval_bytes: 80,
-        ..LogConfig::default()
-    }
+    LogConfig::new()
+        .fsync(Fsync::Never)
+        .segment_bytes(600)
+        .index_interval_bytes(80)
 }
 
 fn files(dir: &Path, ext: &str) -> Vec<PathBuf> {
@@ -92,14 +90,7 @@ fn index_interval_change_is_harmless() {
     fill(&log, 50);
     let records = read_all(&log);
     drop(log);
-    let (log, _) = Log::open(
-        tmp.path(),
-        LogConfig {
-            index_interval_bytes: 7,
-            ..config()
-        },
-    )
-    .unwrap();
+    let (log, _) = Log::open(tmp.path(), config().index_interval_bytes(7)).unwrap();
     assert_eq!(read_all(&log), records);
     fill(&log, 10);
     drop(log);

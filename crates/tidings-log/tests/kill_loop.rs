@@ -27,13 +27,11 @@ fn config(policy: &str) -> LogConfig {
         "never" => (Fsync::Never, 0),
         _ => (Fsync::Always, LogConfig::default().write_buffer_bytes),
     };
-    LogConfig {
-        fsync,
-        write_buffer_bytes,
-        segment_bytes: 2048,
-        index_interval_bytes: 256,
-        ..LogConfig::default()
-    }
+    LogConfig::new()
+        .fsync(fsync)
+        .write_buffer_bytes(write_buffer_bytes)
+        .segment_bytes(2048)
+        .index_interval_bytes(256)
 }
 
 fn child(dir: &str) -> ! {

@@ -89,11 +89,7 @@ impl Storage for Counting {
 }
 
 fn config() -> LogConfig {
-    LogConfig {
-        fsync: Fsync::Never,
-        segment_bytes: 4096,
-        ..LogConfig::default()
-    }
+    LogConfig::new().fsync(Fsync::Never).segment_bytes(4096)
 }
 
 fn segments(dir: &Path) -> Vec<std::path::PathBuf> {

@@ -48,13 +48,7 @@ proptest! {
         always in any::<bool>(),
         buffer in prop_oneof![Just(0usize), Just(100), Just(1 << 16)],
     ) {
-        let cfg = LogConfig {
-            segment_bytes,
-            index_interval_bytes: interval,
-            fsync: if always { Fsync::Always } else { Fsync::Never },
-            write_buffer_bytes: buffer,
-            ..LogConfig::default()
-        };
+        let cfg = LogConfig::new().segment_bytes(segment_bytes).index_interval_bytes(interval).fsync(if always { Fsync::Always } else { Fsync::Never }).write_buffer_bytes(buffer);
         let sim = SimStorage::new();
         let mut log = sim_open(&sim, cfg.clone()).unwrap().0;
         let mut model: Vec<Record> = Vec::new();

@@ -87,10 +87,7 @@ fn check_recovered(sim: &SimStorage, cfg: &LogConfig, out: Outcome, what: &str) 
 }
 
 fn always() -> LogConfig {
-    LogConfig {
-        fsync: Fsync::Always,
-        ..small_config()
-    }
+    small_config().fsync(Fsync::Always)
 }
 
 const MODES: [CrashMode; 3] = [
@@ -173,11 +170,7 @@ fn crash_at_1000_random_points() {
 
 #[test]
 fn file_grown_but_length_never_synced() {
-    let cfg = LogConfig {
-        fsync: Fsync::Never,
-        write_buffer_bytes: 0,
-        ..small_config()
-    };
+    let cfg = small_config().fsync(Fsync::Never).write_buffer_bytes(0);
     for mode in [CrashMode::DropUnsynced, CrashMode::ZeroFillUnsynced] {
         let sim = SimStorage::new();
         let (log, _) = sim_open(&sim, cfg.clone()).unwrap();
@@ -309,11 +302,7 @@ fn failed_fsync_poisons_the_writer() {
 
 #[test]
 fn failed_write_poisons_the_writer() {
-    let cfg = LogConfig {
-        fsync: Fsync::Never,
-        write_buffer_bytes: 0,
-        ..small_config()
-    };
+    let cfg = small_config().fsync(Fsync::Never).write_buffer_bytes(0);
     let sim = SimStorage::new();
     let (log, _) = sim_open(&sim, cfg.clone()).unwrap();
     common::fill(&log, 3);

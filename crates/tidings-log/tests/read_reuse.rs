@@ -9,10 +9,7 @@ use tidings_log::{Fsync, Log, LogConfig};
 #[test]
 fn records_held_across_reads_stay_intact() {
     let tmp = tempfile::tempdir().unwrap();
-    let cfg = LogConfig {
-        fsync: Fsync::Never,
-        ..LogConfig::default()
-    };
+    let cfg = LogConfig::new().fsync(Fsync::Never);
     let (log, _) = Log::open(tmp.path(), cfg).unwrap();
     fill(&log, 6_000); // several 64 KiB read chunks
     log.sync().unwrap();
@@ -42,14 +39,10 @@ fn records_held_across_reads_stay_intact() {
 #[test]
 fn sequential_reads_between_appends_return_exactly_what_was_appended() {
     let tmp = tempfile::tempdir().unwrap();
-    let cfg = LogConfig {
-        fsync: Fsync::Never,
-        // Segments of a few chunks: the remembered chunks of earlier segments sit at the
-        // same file positions as the ones read next.
-        segment_bytes: 200 << 10,
-        write_buffer_bytes: 4 << 10,
-        ..LogConfig::default()
-    };
+    let cfg = LogConfig::new()
+        .fsync(Fsync::Never)
+        .segment_bytes(200 << 10)
+        .write_buffer_bytes(4 << 10);
     let (log, _) = Log::open(tmp.path(), cfg).unwrap();
     let mut rng = tidings_log::testing::TestRng::new(7);
     let mut next = 0u64;

@@ -11,13 +11,11 @@ use common::{assert_intact, fill, read_all, record_for, ts_for};
 use tidings_log::{Fsync, Log, LogConfig, ReadError, Record, Retention};
 
 fn config(retention: Retention) -> LogConfig {
-    LogConfig {
-        fsync: Fsync::Never,
-        segment_bytes: 512,
-        index_interval_bytes: 64,
-        retention,
-        ..LogConfig::default()
-    }
+    LogConfig::new()
+        .fsync(Fsync::Never)
+        .segment_bytes(512)
+        .index_interval_bytes(64)
+        .retention(retention)
 }
 
 fn segment_files(dir: &std::path::Path) -> Vec<PathBuf> {
@@ -115,14 +113,7 @@ fn retention_by_size_removes_whole_old_segments_only() {
     let (log, _) = Log::open(tmp.path(), config(Retention::default())).unwrap();
     fill(&log, 100);
     drop(log);
-    let (log, _) = Log::open(
-        tmp.path(),
-        config(Retention {
-            max_bytes: Some(max),
-            max_age: None,
-        }),
-    )
-    .unwrap();
+    let (log, _) = Log::open(tmp.path(), config(Retention::new().max_bytes(max))).unwrap();
     let before = segment_files(tmp.path());
     let sizes: Vec<u64> = before
         .iter()
@@ -158,14 +149,7 @@ fn retention_by_size_removes_whole_old_segments_only() {
     assert_eq!(rest.len() as u64, 100 - log.start_offset());
     // The active segment is never removed, whatever the limit.
     drop(log);
-    let (log, _) = Log::open(
-        tmp.path(),
-        config(Retention {
-            max_bytes: Some(1),
-            max_age: None,
-        }),
-    )
-    .unwrap();
+    let (log, _) = Log::open(tmp.path(), config(Retention::new().max_bytes(1))).unwrap();
     log.apply_retention(0).unwrap();
     assert_eq!(segment_files(tmp.path()).len(), 1);
     assert_eq!(log.end_offset(), 100);
@@ -190,14 +174,7 @@ fn retention_by_age() {
             .unwrap();
     }
     drop(log);
-    let (log, _) = Log::open(
-        tmp.path(),
-        config(Retention {
-            max_bytes: None,
-            max_age: Some(age),
-        }),
-    )
-    .unwrap();
+    let (log, _) = Log::open(tmp.path(), config(Retention::new().max_age(age))).unwrap();
     let now = 100_500;
     let rep = log.apply_retention(now).unwrap();
     assert!(!rep.removed.is_empty());
@@ -223,14 +200,7 @@ fn retention_runs_after_every_roll() {
     // calling apply_retention; only whole old segments go.
     let tmp = tempfile::tempdir().unwrap();
     let max = 2000;
-    let (log, _) = Log::open(
-        tmp.path(),
-        config(Retention {
-            max_bytes: Some(max),
-            max_age: None,
-        }),
-    )
-    .unwrap();
+    let (log, _) = Log::open(tmp.path(), config(Retention::new().max_bytes(max))).unwrap();
     fill(&log, 200);
     log.sync().unwrap();
     let files = segment_files(tmp.path());
@@ -251,10 +221,7 @@ fn retention_runs_after_every_roll() {
     let tmp = tempfile::tempdir().unwrap();
     let (log, _) = Log::open(
         tmp.path(),
-        config(Retention {
-            max_bytes: None,
-            max_age: Some(Duration::from_secs(1)),
-        }),
+        config(Retention::new().max_age(Duration::from_secs(1))),
     )
     .unwrap();
     for i in 0..30 {

@@ -21,13 +21,11 @@ use tidings_log::{AppendError, Fsync, Log, LogConfig, Retention};
 
 /// 512-byte segments (a roll every few records), every append handed to the storage at once.
 fn tiny(fsync: Fsync) -> LogConfig {
-    LogConfig {
-        fsync,
-        segment_bytes: 512,
-        write_buffer_bytes: 0,
-        index_interval_bytes: 100,
-        ..LogConfig::default()
-    }
+    LogConfig::new()
+        .fsync(fsync)
+        .segment_bytes(512)
+        .write_buffer_bytes(0)
+        .index_interval_bytes(100)
 }
 
 const MODES: [CrashMode; 3] = [
@@ -401,13 +399,7 @@ fn close_and_drop_finish_a_pending_seal() {
 #[test]
 fn retention_keeps_the_segment_before_a_pending_seal() {
     let sim = SimStorage::new();
-    let cfg = LogConfig {
-        retention: Retention {
-            max_bytes: Some(1),
-            max_age: None,
-        },
-        ..tiny(Fsync::Never)
-    };
+    let cfg = tiny(Fsync::Never).retention(Retention::new().max_bytes(1));
     let (log, _) = sim_open(&sim, cfg.clone()).unwrap();
     common::fill(&log, 12);
     log.sync().unwrap();
@@ -475,10 +467,7 @@ fn smallest_segments_roll_on_every_record() {
     // A segment of `MIN_SEGMENT_BYTES` holds one record: every append rolls, every roll but
     // the last waits for the previous seal. R-LOG-1 / R-LOG-2.
     let sim = SimStorage::new();
-    let cfg = LogConfig {
-        segment_bytes: tidings_log::MIN_SEGMENT_BYTES,
-        ..tiny(Fsync::Never)
-    };
+    let cfg = tiny(Fsync::Never).segment_bytes(tidings_log::MIN_SEGMENT_BYTES);
     let (log, _) = sim_open(&sim, cfg.clone()).unwrap();
     for _ in 0..200 {
         append_next(&log);
@@ -500,16 +489,14 @@ fn power_cut_at_random_points_with_tiny_segments() {
     // any moment survives a power cut at a random operation.
     let mut rng = TestRng::new(0x5ea1);
     for run in 0..300u64 {
-        let cfg = LogConfig {
-            fsync: if rng.below(2) == 0 {
+        let cfg = tiny(Fsync::Never)
+            .fsync(if rng.below(2) == 0 {
                 Fsync::Never
             } else {
                 Fsync::Interval(Duration::from_millis(1))
-            },
-            segment_bytes: 128 + rng.below(600),
-            write_buffer_bytes: [0, 64, 256 << 10][rng.below(3) as usize],
-            ..tiny(Fsync::Never)
-        };
+            })
+            .segment_bytes(128 + rng.below(600))
+            .write_buffer_bytes([0, 64, 256 << 10][rng.below(3) as usize]);
         let appends = 20 + rng.below(60);
         let sim = SimStorage::new();
         let Ok((log, _)) = sim_open(&sim, cfg.clone()) else {

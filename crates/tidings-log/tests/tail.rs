@@ -15,17 +15,7 @@ const LONG: Duration = Duration::from_secs(30);
 
 fn open(fsync: Fsync) -> Arc<Log> {
     let sim = SimStorage::new();
-    Arc::new(
-        sim_open(
-            &sim,
-            LogConfig {
-                fsync,
-                ..LogConfig::default()
-            },
-        )
-        .unwrap()
-        .0,
-    )
+    Arc::new(sim_open(&sim, LogConfig::new().fsync(fsync)).unwrap().0)
 }
 
 #[test]

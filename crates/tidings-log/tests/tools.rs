@@ -10,11 +10,7 @@ use tidings_log::tools::{ProblemKind, dump, inspect, verify};
 use tidings_log::{Fsync, Log, LogConfig};
 
 fn config() -> LogConfig {
-    LogConfig {
-        fsync: Fsync::Never,
-        segment_bytes: 700,
-        ..LogConfig::default()
-    }
+    LogConfig::new().fsync(Fsync::Never).segment_bytes(700)
 }
 
 fn dir_bytes(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {

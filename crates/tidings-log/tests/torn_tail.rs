@@ -9,10 +9,7 @@ use tidings_log::testing::SimStorage;
 use tidings_log::{Fsync, Log, LogConfig};
 
 fn config() -> LogConfig {
-    LogConfig {
-        fsync: Fsync::Never,
-        ..small_config()
-    }
+    small_config().fsync(Fsync::Never)
 }
 
 /// A closed multi-segment log whose last segment holds at least 3 records.

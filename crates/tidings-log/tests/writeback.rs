@@ -12,12 +12,10 @@ use tidings_log::{AppendError, Fsync, LogConfig, Record};
 
 /// 1 MiB segments (writeback every 128 KiB), every append handed to the storage at once.
 fn config() -> LogConfig {
-    LogConfig {
-        fsync: Fsync::Never,
-        segment_bytes: 1 << 20,
-        write_buffer_bytes: 0,
-        ..LogConfig::default()
-    }
+    LogConfig::new()
+        .fsync(Fsync::Never)
+        .segment_bytes(1 << 20)
+        .write_buffer_bytes(0)
 }
 
 fn big(offset: u64) -> Record {

@@ -73,10 +73,7 @@ fn republish(m: &Message) -> tidings::MessageBuilder {
 }
 
 fn retrying(attempts: u32) -> SubscribeOptions {
-    SubscribeOptions {
-        retry: Retry::fixed(Duration::ZERO, attempts),
-        ..SubscribeOptions::default()
-    }
+    SubscribeOptions::new().retry(Retry::fixed(Duration::ZERO, attempts))
 }
 
 // R-DEL-7, R-DEL-1: the blocking handler.

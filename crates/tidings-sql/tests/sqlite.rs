@@ -72,10 +72,7 @@ fn manual_broker() -> Broker {
 }
 
 fn retrying(attempts: u32) -> SubscribeOptions {
-    SubscribeOptions {
-        retry: Retry::fixed(Duration::ZERO, attempts),
-        ..SubscribeOptions::default()
-    }
+    SubscribeOptions::new().retry(Retry::fixed(Duration::ZERO, attempts))
 }
 
 // R-DEL-7

@@ -188,11 +188,11 @@ pub fn resume_after_restart(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> C
     let l = rig.label.clone();
     let broker = rig.start();
     rig.publish_range(&broker, 0..20);
-    let opts = || SubscribeOptions {
-        capacity: 32,
-        concurrency: Concurrency::PerKey { max_in_flight: 4 },
-        retry: Retry::fixed(HOLD, 1_000),
-        ..Default::default()
+    let opts = || {
+        SubscribeOptions::new()
+            .capacity(32)
+            .concurrency(Concurrency::PerKey { max_in_flight: 4 })
+            .retry(Retry::fixed(HOLD, 1_000))
     };
     let run1 = Seen::default();
     let r1 = run1.clone();
@@ -482,10 +482,7 @@ pub fn durable_dlq_reasons(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> Ca
     let sub = broker
         .subscribe_durable(
             DurableSpec::new(STREAM).name("dlq"),
-            SubscribeOptions {
-                retry: Retry::fixed(Duration::from_secs(1), 3),
-                ..Default::default()
-            },
+            SubscribeOptions::new().retry(Retry::fixed(Duration::from_secs(1), 3)),
             handler,
         )
         .unwrap();
@@ -679,11 +676,9 @@ pub fn lag_and_slow_consumer(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> 
     let sub = broker
         .subscribe_durable(
             DurableSpec::new(STREAM).name("slow"),
-            SubscribeOptions {
-                capacity: CAPACITY,
-                retry: Retry::fixed(HOLD, 2),
-                ..Default::default()
-            },
+            SubscribeOptions::new()
+                .capacity(CAPACITY)
+                .retry(Retry::fixed(HOLD, 2)),
             move |m: &Message| {
                 if text(m) == "m0" && !f.swap(true, Ordering::SeqCst) {
                     return Err(HandlerError::retry("slow"));
@@ -868,11 +863,9 @@ pub fn many_durables_progress(b: &dyn DriverUnderTest, d: &dyn DurableTarget) ->
     let slow = broker
         .subscribe_durable(
             DurableSpec::new(STREAM).name("held"),
-            SubscribeOptions {
-                capacity: 2,
-                retry: Retry::fixed(HOLD, 2),
-                ..Default::default()
-            },
+            SubscribeOptions::new()
+                .capacity(2)
+                .retry(Retry::fixed(HOLD, 2)),
             move |m: &Message| {
                 if text(m) == "m0" && !f.swap(true, Ordering::SeqCst) {
                     return Err(HandlerError::retry("held"));
@@ -888,10 +881,7 @@ pub fn many_durables_progress(b: &dyn DriverUnderTest, d: &dyn DurableTarget) ->
             let sub = broker
                 .subscribe_durable(
                     DurableSpec::new(STREAM).name(format!("d{i}")),
-                    SubscribeOptions {
-                        capacity: 2,
-                        ..Default::default()
-                    },
+                    SubscribeOptions::new().capacity(2),
                     seen.handler(),
                 )
                 .unwrap();
@@ -942,11 +932,9 @@ pub fn seek_while_outstanding(b: &dyn DriverUnderTest, d: &dyn DurableTarget) ->
     let sub = broker
         .subscribe_durable(
             DurableSpec::new(STREAM).name("seeker"),
-            SubscribeOptions {
-                capacity: CAPACITY,
-                retry: Retry::fixed(HOLD, 2),
-                ..Default::default()
-            },
+            SubscribeOptions::new()
+                .capacity(CAPACITY)
+                .retry(Retry::fixed(HOLD, 2)),
             move |m: &Message| {
                 if text(m) == "m0" && !f.swap(true, Ordering::SeqCst) {
                     return Err(HandlerError::retry("held"));
@@ -1069,11 +1057,9 @@ pub fn seek_survives_restart(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> 
     let sub = broker
         .subscribe_durable(
             DurableSpec::new(STREAM).name("seek-restart"),
-            SubscribeOptions {
-                capacity: 4,
-                retry: Retry::fixed(HOLD, 2),
-                ..Default::default()
-            },
+            SubscribeOptions::new()
+                .capacity(4)
+                .retry(Retry::fixed(HOLD, 2)),
             |_m: &Message| Err(HandlerError::retry("held")),
         )
         .unwrap();

@@ -18,6 +18,7 @@
 //!   [`durable_conformance!`] macro adds its cases by itself); pulls in `tokio`
 //!   (rt-multi-thread, time) and turns on `tidings/tokio`.
 #![cfg_attr(docsrs, feature(doc_cfg))]
+#![forbid(unsafe_code)]
 
 pub mod child;
 pub mod driver;

@@ -29,10 +29,7 @@ pub fn fan_out_with(b: &dyn DriverUnderTest, publishers: u32, per_publisher: u32
         let sub = broker
             .subscribe(
                 "suite.fan",
-                SubscribeOptions {
-                    capacity: (publishers * per_publisher) as usize,
-                    ..Default::default()
-                },
+                SubscribeOptions::new().capacity((publishers * per_publisher) as usize),
                 move |m: &Message| {
                     a.enter();
                     let t = text(m);
@@ -84,10 +81,7 @@ pub fn retry_and_dead_letter(b: &dyn DriverUnderTest) {
     let sub = broker
         .subscribe(
             "suite.retry",
-            SubscribeOptions {
-                retry: Retry::fixed(Duration::from_millis(1), 3),
-                ..Default::default()
-            },
+            SubscribeOptions::new().retry(Retry::fixed(Duration::from_millis(1), 3)),
             move |m: &Message| {
                 let mut t = t.lock();
                 let n = t.entry(text(m)).or_insert(0);
@@ -224,10 +218,7 @@ pub fn close_interrupts_backoff(b: &dyn DriverUnderTest) {
     let sub = broker
         .subscribe(
             "suite.close",
-            SubscribeOptions {
-                retry: Retry::fixed(Duration::from_secs(3600), 2),
-                ..Default::default()
-            },
+            SubscribeOptions::new().retry(Retry::fixed(Duration::from_secs(3600), 2)),
             |_m: &Message| Err(HandlerError::retry("down")),
         )
         .unwrap();
@@ -262,11 +253,9 @@ pub fn per_key_order(b: &dyn DriverUnderTest) {
         let sub = broker
             .subscribe(
                 "suite.keys",
-                SubscribeOptions {
-                    concurrency,
-                    retry: Retry::fixed(Duration::from_millis(1), 5),
-                    ..Default::default()
-                },
+                SubscribeOptions::new()
+                    .concurrency(concurrency)
+                    .retry(Retry::fixed(Duration::from_millis(1), 5)),
                 move |m: &Message| {
                     let t = text(m);
                     let (k, i) = t.split_once(':').unwrap_or(("?", "0"));
@@ -350,13 +339,7 @@ pub fn expired_forwarded_to_dead_letter_topic(b: &dyn DriverUnderTest) {
     let sub = broker
         .subscribe(
             "suite.exp",
-            SubscribeOptions {
-                dead_letter: DeadLetterOptions {
-                    topic: Some("suite.exp-dlq".into()),
-                    ..Default::default()
-                },
-                ..Default::default()
-            },
+            SubscribeOptions::new().dead_letter(DeadLetterOptions::new().topic("suite.exp-dlq")),
             |_m: &Message| Ok(()),
         )
         .unwrap();

@@ -16,12 +16,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // `*` matches one word, `#` zero or more (AMQP topic-exchange rules).
     let billing = broker.subscribe(
         "orders.*",
-        SubscribeOptions {
-            name: Some("billing".into()),
-            // Two attempts 10 ms apart, then the dead-letter queue.
-            retry: Retry::fixed(Duration::from_millis(10), 2),
-            ..Default::default()
-        },
+        SubscribeOptions::new()
+            .name("billing")
+            .retry(Retry::fixed(Duration::from_millis(10), 2)),
         |m: &Message| {
             let amount: u64 = std::str::from_utf8(m.payload())?.parse()?;
             if amount > 1_000 {

@@ -26,11 +26,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (log, c) = (attempts.clone(), clock.clone());
     let sub = broker.subscribe(
         "payments.charge",
-        SubscribeOptions {
-            // 100 ms, then 200 ms, then give up after the third attempt.
-            retry: Retry::exponential(Duration::from_millis(100), 2.0).max_attempts(3),
-            ..Default::default()
-        },
+        SubscribeOptions::new()
+            .retry(Retry::exponential(Duration::from_millis(100), 2.0).max_attempts(3)),
         move |_: &Message| {
             log.lock().expect("not poisoned").push(c.now());
             Err(HandlerError::retry("card processor unavailable"))

@@ -27,11 +27,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let log = billed.clone();
     let billing = broker.subscribe_json::<Order, _>(
         "orders.*",
-        SubscribeOptions {
-            // Generous retries: a payload that does not decode must not use them.
-            retry: Retry::fixed(Duration::from_millis(10), 5),
-            ..Default::default()
-        },
+        SubscribeOptions::new().retry(Retry::fixed(Duration::from_millis(10), 5)),
         move |order, msg| {
             if order.cents == 0 {
                 return Err(HandlerError::reject(format!("order {} is free", order.id)));

@@ -3,7 +3,7 @@
 use std::any::Any;
 use std::fmt;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::message::Message;
 
@@ -126,6 +126,15 @@ pub struct HandlerError {
 enum Repr {
     Failed { message: String, retryable: bool },
     Deferred(Instant),
+    DeferredFor(Duration),
+}
+
+/// When a deferral asked to be delivered again: at an instant, or after a wait from when
+/// the subscription reads the outcome (on the broker's clock).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Deferral {
+    Until(Instant),
+    For(Duration),
 }
 
 impl HandlerError {
@@ -152,7 +161,7 @@ impl HandlerError {
     /// Not now: deliver this message again at `due`, on the **broker's clock**
     /// ([`Broker::clock`](crate::Broker::clock); a [`ManualClock`](crate::ManualClock) in
     /// tests). This is how a handler waits without holding a dispatcher slot —
-    /// [`RateLimited`](crate::RateLimited) is built on it.
+    /// [`RateLimit`](crate::RateLimit) waits the same way.
     ///
     /// # Contract
     /// * **Not an attempt, not a failure.** The handler call is taken back: the
@@ -176,12 +185,49 @@ impl HandlerError {
             repr: Repr::Deferred(due),
         }
     }
+    /// Not now: deliver this message again `wait` from now on the **broker's clock** —
+    /// the [`defer_until`](HandlerError::defer_until) of a handler that has no clock at
+    /// hand, with the same contract. "Now" is when the subscription reads the outcome,
+    /// just after the call returns.
+    ///
+    /// A `wait` whose deadline the clock cannot represent (`Duration::MAX`, or anything
+    /// past the platform's `Instant` range) would park the message — and its lane or key —
+    /// for good; it is refused instead: the message is dead-lettered as `Rejected` with the
+    /// error `"deferred for …, past the clock's range"`. Never panics.
+    #[must_use]
+    pub fn defer_for(wait: Duration) -> Self {
+        Self {
+            repr: Repr::DeferredFor(wait),
+        }
+    }
     /// The error text (`"deferred"` for a [deferral](HandlerError::defer_until)).
     #[must_use]
     pub fn message(&self) -> &str {
         match &self.repr {
             Repr::Failed { message, .. } => message,
-            Repr::Deferred(_) => "deferred",
+            Repr::Deferred(_) | Repr::DeferredFor(_) => "deferred",
+        }
+    }
+    /// Whether this is a deferral ([`defer_until`](HandlerError::defer_until) or
+    /// [`defer_for`](HandlerError::defer_for)) rather than a failure.
+    #[must_use]
+    pub fn is_deferral(&self) -> bool {
+        self.deferral().is_some()
+    }
+    /// How long a [`defer_for`](HandlerError::defer_for) asked to wait; `None` for a
+    /// failure and for a [`defer_until`](HandlerError::defer_until).
+    #[must_use]
+    pub fn deferred_for(&self) -> Option<Duration> {
+        match self.repr {
+            Repr::DeferredFor(wait) => Some(wait),
+            _ => None,
+        }
+    }
+    pub(crate) fn deferral(&self) -> Option<Deferral> {
+        match self.repr {
+            Repr::Deferred(due) => Some(Deferral::Until(due)),
+            Repr::DeferredFor(wait) => Some(Deferral::For(wait)),
+            Repr::Failed { .. } => None,
         }
     }
     /// Whether the retry policy applies: true for [`retry`](HandlerError::retry) and
@@ -196,13 +242,14 @@ impl HandlerError {
             }
         )
     }
-    /// When a [deferral](HandlerError::defer_until) asked to be delivered again; `None`
-    /// for a failure.
+    /// When a [`defer_until`](HandlerError::defer_until) asked to be delivered again;
+    /// `None` for a failure and for a [`defer_for`](HandlerError::defer_for) (see
+    /// [`deferred_for`](HandlerError::deferred_for)).
     #[must_use]
     pub fn deferred_until(&self) -> Option<Instant> {
         match self.repr {
             Repr::Deferred(due) => Some(due),
-            Repr::Failed { .. } => None,
+            _ => None,
         }
     }
     pub(crate) fn from_panic(payload: &(dyn Any + Send)) -> Self {
@@ -218,6 +265,7 @@ impl fmt::Debug for HandlerError {
                 write!(f, "HandlerError::{kind}({message:?})")
             }
             Repr::Deferred(due) => write!(f, "HandlerError::defer_until({due:?})"),
+            Repr::DeferredFor(wait) => write!(f, "HandlerError::defer_for({wait:?})"),
         }
     }
 }
@@ -272,5 +320,11 @@ mod tests {
         assert_eq!(e.message(), "deferred");
         assert_eq!(HandlerError::retry("x").deferred_until(), None);
         assert!(format!("{e:?}").starts_with("HandlerError::defer_until("));
+        let wait = std::time::Duration::MAX;
+        let e = HandlerError::defer_for(wait);
+        assert!(e.is_deferral() && !e.is_retryable());
+        assert_eq!((e.deferred_for(), e.deferred_until()), (Some(wait), None));
+        assert_eq!(e.message(), "deferred");
+        assert!(!HandlerError::reject("x").is_deferral());
     }
 }

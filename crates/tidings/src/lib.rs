@@ -11,12 +11,10 @@
 //! let broker = Broker::new(); // thread driver, system clock
 //! let billing = broker.subscribe(
 //!     "orders.*",
-//!     SubscribeOptions {
-//!         capacity: 1024,
-//!         overflow: Overflow::Reject,
-//!         retry: Retry::exponential(Duration::from_millis(100), 2.0).max_attempts(5),
-//!         ..Default::default()
-//!     },
+//!     SubscribeOptions::new()
+//!         .capacity(1024)
+//!         .overflow(Overflow::Reject)
+//!         .retry(Retry::exponential(Duration::from_millis(100), 2.0).max_attempts(5)),
 //!     |msg: &Message| -> Result<(), HandlerError> {
 //!         assert_eq!(msg.payload().as_ref(), b"42");
 //!         Ok(())
@@ -34,8 +32,8 @@
 //! None is on by default; each item that needs one says so on its page.
 //! - `tokio`: the [`Driver::Tokio`] driver, async handlers ([`AsyncHandler`],
 //!   [`Broker::subscribe_async`], [`Broker::publish_async`], [`Broker::close_async`]), the
-//!   [`Timeout`] decorator, and the async forms of [`Deduplicating`], [`RateLimited`] and
-//!   [`Typed`]; pulls in `tokio` (features rt, sync, time, macros).
+//!   [`Timeout`] decorator, and the async forms of [`Deduplicating`] and [`Typed`];
+//!   pulls in `tokio` (features rt, sync, time, macros).
 //! - `metrics`: [`Broker::export_metrics`] and [`ops::metrics`] (names, labels) through
 //!   the `metrics` facade, plus the processing-time histogram; pulls in `metrics`.
 //! - `otel`: a W3C `traceparent` header carried from publisher to handler (see
@@ -77,13 +75,13 @@
 //! # Decorators
 //! Handlers wrap: [`Deduplicating`] skips ids already processed (R-DEL-5), [`Timeout`]
 //! (feature `tokio`) cancels an async attempt that takes too long and retries it,
-//! [`RateLimited`] lets at most so many attempts start per period (on the broker's clock,
-//! without holding a thread: it defers the message with [`HandlerError::defer_until`]),
-//! [`Typed`] decodes the payload first; they compose (R-PAT-2) —
-//! `Deduplicating::new(RateLimited::new(Timeout::new(h, limit), n, per, clock)?)` skips a
-//! duplicate before it spends a token, and times out only attempts that were let through.
-//! There is no circuit breaker yet: [`RateLimited`]'s docs say why, and how to write one on
-//! [`HandlerError::defer_until`].
+//! [`Typed`] decodes the payload first; they compose (R-PAT-2). A rate limit is the
+//! subscription's own ([`SubscribeOptions::rate_limit`] with a [`RateLimit`]): at most N
+//! handler starts in any window of one period, on the broker's clock, without holding a
+//! thread — a message without room waits at the head of its lane, as
+//! [`HandlerError::defer_until`] and [`HandlerError::defer_for`] do.
+//! There is no circuit breaker yet: [`RateLimit`]'s docs say why, and how to write one on
+//! [`HandlerError::defer_for`].
 //!
 //! # Ordering
 //! Per subscription: priority first, then publish order; each publisher's messages arrive
@@ -165,6 +163,7 @@
 
 #![warn(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
+#![forbid(unsafe_code)]
 
 #[cfg(feature = "tokio")]
 mod async_handler;
@@ -215,7 +214,7 @@ pub use codec::{
 pub use dedup::{DedupStore, Deduplicating, InMemoryDedupStore};
 pub use dlq::{DeadLetter, DeadLetterReason};
 pub use driver::Driver;
-pub use durable::config::{DEFAULT_DUPLICATE_WINDOW, StartAt, StreamConfig};
+pub use durable::config::{DEFAULT_DUPLICATE_WINDOW, Retention, StartAt, StreamConfig};
 pub use durable::source::{CursorState, DurableDeadLetter, StorageInfo};
 pub use durable::spec::DurableSpec;
 pub use durable::stream::Stream;
@@ -235,7 +234,7 @@ pub use options::{
     Concurrency, DeadLetterOptions, DeliveryMode, MAX_NAME_LEN, MAX_WORKERS_PER_SUBSCRIPTION,
     Overflow, Predicate, SubscribeOptions,
 };
-pub use rate_limit::{MAX_RATE_PERIOD, RateLimited};
+pub use rate_limit::{MAX_RATE_LIMIT, MAX_RATE_PERIOD, RateLimit};
 pub use report::{CloseReport, PublishReport, Undelivered};
 pub use request::RequestError;
 pub use retry::{InconsistentRetry, Retry, RetryPolicy};
@@ -243,7 +242,6 @@ pub use stats::{DeadLetterCounts, RefusedCounts, SubscriptionStats};
 pub use subscription::handle::RedriveReport;
 pub use subscription::shell::DLQ_REASON_HEADER;
 pub use subscription::{Refusal, Subscription, SubscriptionId};
-pub use tidings_log::{Fsync, LogConfig, RecoveryReport, Retention, RetentionReport};
 #[cfg(feature = "tokio")]
 pub use timeout::Timeout;
 pub use topic::{

@@ -3,7 +3,17 @@
 use crate::error::ConfigError;
 
 /// Sizes and counts the broker refuses beyond, with a typed error naming the limit.
+///
+/// Built with [`Limits::new`] (the defaults) and its setters; the fields stay readable, and
+/// a new limit is not a breaking change (`#[non_exhaustive]`).
+///
+/// ```
+/// # use tidings::Limits;
+/// let limits = Limits::new().max_payload_bytes(1 << 20).max_headers(16);
+/// assert_eq!(limits.max_payload_bytes, 1 << 20);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Limits {
     /// Largest payload in bytes. Default 8 MiB.
     pub max_payload_bytes: usize,
@@ -34,6 +44,47 @@ impl Default for Limits {
 }
 
 impl Limits {
+    /// The defaults (see each field).
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// Largest payload in bytes.
+    #[must_use]
+    pub fn max_payload_bytes(mut self, bytes: usize) -> Self {
+        self.max_payload_bytes = bytes;
+        self
+    }
+    /// Most headers on one message.
+    #[must_use]
+    pub fn max_headers(mut self, headers: usize) -> Self {
+        self.max_headers = headers;
+        self
+    }
+    /// Largest total of header names and values in bytes.
+    #[must_use]
+    pub fn max_header_bytes(mut self, bytes: usize) -> Self {
+        self.max_header_bytes = bytes;
+        self
+    }
+    /// Largest key in bytes.
+    #[must_use]
+    pub fn max_key_bytes(mut self, bytes: usize) -> Self {
+        self.max_key_bytes = bytes;
+        self
+    }
+    /// Most live subscriptions on one broker.
+    #[must_use]
+    pub fn max_subscriptions(mut self, subscriptions: usize) -> Self {
+        self.max_subscriptions = subscriptions;
+        self
+    }
+    /// Largest correlation id in bytes.
+    #[must_use]
+    pub fn max_correlation_id_bytes(mut self, bytes: usize) -> Self {
+        self.max_correlation_id_bytes = bytes;
+        self
+    }
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         let checks = [
             ("limits.max_payload_bytes", self.max_payload_bytes),

@@ -7,6 +7,7 @@ use std::time::Duration;
 use crate::error::ConfigError;
 use crate::filter::HeaderFilter;
 use crate::message::Message;
+use crate::rate_limit::RateLimit;
 use crate::retry::Retry;
 use crate::topic::Topic;
 
@@ -107,8 +108,11 @@ impl fmt::Debug for Predicate {
     }
 }
 
-/// Dead-letter queue settings (R-DEL-4).
+/// Dead-letter queue settings (R-DEL-4). Built with [`new`](Self::new) (or `default()`)
+/// and its setters; the fields are readable, and new ones may be added without a break
+/// (`#[non_exhaustive]`).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct DeadLetterOptions {
     /// Entries kept; the oldest is evicted (and counted) beyond it. Default 1024.
     pub capacity: usize,
@@ -131,17 +135,53 @@ impl Default for DeadLetterOptions {
     }
 }
 
-/// Everything a subscription can be asked to do. Build with struct update syntax:
+impl DeadLetterOptions {
+    /// The defaults: 1024 entries, no dead-letter topic, `Shutdown` entries kept.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// Entries kept; the oldest is evicted (and counted) beyond it.
+    #[must_use]
+    pub fn capacity(mut self, entries: usize) -> Self {
+        self.capacity = entries;
+        self
+    }
+    /// Also publish each dead letter to `topic` (see the field).
+    #[must_use]
+    pub fn topic(mut self, topic: impl Into<String>) -> Self {
+        self.topic = Some(topic.into());
+        self
+    }
+    /// Keep (or not) messages left undelivered at unsubscribe/close as `Shutdown` entries.
+    #[must_use]
+    pub fn keep_shutdown(mut self, keep: bool) -> Self {
+        self.keep_shutdown = keep;
+        self
+    }
+}
+
+/// Everything a subscription can be asked to do. Build with [`new`](Self::new) (or
+/// `default()`) and the setters; the fields stay readable.
 ///
 /// ```
 /// # use tidings::*; use std::time::Duration;
-/// let opts = SubscribeOptions {
-///     capacity: 128,
-///     retry: Retry::fixed(Duration::from_millis(10), 3),
-///     ..Default::default()
-/// };
+/// let opts = SubscribeOptions::new()
+///     .capacity(128)
+///     .retry(Retry::fixed(Duration::from_millis(10), 3));
+/// assert_eq!(opts.capacity, 128);
+/// ```
+///
+/// A new option is not a breaking change: the type is `#[non_exhaustive]`, so code outside
+/// tidings cannot build it with a struct literal (not even with `..Default::default()`),
+/// only through the setters.
+///
+/// ```compile_fail
+/// # use tidings::SubscribeOptions;
+/// let opts = SubscribeOptions { capacity: 128, ..Default::default() };
 /// ```
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct SubscribeOptions {
     /// A name for diagnostics and thread names (defaults to the id). Checked at subscribe:
     /// 1 to [`MAX_NAME_LEN`] bytes, no control characters (a NUL byte cannot be part of a
@@ -166,6 +206,9 @@ pub struct SubscribeOptions {
     pub ttl: Option<Duration>,
     /// Dead-letter queue settings.
     pub dead_letter: DeadLetterOptions,
+    /// At most so many handler starts in any window of one period, on the broker's clock
+    /// (R-PAT-2; see [`RateLimit`]). Default: none.
+    pub rate_limit: Option<RateLimit>,
 }
 
 impl Default for SubscribeOptions {
@@ -181,7 +224,83 @@ impl Default for SubscribeOptions {
             header_filter: None,
             ttl: None,
             dead_letter: DeadLetterOptions::default(),
+            rate_limit: None,
         }
+    }
+}
+
+impl SubscribeOptions {
+    /// The defaults (see each field).
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// A name for diagnostics and thread names (checked at subscribe, see the field).
+    #[must_use]
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+    /// Queue capacity (≥ 1, checked at subscribe).
+    #[must_use]
+    pub fn capacity(mut self, capacity: usize) -> Self {
+        self.capacity = capacity;
+        self
+    }
+    /// What happens when the queue is full.
+    #[must_use]
+    pub fn overflow(mut self, overflow: Overflow) -> Self {
+        self.overflow = overflow;
+        self
+    }
+    /// The retry policy.
+    #[must_use]
+    pub fn retry(mut self, retry: Retry) -> Self {
+        self.retry = retry;
+        self
+    }
+    /// At-least-once or at-most-once.
+    #[must_use]
+    pub fn delivery(mut self, delivery: DeliveryMode) -> Self {
+        self.delivery = delivery;
+        self
+    }
+    /// Dispatcher concurrency.
+    #[must_use]
+    pub fn concurrency(mut self, concurrency: Concurrency) -> Self {
+        self.concurrency = concurrency;
+        self
+    }
+    /// A predicate filter, evaluated on offer.
+    #[must_use]
+    pub fn predicate(mut self, predicate: Predicate) -> Self {
+        self.predicate = Some(predicate);
+        self
+    }
+    /// A declarative header filter, evaluated on offer.
+    #[must_use]
+    pub fn header_filter(mut self, filter: HeaderFilter) -> Self {
+        self.header_filter = Some(filter);
+        self
+    }
+    /// Default time-to-live for messages without their own (see the field).
+    #[must_use]
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = Some(ttl);
+        self
+    }
+    /// Dead-letter queue settings.
+    #[must_use]
+    pub fn dead_letter(mut self, dead_letter: DeadLetterOptions) -> Self {
+        self.dead_letter = dead_letter;
+        self
+    }
+    /// At most `limit.limit()` handler starts in any window of `limit.per()`, on the
+    /// broker's clock (R-PAT-2; see [`RateLimit`]).
+    #[must_use]
+    pub fn rate_limit(mut self, limit: RateLimit) -> Self {
+        self.rate_limit = Some(limit);
+        self
     }
 }
 

@@ -1,152 +1,140 @@
-//! The rate-limiting decorator (the Decorator of R-PAT-2): at most so many handler starts
-//! per period for the subscription it wraps, waiting without holding anyone up.
+//! Rate limiting a subscription (R-PAT-2): at most `limit` handler starts in **any** window
+//! of one period, on the broker's own clock.
 //!
-//! The contract is on [`RateLimited`].
+//! The contract is on [`RateLimit`]; a subscription gets one with
+//! [`SubscribeOptions::rate_limit`](crate::SubscribeOptions::rate_limit).
 //!
-//! # How it waits
-//! A message that finds no token is not slept on: the decorator answers
-//! [`HandlerError::defer_until`] with the time the next token is due, and the subscription
-//! parks the message at the head of its lane or key until then — no dispatcher thread or
-//! task waits, no other subscription (and, with per-key concurrency, no other key) is held
-//! up, the message's order is kept, and the call counts as neither an attempt nor a
-//! failure. Because the due time is read from the broker's [`Clock`], the schedule is
-//! exact on a [`ManualClock`](crate::ManualClock).
+//! # Why a subscription option, not a handler decorator
+//! A limit is a schedule, and a schedule is only right on the clock the subscription wakes
+//! by. A decorator wrapping the handler had to be handed a clock, and a clock other than the
+//! broker's silently missed the schedule. The subscription already holds the broker's
+//! clock and decides when each start happens, so it keeps the limit itself: there is no
+//! clock to pass, and the same limit serves sync and async handlers, every driver, and
+//! durable subscriptions alike.
+//!
+//! # Why a log of start instants, not a token bucket
+//! A token bucket (full at the start, refilled one token per `per / limit`) admits its
+//! burst *and* the refills of the same period: at 3 per second, 5 starts in the first
+//! second. A downstream that allows `limit` per window refuses that. [`StartLog`] keeps
+//! the instants of the last `limit` starts; the next start is allowed once the oldest of
+//! them is one period old. That is exact: no window `[t, t + per)` — aligned to a start or
+//! not — ever holds more than `limit` starts, and no start waits longer than that needs.
 //!
 //! # Why there is no `CircuitBreaker`
 //! With keyed lanes or per-key concurrency one poison key would open a breaker for every
 //! key, and whether the half-open trial is one start across lanes is undecided; a user can
-//! write one on [`HandlerError::defer_until`]. The full reasoning is on [`RateLimited`], where
-//! users read it.
+//! write one on [`HandlerError::defer_until`](crate::HandlerError::defer_until) or
+//! [`HandlerError::defer_for`](crate::HandlerError::defer_for) (see
+//! [`RateLimit`]'s docs).
 
-use std::fmt;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
-
-use crate::clock::Clock;
 use crate::error::ConfigError;
-use crate::handler::{Handler, HandlerError};
-use crate::message::Message;
 
-/// The longest period [`RateLimited::new`] accepts: 365 days. Longer ones are almost
-/// certainly a unit mistake, and the bucket's arithmetic stays far from overflow.
+/// The longest period [`RateLimit::new`] accepts: 365 days. Longer ones are almost
+/// certainly a unit mistake, and `Instant + period` stays far from overflow.
 pub const MAX_RATE_PERIOD: Duration = Duration::from_secs(365 * 24 * 60 * 60);
 
-/// Lets at most `limit` handler starts through per `per` of the broker's clock, for the
-/// subscription it wraps (R-PAT-2).
+/// The most starts per period [`RateLimit::new`] accepts: 1,000,000. The subscription
+/// remembers the instant of each start within the last period (16 bytes each, so at most
+/// 16 MB); a higher rate is the same rate over a shorter period (1,000 per millisecond
+/// rather than 1,000,000 per second).
+pub const MAX_RATE_LIMIT: u32 = 1_000_000;
+
+/// At most [`limit`](Self::limit) handler starts in any window of one
+/// [`per`](Self::per), on the broker's clock (R-PAT-2). Give it to a subscription with
+/// [`SubscribeOptions::rate_limit`](crate::SubscribeOptions::rate_limit).
 ///
 /// # Contract
-/// * **A token per start.** Each handler call — a first attempt or a retry — takes a
-///   token before the inner handler runs. A message that finds none is
-///   [deferred](HandlerError::defer_until) to the time the next token is due and delivered
-///   again then (see the module docs): it is not an attempt, not a failure, and keeps its
-///   place — the messages behind it in its lane (or its key, under per-key concurrency)
-///   wait behind it, other lanes and keys are not held up.
-/// * **The bucket** (GCRA, a token bucket kept as one timestamp): full at the start, it
-///   holds `limit` tokens and one comes back every `per / limit` (rounded **up** to whole
-///   nanoseconds, so the rate never exceeds the limit). So a burst of up to `limit` starts
-///   at once, then one start per `per / limit`: over any span `d`, at most
-///   `limit + d / (per / limit)` starts. On a [`ManualClock`](crate::ManualClock) the
-///   schedule is exact to the nanosecond: 3 per second starts 3 at once, then one at
-///   exactly 333,333,334 ns, 666,666,668 ns, …
-/// * **Its clock is the broker's**: pass [`Broker::clock`](crate::Broker::clock)
-///   (`broker.clock().clone()`). Token times and the subscription's wake-ups must be read
-///   from the same clock; another one makes the waits wrong (though never unsafe).
-/// * **The bucket belongs to the value.** Wrap each subscription's handler in its own
-///   `RateLimited`. One value shared through an `Arc` by several subscriptions limits them
-///   together; its deferred messages then compete for the tokens, first come first served.
-/// * Closing: a message waiting for its token is delivered during a drain when its token
-///   comes before the drain's deadline, and abandoned (`Shutdown`) at close otherwise, as
-///   [`HandlerError::defer_until`] describes.
-///
-/// # Composition
-/// It wraps any [`Handler`], and any [`AsyncHandler`](crate::AsyncHandler) with the
-/// `tokio` feature (the token is taken when the future is created, which is when the
-/// attempt starts). Put [`Deduplicating`](crate::Deduplicating) **outside** it, so a
-/// duplicate is skipped without spending a token; put [`Timeout`](crate::Timeout) inside
-/// it, so the limit bounds each attempt that was let through:
-/// `Deduplicating::new(RateLimited::new(Timeout::new(h, limit), n, per, clock)?)`.
+/// * **Any window.** For every instant `t`, the window `[t, t + per)` of the broker's
+///   clock holds at most `limit` handler starts of the subscription — windows aligned to
+///   a start and windows starting between starts alike. So a burst of up to `limit`
+///   starts at once, then the next start exactly one period after the first of the burst:
+///   at 3 per second on a [`ManualClock`](crate::ManualClock), 3 starts at t = 0, the
+///   4th at exactly 1 s, never 5 in the first second.
+/// * **A start is a handler call**: a first attempt or a retry. A message that finds the
+///   window full is not started: it waits at the head of its lane (or its key, under
+///   per-key concurrency) until the window has room, as a
+///   [deferral](crate::HandlerError::defer_until) does — no dispatcher thread or task
+///   waits, other lanes and keys are not held up, the message keeps its place, and the
+///   wait counts as neither an attempt nor a failure. A message that expires
+///   (R-TIME-1) or is released by a start gate before its start takes no start.
+/// * **The broker's clock**, always: the subscription reads the same clock it wakes by,
+///   so the schedule is exact to the nanosecond on a manual clock and there is no other
+///   clock to pass.
+/// * **Per subscription.** Each subscription keeps its own window. Its handler is one
+///   handler call per start, whatever it wraps: with a [`Deduplicating`](crate::Deduplicating)
+///   handler, a duplicate it skips was still a start.
+/// * **Closing.** A message waiting for room is delivered during a drain when room comes
+///   before the drain's deadline, and abandoned (`Shutdown`) at close otherwise, as a
+///   deferral is.
 ///
 /// # Why there is no `CircuitBreaker`
 /// A breaker would fit on the same outcome — an open breaker defers each message to the
 /// end of its cool-down — but two questions have no good answer yet:
 /// * **Whose failures open it.** With keyed lanes or per-key concurrency one subscription
-///   runs many keys, and a breaker wrapping its handler sees their failures interleaved:
-///   one poison key (failing on every attempt while the retry policy works through it)
-///   would open the breaker for every key, although the others are healthy. A breaker per
-///   key is likely the right shape, and needs a bound on how many keys it remembers.
+///   runs many keys: one poison key (failing on every attempt while the retry policy works
+///   through it) would open the breaker for every key, although the others are healthy.
+///   A breaker per key is likely the right shape, and needs a bound on how many keys it
+///   remembers.
 /// * **The half-open trial.** After the cool-down a breaker lets one trial through. With
-///   several lanes or keys in flight, "one" is either one start across all of them (the
-///   others deferred again meanwhile) or one per lane — a choice with visible effects on
-///   ordering and throughput that should be made deliberately, not by accident.
+///   several lanes or keys in flight, "one" is either one start across all of them or one
+///   per lane — a choice with visible effects on ordering and throughput that should be
+///   made deliberately, not by accident.
 ///
 /// Until those are decided, a breaker fitted to one application's keys is a short handler
-/// decorator over the public [`HandlerError::defer_until`]: count failures, and while open
-/// return `Err(HandlerError::defer_until(reopen_at))` before calling the inner handler.
+/// decorator: count failures, and while open return
+/// `Err(HandlerError::defer_for(cool_down_left))` before calling the inner handler.
 ///
 /// # Example
 /// ```
 /// use std::sync::Arc;
 /// use std::sync::atomic::{AtomicU32, Ordering};
 /// use std::time::Duration;
-/// use tidings::{Broker, Driver, ManualClock, Message, RateLimited, SubscribeOptions};
+/// use tidings::{Broker, Driver, ManualClock, Message, RateLimit, SubscribeOptions};
 ///
 /// let clock = ManualClock::new();
 /// let broker = Broker::builder().driver(Driver::Manual).clock(clock.clone()).build()?;
 /// let started = Arc::new(AtomicU32::new(0));
 /// let count = started.clone();
-/// let limited = RateLimited::new(
-///     move |_m: &Message| { count.fetch_add(1, Ordering::Relaxed); },
-///     2,                                  // two starts…
-///     Duration::from_secs(1),             // …per second
-///     broker.clock().clone(),
-/// )?;
-/// let _sub = broker.subscribe("emails.*", SubscribeOptions::default(), limited)?;
+/// let options = SubscribeOptions::new()
+///     .rate_limit(RateLimit::new(2, Duration::from_secs(1))?); // two starts per second
+/// let _sub = broker.subscribe("emails.*", options, move |_m: &Message| {
+///     count.fetch_add(1, Ordering::Relaxed);
+/// })?;
 /// for _ in 0..4 {
 ///     broker.publish(Message::to("emails.welcome"))?;
 /// }
 /// broker.run_until_idle();
-/// assert_eq!(started.load(Ordering::Relaxed), 2); // the burst; the third waits
-/// clock.advance(Duration::from_millis(500));      // one token back
+/// assert_eq!(started.load(Ordering::Relaxed), 2); // the burst; the third waits…
+/// clock.advance(Duration::from_millis(999));
 /// broker.run_until_idle();
-/// assert_eq!(started.load(Ordering::Relaxed), 3);
+/// assert_eq!(started.load(Ordering::Relaxed), 2); // …a whole period after the first
+/// clock.advance(Duration::from_millis(1));
+/// broker.run_until_idle();
+/// assert_eq!(started.load(Ordering::Relaxed), 4);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-pub struct RateLimited<H> {
-    inner: H,
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RateLimit {
     limit: u32,
     per: Duration,
-    /// How often a token comes back: `per / limit`, rounded up.
-    interval: Duration,
-    /// How far ahead of now the bucket may run: `(limit - 1) * interval`, the burst.
-    tolerance: Duration,
-    clock: Arc<dyn Clock>,
-    /// GCRA's theoretical arrival time: when the bucket would be full again if nothing
-    /// more started. `None` until the first start.
-    full_at: Mutex<Option<Instant>>,
-    deferred: AtomicU64,
 }
 
-impl<H> RateLimited<H> {
-    /// Wrap `inner` so it starts at most `limit` times per `per` of `clock` (the broker's:
-    /// `broker.clock().clone()`).
+impl RateLimit {
+    /// At most `limit` handler starts in any window of `per`.
     ///
     /// # Errors
-    /// [`ConfigError::Invalid`] for a `limit` of zero (nothing could ever start), a zero
-    /// `per`, or a `per` over [`MAX_RATE_PERIOD`] (a year). Never panics.
-    pub fn new(
-        inner: H,
-        limit: u32,
-        per: Duration,
-        clock: Arc<dyn Clock>,
-    ) -> Result<Self, ConfigError> {
-        if limit == 0 {
+    /// [`ConfigError::Invalid`] for a `limit` of zero (nothing could ever start) or over
+    /// [`MAX_RATE_LIMIT`], a zero `per`, or a `per` over [`MAX_RATE_PERIOD`] (a year).
+    /// Never panics.
+    pub fn new(limit: u32, per: Duration) -> Result<Self, ConfigError> {
+        if limit == 0 || limit > MAX_RATE_LIMIT {
             return Err(ConfigError::invalid(
                 "rate_limit.limit",
-                "0".into(),
-                "at least 1 start per period",
+                limit.to_string(),
+                "1 to 1,000,000 starts per period (for more, use a shorter period)",
             ));
         }
         if per.is_zero() || per > MAX_RATE_PERIOD {
@@ -156,24 +144,10 @@ impl<H> RateLimited<H> {
                 "a period above zero and at most a year (365 days)",
             ));
         }
-        // A year is 3.2e16 ns: every figure below fits a u64 of nanoseconds.
-        let nanos = per.as_nanos();
-        let interval = nanos.div_ceil(u128::from(limit));
-        let tolerance = interval * u128::from(limit - 1);
-        let to_duration = |n: u128| Duration::from_nanos(u64::try_from(n).unwrap_or(u64::MAX));
-        Ok(Self {
-            inner,
-            limit,
-            per,
-            interval: to_duration(interval),
-            tolerance: to_duration(tolerance),
-            clock,
-            full_at: Mutex::new(None),
-            deferred: AtomicU64::new(0),
-        })
+        Ok(Self { limit, per })
     }
 
-    /// Starts allowed per [`per`](RateLimited::per).
+    /// Starts allowed in any window of one [`per`](Self::per).
     #[must_use]
     pub fn limit(&self) -> u32 {
         self.limit
@@ -184,109 +158,101 @@ impl<H> RateLimited<H> {
     pub fn per(&self) -> Duration {
         self.per
     }
+}
 
-    /// Handler calls deferred for want of a token, so far (one message may be deferred
-    /// more than once when several lanes or keys wait for the same token).
-    #[must_use]
-    pub fn deferred(&self) -> u64 {
-        self.deferred.load(Ordering::Relaxed)
-    }
+/// The instants of a subscription's last [`RateLimit::limit`] starts within one period:
+/// the sliding log that enforces a [`RateLimit`] exactly (see the module docs). Kept in
+/// the subscription's core, under its lock, on the broker's clock.
+#[derive(Debug)]
+pub(crate) struct StartLog {
+    limit: RateLimit,
+    /// Oldest first; at most `limit` entries, each less than one period old at the last
+    /// [`admit`](Self::admit).
+    starts: VecDeque<Instant>,
+}
 
-    /// The wrapped handler.
-    #[must_use]
-    pub fn inner(&self) -> &H {
-        &self.inner
-    }
-
-    /// Take a token now, or say when the next one is due.
-    fn admit(&self) -> Result<(), HandlerError> {
-        let now = self.clock.now();
-        let mut full_at = self.full_at.lock();
-        let at = full_at.filter(|t| *t > now).unwrap_or(now);
-        if at - now > self.tolerance {
-            drop(full_at);
-            self.deferred.fetch_add(1, Ordering::Relaxed);
-            // `at - tolerance` is after now, since `at - now > tolerance`.
-            return Err(HandlerError::defer_until(at - self.tolerance));
+impl StartLog {
+    pub(crate) fn new(limit: RateLimit) -> Self {
+        Self {
+            limit,
+            starts: VecDeque::new(),
         }
-        // At most now + a year: an `Instant` holds that on every platform tidings runs
-        // on; were it not to, starting unlimited is the one outcome that cannot panic.
-        *full_at = Some(at.checked_add(self.interval).unwrap_or(at));
-        Ok(())
     }
-}
 
-impl<H> fmt::Debug for RateLimited<H> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RateLimited")
-            .field("limit", &self.limit)
-            .field("per", &self.per)
-            .field("deferred", &self.deferred())
-            .finish_non_exhaustive()
-    }
-}
-
-impl<H: Handler> Handler for RateLimited<H> {
-    /// Take a token and call the inner handler, or defer the message to the next token.
-    fn handle(&self, message: &Message) -> Result<(), HandlerError> {
-        self.admit()?;
-        self.inner.handle(message)
-    }
-}
-
-/// An async handler is limited the same way (feature `tokio`): the token is taken when the
-/// attempt starts — when the dispatcher asks for its future — not when it completes.
-#[cfg(feature = "tokio")]
-#[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
-impl<H: crate::AsyncHandler> crate::AsyncHandler for RateLimited<H> {
-    /// The inner handler's future if a token was free, else a future that is ready at once
-    /// with the deferral.
-    ///
-    /// # Cancel safety
-    /// The token is taken before the future exists; dropping the future does not give it
-    /// back. Otherwise exactly as cancel safe as the inner handler's future.
-    fn handle<'a>(&'a self, message: Arc<Message>) -> crate::HandlerFuture<'a> {
-        match self.admit() {
-            Ok(()) => self.inner.handle(message),
-            Err(deferral) => Box::pin(std::future::ready(Err(deferral))),
+    /// Record a start at `now` if the window `(now - per, now]` has room; otherwise `Err`
+    /// with the first instant it will have room: one period after the oldest start in it.
+    /// `now` must not go back (the broker's clock is monotonic).
+    pub(crate) fn admit(&mut self, now: Instant) -> Result<(), Instant> {
+        let per = self.limit.per;
+        // An instant a year ahead is representable on every platform tidings runs on; one
+        // that were not would never leave the window (`is_none_or` keeps it), so the
+        // outcome is a wait, never an extra start and never a panic.
+        while self
+            .starts
+            .front()
+            .is_some_and(|oldest| oldest.checked_add(per).is_some_and(|end| end <= now))
+        {
+            self.starts.pop_front();
         }
+        if self.starts.len() < self.limit.limit as usize {
+            self.starts.push_back(now);
+            return Ok(());
+        }
+        let oldest = self.starts.front().copied().unwrap_or(now);
+        Err(oldest.checked_add(per).unwrap_or(now))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::clock::ManualClock;
-
-    fn limited(limit: u32, per: Duration) -> Result<RateLimited<fn(&Message)>, ConfigError> {
-        RateLimited::new(|_| {}, limit, per, Arc::new(ManualClock::new()))
-    }
 
     #[test]
     fn impossible_limits_are_refused_with_a_typed_error() {
-        let refused = |r: Result<_, ConfigError>| match r {
+        let refused = |r: Result<RateLimit, ConfigError>| match r {
             Err(ConfigError::Invalid { setting, .. }) => setting,
             Ok(_) => panic!("accepted"),
         };
+        let sec = Duration::from_secs(1);
+        assert_eq!(refused(RateLimit::new(0, sec)), "rate_limit.limit");
         assert_eq!(
-            refused(limited(0, Duration::from_secs(1))),
+            refused(RateLimit::new(MAX_RATE_LIMIT + 1, sec)),
             "rate_limit.limit"
         );
-        assert_eq!(refused(limited(1, Duration::ZERO)), "rate_limit.per");
+        assert_eq!(refused(RateLimit::new(1, Duration::ZERO)), "rate_limit.per");
         assert_eq!(
-            refused(limited(1, MAX_RATE_PERIOD + Duration::from_nanos(1))),
+            refused(RateLimit::new(1, MAX_RATE_PERIOD + Duration::from_nanos(1))),
             "rate_limit.per"
         );
-        assert_eq!(refused(limited(1, Duration::MAX)), "rate_limit.per");
-        // The extremes that are accepted stay exact and never overflow.
-        let widest = limited(u32::MAX, MAX_RATE_PERIOD).expect("a year is accepted");
-        assert!(widest.interval >= Duration::from_nanos(1));
-        let finest = limited(u32::MAX, Duration::from_nanos(1)).expect("1 ns is accepted");
-        assert_eq!(finest.interval, Duration::from_nanos(1));
-        let slowest = limited(1, MAX_RATE_PERIOD).expect("accepted");
-        assert_eq!(
-            (slowest.interval, slowest.tolerance),
-            (MAX_RATE_PERIOD, Duration::ZERO)
-        );
+        assert_eq!(refused(RateLimit::new(1, Duration::MAX)), "rate_limit.per");
+        assert!(RateLimit::new(MAX_RATE_LIMIT, MAX_RATE_PERIOD).is_ok());
+        assert!(RateLimit::new(1, Duration::from_nanos(1)).is_ok());
+    }
+
+    // R-PAT-2: the log's own arithmetic, exact to the nanosecond: a burst of `limit`, the
+    // next start one period after the first, and a start leaves the window exactly one
+    // period after it was made (the window is half-open).
+    #[test]
+    fn the_log_admits_one_period_after_the_oldest_start() {
+        let t0 = Instant::now();
+        let ns = Duration::from_nanos;
+        let per = Duration::from_secs(1);
+        let mut log = StartLog::new(RateLimit::new(3, per).unwrap());
+        for _ in 0..3 {
+            assert_eq!(log.admit(t0), Ok(()));
+        }
+        assert_eq!(log.admit(t0), Err(t0 + per));
+        assert_eq!(log.admit(t0 + per - ns(1)), Err(t0 + per));
+        assert_eq!(log.admit(t0 + per), Ok(()));
+        assert_eq!(log.admit(t0 + per), Ok(()));
+        assert_eq!(log.admit(t0 + per), Ok(()));
+        assert_eq!(log.admit(t0 + per), Err(t0 + per * 2));
+        // Spread starts: the window follows the oldest of the last three.
+        let mut log = StartLog::new(RateLimit::new(2, per).unwrap());
+        assert_eq!(log.admit(t0), Ok(()));
+        assert_eq!(log.admit(t0 + ns(700)), Ok(()));
+        assert_eq!(log.admit(t0 + ns(800)), Err(t0 + per));
+        assert_eq!(log.admit(t0 + per), Ok(()));
+        assert_eq!(log.admit(t0 + per), Err(t0 + per + ns(700)));
     }
 }

@@ -128,7 +128,7 @@ impl Retry {
     /// ```
     /// # use tidings::*;
     /// let broker = Broker::builder().driver(Driver::Manual).build()?;
-    /// let opts = SubscribeOptions { retry: Retry::None.max_attempts(3), ..Default::default() };
+    /// let opts = SubscribeOptions::new().retry(Retry::None.max_attempts(3));
     /// let err = broker.subscribe("t", opts, |_m: &Message| ()).unwrap_err();
     /// assert!(matches!(
     ///     err,

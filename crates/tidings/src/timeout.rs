@@ -67,7 +67,7 @@ use crate::message::Message;
 /// let broker = Broker::builder().driver(Driver::Tokio(tokio::runtime::Handle::current())).build()?;
 /// let slow = broker.subscribe_async(
 ///     "reports.*",
-///     SubscribeOptions { retry: Retry::None, ..Default::default() },
+///     SubscribeOptions::new().retry(Retry::None),
 ///     Timeout::new(
 ///         |_m: Arc<Message>| async {
 ///             tokio::time::sleep(Duration::from_secs(3600)).await;

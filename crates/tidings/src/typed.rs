@@ -55,7 +55,7 @@ use crate::message::Message;
 /// let broker = Broker::builder().driver(Driver::Manual).build()?;
 /// let orders = broker.subscribe(
 ///     "orders.*",
-///     SubscribeOptions { retry: Retry::fixed(std::time::Duration::from_secs(1), 5), ..Default::default() },
+///     SubscribeOptions::new().retry(Retry::fixed(std::time::Duration::from_secs(1), 5)),
 ///     Typed::new(Json, |order: Order, _msg: &Message| -> Result<(), HandlerError> {
 ///         assert_eq!(order.id, 7);
 ///         Ok(())

@@ -9,14 +9,13 @@ use tidings::*;
 use tidings_testkit::helpers::manual;
 
 fn rejecting(dlq_topic: Option<&str>) -> SubscribeOptions {
-    SubscribeOptions {
-        retry: Retry::None,
-        dead_letter: DeadLetterOptions {
-            topic: dlq_topic.map(str::to_owned),
-            ..Default::default()
-        },
-        ..Default::default()
+    let mut dead_letter = DeadLetterOptions::new();
+    if let Some(topic) = dlq_topic {
+        dead_letter = dead_letter.topic(topic);
     }
+    SubscribeOptions::new()
+        .retry(Retry::None)
+        .dead_letter(dead_letter)
 }
 
 fn collector(broker: &Broker, topic: &str) -> (Subscription, Arc<Mutex<Vec<Arc<Message>>>>) {
@@ -66,20 +65,13 @@ fn redrive_removes_only_what_was_accepted() {
     let fail = Arc::new(std::sync::atomic::AtomicBool::new(true));
     let f = fail.clone();
     let sub = broker
-        .subscribe(
-            "t",
-            SubscribeOptions {
-                capacity: 1,
-                ..rejecting(None)
-            },
-            move |_m: &Message| {
-                if f.load(std::sync::atomic::Ordering::SeqCst) {
-                    Err(HandlerError::reject("no"))
-                } else {
-                    Ok(())
-                }
-            },
-        )
+        .subscribe("t", rejecting(None).capacity(1), move |_m: &Message| {
+            if f.load(std::sync::atomic::Ordering::SeqCst) {
+                Err(HandlerError::reject("no"))
+            } else {
+                Ok(())
+            }
+        })
         .unwrap();
     for _ in 0..3 {
         broker.publish(Message::to("t")).unwrap();

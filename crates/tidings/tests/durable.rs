@@ -173,10 +173,7 @@ fn durable_from_earliest_receives_everything_in_order() {
             DurableSpec::new("orders")
                 .name("billing")
                 .filter("orders.created"),
-            SubscribeOptions {
-                capacity: 8,
-                ..Default::default()
-            },
+            SubscribeOptions::new().capacity(8),
             seen.handler(),
         )
         .unwrap();
@@ -204,11 +201,11 @@ fn durable_from_earliest_receives_everything_in_order() {
 #[test]
 fn restart_resumes_from_committed_without_losing_acknowledged_messages() {
     let dir = tempfile::tempdir().unwrap();
-    let opts = || SubscribeOptions {
-        capacity: 32,
-        concurrency: Concurrency::PerKey { max_in_flight: 4 },
-        retry: Retry::fixed(Duration::from_millis(5), 1_000_000),
-        ..Default::default()
+    let opts = || {
+        SubscribeOptions::new()
+            .capacity(32)
+            .concurrency(Concurrency::PerKey { max_in_flight: 4 })
+            .retry(Retry::fixed(Duration::from_millis(5), 1_000_000))
     };
     let run1 = Seen::default();
     {
@@ -361,10 +358,7 @@ fn slow_consumer_only_lags_and_lag_shrinks() {
     let d = b
         .subscribe_durable(
             DurableSpec::new("orders").name("slow"),
-            SubscribeOptions {
-                capacity: 4,
-                ..Default::default()
-            },
+            SubscribeOptions::new().capacity(4),
             move |_: &Message| {
                 while !g.load(Ordering::Acquire) {
                     std::thread::sleep(Duration::from_millis(1));
@@ -407,10 +401,7 @@ fn out_of_retention_start_is_a_typed_error() {
         .unwrap();
     let s = b
         .create_stream(
-            StreamConfig::new("orders", ["orders.#"]).retention(Retention {
-                max_bytes: Some(1),
-                max_age: None,
-            }),
+            StreamConfig::new("orders", ["orders.#"]).retention(Retention::new().max_bytes(1)),
         )
         .unwrap();
     publish_n(&b, "orders.created", 0..10);
@@ -466,7 +457,7 @@ fn foreign_files_are_reported_with_their_path() {
         .create_stream(StreamConfig::new("orders", ["orders.#"]))
         .unwrap_err();
     assert!(
-        matches!(&err, StreamError::Open { source, .. } if open_error_path(source) == Some(&seg)),
+        matches!(&err, StreamError::Open { source, .. } if source.downcast_ref::<OpenError>().and_then(open_error_path) == Some(&seg)),
         "{err:?}"
     );
     assert_eq!(err.kind(), StreamErrorKind::Corrupt);
@@ -478,7 +469,7 @@ fn foreign_files_are_reported_with_their_path() {
         .create_stream(StreamConfig::new("orders", ["orders.#"]))
         .unwrap_err();
     assert!(
-        matches!(&err, StreamError::Open { source: OpenError::UnparseableName { path }, .. } if *path == bad_name),
+        matches!(&err, StreamError::Open { source, .. } if matches!(source.downcast_ref::<OpenError>(), Some(OpenError::UnparseableName { path }) if *path == bad_name)),
         "{err:?}"
     );
 
@@ -528,10 +519,8 @@ fn a_second_broker_cannot_open_a_stream_in_use() {
     assert!(
         matches!(
             &err,
-            StreamError::Open {
-                source: tidings_log::OpenError::Locked { .. },
-                ..
-            }
+            StreamError::Open { kind: StreamErrorKind::InUse, source, .. }
+                if matches!(source.downcast_ref::<OpenError>(), Some(OpenError::Locked { .. }))
         ),
         "{err}"
     );
@@ -615,11 +604,9 @@ fn manual_driver_pumps_durable_subscriptions_in_run_until_idle() {
     let d = b
         .subscribe_durable(
             DurableSpec::new("orders").name("bill"),
-            SubscribeOptions {
-                capacity: 4, // a window smaller than the stream: pumping resumes as it drains
-                retry: Retry::fixed(Duration::from_secs(5), 3),
-                ..Default::default()
-            },
+            SubscribeOptions::new()
+                .capacity(4)
+                .retry(Retry::fixed(Duration::from_secs(5), 3)),
             move |m: &Message| {
                 if m.offset() == Some(2) && !f.swap(true, Ordering::SeqCst) {
                     return Err(HandlerError::retry("first try fails"));

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use tidings::embedded::{EmbeddedBackend, EmbeddedStreamOptions};
+use tidings::embedded::{EmbeddedBackend, EmbeddedStreamOptions, Fsync};
 use tidings::*;
 
 fn broker(dir: &std::path::Path, clock: &ManualClock) -> Broker {
@@ -59,10 +59,7 @@ fn delayed_messages_do_not_hold_back_messages_due_now() {
     let sub = broker
         .subscribe_durable(
             DurableSpec::new("jobs").name("worker"),
-            SubscribeOptions {
-                capacity: window,
-                ..Default::default()
-            },
+            SubscribeOptions::new().capacity(window),
             handler,
         )
         .expect("subscribe");
@@ -115,10 +112,7 @@ fn held_messages_are_bounded_and_nothing_is_lost() {
     let sub = broker
         .subscribe_durable(
             DurableSpec::new("jobs").name("worker"),
-            SubscribeOptions {
-                capacity: 8,
-                ..Default::default()
-            },
+            SubscribeOptions::new().capacity(8),
             handler,
         )
         .expect("subscribe");

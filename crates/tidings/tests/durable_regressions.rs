@@ -152,10 +152,7 @@ fn redrive_then_stream(driver: Driver) {
     let d = b
         .subscribe_durable(
             DurableSpec::new("orders").name("bill"),
-            SubscribeOptions {
-                capacity: 2,
-                ..Default::default()
-            },
+            SubscribeOptions::new().capacity(2),
             move |m: &Message| {
                 if f.load(Ordering::SeqCst) {
                     return Err(HandlerError::reject("down"));

@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use std::sync::Arc;
 
+use tidings::embedded::Fsync;
 use tidings::embedded::{EmbeddedBackend, EmbeddedStreamOptions};
-use tidings::{Broker, Driver, Fsync, ManualClock, Message, Retention, StreamConfig};
+use tidings::{Broker, Driver, ManualClock, Message, Retention, StreamConfig};
 
 const HOUR: Duration = Duration::from_secs(3600);
 
@@ -32,10 +33,7 @@ fn idle_stream_sheds_old_segments(driver: Driver) {
         .unwrap();
     let s = b
         .create_stream(
-            StreamConfig::new("orders", ["orders.#"]).retention(Retention {
-                max_bytes: None,
-                max_age: Some(HOUR),
-            }),
+            StreamConfig::new("orders", ["orders.#"]).retention(Retention::new().max_age(HOUR)),
         )
         .unwrap();
     for i in 0..20 {
@@ -90,10 +88,7 @@ fn nothing_is_removed_before_it_is_old_enough() {
         .unwrap();
     let s = b
         .create_stream(
-            StreamConfig::new("orders", ["orders.#"]).retention(Retention {
-                max_bytes: None,
-                max_age: Some(HOUR),
-            }),
+            StreamConfig::new("orders", ["orders.#"]).retention(Retention::new().max_age(HOUR)),
         )
         .unwrap();
     for i in 0..20 {

@@ -17,9 +17,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
+use tidings::embedded::Fsync;
 use tidings::embedded::{EmbeddedBackend, EmbeddedStreamOptions};
 use tidings::{
-    Broker, Driver, DurableSpec, DurableSubscription, Fsync, HandlerError, Message, StreamConfig,
+    Broker, Driver, DurableSpec, DurableSubscription, HandlerError, Message, StreamConfig,
     SubscribeOptions,
 };
 use tidings_log::Storage;
@@ -68,10 +69,7 @@ fn subscribe(
     let s = seen.clone();
     b.subscribe_durable(
         DurableSpec::new("orders").name(name),
-        SubscribeOptions {
-            capacity: 8,
-            ..SubscribeOptions::default()
-        },
+        SubscribeOptions::new().capacity(8),
         move |m: &Message| {
             let offset = m.offset().unwrap();
             if Some(offset) == reject {
@@ -513,10 +511,8 @@ fn retention_run_by_the_driver(driver: Driver) {
         .unwrap();
     let s = b
         .create_stream(
-            StreamConfig::new("orders", ["orders.#"]).retention(tidings::Retention {
-                max_bytes: None,
-                max_age: Some(HOUR),
-            }),
+            StreamConfig::new("orders", ["orders.#"])
+                .retention(tidings::Retention::new().max_age(HOUR)),
         )
         .unwrap();
     for i in 0..20 {

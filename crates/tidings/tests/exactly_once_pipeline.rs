@@ -75,12 +75,11 @@ fn pipeline_child() {
     );
     let weak = broker.downgrade();
     let noted = Arc::clone(&dropped);
-    let options = SubscribeOptions {
-        retry: Retry::exponential(Duration::from_millis(5), 2.0)
+    let options = SubscribeOptions::new().retry(
+        Retry::exponential(Duration::from_millis(5), 2.0)
             .max_delay(Duration::from_millis(200))
             .max_attempts(1_000),
-        ..SubscribeOptions::default()
-    };
+    );
     let pipe = broker
         .subscribe_durable(
             DurableSpec::new("in").name("pipe"),

@@ -40,10 +40,7 @@ fn duration_max_ttl_means_never_expires() {
     let sub = broker
         .subscribe(
             "t",
-            SubscribeOptions {
-                ttl: Some(Duration::MAX),
-                ..Default::default()
-            },
+            SubscribeOptions::new().ttl(Duration::MAX),
             rec.handler(),
         )
         .unwrap();
@@ -84,14 +81,7 @@ fn overflowing_retry_is_dead_lettered(retry: Retry) {
     let (broker, _clock) = manual();
     let rec = Recorder::default();
     let sub = broker
-        .subscribe(
-            "t",
-            SubscribeOptions {
-                retry,
-                ..Default::default()
-            },
-            failing_bad(&rec),
-        )
+        .subscribe("t", SubscribeOptions::new().retry(retry), failing_bad(&rec))
         .unwrap();
     broker.publish(Message::to("t").payload("bad")).unwrap();
     broker.publish(Message::to("t").payload("good")).unwrap();
@@ -129,12 +119,11 @@ fn retry_exponential_growth_saturates_at_max() {
     let sub = broker
         .subscribe(
             "t",
-            SubscribeOptions {
-                retry: Retry::exponential(Duration::from_secs(1), 1e300)
+            SubscribeOptions::new().retry(
+                Retry::exponential(Duration::from_secs(1), 1e300)
                     .max_delay(Duration::from_secs(60))
                     .max_attempts(4),
-                ..Default::default()
-            },
+            ),
             move |_m: &Message| {
                 a.fetch_add(1, Ordering::SeqCst);
                 Err::<(), _>(HandlerError::retry("no"))
@@ -159,10 +148,7 @@ fn retry_exponential_growth_saturates_at_max() {
 #[test]
 fn subscription_names_are_validated_under_the_thread_driver() {
     let broker = Broker::new(); // thread driver
-    let named = |name: &str| SubscribeOptions {
-        name: Some(name.to_owned()),
-        ..Default::default()
-    };
+    let named = |name: &str| SubscribeOptions::new().name(name.to_owned());
     let ok = |_m: &Message| Ok::<(), HandlerError>(());
     for bad in ["a\0b", "", "line\nbreak", &"n".repeat(201)] {
         let err = broker.subscribe("t", named(bad), ok).unwrap_err();
@@ -177,13 +163,8 @@ fn subscription_names_are_validated_under_the_thread_driver() {
 #[test]
 fn dead_letter_topic_is_validated_at_subscribe() {
     let (broker, _clock) = manual();
-    let with_topic = |t: &str| SubscribeOptions {
-        dead_letter: DeadLetterOptions {
-            topic: Some(t.to_owned()),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
+    let with_topic =
+        |t: &str| SubscribeOptions::new().dead_letter(DeadLetterOptions::new().topic(t.to_owned()));
     let ok = |_m: &Message| Ok::<(), HandlerError>(());
     for bad in ["not a topic", "dlq.#", "", "dlq.*", "a..b"] {
         let err = broker.subscribe("t", with_topic(bad), ok).unwrap_err();
@@ -230,14 +211,7 @@ fn max_attempts_on_none_or_custom_is_a_configuration_error() {
         Retry::custom(Never).max_attempts(3),
     ] {
         let err = broker
-            .subscribe(
-                "t",
-                SubscribeOptions {
-                    retry,
-                    ..Default::default()
-                },
-                ok,
-            )
+            .subscribe("t", SubscribeOptions::new().retry(retry), ok)
             .unwrap_err();
         assert_eq!(config_setting(&err), Some("retry.max_attempts"), "{err}"); // R-LIM-1
     }
@@ -267,11 +241,9 @@ fn ttl_is_checked_before_every_retry(concurrency: Concurrency) {
     let sub = broker
         .subscribe(
             "t",
-            SubscribeOptions {
-                retry: Retry::fixed(100 * MS, 5),
-                concurrency,
-                ..Default::default()
-            },
+            SubscribeOptions::new()
+                .retry(Retry::fixed(100 * MS, 5))
+                .concurrency(concurrency),
             move |_m: &Message| {
                 c.fetch_add(1, Ordering::SeqCst);
                 Err::<(), _>(HandlerError::retry("down"))

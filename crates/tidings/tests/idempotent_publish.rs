@@ -297,10 +297,7 @@ fn the_default_window_is_two_minutes_or_max_age() {
         config().duplicate_window_duration(),
         Duration::from_secs(120)
     );
-    let short = config().retention(Retention {
-        max_age: Some(Duration::from_secs(30)),
-        ..Retention::default()
-    });
+    let short = config().retention(Retention::new().max_age(Duration::from_secs(30)));
     assert_eq!(short.duplicate_window_duration(), Duration::from_secs(30));
     assert_eq!(
         short

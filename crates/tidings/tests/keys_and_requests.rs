@@ -24,11 +24,9 @@ fn keyed_lanes_keep_key_order_and_run_in_parallel() {
     let sub = broker
         .subscribe(
             "orders",
-            SubscribeOptions {
-                capacity: 10_000,
-                concurrency: Concurrency::Lanes(4),
-                ..Default::default()
-            },
+            SubscribeOptions::new()
+                .capacity(10_000)
+                .concurrency(Concurrency::Lanes(4)),
             move |m: &Message| {
                 let now = a.fetch_add(1, Ordering::SeqCst) + 1;
                 o.fetch_max(now, Ordering::SeqCst);
@@ -91,12 +89,10 @@ fn per_key_concurrency_parks_only_the_failing_key() {
     let sub = broker
         .subscribe(
             "work",
-            SubscribeOptions {
-                capacity: 1000,
-                concurrency: Concurrency::PerKey { max_in_flight: 2 },
-                retry: Retry::fixed(Duration::from_secs(1), 5),
-                ..Default::default()
-            },
+            SubscribeOptions::new()
+                .capacity(1000)
+                .concurrency(Concurrency::PerKey { max_in_flight: 2 })
+                .retry(Retry::fixed(Duration::from_secs(1), 5)),
             move |m: &Message| {
                 let t = text(m);
                 if t == "k1:0" && f.fetch_add(1, Ordering::SeqCst) < 3 {
@@ -154,10 +150,7 @@ fn request_reply_under_concurrency() {
     let _echo = broker
         .subscribe(
             "rpc.echo",
-            SubscribeOptions {
-                capacity: 4096,
-                ..Default::default()
-            },
+            SubscribeOptions::new().capacity(4096),
             move |m: &Message| {
                 let b = w.upgrade().expect("alive");
                 let reply = m.reply().expect("request carries reply-to");
@@ -212,13 +205,11 @@ fn block_wakes_when_room_frees() {
     let sub = broker
         .subscribe(
             "t",
-            SubscribeOptions {
-                capacity: 4,
-                overflow: Overflow::Block {
+            SubscribeOptions::new()
+                .capacity(4)
+                .overflow(Overflow::Block {
                     timeout: Duration::from_secs(60),
-                },
-                ..Default::default()
-            },
+                }),
             move |_m: &Message| {
                 while !g.load(Ordering::SeqCst) {
                     std::thread::sleep(Duration::from_millis(1));
@@ -255,13 +246,11 @@ fn blocked_publisher_stalls_nobody_else_and_wakes_on_close() {
     let slow = broker
         .subscribe(
             "slow",
-            SubscribeOptions {
-                capacity: 1,
-                overflow: Overflow::Block {
+            SubscribeOptions::new()
+                .capacity(1)
+                .overflow(Overflow::Block {
                     timeout: Duration::from_secs(600),
-                },
-                ..Default::default()
-            },
+                }),
             move |_m: &Message| {
                 while !r.load(Ordering::SeqCst) {
                     std::thread::sleep(Duration::from_millis(1));

@@ -87,13 +87,11 @@ fn block_with_duration_max_waits_for_room() {
     let sub = broker
         .subscribe(
             "t",
-            SubscribeOptions {
-                capacity: 1,
-                overflow: Overflow::Block {
+            SubscribeOptions::new()
+                .capacity(1)
+                .overflow(Overflow::Block {
                     timeout: Duration::MAX,
-                },
-                ..Default::default()
-            },
+                }),
             |_m: &Message| Ok::<(), HandlerError>(()),
         )
         .unwrap();
@@ -131,20 +129,15 @@ fn close_report_matches_shutdown_dead_letters(driver: Driver) {
             let sub = broker
                 .subscribe(
                     &format!("t.{i}"),
-                    SubscribeOptions {
-                        capacity: 10_000,
-                        retry,
-                        concurrency: if i % 2 == 0 {
+                    SubscribeOptions::new()
+                        .capacity(10_000)
+                        .retry(retry)
+                        .concurrency(if i % 2 == 0 {
                             Concurrency::Serial
                         } else {
                             Concurrency::Lanes(2)
-                        },
-                        dead_letter: DeadLetterOptions {
-                            capacity: 100_000,
-                            ..Default::default()
-                        },
-                        ..Default::default()
-                    },
+                        })
+                        .dead_letter(DeadLetterOptions::new().capacity(100_000)),
                     move |m: &Message| {
                         std::thread::sleep(Duration::from_micros(200));
                         if m.payload().len().is_multiple_of(2) {
@@ -221,10 +214,7 @@ fn handler_failing_after_close_began_is_in_the_report() {
     let sub = broker
         .subscribe(
             "t",
-            SubscribeOptions {
-                retry: Retry::fixed(MS, 5),
-                ..Default::default()
-            },
+            SubscribeOptions::new().retry(Retry::fixed(MS, 5)),
             move |_m: &Message| {
                 let _ = started_tx.send(());
                 let _ = release_rx.lock().recv_timeout(PATIENCE);
@@ -339,13 +329,11 @@ fn a_full_block_queue_does_not_stall_the_scheduler() {
     let slow = broker
         .subscribe(
             "slow",
-            SubscribeOptions {
-                capacity: 1,
-                overflow: Overflow::Block {
+            SubscribeOptions::new()
+                .capacity(1)
+                .overflow(Overflow::Block {
                     timeout: Duration::from_secs(15),
-                },
-                ..Default::default()
-            },
+                }),
             move |_m: &Message| {
                 let _ = started_tx.send(());
                 let _ = release_rx.lock().recv_timeout(PATIENCE);
@@ -390,10 +378,7 @@ fn the_reply_inbox_is_internal() {
     let broker = Broker::builder()
         .driver(Driver::Manual)
         .clock(ManualClock::new())
-        .limits(Limits {
-            max_subscriptions: 1,
-            ..Limits::default()
-        })
+        .limits(Limits::new().max_subscriptions(1))
         .build()
         .unwrap();
     let svc = responder(&broker, "svc");
@@ -420,10 +405,7 @@ fn settle_runs_retries_and_delays_to_quiescence() {
     let failing = broker
         .subscribe(
             "f",
-            SubscribeOptions {
-                retry: Retry::fixed(100 * MS, 3),
-                ..Default::default()
-            },
+            SubscribeOptions::new().retry(Retry::fixed(100 * MS, 3)),
             |_m: &Message| Err::<(), _>(HandlerError::retry("no")),
         )
         .unwrap();

@@ -23,12 +23,9 @@ fn fan_out_priority_filters_retries_and_dlq_exactly() {
     let b = broker
         .subscribe(
             "orders",
-            SubscribeOptions {
-                predicate: Some(Predicate::new(|m: &Message| {
-                    text(m).parse::<u32>().is_ok_and(|n| n % 2 == 0)
-                })),
-                ..Default::default()
-            },
+            SubscribeOptions::new().predicate(Predicate::new(|m: &Message| {
+                text(m).parse::<u32>().is_ok_and(|n| n % 2 == 0)
+            })),
             evens.handler(),
         )
         .unwrap();
@@ -37,10 +34,7 @@ fn fan_out_priority_filters_retries_and_dlq_exactly() {
     let c = broker
         .subscribe(
             "orders",
-            SubscribeOptions {
-                retry: Retry::fixed(Duration::from_millis(10), 3),
-                ..Default::default()
-            },
+            SubscribeOptions::new().retry(Retry::fixed(Duration::from_millis(10), 3)),
             move |m: &Message| {
                 c_calls.fetch_add(1, Ordering::SeqCst);
                 if text(m) == "3" {
@@ -138,10 +132,7 @@ fn retry_is_head_of_line() {
     let _s = broker
         .subscribe(
             "t",
-            SubscribeOptions {
-                retry: Retry::fixed(Duration::from_secs(1), 2),
-                ..Default::default()
-            },
+            SubscribeOptions::new().retry(Retry::fixed(Duration::from_secs(1), 2)),
             move |m: &Message| {
                 if text(m) == "a" && f.fetch_add(1, Ordering::SeqCst) == 0 {
                     return Err(HandlerError::retry("first try fails"));
@@ -167,10 +158,8 @@ fn exponential_backoff_schedule_is_recorded() {
     let sub = broker
         .subscribe(
             "t",
-            SubscribeOptions {
-                retry: Retry::exponential(Duration::from_millis(100), 2.0).max_attempts(3),
-                ..Default::default()
-            },
+            SubscribeOptions::new()
+                .retry(Retry::exponential(Duration::from_millis(100), 2.0).max_attempts(3)),
             |_m: &Message| Err(HandlerError::retry("still down")),
         )
         .unwrap();
@@ -196,10 +185,7 @@ fn handler_panic_is_retried_then_dead_lettered() {
     let sub = broker
         .subscribe(
             "t",
-            SubscribeOptions {
-                retry: Retry::fixed(Duration::from_millis(5), 2),
-                ..Default::default()
-            },
+            SubscribeOptions::new().retry(Retry::fixed(Duration::from_millis(5), 2)),
             move |_m: &Message| -> Result<(), HandlerError> {
                 c.fetch_add(1, Ordering::SeqCst);
                 panic!("boom {}", 7)
@@ -241,10 +227,7 @@ fn dedup_records_only_after_success() {
     let sub = broker
         .subscribe(
             "t",
-            SubscribeOptions {
-                retry: Retry::fixed(Duration::from_millis(1), 3),
-                ..Default::default()
-            },
+            SubscribeOptions::new().retry(Retry::fixed(Duration::from_millis(1), 3)),
             handler.clone(),
         )
         .unwrap();
@@ -290,14 +273,9 @@ fn dlq_bounded_drain_and_redrive() {
     let sub = broker
         .subscribe(
             "t",
-            SubscribeOptions {
-                retry: Retry::None,
-                dead_letter: DeadLetterOptions {
-                    capacity: 3,
-                    ..Default::default()
-                },
-                ..Default::default()
-            },
+            SubscribeOptions::new()
+                .retry(Retry::None)
+                .dead_letter(DeadLetterOptions::new().capacity(3)),
             move |m: &Message| {
                 if f.load(Ordering::SeqCst) {
                     Err(HandlerError::retry("down"))
@@ -359,14 +337,9 @@ fn dead_letter_topic_forwarding() {
     let _s = broker
         .subscribe(
             "orders",
-            SubscribeOptions {
-                retry: Retry::None,
-                dead_letter: DeadLetterOptions {
-                    topic: Some("dlq.orders".into()),
-                    ..Default::default()
-                },
-                ..Default::default()
-            },
+            SubscribeOptions::new()
+                .retry(Retry::None)
+                .dead_letter(DeadLetterOptions::new().topic("dlq.orders")),
             |_m: &Message| Err(HandlerError::reject("bad order")),
         )
         .unwrap();
@@ -381,14 +354,9 @@ fn dead_letter_topic_forwarding() {
 fn reject_overflow_goes_to_dlq() {
     let (broker, _clock) = manual();
     let sub = broker
-        .subscribe(
-            "t",
-            SubscribeOptions {
-                capacity: 2,
-                ..Default::default()
-            },
-            |_m: &Message| Ok(()),
-        )
+        .subscribe("t", SubscribeOptions::new().capacity(2), |_m: &Message| {
+            Ok(())
+        })
         .unwrap();
     let refused: usize = (0..5)
         .map(|_| {
@@ -451,14 +419,14 @@ fn limits_and_bad_configuration_are_typed_errors() {
     let broker = Broker::builder()
         .driver(Driver::Manual)
         .clock(clock)
-        .limits(Limits {
-            max_payload_bytes: 4,
-            max_headers: 1,
-            max_header_bytes: 8,
-            max_key_bytes: 2,
-            max_subscriptions: 1,
-            ..Default::default()
-        })
+        .limits(
+            Limits::new()
+                .max_payload_bytes(4)
+                .max_headers(1)
+                .max_header_bytes(8)
+                .max_key_bytes(2)
+                .max_subscriptions(1),
+        )
         .build()
         .unwrap();
     assert_eq!(
@@ -494,30 +462,21 @@ fn limits_and_bad_configuration_are_typed_errors() {
     let ok = |_m: &Message| Ok(());
     let bad = |o: SubscribeOptions| broker.subscribe("t", o, ok).unwrap_err();
     assert!(matches!(
-        bad(SubscribeOptions {
-            capacity: 0,
-            ..Default::default()
-        }),
+        bad(SubscribeOptions::new().capacity(0)),
         SubscribeError::InvalidOptions(ConfigError::Invalid {
             setting: "capacity",
             ..
         })
     ));
     assert!(matches!(
-        bad(SubscribeOptions {
-            concurrency: Concurrency::Lanes(0),
-            ..Default::default()
-        }),
+        bad(SubscribeOptions::new().concurrency(Concurrency::Lanes(0))),
         SubscribeError::InvalidOptions(ConfigError::Invalid {
             setting: "concurrency.lanes",
             ..
         })
     ));
     assert!(matches!(
-        bad(SubscribeOptions {
-            retry: Retry::fixed(Duration::ZERO, 0),
-            ..Default::default()
-        }),
+        bad(SubscribeOptions::new().retry(Retry::fixed(Duration::ZERO, 0))),
         SubscribeError::InvalidOptions(ConfigError::Invalid {
             setting: "retry.max_attempts",
             ..
@@ -538,10 +497,7 @@ fn limits_and_bad_configuration_are_typed_errors() {
     );
     assert!(matches!(
         Broker::builder()
-            .limits(Limits {
-                max_payload_bytes: 0,
-                ..Default::default()
-            })
+            .limits(Limits::new().max_payload_bytes(0))
             .build(),
         Err(ConfigError::Invalid {
             setting: "limits.max_payload_bytes",
@@ -583,10 +539,7 @@ fn manual_close_drains_and_reports_retries() {
     let sub = broker
         .subscribe(
             "t",
-            SubscribeOptions {
-                retry: Retry::fixed(Duration::from_secs(3600), 5),
-                ..Default::default()
-            },
+            SubscribeOptions::new().retry(Retry::fixed(Duration::from_secs(3600), 5)),
             move |m: &Message| {
                 if text(m) == "bad" {
                     Err(HandlerError::retry("down"))
@@ -647,10 +600,7 @@ fn observer_strategy_and_decorator_compose() {
     let _s = broker
         .subscribe(
             "t",
-            SubscribeOptions {
-                retry: Retry::custom(TwiceThenStop),
-                ..Default::default()
-            },
+            SubscribeOptions::new().retry(Retry::custom(TwiceThenStop)),
             Deduplicating::new(Audit(log.clone())),
         )
         .unwrap();

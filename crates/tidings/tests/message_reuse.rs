@@ -60,17 +60,14 @@ struct Seen {
 fn recycled_allocations_never_mix_messages() {
     for (name, driver) in drivers::threaded() {
         let broker = Broker::builder().driver(driver).build().unwrap();
-        let options = || SubscribeOptions {
-            capacity: 256,
-            overflow: Overflow::Block {
-                timeout: Duration::from_secs(60),
-            },
-            retry: Retry::fixed(Duration::ZERO, 3),
-            dead_letter: DeadLetterOptions {
-                capacity: 4 * PUBLISHERS * PER_PUBLISHER,
-                ..DeadLetterOptions::default()
-            },
-            ..SubscribeOptions::default()
+        let options = || {
+            SubscribeOptions::new()
+                .capacity(256)
+                .overflow(Overflow::Block {
+                    timeout: Duration::from_secs(60),
+                })
+                .retry(Retry::fixed(Duration::ZERO, 3))
+                .dead_letter(DeadLetterOptions::new().capacity(4 * PUBLISHERS * PER_PUBLISHER))
         };
         let seen: Vec<Arc<Mutex<Seen>>> = (0..3).map(|_| Arc::default()).collect();
         let retried: Arc<Mutex<BTreeSet<(usize, usize)>>> = Arc::default();

@@ -175,11 +175,9 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
             }
             Op::Subscribe(t, b) => {
                 let log = Arc::default();
-                let opts = SubscribeOptions {
-                    capacity: CAPACITY,
-                    retry: Retry::fixed(BACKOFF, MAX_ATTEMPTS),
-                    ..Default::default()
-                };
+                let opts = SubscribeOptions::new()
+                    .capacity(CAPACITY)
+                    .retry(Retry::fixed(BACKOFF, MAX_ATTEMPTS));
                 let sub = broker
                     .subscribe(TOPICS[t], opts, handler(b, Arc::clone(&log)))
                     .unwrap();

@@ -37,10 +37,7 @@ impl Log {
 }
 
 fn opts(concurrency: Concurrency) -> SubscribeOptions {
-    SubscribeOptions {
-        concurrency,
-        ..Default::default()
-    }
+    SubscribeOptions::new().concurrency(concurrency)
 }
 
 /// One key's messages with rising priorities, interleaved with another key and unkeyed
@@ -95,11 +92,9 @@ fn per_key_order_holds(broker: &Broker, concurrency: Concurrency, settle: impl F
     let sub = broker
         .subscribe(
             "t",
-            SubscribeOptions {
-                capacity: 10_000,
-                concurrency,
-                ..Default::default()
-            },
+            SubscribeOptions::new()
+                .capacity(10_000)
+                .concurrency(concurrency),
             log.handler(),
         )
         .unwrap();

@@ -27,10 +27,7 @@ fn never_two_workers_in_one_subscription() {
             broker
                 .subscribe(
                     "p",
-                    SubscribeOptions {
-                        capacity: 200,
-                        ..Default::default()
-                    },
+                    SubscribeOptions::new().capacity(200),
                     move |_m: &Message| {
                         if active.fetch_add(1, Ordering::SeqCst) != 0 {
                             v.fetch_add(1, Ordering::SeqCst);
@@ -68,10 +65,7 @@ fn hot_subscription_cannot_starve_another() {
     let _hot = broker
         .subscribe(
             "hot",
-            SubscribeOptions {
-                capacity: 100_000,
-                ..Default::default()
-            },
+            SubscribeOptions::new().capacity(100_000),
             move |_m: &Message| {
                 while !g.load(Ordering::SeqCst) {
                     std::thread::yield_now();
@@ -125,10 +119,7 @@ fn ten_thousand_subscriptions() {
             broker
                 .subscribe(
                     &pattern,
-                    SubscribeOptions {
-                        capacity: 4,
-                        ..Default::default()
-                    },
+                    SubscribeOptions::new().capacity(4),
                     move |_m: &Message| {
                         d.fetch_add(1, Ordering::Relaxed);
                         Ok(())

@@ -75,14 +75,9 @@ fn broker_for(topic: &str) -> (Broker, tidings::Subscription) {
         .build()
         .expect("broker");
     let sub = broker
-        .subscribe(
-            topic,
-            SubscribeOptions {
-                capacity: N,
-                ..Default::default()
-            },
-            |_: &Message| Ok::<(), HandlerError>(()),
-        )
+        .subscribe(topic, SubscribeOptions::new().capacity(N), |_: &Message| {
+            Ok::<(), HandlerError>(())
+        })
         .expect("subscribe");
     (broker, sub)
 }

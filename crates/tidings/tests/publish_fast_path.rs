@@ -94,11 +94,9 @@ fn publish_from_threads(broker: &Broker, topic: &str) -> (usize, usize) {
 #[test]
 fn concurrent_publishers_never_overfill_the_queue() {
     for (name, driver) in drivers::threaded() {
-        let options = SubscribeOptions {
-            capacity: 16,
-            overflow: Overflow::Reject,
-            ..Default::default()
-        };
+        let options = SubscribeOptions::new()
+            .capacity(16)
+            .overflow(Overflow::Reject);
         let (broker, gated, sub) = held_subscription(driver, options);
         let (accepted, refused) = publish_from_threads(&broker, "t");
         let total = PUBLISHERS * PER_PUBLISHER;
@@ -129,10 +127,7 @@ fn concurrent_publishers_never_overfill_the_queue() {
 #[test]
 fn fast_offers_keep_priority_and_publisher_order() {
     for (name, driver) in drivers::threaded() {
-        let options = SubscribeOptions {
-            capacity: 4096,
-            ..Default::default()
-        };
+        let options = SubscribeOptions::new().capacity(4096);
         let (broker, gated, _sub) = held_subscription(driver, options);
         for (payload, priority) in [("low", Priority::Low), ("urgent", Priority::Urgent)] {
             broker
@@ -230,11 +225,7 @@ fn self_publishing_handler_into_a_full_queue_loses_nothing() {
     for (name, driver) in drivers::threaded() {
         for overflow in policies {
             let broker = Broker::builder().driver(driver.clone()).build().unwrap();
-            let options = SubscribeOptions {
-                capacity: 1,
-                overflow,
-                ..Default::default()
-            };
+            let options = SubscribeOptions::new().capacity(1).overflow(overflow);
             let (sub, refused) = self_publishing_subscription(&broker, "loop", options, 50);
             broker.publish(Message::to("loop")).unwrap();
             // The handler unsubscribes from inside its last call, which is booked when it

@@ -24,13 +24,11 @@ fn bounded<R: Send + 'static>(what: &str, f: impl FnOnce() -> R + Send + 'static
 }
 
 fn block_opts() -> SubscribeOptions {
-    SubscribeOptions {
-        capacity: 1,
-        overflow: Overflow::Block {
+    SubscribeOptions::new()
+        .capacity(1)
+        .overflow(Overflow::Block {
             timeout: Duration::from_secs(5),
-        },
-        ..Default::default()
-    }
+        })
 }
 
 // R-EXE-5: a handler publishing into a full `Block` queue (an a→b→a cycle, capacity 1)
@@ -247,11 +245,7 @@ fn self_publish_under_every_overflow_policy_then_self_unsubscribe() {
     ];
     for overflow in policies {
         let (broker, _clock) = manual();
-        let options = SubscribeOptions {
-            capacity: 1,
-            overflow,
-            ..Default::default()
-        };
+        let options = SubscribeOptions::new().capacity(1).overflow(overflow);
         // Two publishes into a queue of one per call: the second finds it full.
         let (sub, _refused) = self_publishing_subscription(&broker, "loop", options, 10);
         broker.publish(Message::to("loop")).unwrap();

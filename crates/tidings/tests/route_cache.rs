@@ -25,11 +25,9 @@ fn noop() -> impl Fn(&Message) -> Result<(), HandlerError> + Send + Sync + 'stat
 }
 
 fn opts() -> SubscribeOptions {
-    SubscribeOptions {
-        capacity: 4096,
-        overflow: Overflow::Reject,
-        ..SubscribeOptions::default()
-    }
+    SubscribeOptions::new()
+        .capacity(4096)
+        .overflow(Overflow::Reject)
 }
 
 #[test]
@@ -155,12 +153,9 @@ fn subscribe_and_unsubscribe_interleaved_with_concurrent_publishes() {
     let seen = Arc::new(AtomicU64::new(0));
     let all = {
         let seen = seen.clone();
-        let block = SubscribeOptions {
-            overflow: Overflow::Block {
-                timeout: Duration::from_secs(60),
-            },
-            ..opts()
-        };
+        let block = opts().overflow(Overflow::Block {
+            timeout: Duration::from_secs(60),
+        });
         broker
             .subscribe("#", block, move |_m: &Message| {
                 seen.fetch_add(1, Ordering::Relaxed);

@@ -7,9 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tidings::embedded::{EmbeddedBackend, EmbeddedStreamOptions};
-use tidings::{
-    Broker, Driver, LogConfig, Message, Retention, StreamConfig, StreamError, StreamErrorKind,
-};
+use tidings::{Broker, Driver, Message, Retention, StreamConfig, StreamError, StreamErrorKind};
 
 const HOUR: Duration = Duration::from_secs(3600);
 
@@ -71,10 +69,7 @@ fn reopening_a_stream_with_other_patterns_is_refused_and_changes_nothing() {
 #[test]
 fn reopening_a_stream_with_another_retention_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let kept = Retention {
-        max_bytes: None,
-        max_age: Some(HOUR),
-    };
+    let kept = Retention::new().max_age(HOUR);
     {
         let a = broker(dir.path());
         a.create_stream(StreamConfig::new("orders", ["orders.#"]).retention(kept))
@@ -206,35 +201,6 @@ fn the_logs_own_settings_live_with_the_embedded_backend_per_stream() {
             .unwrap(),
         Path::new("consumers/small/billing.offset")
     );
-}
-
-#[test]
-fn retention_given_to_the_logs_own_options_is_refused_naming_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut config = LogConfig::default();
-    config.retention.max_age = Some(HOUR);
-    let backend = EmbeddedBackend::new(dir.path())
-        .stream_defaults(EmbeddedStreamOptions::new().log_config(config));
-    let b = Broker::builder()
-        .driver(Driver::Manual)
-        .durable_backend(Arc::new(backend))
-        .build()
-        .unwrap();
-    let err = b
-        .create_stream(StreamConfig::new("orders", ["orders.#"]))
-        .unwrap_err();
-    // R-DIST-4: never dropped silently; refused, naming the option and the backend.
-    assert!(
-        matches!(
-            err,
-            StreamError::Unsupported {
-                backend: "embedded-log",
-                ..
-            }
-        ),
-        "{err:?}"
-    );
-    assert_eq!(err.kind(), StreamErrorKind::Unsupported);
 }
 
 #[test]

@@ -135,10 +135,7 @@ fn close_interrupts_a_one_hour_backoff() {
     let sub = broker
         .subscribe(
             "t",
-            SubscribeOptions {
-                retry: Retry::fixed(Duration::from_secs(3600), 3),
-                ..Default::default()
-            },
+            SubscribeOptions::new().retry(Retry::fixed(Duration::from_secs(3600), 3)),
             move |_m: &Message| {
                 a.fetch_add(1, Ordering::SeqCst);
                 Err(HandlerError::retry("down for an hour"))
@@ -187,10 +184,7 @@ fn churn_keeps_conservation() {
                 let sub = broker
                     .subscribe(
                         "churn",
-                        SubscribeOptions {
-                            capacity: 64,
-                            ..Default::default()
-                        },
+                        SubscribeOptions::new().capacity(64),
                         |_m: &Message| Ok(()),
                     )
                     .unwrap();

@@ -13,14 +13,7 @@ fn ttl_expires_at_dequeue() {
     let (broker, clock) = manual();
     let rec = Recorder::default();
     let sub = broker
-        .subscribe(
-            "t",
-            SubscribeOptions {
-                ttl: Some(100 * MS), // default for messages without their own
-                ..Default::default()
-            },
-            rec.handler(),
-        )
+        .subscribe("t", SubscribeOptions::new().ttl(100 * MS), rec.handler())
         .unwrap();
     broker
         .publish(Message::to("t").payload("own-50").ttl(50 * MS))
@@ -136,11 +129,7 @@ fn flood(overflow: Overflow) -> (SubscriptionStats, Vec<String>, Vec<DeadLetter>
     let sub = broker
         .subscribe(
             "t",
-            SubscribeOptions {
-                capacity: 4,
-                overflow,
-                ..Default::default()
-            },
+            SubscribeOptions::new().capacity(4).overflow(overflow),
             rec.handler(),
         )
         .unwrap();
@@ -200,11 +189,9 @@ fn overflow_block_times_out_exactly_on_the_manual_clock() {
     let sub = broker
         .subscribe(
             "t",
-            SubscribeOptions {
-                capacity: 4,
-                overflow: Overflow::Block { timeout: 250 * MS },
-                ..Default::default()
-            },
+            SubscribeOptions::new()
+                .capacity(4)
+                .overflow(Overflow::Block { timeout: 250 * MS }),
             |_m: &Message| Ok(()),
         )
         .unwrap();

@@ -53,10 +53,7 @@ fn tokio_broker() -> Broker {
 }
 
 fn retry(attempts: u32) -> SubscribeOptions {
-    SubscribeOptions {
-        retry: Retry::fixed(Duration::from_secs(1), attempts),
-        ..Default::default()
-    }
+    SubscribeOptions::new().retry(Retry::fixed(Duration::from_secs(1), attempts))
 }
 
 /// Wait until `sub` has delivered or dead-lettered `n` messages, on tokio's clock (paused
@@ -332,10 +329,7 @@ async fn live_driver_cancels_a_hung_attempt_and_goes_on() {
     let sub = broker
         .subscribe_async(
             "jobs",
-            SubscribeOptions {
-                retry: Retry::None,
-                ..Default::default()
-            },
+            SubscribeOptions::new().retry(Retry::None),
             handler.clone(),
         )
         .unwrap();

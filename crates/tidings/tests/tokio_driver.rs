@@ -61,10 +61,7 @@ fn record(log: &Seen, m: &Message) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fan_out_order_and_one_active_handler() {
     let broker = tokio_broker();
-    let options = || SubscribeOptions {
-        capacity: 1000,
-        ..Default::default()
-    };
+    let options = || SubscribeOptions::new().capacity(1000);
     let mut subs = Vec::new();
     for n in 0..4 {
         let activity = Arc::new(Activity::default());
@@ -171,10 +168,7 @@ async fn failing_async_handler_is_retried_then_dead_lettered() {
     let sub = broker
         .subscribe_async(
             "fail",
-            SubscribeOptions {
-                retry: Retry::fixed(Duration::from_millis(1), 3),
-                ..Default::default()
-            },
+            SubscribeOptions::new().retry(Retry::fixed(Duration::from_millis(1), 3)),
             move |_m: Arc<Message>| {
                 let c = c.clone();
                 async move {
@@ -212,10 +206,7 @@ async fn panicking_async_handler_is_caught_retried_and_dead_lettered() {
     let sub = broker
         .subscribe_async(
             "boom",
-            SubscribeOptions {
-                retry: Retry::fixed(Duration::from_millis(1), 3),
-                ..Default::default()
-            },
+            SubscribeOptions::new().retry(Retry::fixed(Duration::from_millis(1), 3)),
             move |m: Arc<Message>| {
                 let o = o.clone();
                 async move {
@@ -351,10 +342,7 @@ async fn close_async_inside_a_current_thread_runtime_drains() {
 fn stuck(broker: &Broker) -> (Subscription, Arc<AtomicBool>) {
     let started = Arc::new(AtomicBool::new(false));
     let s = started.clone();
-    let options = SubscribeOptions {
-        name: Some("stuck".into()),
-        ..Default::default()
-    };
+    let options = SubscribeOptions::new().name("stuck");
     let sub = broker
         .subscribe_async("stuck", options, move |_m: Arc<Message>| {
             s.store(true, Ordering::SeqCst);
@@ -391,10 +379,7 @@ async fn close_from_a_handler_reports_the_others_not_itself() {
     let (_stuck, started) = stuck(&broker);
     let report = Arc::new(Mutex::new(None));
     let (b, r) = (broker.clone(), report.clone());
-    let closer = SubscribeOptions {
-        name: Some("closer".into()),
-        ..Default::default()
-    };
+    let closer = SubscribeOptions::new().name("closer");
     let _closer = broker
         .subscribe("close", closer, move |_m: &Message| {
             *r.lock() = Some(b.close(Duration::ZERO));
@@ -421,20 +406,15 @@ fn close_from_a_handler_leaves_no_idle_dispatcher_unjoined() {
     let retrying = broker
         .subscribe(
             "retry",
-            SubscribeOptions {
-                name: Some("retrying".into()),
-                retry: Retry::fixed(Duration::from_secs(3600), 3),
-                ..Default::default()
-            },
+            SubscribeOptions::new()
+                .name("retrying")
+                .retry(Retry::fixed(Duration::from_secs(3600), 3)),
             |_m: &Message| Err(HandlerError::retry("later")),
         )
         .unwrap();
     let first = Arc::new(Mutex::new(None));
     let (b, r) = (broker.clone(), first.clone());
-    let closer = SubscribeOptions {
-        name: Some("closer".into()),
-        ..Default::default()
-    };
+    let closer = SubscribeOptions::new().name("closer");
     let _closer = broker
         .subscribe("close", closer, move |_m: &Message| {
             *r.lock() = Some(b.close(Duration::ZERO));
@@ -536,10 +516,7 @@ fn counting(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_after_idle_is_delivered() {
     let broker = tokio_broker();
-    let options = SubscribeOptions {
-        capacity: 1000,
-        ..Default::default()
-    };
+    let options = SubscribeOptions::new().capacity(1000);
     let metrics = tokio::runtime::Handle::current().metrics();
     let before = metrics.num_alive_tasks();
     let (sub, delivered, activity) = counting(&broker, "burst", options);
@@ -605,16 +582,7 @@ fn close_while_tasks_come_and_go() {
         let (_rt, broker) = runtime_and_broker();
         let broker = Arc::new(broker);
         let subs: Vec<_> = (0..8)
-            .map(|_| {
-                counting(
-                    &broker,
-                    "churn",
-                    SubscribeOptions {
-                        capacity: 10_000,
-                        ..Default::default()
-                    },
-                )
-            })
+            .map(|_| counting(&broker, "churn", SubscribeOptions::new().capacity(10_000)))
             .collect();
         let published = Arc::new(AtomicU32::new(0));
         let stop = Arc::new(AtomicBool::new(false));
@@ -672,10 +640,7 @@ fn failing_once(
     let sub = broker
         .subscribe(
             topic,
-            SubscribeOptions {
-                retry: Retry::fixed(backoff, 3),
-                ..Default::default()
-            },
+            SubscribeOptions::new().retry(Retry::fixed(backoff, 3)),
             move |_m: &Message| {
                 if c.fetch_add(1, Ordering::SeqCst) == 0 {
                     Err(HandlerError::retry("not yet"))
@@ -755,12 +720,10 @@ async fn lanes_and_per_key_slots_come_and_go_keeping_their_limits() {
         let sub = broker
             .subscribe_async(
                 "keyed",
-                SubscribeOptions {
-                    concurrency,
-                    capacity: 10_000,
-                    retry: Retry::fixed(Duration::from_millis(30), 3),
-                    ..Default::default()
-                },
+                SubscribeOptions::new()
+                    .concurrency(concurrency)
+                    .capacity(10_000)
+                    .retry(Retry::fixed(Duration::from_millis(30), 3)),
                 move |m: Arc<Message>| {
                     let (a, k, s, f) = (a.clone(), k.clone(), s.clone(), f.clone());
                     async move {

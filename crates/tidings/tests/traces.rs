@@ -110,10 +110,7 @@ fn publish_and_process_spans_carry_the_messaging_attributes() {
         let _s = b
             .subscribe(
                 "orders.*",
-                SubscribeOptions {
-                    name: Some("billing".into()),
-                    ..Default::default()
-                },
+                SubscribeOptions::new().name("billing"),
                 |_: &Message| Err::<(), _>(HandlerError::reject("no")),
             )
             .unwrap();
@@ -250,10 +247,7 @@ fn async_handlers_run_in_their_process_span_across_awaits() {
             let _ship = b
                 .subscribe_async(
                     "orders.created",
-                    SubscribeOptions {
-                        name: Some("ship".into()),
-                        ..Default::default()
-                    },
+                    SubscribeOptions::new().name("ship"),
                     move |_m: Arc<Message>| {
                         let weak = weak.clone();
                         async move {

@@ -209,13 +209,11 @@ fn a_full_queue_refuses_at_once_under_every_policy() {
     let blocking = b
         .subscribe(
             "jobs",
-            SubscribeOptions {
-                capacity: 2,
-                overflow: Overflow::Block {
+            SubscribeOptions::new()
+                .capacity(2)
+                .overflow(Overflow::Block {
                     timeout: Duration::MAX,
-                },
-                ..Default::default()
-            },
+                }),
             ok,
         )
         .unwrap();

@@ -32,10 +32,7 @@ fn order(id: u64) -> Order {
 
 /// Retried generously: a decode failure must still be dead-lettered after one attempt.
 fn retrying() -> SubscribeOptions {
-    SubscribeOptions {
-        retry: Retry::fixed(Duration::from_millis(10), 5),
-        ..Default::default()
-    }
+    SubscribeOptions::new().retry(Retry::fixed(Duration::from_millis(10), 5))
 }
 
 type Got = Arc<Mutex<Vec<Order>>>;
@@ -519,10 +516,7 @@ fn durable_json_on_the_embedded_log_survives_a_restart() {
         let _replay = broker
             .subscribe_durable(
                 spec().name("audit").start(StartAt::Earliest),
-                SubscribeOptions {
-                    retry: Retry::None,
-                    ..Default::default()
-                },
+                SubscribeOptions::new().retry(Retry::None),
                 json_handler(move |o: Order, _: &Message| {
                     r.lock().push(o);
                 }),

@@ -77,10 +77,7 @@ fn panicking_retry_policy(kind: Kind) {
     let sub = broker
         .subscribe(
             "t",
-            SubscribeOptions {
-                retry: Retry::custom(PanicsOnce::default()),
-                ..Default::default()
-            },
+            SubscribeOptions::new().retry(Retry::custom(PanicsOnce::default())),
             handler(&rec),
         )
         .unwrap();
@@ -132,13 +129,10 @@ fn panicking_predicate(kind: Kind) {
     let sub = broker
         .subscribe(
             "t",
-            SubscribeOptions {
-                predicate: Some(Predicate::new(|m: &Message| {
-                    assert!(m.payload().as_ref() != b"trap", "predicate bug");
-                    true
-                })),
-                ..Default::default()
-            },
+            SubscribeOptions::new().predicate(Predicate::new(|m: &Message| {
+                assert!(m.payload().as_ref() != b"trap", "predicate bug");
+                true
+            })),
             handler(&rec),
         )
         .unwrap();
@@ -183,10 +177,7 @@ fn panicking_handler(kind: Kind) {
     let sub = broker
         .subscribe(
             "t",
-            SubscribeOptions {
-                retry: Retry::fixed(Duration::from_millis(1), 2),
-                ..Default::default()
-            },
+            SubscribeOptions::new().retry(Retry::fixed(Duration::from_millis(1), 2)),
             handler(&rec),
         )
         .unwrap();
@@ -241,10 +232,7 @@ fn panicking_dedup_store_is_retried() {
     let sub = broker
         .subscribe(
             "t",
-            SubscribeOptions {
-                retry: Retry::fixed(Duration::from_millis(5), 3),
-                ..Default::default()
-            },
+            SubscribeOptions::new().retry(Retry::fixed(Duration::from_millis(5), 3)),
             Deduplicating::with_store(rec.handler(), store),
         )
         .unwrap();
@@ -291,10 +279,7 @@ fn panicking_clock_leaves_the_ledger_intact() {
     let sub = broker
         .subscribe(
             "t",
-            SubscribeOptions {
-                ttl: Some(Duration::from_secs(60)),
-                ..Default::default()
-            },
+            SubscribeOptions::new().ttl(Duration::from_secs(60)),
             rec.handler(),
         )
         .unwrap();

@@ -172,12 +172,10 @@ impl World {
         let billing = broker
             .subscribe(
                 "orders.*",
-                SubscribeOptions {
-                    name: Some("billing".into()),
-                    capacity: 500,
-                    retry: Retry::fixed(Duration::from_secs(1), 2),
-                    ..Default::default()
-                },
+                SubscribeOptions::new()
+                    .name("billing")
+                    .capacity(500)
+                    .retry(Retry::fixed(Duration::from_secs(1), 2)),
                 move |m: &Message| {
                     if f.load(Ordering::SeqCst) {
                         return Err(HandlerError::reject("card declined"));
@@ -190,10 +188,7 @@ impl World {
         let audit = broker
             .subscribe(
                 "orders.#",
-                SubscribeOptions {
-                    name: Some("audit".into()),
-                    ..Default::default()
-                },
+                SubscribeOptions::new().name("audit"),
                 |_: &Message| Ok::<(), HandlerError>(()),
             )
             .unwrap();

@@ -115,10 +115,7 @@ pub(super) fn subscribe_one_behaviour_each(broker: &Broker, orders: u32) -> Demo
 
     let slow = broker.subscribe(
         "orders.#",
-        SubscribeOptions {
-            capacity: orders as usize + GATED_CAPACITY,
-            ..named("slow")
-        },
+        named("slow").capacity(orders as usize + GATED_CAPACITY),
         |_: &Message| -> Result<(), HandlerError> {
             std::thread::sleep(SLOW_WORK);
             Ok(())
@@ -128,10 +125,7 @@ pub(super) fn subscribe_one_behaviour_each(broker: &Broker, orders: u32) -> Demo
     let flaky_seen = FirstTime::default();
     let flaky = broker.subscribe(
         "orders.*",
-        SubscribeOptions {
-            retry: Retry::exponential(Duration::from_millis(5), 2.0).max_attempts(3),
-            ..named("flaky")
-        },
+        named("flaky").retry(Retry::exponential(Duration::from_millis(5), 2.0).max_attempts(3)),
         move |m: &Message| -> Result<(), HandlerError> {
             let n = order_no(m)?;
             match flaky_plan(n) {
@@ -158,11 +152,9 @@ pub(super) fn subscribe_one_behaviour_each(broker: &Broker, orders: u32) -> Demo
     let ack_seen = FirstTime::default();
     let dedup = broker.subscribe(
         "orders.*",
-        SubscribeOptions {
-            retry: Retry::None,
-            predicate: Some(Predicate::new(|m| m.header("region") == Some("eu"))),
-            ..named("dedup")
-        },
+        named("dedup")
+            .retry(Retry::None)
+            .predicate(Predicate::new(|m| m.header("region") == Some("eu"))),
         move |m: &Message| -> Result<(), HandlerError> {
             inner.handle(m)?;
             if ack_lost(order_no(m)?) && ack_seen.check(m.id()) {
@@ -178,11 +170,9 @@ pub(super) fn subscribe_one_behaviour_each(broker: &Broker, orders: u32) -> Demo
     let holder = gate.clone();
     let gated = broker.subscribe(
         "orders.*",
-        SubscribeOptions {
-            capacity: GATED_CAPACITY,
-            overflow: Overflow::Reject,
-            ..named("gated")
-        },
+        named("gated")
+            .capacity(GATED_CAPACITY)
+            .overflow(Overflow::Reject),
         move |_: &Message| -> Result<(), HandlerError> {
             holder.hold();
             Ok(())
@@ -625,10 +615,7 @@ pub(super) fn print_checks(checks: &[(String, bool)], stamp: &Stamp) -> bool {
 }
 
 pub(super) fn named(name: &str) -> SubscribeOptions {
-    SubscribeOptions {
-        name: Some(name.to_owned()),
-        ..Default::default()
-    }
+    SubscribeOptions::new().name(name.to_owned())
 }
 
 pub(super) fn rows_ref(rows: &[Row]) -> [&Subscription; 7] {

@@ -75,11 +75,9 @@ pub fn sim_open(sim: &SimStorage, cfg: LogConfig) -> Result<(Log, RecoveryReport
 }
 
 pub fn small_config() -> LogConfig {
-    LogConfig {
-        segment_bytes: 512,
-        index_interval_bytes: 100,
-        ..LogConfig::default()
-    }
+    LogConfig::new()
+        .segment_bytes(512)
+        .index_interval_bytes(100)
 }
 
 /// Byte positions where records start in a segment file (header is 32 bytes), plus the end.

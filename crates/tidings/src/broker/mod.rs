@@ -684,12 +684,10 @@ impl BrokerInner {
         }
         let inbox = Arc::new(Inbox::new(self.inbox_nonce()));
         let handler_inbox = inbox.clone();
-        let options = SubscribeOptions {
-            name: Some("reply-inbox".into()),
-            capacity: 1 << 16,
-            retry: crate::retry::Retry::None,
-            ..Default::default()
-        };
+        let options = SubscribeOptions::new()
+            .name("reply-inbox")
+            .capacity(1 << 16)
+            .retry(crate::retry::Retry::None);
         let pattern = Pattern::new(&self.inbox_pattern(&inbox))
             .map_err(|e| RequestError::Inbox(e.to_string()))?;
         if self.closed.load(Ordering::Acquire) {

@@ -582,11 +582,9 @@ mod tests {
         const N: usize = 3_000;
         let pool = Shared::new(Arc::new(SystemClock));
         let seen = Arc::new(AtomicUsize::new(0));
-        let options = SubscribeOptions {
-            concurrency: Concurrency::Lanes(3),
-            capacity: N,
-            ..Default::default()
-        };
+        let options = SubscribeOptions::new()
+            .concurrency(Concurrency::Lanes(3))
+            .capacity(N);
         let sub = shell(&options, seen.clone());
         assert_eq!(sub.workers(), 3);
         pool.attach(&sub);

@@ -30,10 +30,59 @@
 
 use std::time::{Duration, SystemTime};
 
-use tidings_log::Retention;
-
 /// Default duplicate window of a stream (R-DEL-7): two minutes, JetStream's default.
 pub const DEFAULT_DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
+
+/// How much of a stream is kept (R-LOG-1, R-LOG-4): every backend honours it. The default
+/// keeps everything. Build with [`new`](Self::new) and the setters; the fields are
+/// readable, and new ones may be added without a break (`#[non_exhaustive]`).
+///
+/// ```
+/// # use std::time::Duration;
+/// # use tidings::Retention;
+/// let week = Retention::new().max_age(Duration::from_secs(7 * 24 * 3600));
+/// assert_eq!(week.max_bytes, None);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub struct Retention {
+    /// Remove the oldest messages while the stream is larger than this many bytes (the
+    /// embedded log removes whole sealed segments, oldest first). `None`: no size limit.
+    pub max_bytes: Option<u64>,
+    /// Remove messages older than this (the embedded log: whole sealed segments whose
+    /// newest message is older, judged against the broker clock's wall time). `None`: no
+    /// age limit.
+    pub max_age: Option<Duration>,
+}
+
+impl Retention {
+    /// Keep everything (the default).
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// Keep at most about `bytes` (above zero; a zero is refused when the stream opens).
+    #[must_use]
+    pub fn max_bytes(mut self, bytes: u64) -> Self {
+        self.max_bytes = Some(bytes);
+        self
+    }
+    /// Keep messages for about `age` (above zero; a zero is refused when the stream opens).
+    #[must_use]
+    pub fn max_age(mut self, age: Duration) -> Self {
+        self.max_age = Some(age);
+        self
+    }
+    /// The embedded log's form of it.
+    pub(crate) fn to_log(self) -> tidings_log::Retention {
+        // Field by field: the log's type is `#[non_exhaustive]`, and its setters take the
+        // values, not the `Option`s.
+        let mut retention = tidings_log::Retention::new();
+        retention.max_bytes = self.max_bytes;
+        retention.max_age = self.max_age;
+        retention
+    }
+}
 
 /// A stream: a durable log capturing every published message whose topic matches one of
 /// its patterns, kept by the broker's durable backend (in the embedded log,
@@ -42,10 +91,8 @@ pub const DEFAULT_DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
 /// ```
 /// # use std::time::Duration;
 /// # use tidings::{Retention, StreamConfig};
-/// let config = StreamConfig::new("orders", ["orders.#"]).retention(Retention {
-///     max_age: Some(Duration::from_secs(7 * 24 * 3600)),
-///     ..Retention::default()
-/// });
+/// let config = StreamConfig::new("orders", ["orders.#"])
+///     .retention(Retention::new().max_age(Duration::from_secs(7 * 24 * 3600)));
 /// assert_eq!(config.name(), "orders");
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -307,10 +307,9 @@ impl EmbeddedCursor {
         let mut entries = BTreeMap::new();
         let mut from = log.start_offset();
         loop {
-            let recs = log.read(from, 256).map_err(|source| StreamError::Read {
-                dir: dir.clone(),
-                source,
-            })?;
+            let recs = log
+                .read(from, 256)
+                .map_err(|source| StreamError::read(dir.clone(), source))?;
             if recs.is_empty() {
                 return Ok(entries.into_iter().collect());
             }
@@ -344,10 +343,7 @@ impl EmbeddedCursor {
         self.dlq
             .append(&dlq_record::encode_removal(offsets))
             .map(drop)
-            .map_err(|source| StreamError::Append {
-                dir: self.dlq.dir().to_path_buf(),
-                source,
-            })
+            .map_err(|source| StreamError::append(self.dlq.dir().to_path_buf(), source))
     }
 
     fn append_dlq(
@@ -358,10 +354,9 @@ impl EmbeddedCursor {
         offset: u64,
     ) -> Result<u64, StreamError> {
         let rec = dlq_record::encode(message, reason, attempts, offset);
-        self.dlq.append(&rec).map_err(|source| StreamError::Append {
-            dir: self.dlq.dir().to_path_buf(),
-            source,
-        })
+        self.dlq
+            .append(&rec)
+            .map_err(|source| StreamError::append(self.dlq.dir().to_path_buf(), source))
     }
 
     fn check_open(&self) -> Result<(), StreamError> {

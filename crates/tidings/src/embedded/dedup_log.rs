@@ -57,31 +57,24 @@ impl DurableDedupStore {
         capacity: usize,
     ) -> Result<Self, StreamError> {
         let capacity = capacity.max(1);
-        let config = LogConfig {
-            segment_bytes: SEGMENT_BYTES,
-            fsync: Fsync::Always,
-            retention: Retention {
-                max_bytes: Some(
+        let config = LogConfig::new()
+            .segment_bytes(SEGMENT_BYTES)
+            .fsync(Fsync::Always)
+            .retention(
+                Retention::new().max_bytes(
                     (capacity as u64)
                         .saturating_mul(RECORD_BUDGET)
                         .saturating_add(2 * SEGMENT_BYTES),
                 ),
-                max_age: None,
-            },
-            ..LogConfig::default()
-        };
-        let (log, _) =
-            Log::open_with_storage(storage, &dir, config).map_err(|source| StreamError::Open {
-                dir: dir.clone(),
-                source,
-            })?;
+            );
+        let (log, _) = Log::open_with_storage(storage, &dir, config)
+            .map_err(|source| StreamError::open(dir.clone(), source))?;
         let window = InMemoryDedupStore::new(capacity);
         let mut from = log.start_offset();
         loop {
-            let records = log.read(from, 1024).map_err(|source| StreamError::Read {
-                dir: dir.clone(),
-                source,
-            })?;
+            let records = log
+                .read(from, 1024)
+                .map_err(|source| StreamError::read(dir.clone(), source))?;
             let Some(last) = records.last() else {
                 break;
             };

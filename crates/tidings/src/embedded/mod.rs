@@ -35,6 +35,7 @@ mod id_window;
 pub mod offline;
 pub(crate) mod offset_store;
 mod options;
+mod reports;
 mod stream;
 mod stream_meta;
 
@@ -44,7 +45,7 @@ use std::sync::{Arc, Weak};
 use std::time::SystemTime;
 
 use parking_lot::Mutex;
-use tidings_log::{FsStorage, Log, RecoveryReport, Retention, RetentionReport, Storage};
+use tidings_log::{FsStorage, Log, Storage};
 
 use crate::dedup::DedupStore;
 use crate::durable::{BackendStream, Capabilities, DurableBackend, StreamConfig, StreamError};
@@ -54,8 +55,9 @@ pub use dedup_log::DurableDedupStore;
 use offset_store::ensure_dir;
 pub use options::{
     DEFAULT_COMMIT_EVERY, DEFAULT_DUPLICATE_WINDOW_ENTRIES, DEFAULT_RETENTION_INTERVAL,
-    EmbeddedStreamOptions,
+    EmbeddedStreamOptions, Fsync,
 };
+pub use reports::{RecoveryReport, RemovedSegment, RetentionReport, Truncation};
 
 /// The backend's name in errors and snapshots.
 pub(crate) const NAME: &str = "embedded-log";
@@ -174,7 +176,8 @@ impl EmbeddedBackend {
     /// ignored files), while it is open; `None` when it is not open through this backend.
     #[must_use]
     pub fn recovery(&self, stream: &str) -> Option<RecoveryReport> {
-        self.open_stream_named(stream).map(|s| s.recovery().clone())
+        self.open_stream_named(stream)
+            .map(|s| RecoveryReport::of(s.recovery()))
     }
 
     /// Remove the open stream `stream`'s old segments per its retention now, judging age
@@ -192,6 +195,7 @@ impl EmbeddedBackend {
         self.open_stream_named(stream)
             .ok_or_else(|| StreamError::UnknownStream(stream.to_owned()))?
             .retention_pass(now)
+            .map(RetentionReport::of)
     }
 }
 
@@ -217,24 +221,12 @@ impl DurableBackend for EmbeddedBackend {
             });
         }
         let options = self.options_for(&config.name).clone();
-        if options.log.retention != Retention::default() {
-            return Err(StreamError::Unsupported {
-                feature: "LogConfig::retention in EmbeddedStreamOptions (retention is \
-                          StreamConfig::retention)",
-                backend: NAME,
-            });
-        }
         let mut log_config = options.log.clone();
-        log_config.retention = *config.retention_policy();
+        log_config.retention = config.retention_policy().to_log();
         let dir = self.stream_dir(&config.name);
         ensure_dir(&*self.storage, &dir)?;
-        let opened =
-            Log::open_with_storage(self.storage.clone(), &dir, log_config).map_err(|source| {
-                StreamError::Open {
-                    dir: dir.clone(),
-                    source,
-                }
-            })?;
+        let opened = Log::open_with_storage(self.storage.clone(), &dir, log_config)
+            .map_err(|source| StreamError::open(dir.clone(), source))?;
         // Checked with the log's lock held: no other broker writes META meanwhile.
         if let Err(e) = stream_meta::check_or_write(
             &*self.storage,

@@ -195,8 +195,10 @@ pub struct DlqActionOutcome {
     pub remaining: u64,
 }
 
-/// Which dead-letter entries [`DataDir::redrive`] or [`DataDir::purge`] act on.
+/// Which dead-letter entries [`DataDir::redrive`] or [`DataDir::purge`] act on
+/// (`#[non_exhaustive]`: a new way to select is not a breaking change).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Selection {
     /// Every entry present.
     All,

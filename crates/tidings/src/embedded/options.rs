@@ -2,14 +2,14 @@
 //!
 //! The backend-neutral [`StreamConfig`](crate::StreamConfig) says what a stream captures and
 //! keeps; [`EmbeddedStreamOptions`] says how the embedded log stores it: the fsync policy,
-//! the segment size (and the rest of [`LogConfig`]), how often durable subscriptions write
+//! the segment size and the rest of the log's layout, how often durable subscriptions write
 //! their position, and how often the broker's timer applies retention. An
 //! [`EmbeddedBackend`](super::EmbeddedBackend) has one set of defaults for every stream and
 //! may override them per stream name.
 
 use std::time::Duration;
 
-use tidings_log::{Fsync, LogConfig};
+use tidings_log::LogConfig;
 
 /// Default number of completions between two durable commits of a subscription's position.
 pub const DEFAULT_COMMIT_EVERY: usize = 64;
@@ -19,6 +19,30 @@ pub const DEFAULT_RETENTION_INTERVAL: Duration = Duration::from_secs(60);
 /// 64 bytes each, so at most about 6.4 MB per stream.
 pub const DEFAULT_DUPLICATE_WINDOW_ENTRIES: usize = 100_000;
 
+/// When the embedded log syncs a stream's appends to disk (R-LOG-1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Fsync {
+    /// Sync before acknowledging every append (with group commit: appends that arrive
+    /// while a sync runs share the next one). The default.
+    Always,
+    /// Sync from a background thread at this interval: a crash loses at most about this
+    /// much of the latest appends.
+    Interval(Duration),
+    /// No sync per append: syncs on segment roll, background writeback and close only.
+    Never,
+}
+
+impl Fsync {
+    pub(crate) fn to_log(self) -> tidings_log::Fsync {
+        match self {
+            Fsync::Always => tidings_log::Fsync::Always,
+            Fsync::Interval(every) => tidings_log::Fsync::Interval(every),
+            Fsync::Never => tidings_log::Fsync::Never,
+        }
+    }
+}
+
 /// How the embedded log stores one stream. Defaults: `Fsync::Always` (an append returns
 /// once synced), 64 MiB segments, durable positions written every
 /// [`DEFAULT_COMMIT_EVERY`] completions (and when idle, on seek and on close), retention
@@ -27,8 +51,8 @@ pub const DEFAULT_DUPLICATE_WINDOW_ENTRIES: usize = 100_000;
 ///
 /// ```
 /// # use std::sync::Arc;
-/// use tidings::{Broker, Fsync, StreamConfig};
-/// use tidings::embedded::{EmbeddedBackend, EmbeddedStreamOptions};
+/// use tidings::{Broker, StreamConfig};
+/// use tidings::embedded::{EmbeddedBackend, EmbeddedStreamOptions, Fsync};
 /// let dir = tempfile::tempdir()?;
 /// let backend = EmbeddedBackend::new(dir.path())
 ///     // every stream: group commit every 10 ms
@@ -70,22 +94,40 @@ impl EmbeddedStreamOptions {
     /// Fsync policy of the stream's log. Under `Always`, `publish` returns only once the
     /// message is synced.
     pub fn fsync(mut self, fsync: Fsync) -> Self {
-        self.log.fsync = fsync;
+        self.log.fsync = fsync.to_log();
         self
     }
-    /// Segment size of the stream's log (at least `tidings_log::MIN_SEGMENT_BYTES`; a
-    /// smaller one is refused when the stream is opened).
+    /// Segment size of the stream's log: a new segment starts when the next record would
+    /// make the active one larger (default 64 MiB; at least 128 bytes — a smaller one is
+    /// refused when the stream is opened). Retention removes whole segments, so this is
+    /// also its granularity.
     pub fn segment_bytes(mut self, bytes: u64) -> Self {
         self.log.segment_bytes = bytes;
         self
     }
-    /// Replace the whole log configuration. Retention is the neutral
-    /// [`StreamConfig::retention`](crate::StreamConfig::retention): a `config` whose
-    /// `retention` is set is refused when the stream is opened
-    /// ([`StreamError::Unsupported`](crate::StreamError::Unsupported) naming it), never
-    /// dropped.
-    pub fn log_config(mut self, config: LogConfig) -> Self {
-        self.log = config;
+    /// One offset-index entry (and at most one time-index entry) per this many bytes of
+    /// records (default 4096): smaller is a faster seek for a bigger index.
+    pub fn index_interval_bytes(mut self, bytes: u32) -> Self {
+        self.log.index_interval_bytes = bytes;
+        self
+    }
+    /// The largest encoded record (message) the stream accepts (default 16 MiB); a larger
+    /// publish is refused with [`StreamErrorKind::InvalidInput`](crate::StreamErrorKind).
+    pub fn max_record_bytes(mut self, bytes: u32) -> Self {
+        self.log.max_record_bytes = bytes;
+        self
+    }
+    /// The in-process write buffer, handed to the OS when it grows past this, before every
+    /// sync and before a read that needs it (default 256 KiB; 0 writes every append
+    /// through).
+    pub fn write_buffer_bytes(mut self, bytes: usize) -> Self {
+        self.log.write_buffer_bytes = bytes;
+        self
+    }
+    /// Check every record of every segment when the stream is opened (default `false`:
+    /// only the last segment, the only one a crash can damage, is scanned).
+    pub fn verify_on_open(mut self, verify: bool) -> Self {
+        self.log.verify_on_open = verify;
         self
     }
     /// Durable subscriptions of the stream write their position after this many
@@ -121,10 +163,5 @@ impl EmbeddedStreamOptions {
     pub fn duplicate_window_entries(mut self, entries: usize) -> Self {
         self.duplicate_window_entries = entries.max(1);
         self
-    }
-    /// The log configuration (its `retention` is the stream's neutral one once open).
-    #[must_use]
-    pub fn log(&self) -> &LogConfig {
-        &self.log
     }
 }

@@ -107,20 +107,16 @@ impl EmbeddedStream {
         let offset = self
             .log
             .append(record)
-            .map_err(|source| StreamError::Append {
-                dir: self.dir.clone(),
-                source,
-            })?;
+            .map_err(|source| StreamError::append(self.dir.clone(), source))?;
         self.appended();
         Ok(offset)
     }
 
     /// Sync what was appended (a redrive syncs before the DLQ entries leave, R-DEL-4).
     pub(crate) fn sync(&self) -> Result<(), StreamError> {
-        self.log.sync().map_err(|source| StreamError::Append {
-            dir: self.dir.clone(),
-            source,
-        })
+        self.log
+            .sync()
+            .map_err(|source| StreamError::append(self.dir.clone(), source))
     }
 
     pub(crate) fn read_error(&self, e: tidings_log::ReadError) -> StreamError {
@@ -141,10 +137,7 @@ impl EmbeddedStream {
     pub(crate) fn retention_pass(&self, now: SystemTime) -> Result<RetentionReport, StreamError> {
         self.log
             .apply_retention(millis_since_epoch(now))
-            .map_err(|source| StreamError::Retention {
-                dir: self.dir.clone(),
-                source,
-            })
+            .map_err(|source| StreamError::retention(self.dir.clone(), source))
     }
 }
 
@@ -178,10 +171,7 @@ pub(crate) fn read_error(dir: &Path, e: tidings_log::ReadError) -> StreamError {
         tidings_log::ReadError::BeyondEnd { requested, end } => {
             StreamError::BeyondEnd { requested, end }
         }
-        source => StreamError::Read {
-            dir: dir.to_path_buf(),
-            source,
-        },
+        source => StreamError::read(dir.to_path_buf(), source),
     }
 }
 
@@ -281,16 +271,9 @@ impl BackendStream for EmbeddedStream {
         };
         let dlq_dir = self.consumers.join(format!("{name}.dlq"));
         ensure_dir(&*self.storage, &dlq_dir)?;
-        let dlq_config = LogConfig {
-            fsync: Fsync::Always,
-            ..LogConfig::default()
-        };
-        let (dlq, _) = Log::open_with_storage(self.storage.clone(), &dlq_dir, dlq_config).map_err(
-            |source| StreamError::Open {
-                dir: dlq_dir.clone(),
-                source,
-            },
-        )?;
+        let dlq_config = LogConfig::new().fsync(Fsync::Always);
+        let (dlq, _) = Log::open_with_storage(self.storage.clone(), &dlq_dir, dlq_config)
+            .map_err(|source| StreamError::open(dlq_dir.clone(), source))?;
         Ok(Box::new(EmbeddedCursor::new(
             name,
             me,
@@ -334,16 +317,15 @@ impl BackendStream for EmbeddedStream {
                 Fsync::Always => "always".to_owned(),
                 Fsync::Interval(i) => format!("interval({i:?})"),
                 Fsync::Never => "never".to_owned(),
+                // A policy added to the log later: its own name until it gets a word here.
+                other => format!("{other:?}").to_lowercase(),
             },
         }
     }
 
     fn close(&self) -> Result<(), StreamError> {
         self.log.close().map_err(|e| match e {
-            tidings_log::CloseError::Flush(source) => StreamError::Append {
-                dir: self.dir.clone(),
-                source,
-            },
+            tidings_log::CloseError::Flush(source) => StreamError::append(self.dir.clone(), source),
             other => StreamError::backend(
                 super::NAME,
                 StreamErrorKind::Io,

@@ -23,7 +23,9 @@
 use std::path::Path;
 use std::time::Duration;
 
-use tidings_log::{Excerpt, META_FILE, Retention, Storage};
+use tidings_log::{Excerpt, META_FILE, Storage};
+
+use crate::durable::config::Retention;
 
 use crate::durable::{StreamConfig, StreamError, StreamErrorKind};
 
@@ -222,10 +224,9 @@ mod tests {
     fn meta_round_trips() {
         let meta = StreamMeta {
             patterns: vec!["orders.#".into(), "refunds.*".into()],
-            retention: Retention {
-                max_bytes: Some(1 << 20),
-                max_age: Some(Duration::from_secs(60)),
-            },
+            retention: Retention::new()
+                .max_bytes(1 << 20)
+                .max_age(Duration::from_secs(60)),
             duplicate_window_ms: Some(u64::MAX),
         };
         assert_eq!(StreamMeta::decode(meta.encode().as_bytes()), Ok(meta));

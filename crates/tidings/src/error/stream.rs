@@ -12,6 +12,10 @@ use std::path::PathBuf;
 
 use tidings_log::{AppendError, OpenError, ReadError, RetentionError};
 
+/// A failure's cause, boxed: tidings' errors carry the source of a failure without naming
+/// its type, so no other crate's version is part of tidings' API.
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
 use super::{SubscribeError, TransportError};
 use crate::topic::TopicError;
 
@@ -135,14 +139,17 @@ pub enum StreamError {
         name: String,
     },
     /// The stream's log (or a durable DLQ log) could not be opened: bad configuration, a
-    /// corrupt or foreign file (the inner error names its path and offset), or I/O.
+    /// corrupt or foreign file (the source names its path and offset), a directory locked
+    /// by another broker, or I/O — `kind` says which.
     #[error("cannot open log {}: {source}", dir.display())]
     Open {
         /// The log directory.
         dir: PathBuf,
-        /// What tidings-log reported.
+        /// What kind of failure it is.
+        kind: StreamErrorKind,
+        /// The log's own error, reachable with [`std::error::Error::source`].
         #[source]
-        source: OpenError,
+        source: BoxError,
     },
     /// The requested position was removed by retention (R-LOG-4).
     #[error("offset {requested} is no longer retained; the earliest retained offset is {earliest}")]
@@ -160,32 +167,38 @@ pub enum StreamError {
         /// The current end offset.
         end: u64,
     },
-    /// Reading the log failed.
+    /// Reading the log failed. `kind` says how (I/O, corrupt data, a closed log, out of range…).
     #[error("read from {} failed: {source}", dir.display())]
     Read {
         /// The log directory.
         dir: PathBuf,
-        /// The underlying error.
+        /// What kind of failure it is.
+        kind: StreamErrorKind,
+        /// The log's own error, reachable with [`std::error::Error::source`].
         #[source]
-        source: ReadError,
+        source: BoxError,
     },
-    /// Appending to the log failed.
+    /// Appending to the log failed. `kind` says how (I/O, corrupt data, a closed log, out of range…).
     #[error("append to {} failed: {source}", dir.display())]
     Append {
         /// The log directory.
         dir: PathBuf,
-        /// The underlying error.
+        /// What kind of failure it is.
+        kind: StreamErrorKind,
+        /// The log's own error, reachable with [`std::error::Error::source`].
         #[source]
-        source: AppendError,
+        source: BoxError,
     },
-    /// Applying retention failed.
+    /// Applying retention failed. `kind` says how (I/O, corrupt data, a closed log, out of range…).
     #[error("retention on {} failed: {source}", dir.display())]
     Retention {
         /// The log directory.
         dir: PathBuf,
-        /// The underlying error.
+        /// What kind of failure it is.
+        kind: StreamErrorKind,
+        /// The log's own error, reachable with [`std::error::Error::source`].
         #[source]
-        source: RetentionError,
+        source: BoxError,
     },
     /// A file-system operation failed.
     #[error("I/O error on {}: {source}", path.display())]
@@ -262,7 +275,7 @@ pub enum StreamError {
         kind: StreamErrorKind,
         /// The backend's error.
         #[source]
-        source: Box<dyn std::error::Error + Send + Sync + 'static>,
+        source: BoxError,
     },
 }
 
@@ -299,28 +312,12 @@ impl StreamError {
             StreamError::AlreadyExists(_) => K::AlreadyExists,
             StreamError::UnknownStream(_) => K::NotFound,
             StreamError::DurableInUse { .. } => K::InUse,
-            StreamError::Open { source, .. } => match source {
-                OpenError::Config(_) => K::InvalidInput,
-                OpenError::Io { .. } => K::Io,
-                OpenError::Locked { .. } => K::InUse,
-                _ => K::Corrupt,
-            },
+            StreamError::Open { kind, .. }
+            | StreamError::Read { kind, .. }
+            | StreamError::Append { kind, .. }
+            | StreamError::Retention { kind, .. } => *kind,
             StreamError::OutOfRetention { .. } | StreamError::BeyondEnd { .. } => K::OutOfRange,
-            StreamError::Read { source, .. } => match source {
-                ReadError::OutOfRetention { .. } | ReadError::BeyondEnd { .. } => K::OutOfRange,
-                ReadError::Corrupt { .. } => K::Corrupt,
-                _ => K::Io,
-            },
-            StreamError::Append { source, .. } => match source {
-                AppendError::Closed => K::Closed,
-                AppendError::RecordTooLarge { .. } | AppendError::HeaderNameTooLong { .. } => {
-                    K::InvalidInput
-                }
-                _ => K::Io,
-            },
-            StreamError::Retention { .. } | StreamError::Io { .. } | StreamError::Poisoned(_) => {
-                K::Io
-            }
+            StreamError::Io { .. } | StreamError::Poisoned(_) => K::Io,
             StreamError::BadOffsetFile { .. } | StreamError::Decode { .. } => K::Corrupt,
             StreamError::Subscribe(e) => match e {
                 SubscribeError::InvalidPattern(_) | SubscribeError::InvalidOptions(_) => {
@@ -352,6 +349,63 @@ impl StreamError {
             backend,
             kind,
             source: source.into(),
+        }
+    }
+
+    /// The log at `dir` could not be opened.
+    pub(crate) fn open(dir: impl Into<PathBuf>, source: OpenError) -> Self {
+        use StreamErrorKind as K;
+        let kind = match &source {
+            OpenError::Config(_) => K::InvalidInput,
+            OpenError::Io { .. } => K::Io,
+            OpenError::Locked { .. } => K::InUse,
+            _ => K::Corrupt,
+        };
+        StreamError::Open {
+            dir: dir.into(),
+            kind,
+            source: Box::new(source),
+        }
+    }
+
+    /// Reading the log at `dir` failed.
+    pub(crate) fn read(dir: impl Into<PathBuf>, source: ReadError) -> Self {
+        use StreamErrorKind as K;
+        let kind = match &source {
+            ReadError::OutOfRetention { .. } | ReadError::BeyondEnd { .. } => K::OutOfRange,
+            ReadError::Corrupt { .. } => K::Corrupt,
+            _ => K::Io,
+        };
+        StreamError::Read {
+            dir: dir.into(),
+            kind,
+            source: Box::new(source),
+        }
+    }
+
+    /// Appending to (or syncing) the log at `dir` failed.
+    pub(crate) fn append(dir: impl Into<PathBuf>, source: AppendError) -> Self {
+        use StreamErrorKind as K;
+        let kind = match &source {
+            AppendError::Closed => K::Closed,
+            AppendError::RecordTooLarge { .. } | AppendError::HeaderNameTooLong { .. } => {
+                K::InvalidInput
+            }
+            _ => K::Io,
+        };
+        StreamError::Append {
+            dir: dir.into(),
+            kind,
+            source: Box::new(source),
+        }
+    }
+
+    /// Applying retention to the log at `dir` failed.
+    pub(crate) fn retention(dir: impl Into<PathBuf>, source: RetentionError) -> Self {
+        StreamError::Retention {
+            dir: dir.into(),
+            kind: StreamErrorKind::Io,
+            source: Box::new(source),
         }
     }
 

@@ -13,6 +13,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use super::{Concurrency, DeliveryMode, OptionsSummary, Overflow, SubscribeOptions};
+use crate::rate_limit::RateLimit;
 use crate::retry::Retry;
 
 /// A subscription's fixed settings (see the module docs).
@@ -30,6 +31,8 @@ pub(crate) struct Settings {
     pub(crate) dlq_topic: Option<Arc<str>>,
     /// Keep `Shutdown` dead letters.
     pub(crate) keep_shutdown: bool,
+    /// At most so many handler starts in any window of one period (R-PAT-2).
+    pub(crate) rate_limit: Option<RateLimit>,
     /// The options in words, for the snapshot.
     pub(crate) summary: OptionsSummary,
 }
@@ -69,6 +72,7 @@ impl Settings {
             dlq_capacity: o.dead_letter.capacity,
             dlq_topic: o.dead_letter.topic.as_deref().map(Arc::from),
             keep_shutdown: o.dead_letter.keep_shutdown,
+            rate_limit: o.rate_limit,
             summary: OptionsSummary::of(o),
         }
     }
@@ -85,6 +89,7 @@ impl Settings {
             && self.dlq_capacity == o.dead_letter.capacity
             && self.dlq_topic.as_deref() == o.dead_letter.topic.as_deref()
             && self.keep_shutdown == o.dead_letter.keep_shutdown
+            && self.rate_limit == o.rate_limit
             && self.summary.filtered == (o.predicate.is_some() || o.header_filter.is_some())
     }
 }
@@ -96,47 +101,32 @@ mod tests {
 
     #[test]
     fn equal_options_share_one_copy_and_different_ones_do_not() {
-        let opts = SubscribeOptions {
-            name: Some("a".into()),
-            ..Default::default()
-        };
+        let opts = SubscribeOptions::new().name("a");
         let a = Settings::shared(&opts);
         // The name is per subscription: not part of the shared settings.
-        let b = Settings::shared(&SubscribeOptions {
-            name: Some("b".into()),
-            ..opts.clone()
-        });
+        let b = Settings::shared(&opts.clone().name("b"));
         assert!(Arc::ptr_eq(&a, &b));
-        let bigger = Settings::shared(&SubscribeOptions {
-            capacity: 7,
-            ..opts.clone()
-        });
+        let bigger = Settings::shared(&opts.clone().capacity(7));
         assert!(!Arc::ptr_eq(&a, &bigger));
         assert_eq!(bigger.capacity, 7);
         assert_eq!(bigger.summary.capacity, 7);
-        let filtered = Settings::shared(&SubscribeOptions {
-            capacity: 7,
-            predicate: Some(Predicate::new(|_| true)),
-            ..opts.clone()
-        });
+        let filtered =
+            Settings::shared(&opts.clone().capacity(7).predicate(Predicate::new(|_| true)));
         assert!(!Arc::ptr_eq(&bigger, &filtered));
         assert!(filtered.summary.filtered);
-        let retry = Settings::shared(&SubscribeOptions {
-            capacity: 7,
-            predicate: Some(Predicate::new(|_| true)),
-            retry: Retry::None,
-            ..opts
-        });
+        let retry = Settings::shared(
+            &opts
+                .capacity(7)
+                .predicate(Predicate::new(|_| true))
+                .retry(Retry::None),
+        );
         assert!(!Arc::ptr_eq(&filtered, &retry));
         assert_eq!(retry.summary.retry, "none");
     }
 
     #[test]
     fn settings_no_longer_in_use_are_not_reused() {
-        let opts = SubscribeOptions {
-            capacity: 3,
-            ..Default::default()
-        };
+        let opts = SubscribeOptions::new().capacity(3);
         let first = Settings::shared(&opts);
         let weak = Arc::downgrade(&first);
         drop(first);

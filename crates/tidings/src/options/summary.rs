@@ -27,6 +27,9 @@ pub struct OptionsSummary {
     pub dlq_topic: Option<String>,
     /// True when a predicate or header filter is set.
     pub filtered: bool,
+    /// The rate limit, e.g. `3 per 1s` (R-PAT-2); `None` without one.
+    #[serde(default)]
+    pub rate_limit: Option<String>,
 }
 
 impl OptionsSummary {
@@ -73,6 +76,9 @@ impl OptionsSummary {
             dlq_capacity: o.dead_letter.capacity,
             dlq_topic: o.dead_letter.topic.clone(),
             filtered: o.predicate.is_some() || o.header_filter.is_some(),
+            rate_limit: o
+                .rate_limit
+                .map(|r| format!("{} per {:?}", r.limit(), r.per())),
         }
     }
 }

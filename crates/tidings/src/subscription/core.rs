@@ -22,10 +22,11 @@ use std::time::{Duration, Instant, SystemTime};
 
 use crate::clock::{Now, deadline_after};
 use crate::dlq::DeadLetterReason;
-use crate::handler::{HandlerError, panic_text};
+use crate::handler::{Deferral, HandlerError, panic_text};
 use crate::message::Message;
 use crate::options::{Concurrency, DeliveryMode, Overflow, Settings};
 use crate::queue::Queued;
+use crate::rate_limit::StartLog;
 use crate::stats::SubscriptionStats;
 
 use super::effects::{Effects, Lists};
@@ -340,6 +341,10 @@ impl Core {
                     if self.release_if_gated(worker, &q.message) {
                         continue;
                     }
+                    if let Some(due) = self.rate_limited(now) {
+                        self.wait_for_room(worker, q.message, 0, true, due);
+                        continue;
+                    }
                     return self.start(worker, q.message, 1);
                 }
                 Take::Retry(p) => {
@@ -357,6 +362,10 @@ impl Core {
                         continue;
                     }
                     if self.release_if_gated(worker, &p.message) {
+                        continue;
+                    }
+                    if let Some(due) = self.rate_limited(now) {
+                        self.wait_for_room(worker, p.message, p.attempts, p.deferred, due);
                         continue;
                     }
                     return self.start(worker, p.message, p.attempts + 1);
@@ -430,6 +439,38 @@ impl Core {
         refused
     }
 
+    /// R-PAT-2: record a handler start now in the rate limit's window, or say when the
+    /// window has room (`None` without a rate limit, or when the start was recorded).
+    fn rate_limited(&mut self, now: &Now<'_>) -> Option<Instant> {
+        let limit = self.settings.rate_limit?;
+        self.ledger_mut()
+            .start_log
+            .get_or_insert_with(|| StartLog::new(limit))
+            .admit(now.mono())
+            .err()
+    }
+
+    /// A message the rate limit does not let start yet: parked at the head of its lane or
+    /// key until `due`, as a deferral is — not started, so no attempt is counted and the
+    /// next delivery is attempt `attempts + 1`. A waiting retry stays a retry (`deferred`
+    /// false: a drain abandons it); a fresh message waits as a deferred one.
+    fn wait_for_room(
+        &mut self,
+        worker: usize,
+        message: Arc<Message>,
+        attempts: u32,
+        deferred: bool,
+        due: Instant,
+    ) {
+        let parked = Parked {
+            message: message.clone(),
+            attempts,
+            due,
+            deferred,
+        };
+        self.finish_take(worker, &message, Some(parked));
+    }
+
     fn start(&mut self, worker: usize, message: Arc<Message>, attempt: u32) -> Poll {
         // The slot is busy now, however it was woken (an offer, its timer, a wake-all):
         // an offer must claim a free slot, not this one (R-ORD-4).
@@ -468,12 +509,24 @@ impl Core {
             attempt,
             worker,
         } = delivery;
-        if let Err(e) = &outcome
-            && let Some(due) = e.deferred_until()
-        {
-            self.defer(worker, message, attempt, due, now);
-            return;
-        }
+        let outcome = match outcome.as_ref().err().and_then(HandlerError::deferral) {
+            None => outcome,
+            Some(Deferral::Until(due)) => {
+                self.defer(worker, message, attempt, due, now);
+                return;
+            }
+            Some(Deferral::For(wait)) => match deadline_after(now.mono(), wait) {
+                Some(due) => {
+                    self.defer(worker, message, attempt, due, now);
+                    return;
+                }
+                // A wait past the clock's range would park the message (and its lane or
+                // key) for good: refuse it as the handler's answer instead (R-LIM-1).
+                None => Err(HandlerError::reject(format!(
+                    "deferred for {wait:?}, past the clock's range"
+                ))),
+            },
+        };
         let error = match outcome {
             Ok(()) => {
                 self.finish_take(worker, &message, None);

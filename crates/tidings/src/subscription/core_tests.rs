@@ -21,13 +21,7 @@ use harness::{Event, Harness, Polled, dead_letter, deliver, finished, ms};
 /// Options whose dead letters are forwarded, so every dead letter is an effect the
 /// harness records.
 fn opts() -> SubscribeOptions {
-    SubscribeOptions {
-        dead_letter: DeadLetterOptions {
-            topic: Some("dlq".into()),
-            ..Default::default()
-        },
-        ..Default::default()
-    }
+    SubscribeOptions::new().dead_letter(DeadLetterOptions::new().topic("dlq"))
 }
 
 fn exhausted(attempts: u32, last_error: &str) -> DeadLetterReason {
@@ -64,10 +58,7 @@ fn key_in_lane(lane: usize, lanes: usize) -> String {
 // dead-lettered `RetriesExhausted` with its attempts and last error.
 #[test]
 fn exponential_backoff_waits_exactly_the_policy_then_dead_letters() {
-    let mut h = Harness::new(SubscribeOptions {
-        retry: Retry::exponential(ms(100), 2.0).max_attempts(3),
-        ..opts()
-    });
+    let mut h = Harness::new(opts().retry(Retry::exponential(ms(100), 2.0).max_attempts(3)));
     h.handler(|msg, attempt| match msg {
         "a" => Err(HandlerError::retry(format!("down {attempt}"))),
         _ => Ok(()),
@@ -107,12 +98,13 @@ fn exponential_backoff_waits_exactly_the_policy_then_dead_letters() {
 // every time; a message that succeeds on a retry is delivered, never dead-lettered.
 #[test]
 fn backoff_is_capped_and_fixed_waits_repeat() {
-    let mut h = Harness::new(SubscribeOptions {
-        retry: Retry::exponential(ms(100), 10.0)
-            .max_delay(ms(500))
-            .max_attempts(4),
-        ..opts()
-    });
+    let mut h = Harness::new(
+        opts().retry(
+            Retry::exponential(ms(100), 10.0)
+                .max_delay(ms(500))
+                .max_attempts(4),
+        ),
+    );
     h.handler(|_, attempt| match attempt {
         4 => Ok(()),
         _ => Err(HandlerError::retry("not yet")),
@@ -130,10 +122,7 @@ fn backoff_is_capped_and_fixed_waits_repeat() {
     );
     assert_eq!(h.stats().delivered, 1);
 
-    let mut h = Harness::new(SubscribeOptions {
-        retry: Retry::fixed(ms(250), 3),
-        ..opts()
-    });
+    let mut h = Harness::new(opts().retry(Retry::fixed(ms(250), 3)));
     h.handler(|_, _| Err(HandlerError::retry("never")));
     h.offer_all(&["a"]);
     h.drive();
@@ -175,11 +164,11 @@ fn a_non_retryable_error_is_rejected_at_once() {
 // counted, as `RetriesExhausted { attempts: 1 }`.
 #[test]
 fn at_most_once_never_redelivers() {
-    let mut h = Harness::new(SubscribeOptions {
-        delivery: DeliveryMode::AtMostOnce,
-        retry: Retry::fixed(ms(1), 10),
-        ..opts()
-    });
+    let mut h = Harness::new(
+        opts()
+            .delivery(DeliveryMode::AtMostOnce)
+            .retry(Retry::fixed(ms(1), 10)),
+    );
     h.handler(|_, _| Err(HandlerError::retry("nope")));
     h.offer_all(&["a", "b"]);
     assert_eq!(h.drive(), 2);
@@ -201,10 +190,7 @@ fn at_most_once_never_redelivers() {
 // a message whose expiry is exactly now has expired; one without a TTL is delivered.
 #[test]
 fn a_message_expiring_while_queued_is_dead_lettered_expired() {
-    let mut h = Harness::new(SubscribeOptions {
-        retry: Retry::fixed(ms(100), 2),
-        ..opts()
-    });
+    let mut h = Harness::new(opts().retry(Retry::fixed(ms(100), 2)));
     h.handler(|msg, attempt| match (msg, attempt) {
         ("head", 1) => Err(HandlerError::retry("once")),
         _ => Ok(()),
@@ -238,11 +224,11 @@ fn a_message_expiring_while_queued_is_dead_lettered_expired() {
 // the attempts made.
 #[test]
 fn a_retry_past_the_default_ttl_is_dead_lettered_expired() {
-    let mut h = Harness::new(SubscribeOptions {
-        ttl: Some(ms(150)),
-        retry: Retry::exponential(ms(100), 2.0).max_attempts(5),
-        ..opts()
-    });
+    let mut h = Harness::new(
+        opts()
+            .ttl(ms(150))
+            .retry(Retry::exponential(ms(100), 2.0).max_attempts(5)),
+    );
     h.handler(|_, _| Err(HandlerError::retry("down")));
     h.offer_all(&["a"]);
     h.drive();
@@ -262,10 +248,7 @@ fn a_retry_past_the_default_ttl_is_dead_lettered_expired() {
 #[test]
 fn lanes_keep_each_keys_order_and_run_keys_concurrently() {
     let (a, b) = (key_in_lane(0, 2), key_in_lane(1, 2));
-    let mut h = Harness::new(SubscribeOptions {
-        concurrency: Concurrency::Lanes(2),
-        ..opts()
-    });
+    let mut h = Harness::new(opts().concurrency(Concurrency::Lanes(2)));
     // Every slot finds nothing and sleeps: each offer must wake its lane's slot.
     assert_eq!(h.drive(), 0);
     for (payload, key) in [("a1", &a), ("a2", &a), ("b1", &b), ("a3", &a), ("b2", &b)] {
@@ -292,11 +275,11 @@ fn lanes_keep_each_keys_order_and_run_keys_concurrently() {
 #[test]
 fn a_parked_retry_blocks_only_its_lane() {
     let (a, b) = (key_in_lane(0, 2), key_in_lane(1, 2));
-    let mut h = Harness::new(SubscribeOptions {
-        concurrency: Concurrency::Lanes(2),
-        retry: Retry::fixed(ms(100), 3),
-        ..opts()
-    });
+    let mut h = Harness::new(
+        opts()
+            .concurrency(Concurrency::Lanes(2))
+            .retry(Retry::fixed(ms(100), 3)),
+    );
     h.handler(|msg, attempt| match (msg, attempt) {
         ("a1", 1) => Err(HandlerError::retry("once")),
         _ => Ok(()),
@@ -321,11 +304,11 @@ fn a_parked_retry_blocks_only_its_lane() {
 // for its retry, in order, while other keys use every slot; a parked retry holds no slot.
 #[test]
 fn a_failing_key_parks_only_itself() {
-    let mut h = Harness::new(SubscribeOptions {
-        concurrency: Concurrency::PerKey { max_in_flight: 2 },
-        retry: Retry::fixed(ms(100), 3),
-        ..opts()
-    });
+    let mut h = Harness::new(
+        opts()
+            .concurrency(Concurrency::PerKey { max_in_flight: 2 })
+            .retry(Retry::fixed(ms(100), 3)),
+    );
     assert_eq!(h.drive(), 0); // both slots asleep: offers wake them
     h.handler(|msg, attempt| match (msg, attempt) {
         ("a1", 1 | 2) => Err(HandlerError::retry("a is down")),
@@ -364,11 +347,11 @@ fn a_failing_key_parks_only_itself() {
 // for that handler while the other slot sleeps.
 #[test]
 fn an_offer_wakes_a_free_slot_not_a_busy_one() {
-    let mut h = Harness::new(SubscribeOptions {
-        concurrency: Concurrency::PerKey { max_in_flight: 2 },
-        retry: Retry::fixed(ms(100), 3),
-        ..opts()
-    });
+    let mut h = Harness::new(
+        opts()
+            .concurrency(Concurrency::PerKey { max_in_flight: 2 })
+            .retry(Retry::fixed(ms(100), 3)),
+    );
     assert_eq!(h.poll(0), Polled::Idle);
     assert_eq!(h.poll(1), Polled::Idle);
     assert_eq!(h.offer(keyed("a1", "a")), Offered::Accepted(Some(0)));
@@ -401,11 +384,11 @@ fn an_offer_wakes_a_free_slot_not_a_busy_one() {
 // retryably; later offers are refused `Closed` and every slot stops.
 #[test]
 fn close_reports_exactly_what_was_queued_or_waiting() {
-    let mut h = Harness::new(SubscribeOptions {
-        concurrency: Concurrency::PerKey { max_in_flight: 3 },
-        retry: Retry::fixed(ms(100), 3),
-        ..opts()
-    });
+    let mut h = Harness::new(
+        opts()
+            .concurrency(Concurrency::PerKey { max_in_flight: 3 })
+            .retry(Retry::fixed(ms(100), 3)),
+    );
     for (payload, key) in [
         ("a1", "a"),
         ("b1", "b"),
@@ -456,10 +439,7 @@ fn close_reports_exactly_what_was_queued_or_waiting() {
 // drain began.
 #[test]
 fn drain_delivers_until_its_deadline_and_close_reports_the_rest() {
-    let mut h = Harness::new(SubscribeOptions {
-        retry: Retry::fixed(ms(100), 3),
-        ..opts()
-    });
+    let mut h = Harness::new(opts().retry(Retry::fixed(ms(100), 3)));
     h.offer_all(&["r", "q1", "q2"]);
     assert!(matches!(h.poll(0), Polled::Deliver { msg, .. } if msg == "r"));
     h.complete(0, Err(HandlerError::retry("down")));
@@ -492,11 +472,7 @@ fn drain_delivers_until_its_deadline_and_close_reports_the_rest() {
 // dead-lettered + queued + in flight` after each one).
 #[test]
 fn every_path_is_counted_by_its_reason() {
-    let mut h = Harness::new(SubscribeOptions {
-        capacity: 4,
-        retry: Retry::fixed(ms(10), 2),
-        ..opts()
-    });
+    let mut h = Harness::new(opts().capacity(4).retry(Retry::fixed(ms(10), 2)));
     h.handler(|msg, _| match msg {
         "rejected" => Err(HandlerError::reject("no")),
         "exhausted" | "parked" => Err(HandlerError::retry("down")),
@@ -539,11 +515,11 @@ fn every_path_is_counted_by_its_reason() {
 // the eviction is counted even when the message is not kept.
 #[test]
 fn drop_oldest_evicts_and_counts_without_keeping() {
-    let mut h = Harness::new(SubscribeOptions {
-        capacity: 2,
-        overflow: Overflow::DropOldest { keep: false },
-        ..opts()
-    });
+    let mut h = Harness::new(
+        opts()
+            .capacity(2)
+            .overflow(Overflow::DropOldest { keep: false }),
+    );
     h.accept(plain("high").priority(Priority::High));
     h.offer_all(&["n1", "n2", "n3"]);
     h.drive();
@@ -561,11 +537,11 @@ fn drop_oldest_evicts_and_counts_without_keeping() {
 // while a publisher is blocked; an offer that may no longer wait is refused as overflow.
 #[test]
 fn block_reports_room_once_a_quarter_is_free() {
-    let mut h = Harness::new(SubscribeOptions {
-        capacity: 8,
-        overflow: Overflow::Block { timeout: ms(50) },
-        ..opts()
-    });
+    let mut h = Harness::new(
+        opts()
+            .capacity(8)
+            .overflow(Overflow::Block { timeout: ms(50) }),
+    );
     h.offer_all(&["1", "2", "3", "4", "5", "6", "7", "8"]);
     assert_eq!(h.offer(plain("waits")), Offered::Full);
     assert_eq!(h.stats().offered, 8, "a wait is not an offer yet");
@@ -603,11 +579,11 @@ fn block_reports_room_once_a_quarter_is_free() {
 // abandoned at close (its offset must not be committed).
 #[test]
 fn finished_reports_name_every_end_but_shutdown() {
-    let mut h = Harness::new(SubscribeOptions {
-        retry: Retry::fixed(ms(10), 2),
-        dead_letter: DeadLetterOptions::default(), // no forwarding: only reports
-        ..opts()
-    })
+    let mut h = Harness::new(
+        opts()
+            .retry(Retry::fixed(ms(10), 2))
+            .dead_letter(DeadLetterOptions::default()),
+    )
     .reporting_finished();
     h.handler(|msg, _| match msg {
         "bad" => Err(HandlerError::reject("no")),
@@ -644,12 +620,12 @@ fn finished_reports_name_every_end_but_shutdown() {
 fn a_released_delivery_is_not_an_attempt_frees_its_key_and_is_never_reported_finished() {
     let refuse = std::sync::Arc::new(std::sync::Mutex::new(vec!["a1".to_owned()]));
     let gate_refuses = refuse.clone();
-    let mut h = Harness::new(SubscribeOptions {
-        concurrency: Concurrency::PerKey { max_in_flight: 2 },
-        retry: Retry::fixed(ms(10), 3),
-        dead_letter: DeadLetterOptions::default(),
-        ..opts()
-    })
+    let mut h = Harness::new(
+        opts()
+            .concurrency(Concurrency::PerKey { max_in_flight: 2 })
+            .retry(Retry::fixed(ms(10), 3))
+            .dead_letter(DeadLetterOptions::default()),
+    )
     .gated(move |payload| !gate_refuses.lock().unwrap().iter().any(|r| r == payload));
     h.handler(|msg, attempt| match (msg, attempt) {
         ("c1", 1) => Err(HandlerError::retry("down")),

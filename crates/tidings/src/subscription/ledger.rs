@@ -43,6 +43,9 @@ pub(crate) struct Ledger {
     pub(crate) failures: u64,
     /// Taken off the queue and handed back unstarted: the start gate refused them.
     pub(crate) released: u64,
+    /// The last starts within the rate limit's period (R-PAT-2); made at the first start
+    /// of a subscription with a rate limit.
+    pub(crate) start_log: Option<crate::rate_limit::StartLog>,
     pub(crate) dlq: DeadLetterQueue,
     /// Dead letters to publish to the dead-letter topic, handed out with the step's
     /// effects (see `Core::effects`).
@@ -89,6 +92,7 @@ impl Ledger {
             dead_lettered: DeadLetterCounts::default(),
             failures: 0,
             released: 0,
+            start_log: None,
             dlq: DeadLetterQueue::new(settings.dlq_capacity),
             to_forward: Vec::new(),
             shutdown: Vec::new(),

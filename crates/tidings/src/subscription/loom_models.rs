@@ -100,13 +100,11 @@ impl Tally {
 /// `Overflow::Block` without a deadline: loom has no time, so a wait ends only by a
 /// wake-up (room, close), which is what these models check.
 fn blocking(capacity: usize) -> SubscribeOptions {
-    SubscribeOptions {
-        capacity,
-        overflow: Overflow::Block {
+    SubscribeOptions::new()
+        .capacity(capacity)
+        .overflow(Overflow::Block {
             timeout: std::time::Duration::MAX,
-        },
-        ..SubscribeOptions::default()
-    }
+        })
 }
 
 /// `close()` racing a publisher blocked for room under `Overflow::Block` (R-BP-1,
@@ -192,13 +190,8 @@ fn freed_room_wakes_a_blocked_publisher() {
 #[test]
 fn redrive_racing_close_loses_no_dead_letter() {
     check(|| {
-        let options = SubscribeOptions {
-            dead_letter: crate::options::DeadLetterOptions {
-                keep_shutdown: false,
-                ..Default::default()
-            },
-            ..SubscribeOptions::default()
-        };
+        let options = SubscribeOptions::new()
+            .dead_letter(crate::options::DeadLetterOptions::new().keep_shutdown(false));
         let sub = shell(&options, |_| Err(HandlerError::reject("no")));
         sub.offer(&message(7)).expect("accepted");
         assert!(sub.step(0), "delivered once and rejected");

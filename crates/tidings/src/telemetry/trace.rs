@@ -173,7 +173,7 @@ pub(crate) async fn in_process_span_async(
 fn outcome_name(outcome: &Result<(), HandlerError>) -> &'static str {
     match outcome {
         Ok(()) => "ok",
-        Err(e) if e.deferred_until().is_some() => "deferred",
+        Err(e) if e.is_deferral() => "deferred",
         Err(e) if e.message().starts_with("handler panicked: ") => "panic",
         Err(e) if !e.is_retryable() => "rejected",
         Err(_) => "error",

@@ -35,12 +35,10 @@ pub fn start(dir: &Path) -> Scenario {
     let billing = broker
         .subscribe(
             "orders.*",
-            SubscribeOptions {
-                name: Some("billing".into()),
-                capacity: 2,
-                retry: Retry::fixed(Duration::from_secs(1), 2),
-                ..Default::default()
-            },
+            SubscribeOptions::new()
+                .name("billing")
+                .capacity(2)
+                .retry(Retry::fixed(Duration::from_secs(1), 2)),
             |m: &Message| match m.payload().as_ref() {
                 b"reject" => Err(HandlerError::reject("cannot bill")),
                 b"flaky" => Err(HandlerError::retry("billing backend down")),
@@ -51,11 +49,7 @@ pub fn start(dir: &Path) -> Scenario {
     let audit = broker
         .subscribe(
             "orders.#",
-            SubscribeOptions {
-                name: Some("audit".into()),
-                retry: Retry::None,
-                ..Default::default()
-            },
+            SubscribeOptions::new().name("audit").retry(Retry::None),
             |_: &Message| Ok::<(), HandlerError>(()),
         )
         .unwrap();

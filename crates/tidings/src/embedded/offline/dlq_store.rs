@@ -90,10 +90,9 @@ pub(crate) fn log_present(dlq: &Log) -> Result<Vec<StoredRecord>, StreamError> {
     let mut all = Vec::new();
     let mut from = dlq.start_offset();
     loop {
-        let recs = dlq.read(from, 1024).map_err(|source| StreamError::Read {
-            dir: dir.to_path_buf(),
-            source,
-        })?;
+        let recs = dlq
+            .read(from, 1024)
+            .map_err(|source| StreamError::read(dir.to_path_buf(), source))?;
         let Some(last) = recs.last() else { break };
         from = last.offset + 1;
         all.extend(recs);
@@ -106,8 +105,5 @@ pub(crate) fn log_present(dlq: &Log) -> Result<Vec<StoredRecord>, StreamError> {
 pub(crate) fn mark_removed(dlq: &Log, ids: &[u64]) -> Result<(), StreamError> {
     dlq.append(&dlq_record::encode_removal(ids))
         .map(drop)
-        .map_err(|source| StreamError::Append {
-            dir: dlq.dir().to_path_buf(),
-            source,
-        })
+        .map_err(|source| StreamError::append(dlq.dir().to_path_buf(), source))
 }

@@ -23,17 +23,11 @@ enum Opened {
 }
 
 fn open_for_write(dir: &Path) -> Result<Opened, StreamError> {
-    let config = LogConfig {
-        fsync: Fsync::Always,
-        ..LogConfig::default()
-    };
+    let config = LogConfig::new().fsync(Fsync::Always);
     match Log::open(dir, config) {
         Ok((log, _)) => Ok(Opened::Log(log)),
         Err(OpenError::Locked { path }) => Ok(Opened::Locked(path)),
-        Err(source) => Err(StreamError::Open {
-            dir: dir.to_path_buf(),
-            source,
-        }),
+        Err(source) => Err(StreamError::open(dir.to_path_buf(), source)),
     }
 }
 
@@ -149,14 +143,9 @@ impl DataDir {
                 let records: Vec<_> = batch.iter().map(|r| redrive_record(r, name)).collect();
                 let range = log
                     .append_batch(&records)
-                    .map_err(|source| StreamError::Append {
-                        dir: log.dir().to_path_buf(),
-                        source,
-                    })?;
-                log.sync().map_err(|source| StreamError::Append {
-                    dir: log.dir().to_path_buf(),
-                    source,
-                })?;
+                    .map_err(|source| StreamError::append(log.dir().to_path_buf(), source))?;
+                log.sync()
+                    .map_err(|source| StreamError::append(log.dir().to_path_buf(), source))?;
                 // Durable in the stream: now, and only now, the entries may leave the DLQ.
                 let ids: Vec<u64> = batch.iter().map(|r| r.offset).collect();
                 mark_removed(&dlq, &ids)?;

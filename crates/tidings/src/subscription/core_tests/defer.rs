@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::dlq::DeadLetterReason;
 use crate::handler::HandlerError;
-use crate::options::{Concurrency, SubscribeOptions};
+use crate::options::Concurrency;
 use crate::retry::Retry;
 
 use super::harness::{Harness, Polled, dead_letter, deliver};
@@ -17,10 +17,7 @@ use super::{key_in_lane, keyed, opts};
 // a failure: with no retry allowed at all, a deferred message is still delivered.
 #[test]
 fn a_deferred_message_waits_at_the_head_of_its_lane_and_keeps_its_attempt_number() {
-    let mut h = Harness::new(SubscribeOptions {
-        retry: Retry::None,
-        ..opts()
-    });
+    let mut h = Harness::new(opts().retry(Retry::None));
     let start = h.instant(Duration::ZERO);
     // Deferred once by hand below (to 50 ms), then once by the script (to 100 ms).
     let mut deferred = false;
@@ -71,10 +68,7 @@ fn ms(n: u64) -> Duration {
 // failure counts.
 #[test]
 fn a_deferred_retry_keeps_its_attempt_number() {
-    let mut h = Harness::new(SubscribeOptions {
-        retry: Retry::fixed(ms(100), 3),
-        ..opts()
-    });
+    let mut h = Harness::new(opts().retry(Retry::fixed(ms(100), 3)));
     let start = h.instant(Duration::ZERO);
     let mut deferred = false;
     h.handler(move |_, attempt| match attempt {
@@ -104,10 +98,7 @@ fn a_deferred_retry_keeps_its_attempt_number() {
 // delivered again at the next poll.
 #[test]
 fn a_deferred_key_blocks_only_itself_and_holds_no_slot() {
-    let mut h = Harness::new(SubscribeOptions {
-        concurrency: Concurrency::PerKey { max_in_flight: 2 },
-        ..opts()
-    });
+    let mut h = Harness::new(opts().concurrency(Concurrency::PerKey { max_in_flight: 2 }));
     let start = h.instant(Duration::ZERO);
     let mut calls = 0;
     h.handler(move |msg, _| {
@@ -159,11 +150,11 @@ fn a_deferred_key_blocks_only_itself_and_holds_no_slot() {
 #[test]
 fn a_drain_keeps_a_deferral_and_close_abandons_it_like_a_waiting_retry() {
     let (a, b) = (key_in_lane(0, 2), key_in_lane(1, 2));
-    let mut h = Harness::new(SubscribeOptions {
-        concurrency: Concurrency::Lanes(2),
-        retry: Retry::fixed(ms(10), 3),
-        ..opts()
-    });
+    let mut h = Harness::new(
+        opts()
+            .concurrency(Concurrency::Lanes(2))
+            .retry(Retry::fixed(ms(10), 3)),
+    );
     let start = h.instant(Duration::ZERO);
     h.accept(keyed("a1", &a));
     h.accept(keyed("b1", &b));
@@ -216,11 +207,11 @@ fn a_drain_keeps_a_deferral_and_close_abandons_it_like_a_waiting_retry() {
 // they waited for close.
 #[test]
 fn a_drain_frees_the_key_of_an_abandoned_retry() {
-    let mut h = Harness::new(SubscribeOptions {
-        concurrency: Concurrency::PerKey { max_in_flight: 2 },
-        retry: Retry::fixed(ms(100), 3),
-        ..opts()
-    });
+    let mut h = Harness::new(
+        opts()
+            .concurrency(Concurrency::PerKey { max_in_flight: 2 })
+            .retry(Retry::fixed(ms(100), 3)),
+    );
     h.accept(keyed("a1", "a"));
     h.accept(keyed("a2", "a"));
     assert!(matches!(h.poll(0), Polled::Deliver { msg, .. } if msg == "a1"));

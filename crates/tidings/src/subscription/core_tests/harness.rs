@@ -516,7 +516,7 @@ impl Harness {
         match &outcome {
             Ok(()) => self.end(delivery.message.id(), "delivered"),
             // A deferral takes the call back: the next delivery repeats its attempt number.
-            Err(e) if e.deferred_until().is_some() => {
+            Err(e) if e.is_deferral() => {
                 self.attempts
                     .insert(delivery.message.id(), delivery.attempt - 1);
             }
