@@ -86,12 +86,9 @@ fn no_op_round(
     }
     let seen = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let options = if keyed {
-        SubscribeOptions {
-            concurrency: Concurrency::PerKey {
-                max_in_flight: IN_FLIGHT,
-            },
-            ..SubscribeOptions::default()
-        }
+        SubscribeOptions::new().concurrency(Concurrency::PerKey {
+            max_in_flight: IN_FLIGHT,
+        })
     } else {
         SubscribeOptions::default()
     };

@@ -33,10 +33,7 @@ fn broker(url: &str, ack_wait: Duration) -> Broker {
 }
 
 fn per_key() -> SubscribeOptions {
-    SubscribeOptions {
-        concurrency: Concurrency::PerKey { max_in_flight: 4 },
-        ..SubscribeOptions::default()
-    }
+    SubscribeOptions::new().concurrency(Concurrency::PerKey { max_in_flight: 4 })
 }
 
 fn until(what: &str, mut f: impl FnMut() -> bool) {

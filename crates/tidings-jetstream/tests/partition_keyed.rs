@@ -117,13 +117,11 @@ fn child_worker() {
     let _subscription = broker
         .subscribe_durable(
             DurableSpec::new(STREAM).name(DURABLE).filter("orders.#"),
-            SubscribeOptions {
-                concurrency: Concurrency::PerKey {
+            SubscribeOptions::new()
+                .concurrency(Concurrency::PerKey {
                     max_in_flight: SLOTS,
-                },
-                retry: Retry::fixed(Duration::from_millis(5), 1000),
-                ..SubscribeOptions::default()
-            },
+                })
+                .retry(Retry::fixed(Duration::from_millis(5), 1000)),
             move |m: &Message| {
                 let what = std::str::from_utf8(m.payload()).expect("utf-8 payload");
                 note(&log, &format!("S {who} {what}\n"));

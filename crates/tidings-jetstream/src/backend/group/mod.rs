@@ -205,7 +205,7 @@ impl GroupCursor {
             }
         })?;
         let task = shared.rt.spawn(rounds.run());
-        Ok(Self {
+        let cursor = Self {
             gate: Arc::new(Gate {
                 state: Arc::clone(&state),
             }),
@@ -230,7 +230,11 @@ impl GroupCursor {
             rotate: AtomicUsize::new(0),
             positions: Mutex::new(None),
             error: Mutex::new(None),
-        })
+        };
+        // The partitions the first round took are opened now: the position a subscriber
+        // reads right after subscribing (a manual driver has not stepped yet) covers them.
+        cursor.reconcile();
+        Ok(cursor)
     }
 
     /// What wakes the stream's append path (the unkeyed consumer's watch).
