@@ -77,7 +77,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         },
         |_: &Message| Ok::<(), HandlerError>(()),
     )?;
-    let _ship = broker.subscribe_durable(
+    let _ship = broker.subscribe(
         DurableSpec::new("orders")
             .name("ship")
             .filter("orders.paid"),

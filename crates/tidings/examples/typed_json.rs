@@ -11,7 +11,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use tidings::{Broker, DeadLetterReason, HandlerError, Message, Retry, SubscribeOptions};
+use tidings::{
+    Broker, DeadLetterReason, HandlerError, Message, Retry, SubscribeOptions, json_handler,
+};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 struct Order {
@@ -25,14 +27,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let billed: Arc<Mutex<Vec<Order>>> = Arc::default();
     let log = billed.clone();
-    let billing = broker.subscribe_json::<Order, _>(
+    let billing = broker.subscribe(
         "orders.*",
         SubscribeOptions {
             // Generous retries: a payload that does not decode must not use them.
             retry: Retry::fixed(Duration::from_millis(10), 5),
             ..Default::default()
         },
-        move |order, msg| {
+        json_handler(move |order: Order, msg: &Message| {
             if order.cents == 0 {
                 return Err(HandlerError::reject(format!("order {} is free", order.id)));
             }
@@ -45,7 +47,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             );
             log.lock().expect("not poisoned").push(order);
             Ok(())
-        },
+        }),
     )?;
 
     // Typed in: the payload is JSON and the content type travels in a header.

@@ -40,6 +40,22 @@ use crate::subscription::shell::HandlerKind;
 pub struct AnyHandler(pub(crate) HandlerKind);
 
 impl AnyHandler {
+    /// `handler` as a sync handler: for a type that is both a [`Handler`] and an
+    /// [`AsyncHandler`](crate::AsyncHandler) (tidings-sql's blocking `Transactional`, say),
+    /// whose kind [`IntoHandler`] cannot infer.
+    pub fn from_sync(handler: impl Handler) -> Self {
+        Self(HandlerKind::Sync(Arc::new(handler)))
+    }
+
+    /// `handler` as an async handler (feature `tokio`): for a type that is both a
+    /// [`Handler`] and an [`AsyncHandler`](crate::AsyncHandler), whose kind [`IntoHandler`]
+    /// cannot infer.
+    #[cfg(feature = "tokio")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
+    pub fn from_async(handler: impl crate::async_handler::AsyncHandler) -> Self {
+        Self(HandlerKind::Async(Arc::new(handler)))
+    }
+
     /// True when the handler is async (awaited by the tokio driver).
     #[must_use]
     pub fn is_async(&self) -> bool {
@@ -68,9 +84,12 @@ impl fmt::Debug for AnyHandler {
 /// `Kind` tells the three apart — `dyn Handler`, `dyn AsyncHandler` or `AnyHandler` — and
 /// is inferred: a closure implements only one of the two handler traits, so its kind
 /// follows from its argument type (`&Message` or `Arc<Message>`), which the closure must
-/// annotate. Typed and decorated handlers have the kind of what they wrap. A type of your
-/// own that implements both traits must be converted explicitly
-/// (`<_ as IntoHandler<dyn Handler>>::into_handler(h)`).
+/// annotate. Typed and decorated handlers have the kind of what they wrap.
+///
+/// A type that implements **both** traits (tidings-sql's blocking `Transactional` with its
+/// `tokio` feature, which can also run on tokio's blocking pool) has no one kind to infer:
+/// the compiler asks for annotations, and the caller says which with
+/// [`AnyHandler::from_sync`] or [`AnyHandler::from_async`].
 ///
 /// Sealed: implement [`Handler`] or [`AsyncHandler`](crate::AsyncHandler) instead.
 pub trait IntoHandler<Kind: ?Sized>: sealed::Sealed<Kind> {
@@ -89,7 +108,7 @@ mod sealed {
 
 impl<H: Handler> IntoHandler<dyn Handler> for H {
     fn into_handler(self) -> AnyHandler {
-        AnyHandler(HandlerKind::Sync(Arc::new(self)))
+        AnyHandler::from_sync(self)
     }
 }
 
@@ -98,7 +117,7 @@ impl<H: crate::async_handler::AsyncHandler> IntoHandler<dyn crate::async_handler
     for H
 {
     fn into_handler(self) -> AnyHandler {
-        AnyHandler(HandlerKind::Async(Arc::new(self)))
+        AnyHandler::from_async(self)
     }
 }
 
