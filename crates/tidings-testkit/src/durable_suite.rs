@@ -8,7 +8,7 @@
 //! Only the public API is used. SPEC ids are named beside the assertions that prove them.
 //!
 //! # Handler kinds (R-EXE-3)
-//! Every case subscribes through one helper ([`Rig::subscribe`]), which gives the handler
+//! Every case subscribes through one helper (`Rig::subscribe`), which gives the handler
 //! the kind the driver asks for ([`DriverUnderTest::async_handlers`]): a sync handler, or
 //! the same function inside an async handler that yields to the runtime first. The
 //! `tokio_async` run of [`durable_conformance!`](crate::durable_conformance) makes every
