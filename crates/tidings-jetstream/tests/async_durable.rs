@@ -208,7 +208,9 @@ fn member(who: &'static str, log: &Arc<Mutex<Vec<Event>>>) -> impl tidings::Asyn
 // async handlers as for sync ones), and every message succeeds.
 #[test]
 fn async_handlers_in_a_jetstream_keyed_group_keep_per_key_order_across_a_join() {
-    const KEYS: u32 = 8;
+    // Enough keys to land on every one of the 16 key partitions (with 8, all of them can
+    // hash to partitions the rendezvous gives member a, and b would never get work).
+    const KEYS: u32 = 64;
     let Some(server) = NatsServer::for_test(NatsServerOptions::new()) else {
         return;
     };
@@ -239,7 +241,7 @@ fn async_handlers_in_a_jetstream_keyed_group_keep_per_key_order_across_a_join() 
             .expect("published");
         }
     };
-    for _ in 0..10 {
+    for _ in 0..3 {
         publish(next);
         next += 1;
     }
@@ -250,12 +252,17 @@ fn async_handlers_in_a_jetstream_keyed_group_keep_per_key_order_across_a_join() 
         .expect("member b subscribes");
     let deadline = Instant::now() + PATIENCE;
     while !lock(&log).iter().any(|e| e.1 == "b" && e.0 == 'D') {
-        assert!(Instant::now() < deadline, "member b never got a partition");
+        assert!(
+            Instant::now() < deadline,
+            "member b never got a partition: a {:?}, b {:?}",
+            sub_a.stats(),
+            sub_b.stats()
+        );
         publish(next);
         next += 1;
         std::thread::sleep(Duration::from_millis(50));
     }
-    for _ in 0..10 {
+    for _ in 0..3 {
         publish(next);
         next += 1;
     }
