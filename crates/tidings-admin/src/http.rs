@@ -14,6 +14,7 @@ use serde::Deserialize;
 use serde_json::json;
 use tidings::ops::{DeadLetterError, MAX_PAGE_SIZE, PageError, RedriveSelection, SeekError};
 use tidings::{Broker, MessageId, StartAt, StreamError};
+use tidings_log::Excerpt;
 
 use crate::server::{AdminConfig, MetricsRender};
 
@@ -61,14 +62,23 @@ struct ApiError {
 }
 
 impl ApiError {
+    /// An error answer. A message longer than [`MAX_MESSAGE`] (one that quotes a rejection's
+    /// text, which may hold what the request sent) is cut, as an [`Excerpt`] (R-SEC-2).
     fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        let mut message = message.into();
+        if message.len() > MAX_MESSAGE {
+            message = Excerpt::of(&message).to_string();
+        }
         Self {
             status,
             code,
-            message: message.into(),
+            message,
         }
     }
 }
+
+/// Longest error message sent whole.
+const MAX_MESSAGE: usize = 256;
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
@@ -235,7 +245,10 @@ fn subscription_id(raw: &str) -> Result<u64, ApiError> {
         ApiError::new(
             StatusCode::BAD_REQUEST,
             "bad_request",
-            format!("subscription id must be a non-negative integer, got {raw:?}"),
+            format!(
+                "subscription id must be a non-negative integer, got {}",
+                Excerpt::of(raw)
+            ),
         )
     })
 }
@@ -262,7 +275,10 @@ fn usize_param(
             ApiError::new(
                 StatusCode::BAD_REQUEST,
                 "bad_request",
-                format!("{name} must be a non-negative integer, got {v:?}"),
+                format!(
+                    "{name} must be a non-negative integer, got {}",
+                    Excerpt::of(v)
+                ),
             )
         }),
     }
@@ -348,7 +364,7 @@ fn parse_message_id(s: &str) -> Result<MessageId, ApiError> {
         return Err(ApiError::new(
             StatusCode::BAD_REQUEST,
             "bad_request",
-            format!("a dead-letter id is 32 hex digits, got {s:?}"),
+            format!("a dead-letter id is 32 hex digits, got {}", Excerpt::of(s)),
         ));
     }
     u128::from_str_radix(s, 16)

@@ -7,6 +7,8 @@ use std::thread::JoinHandle;
 
 use tidings::Broker;
 
+use crate::wire::JsonErrors;
+
 /// Renders the `/metrics` answer (text).
 pub(crate) type MetricsRender = Arc<dyn Fn() -> String + Send + Sync>;
 
@@ -124,6 +126,7 @@ impl AdminServer {
         let addr = listener.local_addr().map_err(bind_err)?;
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_io()
+            .enable_time()
             .build()
             .map_err(|e| StartError::Runtime(e.to_string()))?;
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -132,21 +135,9 @@ impl AdminServer {
             .name("tidings-admin".into())
             .spawn(move || {
                 runtime.block_on(async move {
-                    let listener = match tokio::net::TcpListener::from_std(listener) {
-                        Ok(l) => l,
-                        Err(e) => {
-                            eprintln!("tidings-admin: {e}");
-                            return;
-                        }
-                    };
-                    let shutdown = async move {
-                        let _ = stopped.await;
-                    };
-                    if let Err(e) = axum::serve(listener, app)
-                        .with_graceful_shutdown(shutdown)
-                        .await
-                    {
-                        eprintln!("tidings-admin: {e}");
+                    match tokio::net::TcpListener::from_std(listener) {
+                        Ok(l) => serve(l, app, stopped).await,
+                        Err(e) => eprintln!("tidings-admin: {e}"),
                     }
                 });
             })
@@ -189,6 +180,60 @@ impl Drop for AdminServer {
     fn drop(&mut self) {
         self.stop_and_join();
     }
+}
+
+/// Accepts connections until `stopped`, then lets the ones open finish their request
+/// (graceful shutdown: a connection still waiting for its request is closed).
+///
+/// One request per connection (keep-alive off): the connection is wrapped in
+/// [`JsonErrors`], which gives the answers the HTTP parser writes itself the admin API's
+/// JSON error body, and it looks only at a connection's first answer.
+async fn serve(
+    listener: tokio::net::TcpListener,
+    app: axum::Router,
+    stopped: tokio::sync::oneshot::Receiver<()>,
+) {
+    // Every connection task holds a receiver of `open`; `shutdown` tells them to finish.
+    let (open_tx, open_rx) = tokio::sync::watch::channel(());
+    let (shutdown_tx, _) = tokio::sync::watch::channel(false);
+    tokio::pin!(stopped);
+    loop {
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Out of file descriptors, or a connection reset before it was
+                    // accepted: keep serving, without spinning.
+                    eprintln!("tidings-admin: accept: {e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            _ = &mut stopped => break,
+        };
+        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        let mut shutdown = shutdown_tx.subscribe();
+        let open = open_rx.clone();
+        tokio::spawn(async move {
+            let io = hyper_util::rt::TokioIo::new(JsonErrors::new(stream));
+            let conn = hyper::server::conn::http1::Builder::new()
+                .keep_alive(false)
+                .serve_connection(io, service);
+            tokio::pin!(conn);
+            tokio::select! {
+                _ = conn.as_mut() => {}
+                _ = shutdown.changed() => {
+                    conn.as_mut().graceful_shutdown();
+                    let _ = conn.await;
+                }
+            }
+            drop(open);
+        });
+    }
+    drop(listener);
+    let _ = shutdown_tx.send(true);
+    drop(open_rx);
+    open_tx.closed().await;
 }
 
 impl fmt::Debug for AdminServer {

@@ -12,6 +12,13 @@
 //! twice (after a hand-over) counts once more in the file, so the time is until the file
 //! holds at least every record.
 //!
+//! `jetstream/keyed-group/no-op`: the machinery alone (issue 33's bar: ≥ 0.5× the plain
+//! durable subscription). One process, a no-op handler: a keyed group (`PerKey`, 16 in
+//! flight) drains keyed records against the baseline `plain-durable`, a durable
+//! subscription without per-key order draining as many unkeyed records, on the same
+//! server, interleaved rounds. Each is timed from the subscribe until its handler saw
+//! every record.
+//!
 //! Without a `nats-server` binary the cases are emitted with no values and the reason in
 //! their notes.
 
@@ -49,8 +56,85 @@ fn case_name(processes: usize) -> String {
     format!("jetstream/keyed-group/processes={processes}")
 }
 
+const NO_OP: &str = "jetstream/keyed-group/no-op";
+
 pub(crate) fn case_names() -> Vec<String> {
-    PROCESSES.iter().map(|p| case_name(*p)).collect()
+    let mut names: Vec<String> = PROCESSES.iter().map(|p| case_name(*p)).collect();
+    names.push(NO_OP.to_owned());
+    names
+}
+
+/// One in-process drain of `records` stored records by a fresh durable subscription, keyed
+/// (a keyed group with per-key order) or plain; records per second, timed from the
+/// subscribe until the no-op handler saw every record.
+fn no_op_round(server: &NatsServer, keyed: bool, records: u64, round: usize) -> Result<f64, String> {
+    let stream = format!("noop{}r{round}", if keyed { "k" } else { "p" });
+    let broker = broker(&server.url(), &stream)?;
+    for i in 0..records {
+        let m = MessageBuilder::new(format!("{stream}.order")).payload(i.to_string());
+        let m = if keyed { m.key(format!("k{}", i % KEYS)) } else { m };
+        broker.publish(m).map_err(|e| e.to_string())?;
+    }
+    let seen = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let options = if keyed {
+        SubscribeOptions {
+            concurrency: Concurrency::PerKey {
+                max_in_flight: IN_FLIGHT,
+            },
+            ..SubscribeOptions::default()
+        }
+    } else {
+        SubscribeOptions::default()
+    };
+    let started = Instant::now();
+    let counter = Arc::clone(&seen);
+    let sub = broker
+        .subscribe_durable(
+            DurableSpec::new(&stream).name("group"),
+            options,
+            move |_m: &Message| {
+                counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                Ok(())
+            },
+        )
+        .map_err(|e| e.to_string())?;
+    wait("every record handled", || {
+        seen.load(std::sync::atomic::Ordering::Relaxed) >= records
+    })?;
+    let took = started.elapsed();
+    drop(sub);
+    broker.close(Duration::from_secs(5));
+    Ok(records as f64 / took.as_secs_f64())
+}
+
+fn run_no_op(plan: &Plan, server: &NatsServer, case: &mut Case) {
+    let (records, rounds) = if plan.quick { (2_000, 1) } else { (20_000, 5) };
+    let (mut keyed, mut plain) = (Vec::new(), Vec::new());
+    for r in 0..rounds {
+        // Interleaved, alternating which goes first.
+        for first in [r % 2 == 0, r % 2 != 0] {
+            let rates = if first { &mut keyed } else { &mut plain };
+            match no_op_round(server, first, records, r) {
+                Ok(rate) => rates.push(rate),
+                Err(e) => case.note(format!("round {r} ({}) failed: {e}", if first { "keyed" } else { "plain" })),
+            }
+        }
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied()
+    };
+    case.tidings = median(&mut keyed);
+    if let Some(p) = median(&mut plain) {
+        case.baselines.insert("plain-durable".to_owned(), p);
+    }
+    case.note(format!(
+        "{records} stored records drained by one process with a no-op handler: a keyed group \
+         (PerKey, {IN_FLIGHT} in flight, {KEYS} keys, lease {LEASE:?}) against a plain \
+         durable subscription on unkeyed records, same server; timed from the subscribe \
+         (opening included) until every record was handled; median of {rounds} interleaved \
+         round(s)"
+    ));
 }
 
 fn broker(url: &str, stream: &str) -> Result<Broker, String> {
@@ -191,10 +275,10 @@ fn round(server: &NatsServer, processes: usize, records: u64, round: usize) -> R
 }
 
 pub(crate) fn run(plan: &Plan, filter: &Filter) -> Vec<Case> {
-    let mut cases: Vec<Case> = PROCESSES
-        .iter()
-        .filter(|p| filter.wants(&case_name(**p)))
-        .map(|p| Case::new(case_name(*p), "msgs/s", true))
+    let mut cases: Vec<Case> = case_names()
+        .into_iter()
+        .filter(|n| filter.wants(n))
+        .map(|n| Case::new(n, "msgs/s", true))
         .collect();
     if cases.is_empty() {
         return cases;
@@ -211,6 +295,10 @@ pub(crate) fn run(plan: &Plan, filter: &Filter) -> Vec<Case> {
     };
     let (records, rounds) = if plan.quick { (3_200, 1) } else { (19_200, 3) };
     for case in &mut cases {
+        if case.name == NO_OP {
+            run_no_op(plan, &server, case);
+            continue;
+        }
         let processes = PROCESSES
             .iter()
             .copied()

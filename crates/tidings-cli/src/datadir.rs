@@ -701,7 +701,7 @@ const MILLIS: iso8601::EncodedConfig = iso8601::Config::DEFAULT
 
 /// Milliseconds since the epoch as `YYYY-MM-DDTHH:MM:SS.mmmZ` (past the year 9999, which no
 /// record's clock gives, as the raw number).
-fn format_time(ms: u64) -> String {
+pub(crate) fn format_time(ms: u64) -> String {
     OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
         .ok()
         .and_then(|t| t.format(&Iso8601::<MILLIS>).ok())
@@ -710,10 +710,11 @@ fn format_time(ms: u64) -> String {
 
 /// `--time`: milliseconds since the epoch, or an RFC 3339 time (`2026-12-02T17:00:00Z`,
 /// `2026-12-02T18:00:00.5+01:00`), cut to whole milliseconds like the records' timestamps.
-fn parse_time(text: &str) -> Result<SystemTime, String> {
+pub(crate) fn parse_time(text: &str) -> Result<SystemTime, String> {
     let bad = || {
         format!(
-            "--time {text:?}: expected milliseconds since the UNIX epoch or an RFC 3339 time like 2026-12-02T17:00:00Z"
+            "--time {}: expected milliseconds since the UNIX epoch or an RFC 3339 time like 2026-12-02T17:00:00Z",
+            tidings_log::Excerpt::of(text)
         )
     };
     if let Ok(ms) = text.parse::<u64>() {

@@ -43,6 +43,8 @@ mod bench;
 mod datadir;
 mod demo;
 mod durable_demo;
+#[cfg(test)]
+mod fuzz_targets;
 mod log;
 mod progress;
 mod table;

@@ -89,13 +89,24 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// The bytes `s` spells in hex. Works on bytes, never on `str` slices: a foreign record's
+/// value may hold a multi-byte character anywhere, and slicing inside one panics (R-SEC-2).
 fn unhex(s: &str) -> Result<Vec<u8>, &'static str> {
-    if !s.len().is_multiple_of(2) {
+    fn digit(b: u8) -> Result<u8, &'static str> {
+        match b {
+            b'0'..=b'9' => Ok(b - b'0'),
+            b'a'..=b'f' => Ok(b - b'a' + 10),
+            b'A'..=b'F' => Ok(b - b'A' + 10),
+            _ => Err("bad hex"),
+        }
+    }
+    let bytes = s.as_bytes();
+    if !bytes.len().is_multiple_of(2) {
         return Err("odd hex length");
     }
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).map_err(|_| "bad hex"))
+    bytes
+        .chunks_exact(2)
+        .map(|pair| Ok((digit(pair[0])? << 4) | digit(pair[1])?))
         .collect()
 }
 
@@ -417,6 +428,27 @@ mod tests {
         let mut want = m.to_parts();
         want.offset = Some(9);
         assert_eq!(back.to_parts(), want);
+    }
+
+    // R-SEC-2: any text is hex or refused, never a panic: a multi-byte character at an
+    // even byte offset (`✓a`) once sliced inside the character.
+    #[test]
+    fn unhex_refuses_what_is_not_hex_without_panicking() {
+        assert_eq!(unhex("00ff7A"), Ok(vec![0, 255, 0x7a]));
+        assert_eq!(unhex(""), Ok(Vec::new()));
+        for s in ["✓a", "abé", "é", "0x", "a", "✓✓", "+1", "１２"] {
+            assert!(unhex(s).is_err(), "{s:?}");
+        }
+    }
+
+    proptest::proptest! {
+        // R-SEC-2: any text decodes as hex or is refused; hex round-trips.
+        #[test]
+        fn any_text_is_hex_or_refused(s in any_text()) {
+            if let Ok(bytes) = unhex(&s) {
+                proptest::prop_assert_eq!(hex(&bytes), s.to_ascii_lowercase());
+            }
+        }
     }
 
     #[test]

@@ -44,6 +44,9 @@ mod client;
 pub(crate) mod codec;
 mod connection;
 mod error;
+mod names;
+#[cfg(test)]
+mod fuzz_targets;
 pub mod subject;
 pub mod transport;
 

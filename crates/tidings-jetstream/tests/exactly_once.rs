@@ -30,7 +30,7 @@ use tidings::{
     Broker, DurableSpec, HandlerError, Message, MessageId, Retry, StreamConfig, SubscribeOptions,
 };
 use tidings_jetstream::{ConnectOptions, JetStreamBackend};
-use tidings_testkit::child::TestChild;
+use tidings_testkit::child::{self, TestChild};
 use tidings_testkit::nats::{NatsServer, NatsServerOptions};
 
 const URL_ENV: &str = "TIDINGS_EO_JS_URL";
@@ -238,9 +238,9 @@ struct Check {
 /// Panics on an output stored twice, an input stored twice or out of order, or an
 /// acknowledged input without its outputs.
 fn check(url: &str, dir: &Path, cycle: usize) -> Check {
-    let acknowledged_below = std::fs::read_to_string(dir.join("committed.log"))
-        .unwrap_or_default()
-        .lines()
+    // Whole lines only: a child killed in the middle of its write leaves a partial last line.
+    let acknowledged_below = child::complete_lines(&dir.join("committed.log"))
+        .iter()
         .filter_map(|l| l.parse::<u64>().ok())
         .max()
         .unwrap_or(0);
@@ -330,9 +330,9 @@ fn a_pipeline_on_jetstream_survives_process_and_server_kills_with_each_output_on
     let mut child = spawn_child(&url, dir, total, true);
     child.wait_success(PATIENCE);
     let end = check(&url, dir, cycles);
-    let dropped = std::fs::read_to_string(dir.join("dropped.log")).unwrap_or_default();
-    let dropped_outputs = dropped.lines().filter(|l| *l == "output").count();
-    let dropped_inputs = dropped.lines().filter(|l| *l == "input").count();
+    let dropped = child::complete_lines(&dir.join("dropped.log"));
+    let dropped_outputs = dropped.iter().filter(|l| *l == "output").count();
+    let dropped_inputs = dropped.iter().filter(|l| *l == "input").count();
     println!(
         "R-DEL-7 jetstream: cycles {cycles} ({child_kills} consumer kills, {server_kills} \
          server kills), inputs {}, outputs {}, acknowledged {}, duplicates 0, missing 0; \

@@ -178,13 +178,16 @@ pub enum ReadError {
         /// The current end offset.
         end: u64,
     },
-    /// A record failed its checks while being read.
-    #[error("corrupt record in {} at byte {byte_offset}: {reason}", path.display())]
+    /// A record failed its checks while being read. [`Log::next_readable`](crate::Log::next_readable)
+    /// finds where reading can go on past it, when the format lets it.
+    #[error("corrupt record (offset {offset}) in {} at byte {byte_offset}: {reason}", path.display())]
     Corrupt {
         /// The segment file.
         path: PathBuf,
         /// Byte offset of the bad record.
         byte_offset: u64,
+        /// The offset the bad record holds the place of: the one expected at that position.
+        offset: u64,
         /// What check failed.
         reason: &'static str,
     },

@@ -188,6 +188,16 @@
 //! A consequence: damage to the *last* record of the last segment is indistinguishable from a
 //! torn write and is truncated (and reported); anywhere else it stops the open.
 //!
+//! # Reading past a damaged record
+//!
+//! A record the open did not check (a sealed segment without [`LogConfig::verify_on_open`])
+//! is checked by the read that reaches it. [`Log::read`] returns the records before it; the
+//! read that starts at it fails with [`ReadError::Corrupt`] (file, byte offset, record
+//! offset). [`Log::next_readable`] then finds the first trustworthy record after it with the
+//! resync search of rule 5 (in a sealed segment with none, the segment's end), remembers it
+//! so later reads start there, and changes nothing on disk; in the active segment with none
+//! it fails with the same `Corrupt`.
+//!
 //! # Media assumptions
 //!
 //! * `fdatasync` returning success means the file's data and length survive a power cut; a
@@ -216,8 +226,11 @@ mod config;
 mod crc;
 mod dir;
 mod error;
+mod excerpt;
 #[cfg(test)]
 mod fuzz;
+#[cfg(test)]
+mod fuzz_targets;
 mod index;
 mod log;
 mod reader;
@@ -237,6 +250,7 @@ pub use config::{Fsync, LogConfig, MAX_RECORD_BYTES, MIN_SEGMENT_BYTES, Retentio
 pub use error::{
     AppendError, CloseError, ConfigError, OpenError, ReadError, RetentionError, ToolError,
 };
+pub use excerpt::Excerpt;
 pub use log::Log;
 pub use record::{MAX_HEADER_NAME, Record, StoredRecord};
 pub use recovery::{RecoveryReport, Truncation};

@@ -317,11 +317,33 @@ impl Log {
     /// Reads up to `max_records` records starting at offset `from`, in offset order.
     ///
     /// Returns fewer (possibly none) when the end of the log is reached; `from == end_offset()`
-    /// gives an empty vector. Fails with [`ReadError::OutOfRetention`] if `from` was removed by
-    /// retention, [`ReadError::BeyondEnd`] if `from > end_offset()`, and
-    /// [`ReadError::Corrupt`] (file and byte offset) if a record fails its checks.
+    /// gives an empty vector. A record that fails its checks ends the batch: the records
+    /// before it are returned, and the read that starts at it fails with
+    /// [`ReadError::Corrupt`] (file, byte offset and record offset). Fails with
+    /// [`ReadError::OutOfRetention`] if `from` was removed by retention and
+    /// [`ReadError::BeyondEnd`] if `from > end_offset()`.
     pub fn read(&self, from: u64, max_records: usize) -> Result<Vec<StoredRecord>, ReadError> {
         reader::read(&self.shared, from, max_records)
+    }
+
+    /// The first offset at or after `from` from which [`Log::read`] can go on: `from` itself
+    /// when its record (and every record a read walks over to reach it) passes its checks;
+    /// otherwise the first trustworthy record after the damage. Every offset in
+    /// `from..returned` is a record that cannot be read; nothing is changed on disk.
+    ///
+    /// The record after a damaged one is found by the resync search of the [recovery
+    /// rules](crate#recovery-rules) (rule 5) over the segment: through the damaged record's
+    /// length when it is intact, byte by byte otherwise, where a candidate inside the extent
+    /// the damaged record claims needs checksum evidence. In a sealed segment with no such
+    /// record after the damage, the answer is the segment's end (the next segment's first
+    /// record). What is found is remembered, so later reads start past the damage.
+    ///
+    /// # Errors
+    /// [`ReadError::Corrupt`] for the damaged record when nothing readable follows it in
+    /// the active segment (the format cannot resync there); [`ReadError::OutOfRetention`],
+    /// [`ReadError::BeyondEnd`] and [`ReadError::Io`] as for [`Log::read`].
+    pub fn next_readable(&self, from: u64) -> Result<u64, ReadError> {
+        reader::next_readable(&self.shared, from)
     }
 
     /// The offset of the first record, in offset order, whose timestamp is `>= timestamp_ms`

@@ -3,7 +3,14 @@
 //! Every record is checked (length, CRC-32C, body structure, and that its stored offset is the
 //! one expected at that position). If the record at an indexed position does not carry the
 //! indexed offset, the index is not trusted: the segment is re-read from its first record. Any
-//! other failure is [`ReadError::Corrupt`] with the file and byte offset.
+//! other failure is [`ReadError::Corrupt`] with the file, byte offset and record offset.
+//!
+//! A read returns the records before the first one that fails (a batch is never
+//! all-or-nothing); it fails only when the first record asked for cannot be read.
+//! [`next_readable`] finds where reading can go on after a damaged record: the resync search of
+//! recovery ([`scan::resync`]) over the segment, or the next segment when a sealed one has no
+//! trustworthy record after the damage. What it finds is kept as a *resync point* of the
+//! segment, so later reads start past the damage instead of walking into it.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -15,6 +22,7 @@ use crate::log::Shared;
 use crate::record::{
     self, FRAME_PREFIX, Frame, StoredRecord, check_frame, check_frame_crc_verified,
 };
+use crate::scan;
 use crate::segment::{HEADER_LEN, Segment};
 use crate::storage::read_exact_at;
 
@@ -65,13 +73,98 @@ pub(crate) fn read(sh: &Shared, from: u64, max: usize) -> Result<Vec<StoredRecor
         if next >= until {
             continue;
         }
-        read_segment(sh, &seg, next, until, max, &mut out)?;
+        if let Err(e) = read_segment(sh, &seg, next, until, max, &mut out) {
+            // The records before the failure are good: hand them out. The next read starts
+            // at the failed record and reports it.
+            return if out.is_empty() { Err(e) } else { Ok(out) };
+        }
         if out.len() >= max || until >= end {
             break;
         }
         next = until;
     }
     Ok(out)
+}
+
+/// The first offset at or after `from` that a read can start at (see [`crate::Log::next_readable`]).
+pub(crate) fn next_readable(sh: &Shared, from: u64) -> Result<u64, ReadError> {
+    let earliest = sh.start.load(Ordering::Acquire);
+    if from < earliest {
+        return Err(ReadError::OutOfRetention {
+            requested: from,
+            earliest,
+        });
+    }
+    let end = sh.visible.load(Ordering::SeqCst);
+    if from > end {
+        return Err(ReadError::BeyondEnd {
+            requested: from,
+            end,
+        });
+    }
+    let Some(seg) = segments_from(sh, from).into_iter().next() else {
+        return Err(ReadError::OutOfRetention {
+            requested: from,
+            earliest: sh.start.load(Ordering::Acquire),
+        });
+    };
+    let until = seg.end().min(end);
+    if from >= until {
+        return Ok(from);
+    }
+    // A sealed segment is never written again: its end is final, and the next segment's
+    // first record starts right after its header.
+    let sealed = sh
+        .segments
+        .read()
+        .last()
+        .is_some_and(|last| !std::ptr::eq(Arc::as_ptr(last), Arc::as_ptr(&seg)))
+        && seg.end() <= end;
+    // Each turn either returns or adds a resync point past the damage it found, and the next
+    // walk starts at that point or later: the loop ends within `from - base` turns.
+    loop {
+        let damage = match for_each_frame(sh, &seg, from, until, &mut |_| Ok(false)) {
+            Ok(()) => return Ok(from),
+            Err(e) => e,
+        };
+        let &ReadError::Corrupt {
+            byte_offset,
+            offset,
+            ..
+        } = &damage
+        else {
+            return Err(damage);
+        };
+        match resync_after(sh, &seg, byte_offset, offset, until)? {
+            Some((pos, next)) => {
+                seg.add_resync(next, pos);
+                if next > from {
+                    return Ok(next);
+                }
+            }
+            None if sealed => return Ok(seg.end()),
+            None => return Err(damage),
+        }
+    }
+}
+
+/// The first trustworthy record after the damaged record `bad` at byte `pos` of `seg`, as
+/// `(byte position, offset)`, when it is visible (below `until`): the resync search of
+/// recovery rule 5 ([`scan::resync`]), over the bytes the segment has on storage.
+fn resync_after(
+    sh: &Shared,
+    seg: &Segment,
+    pos: u64,
+    bad: u64,
+    until: u64,
+) -> Result<Option<(u64, u64)>, ReadError> {
+    flush_for_read(sh, seg)?;
+    let file_len = seg.flushed.load(Ordering::Acquire);
+    let found = scan::resync(&*seg.file, file_len, pos, bad).map_err(|source| ReadError::Io {
+        path: seg.path.clone(),
+        source,
+    })?;
+    Ok(found.filter(|&(_, next)| next > bad && next < until))
 }
 
 /// Decodes the records of `seg` with offsets in `from..until` into `out` until it holds `max`.
@@ -92,21 +185,21 @@ fn read_segment(
     let mut walk = Walk::start(seg, from);
     let mut chunk = Chunk::default();
     while walk.off < until {
-        let frames = chunk.next_run(sh, seg, walk.pos, until - walk.off)?;
+        let frames = chunk.next_run(sh, seg, walk.pos, walk.off, until - walk.off)?;
         for &(at, len) in frames.frames() {
-            let pos = walk.pos;
+            let (pos, off) = (walk.pos, walk.off);
             let frame = &chunk.bytes[at..at + len];
             if !walk.in_sequence(seg, record::stored_offset(frame))? {
                 break;
             }
             if walk.off >= from {
                 record::decode_into(&chunk.bytes, at, len, out)
-                    .map_err(|r| corrupt(seg, pos, r))?;
+                    .map_err(|r| corrupt(seg, pos, off, r))?;
                 if out.len() >= max {
                     return Ok(());
                 }
             } else if let Frame::Bad(reason) = check_frame_crc_verified(frame) {
-                return Err(corrupt(seg, pos, reason));
+                return Err(corrupt(seg, pos, off, reason));
             }
             walk.advance(len);
         }
@@ -115,8 +208,9 @@ fn read_segment(
 }
 
 /// Where a walk over a segment's frames stands: the offset and byte position expected next,
-/// and whether they still come from the sparse index (a checked cache: when the frame found
-/// there is not the one expected, the walk starts over from the segment's first frame).
+/// and whether they still come from the sparse index or a resync point (a checked cache: when
+/// the frame found there is not the one expected, the walk starts over from the segment's
+/// first frame).
 struct Walk {
     off: u64,
     pos: u64,
@@ -124,9 +218,11 @@ struct Walk {
 }
 
 impl Walk {
-    /// Starts at the indexed frame at or before `from`.
+    /// Starts at the indexed frame or resync point at or before `from`, whichever is later.
     fn start(seg: &Segment, from: u64) -> Self {
-        let (off, pos) = seg.index.read().floor(seg.base, from);
+        let indexed = seg.index.read().floor(seg.base, from);
+        let resynced = seg.resync_floor(from);
+        let (off, pos) = resynced.filter(|r| r.0 > indexed.0).unwrap_or(indexed);
         Self {
             off,
             pos,
@@ -146,7 +242,12 @@ impl Walk {
             (self.off, self.pos) = (seg.base, HEADER_LEN);
             return Ok(false);
         }
-        Err(corrupt(seg, self.pos, "record offset out of sequence"))
+        Err(corrupt(
+            seg,
+            self.pos,
+            self.off,
+            "record offset out of sequence",
+        ))
     }
 
     /// Moves past the frame just checked, `len` bytes long.
@@ -189,10 +290,11 @@ pub(crate) struct FrameRef {
     pub(crate) timestamp_ms: u64,
 }
 
-fn corrupt(seg: &Segment, pos: u64, reason: &'static str) -> ReadError {
+fn corrupt(seg: &Segment, pos: u64, offset: u64, reason: &'static str) -> ReadError {
     ReadError::Corrupt {
         path: seg.path.clone(),
         byte_offset: pos,
+        offset,
         reason,
     }
 }
@@ -208,17 +310,17 @@ pub(crate) fn for_each_frame(
     let mut walk = Walk::start(seg, from);
     let mut chunk = Chunk::default();
     while walk.off < until {
-        let frames = chunk.next_run(sh, seg, walk.pos, until - walk.off)?;
+        let frames = chunk.next_run(sh, seg, walk.pos, walk.off, until - walk.off)?;
         for &(at, len) in frames.frames() {
-            let pos = walk.pos;
+            let (pos, off) = (walk.pos, walk.off);
             let (stored, ts) = match check_frame_crc_verified(&chunk.bytes[at..at + len]) {
                 Frame::Good {
                     offset,
                     timestamp_ms,
                     ..
                 } => (offset, timestamp_ms),
-                Frame::Bad(reason) => return Err(corrupt(seg, pos, reason)),
-                Frame::Incomplete { .. } => past_segment_end(seg, pos)?,
+                Frame::Bad(reason) => return Err(corrupt(seg, pos, off, reason)),
+                Frame::Incomplete { .. } => past_segment_end(seg, pos, off)?,
             };
             if !walk.in_sequence(seg, stored)? {
                 break;
@@ -386,20 +488,21 @@ impl Chunk {
 
     /// The checked frames from `pos` on (at most three, at most `limit`): the
     /// [`verified_run`](Self::verified_run) already in the chunk, or else the one frame at
-    /// `pos`, read into the chunk if needed and fully checked; `Corrupt` when that frame is
-    /// incomplete or fails a check.
+    /// `pos` (the record `off`), read into the chunk if needed and fully checked; `Corrupt`
+    /// when that frame is incomplete or fails a check.
     fn next_run(
         &mut self,
         sh: &Shared,
         seg: &Segment,
         pos: u64,
+        off: u64,
         limit: u64,
     ) -> Result<Run, ReadError> {
         let run = self.verified_run(pos, limit);
         if !run.is_empty() {
             return Ok(run);
         }
-        let len = self.checked_len(sh, seg, pos)?;
+        let len = self.checked_len(sh, seg, pos, off)?;
         Ok(Run::one((pos - self.start) as usize, len))
     }
 
@@ -435,11 +538,17 @@ impl Chunk {
     /// The length of the complete frame at `pos`, read into the chunk if needed, with its
     /// checksum verified (the structure is left to the caller); `Corrupt` when it is
     /// incomplete or fails a check.
-    fn checked_len(&mut self, sh: &Shared, seg: &Segment, pos: u64) -> Result<usize, ReadError> {
+    fn checked_len(
+        &mut self,
+        sh: &Shared,
+        seg: &Segment,
+        pos: u64,
+        off: u64,
+    ) -> Result<usize, ReadError> {
         match self.frame(sh, seg, pos)? {
             Frame::Good { len, .. } => Ok(len),
-            Frame::Bad(reason) => Err(corrupt(seg, pos, reason)),
-            Frame::Incomplete { .. } => past_segment_end(seg, pos),
+            Frame::Bad(reason) => Err(corrupt(seg, pos, off, reason)),
+            Frame::Incomplete { .. } => past_segment_end(seg, pos, off),
         }
     }
 
@@ -463,10 +572,11 @@ impl Chunk {
 }
 
 /// A frame below the visible end that does not fit in its segment's written bytes.
-fn past_segment_end<T>(seg: &Segment, pos: u64) -> Result<T, ReadError> {
+fn past_segment_end<T>(seg: &Segment, pos: u64, off: u64) -> Result<T, ReadError> {
     Err(corrupt(
         seg,
         pos,
+        off,
         "record extends past the end of the segment",
     ))
 }

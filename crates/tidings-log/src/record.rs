@@ -10,6 +10,7 @@ use std::ops::Range;
 use bytes::Bytes;
 
 use crate::config::MAX_RECORD_BYTES;
+use crate::excerpt::Excerpt;
 
 /// Bytes before the body: `u32` body length and `u32` CRC-32C.
 pub(crate) const FRAME_PREFIX: usize = 8;
@@ -101,45 +102,23 @@ impl StoredRecord {
     }
 }
 
-/// One line: offset, timestamp, key, headers and a short payload preview.
+/// One line: offset, timestamp, key, headers and a short payload preview (each an
+/// [`Excerpt`]: bounded, whatever the record holds).
 impl fmt::Display for StoredRecord {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "offset={} ts={}", self.offset, self.timestamp_ms)?;
         if let Some(k) = &self.key {
-            write!(f, " key={}", Preview(k))?;
+            write!(f, " key={}", Excerpt::of(k))?;
         }
         for (name, value) in &self.headers {
-            write!(f, " {}={}", name, Preview(value))?;
+            write!(f, " {}={}", Excerpt::of(name), Excerpt::of(value))?;
         }
         write!(
             f,
             " payload[{}]={}",
             self.payload.len(),
-            Preview(&self.payload)
+            Excerpt::of(&self.payload)
         )
-    }
-}
-
-struct Preview<'a>(&'a [u8]);
-
-impl fmt::Display for Preview<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        const MAX: usize = 48;
-        let shown = &self.0[..self.0.len().min(MAX)];
-        f.write_str("\"")?;
-        for chunk in shown.utf8_chunks() {
-            for c in chunk.valid().chars() {
-                write!(f, "{}", c.escape_debug())?;
-            }
-            for b in chunk.invalid() {
-                write!(f, "\\x{b:02x}")?;
-            }
-        }
-        f.write_str("\"")?;
-        if self.0.len() > MAX {
-            f.write_str("…")?;
-        }
-        Ok(())
     }
 }
 

@@ -174,6 +174,10 @@ pub(crate) struct Segment {
     /// Only then can a sync of the file make its records durable. False only for the segment
     /// an asynchronous roll started, until the seal of the segment before it publishes it.
     pub(crate) published: AtomicBool,
+    /// `(offset, byte position)` of records found past damaged ones
+    /// ([`crate::Log::next_readable`]), ordered by offset: reads start there rather than walk
+    /// into the damage again. In memory only, one per damaged record at most.
+    pub(crate) resyncs: RwLock<Vec<(u64, u64)>>,
 }
 
 /// The name an unpublished segment is written under: `<name>.seg.tmp`. Recovery adopts it only
@@ -205,6 +209,22 @@ impl Segment {
             flushed: AtomicU64::new(size),
             max_ts: AtomicU64::new(max_ts),
             published: AtomicBool::new(true),
+            resyncs: RwLock::new(Vec::new()),
+        }
+    }
+
+    /// The last resync point at or before `offset`.
+    pub(crate) fn resync_floor(&self, offset: u64) -> Option<(u64, u64)> {
+        let points = self.resyncs.read();
+        let i = points.partition_point(|&(o, _)| o <= offset);
+        i.checked_sub(1).map(|i| points[i])
+    }
+
+    /// Remembers that the record `offset` starts at byte `pos` and is readable.
+    pub(crate) fn add_resync(&self, offset: u64, pos: u64) {
+        let mut points = self.resyncs.write();
+        if let Err(i) = points.binary_search_by_key(&offset, |&(o, _)| o) {
+            points.insert(i, (offset, pos));
         }
     }
 

@@ -6,8 +6,9 @@
 //! * in the last record of the last segment: open truncates exactly that record and reports it
 //!   (indistinguishable from a torn write);
 //! * in any other record: open fails with `Corrupt { path, byte_offset }` naming the file and the
-//!   start of the damaged record (with `verify_on_open`; without it, the open succeeds and the
-//!   read of that record fails with the same path and offset) and no file is modified;
+//!   start of the damaged record (with `verify_on_open`; without it, the open succeeds, the
+//!   read of that record fails with the same path and offset, every record before it is read,
+//!   and `next_readable` goes on past exactly that record) and no file is modified;
 //!
 //! and `tools::verify` reports every flip with its file (and record offset for records).
 
@@ -41,6 +42,43 @@ fn read_until_error(log: &tidings_log::Log) -> Result<Vec<StoredRecord>, ReadErr
         next = batch.last().unwrap().offset + 1;
         out.extend(batch);
     }
+}
+
+/// Reads the whole log in batches of `batch`, going on past damaged records with
+/// `next_readable`: the records read, and the offsets skipped.
+fn read_past_damage(log: &tidings_log::Log, batch: usize) -> (Vec<StoredRecord>, Vec<u64>) {
+    let (mut out, mut skipped) = (Vec::new(), Vec::new());
+    let mut next = log.start_offset();
+    loop {
+        match log.read(next, batch) {
+            Ok(b) if b.is_empty() => return (out, skipped),
+            Ok(b) => {
+                next = b.last().unwrap().offset + 1;
+                out.extend(b);
+            }
+            Err(ReadError::Corrupt { offset, .. }) => {
+                assert_eq!(
+                    offset, next,
+                    "the failed read names the record it started at"
+                );
+                let after = log.next_readable(next).unwrap();
+                assert!(after > next, "next_readable moves past the damage");
+                skipped.extend(next..after);
+                next = after;
+            }
+            Err(e) => panic!("read: {e}"),
+        }
+    }
+}
+
+/// The index in `original` of the first record of segment `path`.
+fn first_index(original: &[StoredRecord], path: &std::path::Path) -> usize {
+    let base: u64 = path
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .and_then(|s| s.parse().ok())
+        .unwrap();
+    original.iter().position(|o| o.offset == base).unwrap()
 }
 
 #[test]
@@ -195,6 +233,18 @@ fn ten_thousand_bit_flips_are_all_detected() {
                 for rec in log.read(log.start_offset(), 1).unwrap_or_default() {
                     assert_intact(&rec);
                 }
+                // R-LIM-2, R-DEL-6: the damage costs only itself. Reading on past it
+                // (`next_readable`) skips exactly the damaged record, and every other record
+                // reads back unchanged, the ones before it in the same batch.
+                let bad = original[first_index(&original, path) + r].offset;
+                let (read, skipped) = read_past_damage(&log, 64);
+                assert_eq!(skipped, vec![bad], "{what}");
+                let others: Vec<StoredRecord> = original
+                    .iter()
+                    .filter(|o| o.offset != bad)
+                    .cloned()
+                    .collect();
+                assert_eq!(read, others, "{what}");
                 drop(log);
                 *counts.entry("corrupt on read").or_default() += 1;
             }

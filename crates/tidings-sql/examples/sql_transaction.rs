@@ -38,7 +38,14 @@ fn add_payment(tx: &mut SqliteTx<'_>, message: &Message) -> Result<(), HandlerEr
 
 fn ledger(db: &Path) -> Result<Ledger, Box<dyn std::error::Error>> {
     let handler: fn(&mut SqliteTx<'_>, &Message) -> Result<(), HandlerError> = add_payment;
-    Ok(Transactional::sqlite(db, "processed_messages", handler)?)
+    // Consumer "ledger": whose ids these are. Every process applying these same effects
+    // uses this name, so a redelivery to any of them is a skip.
+    Ok(Transactional::sqlite(
+        db,
+        "processed_messages",
+        "ledger",
+        handler,
+    )?)
 }
 
 fn broker(dir: &Path) -> Result<Broker, Box<dyn std::error::Error>> {
@@ -55,7 +62,7 @@ fn broker(dir: &Path) -> Result<Broker, Box<dyn std::error::Error>> {
 fn balances(db: &Path) -> Result<Vec<(String, i64)>, Box<dyn std::error::Error>> {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let s = seen.clone();
-    let reader = Transactional::sqlite(db, "reads", move |tx, _m: &Message| {
+    let reader = Transactional::sqlite(db, "reads", "reader", move |tx, _m: &Message| {
         let rows = tx.query("SELECT id, balance FROM accounts ORDER BY id", &[])?;
         let mut out = s.lock().map_err(|_| HandlerError::retry("poisoned lock"))?;
         out.clear();
@@ -78,7 +85,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let db = tmp.path().join("ledger.db");
 
     // The accounts, through a one-off transaction of the same kind.
-    let setup = Transactional::sqlite(&db, "setup", |tx, _m: &Message| {
+    let setup = Transactional::sqlite(&db, "setup", "setup", |tx, _m: &Message| {
         tx.execute_batch(
             "CREATE TABLE accounts (id TEXT PRIMARY KEY, balance INTEGER NOT NULL);
              INSERT INTO accounts VALUES ('alice', 0), ('bob', 0);",
@@ -126,7 +133,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // Every payment delivered again — what a crash between the commit and the
     // acknowledgement does, here as a replay of the stream from its start — to another
-    // consumer process on the same database: all skipped, nothing applied twice.
+    // process of the same consumer ("ledger") on the same database: all skipped, nothing
+    // applied twice.
     let second = ledger(&db)?;
     let _replay = b.subscribe(
         DurableSpec::new("payments").name("ledger-replay"),

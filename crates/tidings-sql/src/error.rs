@@ -1,6 +1,7 @@
 //! One error type per operation: starting ([`OpenError`]), a delivery ([`DeliveryError`]),
 //! a statement in the handler's transaction ([`QueryError`]), reading a column
-//! ([`ColumnError`]), pruning ([`PruneError`]), and a table name ([`TableNameError`]).
+//! ([`ColumnError`]), pruning ([`PruneError`]), a table name ([`TableNameError`]) and a
+//! consumer name ([`ConsumerNameError`]).
 //!
 //! The database driver's own errors are kept as the `source` (a boxed
 //! `std::error::Error`), so no driver type is part of this crate's API; their text is in
@@ -96,6 +97,31 @@ pub enum TableNameError {
     },
 }
 
+/// Why a consumer name was refused (see [`ConsumerName`](crate::ConsumerName)).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConsumerNameError {
+    /// The name is empty.
+    #[error("the consumer name is empty")]
+    Empty,
+    /// The name is longer than the limit.
+    #[error("the consumer name is {len} bytes long; at most {max} are allowed")]
+    TooLong {
+        /// Its length in bytes.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// The name holds a control character.
+    #[error("a consumer name holds no control characters; found {found:?} at byte {at}")]
+    Control {
+        /// The character.
+        found: char,
+        /// Its byte offset.
+        at: usize,
+    },
+}
+
 /// Why a [`Transactional`](crate::Transactional) handler could not be built (at start).
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
@@ -107,6 +133,35 @@ pub enum OpenError {
         name: String,
         /// What is wrong with it.
         error: TableNameError,
+    },
+    /// The consumer name is empty, too long or holds a control character.
+    #[error("invalid consumer name {name:?}: {error}")]
+    InvalidConsumerName {
+        /// The name given.
+        name: String,
+        /// What is wrong with it.
+        error: ConsumerNameError,
+    },
+    /// The processed-messages table has the shape of tidings-sql before ids belonged to a
+    /// consumer: `message_id` alone is the primary key. Its rows cannot be attributed to
+    /// a consumer from the table itself (several consumers may have recorded into it), so
+    /// nothing was changed. `fix` is the SQL that migrates it, in one transaction,
+    /// attributing every row to `consumer`: right when only that consumer recorded into
+    /// the table. When several did, run its `INSERT` once per consumer (each then keeps
+    /// treating every old id as processed, as before) — see the crate docs.
+    #[error(
+        "the processed-messages table `{table}` keys ids by message id alone (the shape \
+         before ids belonged to a consumer); its rows cannot be attributed to a consumer \
+         automatically, so nothing was changed. If only consumer `{consumer}` recorded \
+         into it, migrate it with: {fix}"
+    )]
+    UnattributedTable {
+        /// The table.
+        table: String,
+        /// The consumer this handler was built for.
+        consumer: String,
+        /// The migration, for this database, attributing every row to `consumer`.
+        fix: String,
     },
     /// The connection settings could not be read (a PostgreSQL connection string).
     #[error("invalid connection settings: {source}")]
@@ -165,13 +220,44 @@ pub enum DeliveryError {
         source: DbError,
     },
     /// Inserting the message id into the processed-messages table failed (not because it
-    /// was there: that is a skip).
-    #[error("tidings-sql: could not record the message id in `{table}`: {source}")]
+    /// was there: that is a skip), or recording the delivery's term in the fence table
+    /// failed; `table` says which.
+    #[error("tidings-sql: could not record the delivery in `{table}`: {source}")]
     Record {
-        /// The processed-messages table.
+        /// The processed-messages table or its fence table.
         table: String,
         /// The driver's error.
         source: DbError,
+    },
+    /// The delivery's fence ([`tidings::Fence`]) is stale: a greater lease term of its
+    /// partition is recorded for this consumer, so a newer owner has committed there
+    /// (R-DIST-8). Rolled back before the handler ran; nothing was committed. Handed to
+    /// the dispatcher as retryable: a stale owner's keyed group refuses the retry at its
+    /// start gate and the partition's new owner delivers the message; a process that owns
+    /// the partition again retries it under its new term.
+    #[error(
+        "tidings-sql: fenced: this delivery's partition {partition} term {term} is stale; \
+         term {recorded} is recorded, so a newer owner committed; nothing was committed"
+    )]
+    Fenced {
+        /// The delivery's key partition.
+        partition: u32,
+        /// The delivery's lease term.
+        term: u64,
+        /// The greater term recorded for the partition.
+        recorded: u64,
+    },
+    /// The delivery's lease term does not fit the fence table's signed 64-bit column.
+    /// Nothing was begun.
+    #[error(
+        "tidings-sql: the lease term {term} of partition {partition} exceeds {}",
+        i64::MAX
+    )]
+    TermOutOfRange {
+        /// The delivery's key partition.
+        partition: u32,
+        /// The delivery's lease term.
+        term: u64,
     },
     /// The handler returned an error; the transaction was rolled back.
     #[error("{error}")]
@@ -217,8 +303,15 @@ impl DeliveryError {
 }
 
 impl DeliveryError {
+    /// True when the delivery was refused as a stale owner's ([`DeliveryError::Fenced`]).
+    #[must_use]
+    pub fn is_fenced(&self) -> bool {
+        matches!(self, Self::Fenced { .. })
+    }
+
     /// What the dispatcher gets: the handler's own error as it is, anything else as a
-    /// retryable [`HandlerError`] with this error's text. (The blanket
+    /// retryable [`HandlerError`] with this error's text (a fenced delivery's starts with
+    /// `tidings-sql: fenced:`). (The blanket
     /// `From<std::error::Error>` of `HandlerError` would make every error retryable,
     /// a rejecting handler error included.)
     #[must_use]

@@ -10,19 +10,41 @@ use rusqlite::types::{ToSqlOutput, ValueRef};
 use rusqlite::{Connection, TransactionBehavior, params_from_iter};
 use tidings::{Handler, HandlerError, Message};
 
+use crate::consumer::ConsumerName;
 use crate::error::{DbError, DeliveryError, OpenError, PruneError, QueryError};
-use crate::table::{ColumnInfo, ExpectedShape, TableName, check_shape, expected_text};
+use crate::table::{
+    ColumnInfo, ExpectedShape, TableName, check_shape, create_sql, expected_text, is_unattributed,
+    migration_sql,
+};
 use crate::value::{Row, Value};
-use crate::{Inner, Settled, Transactional, insert_sql, millis, panic_text, prune_sql};
+use crate::{
+    Inner, Settled, StoredFence, Transactional, fence_sql, insert_sql, millis, panic_text,
+    prune_sql,
+};
 
 /// How long a statement waits for another connection's lock before failing (`BUSY`).
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 const SHAPE: ExpectedShape = ExpectedShape {
-    id_type: "text",
-    at_type: "integer",
+    columns: &[
+        ("consumer", "text"),
+        ("message_id", "text"),
+        ("processed_at", "integer"),
+    ],
+    primary_key: &["consumer", "message_id"],
 };
+
+const FENCE_SHAPE: ExpectedShape = ExpectedShape {
+    columns: &[
+        ("consumer", "text"),
+        ("key_partition", "integer"),
+        ("term", "integer"),
+    ],
+    primary_key: &["consumer", "key_partition"],
+};
+
+const TRAILER: &str = " WITHOUT ROWID";
 
 /// The SQLite database of a [`Transactional`] handler: a file, one connection.
 ///
@@ -35,6 +57,7 @@ pub struct Sqlite {
     conn: Mutex<Option<Connection>>,
     insert: String,
     prune: String,
+    fence: String,
 }
 
 /// The open transaction a SQLite handler runs in.
@@ -142,8 +165,14 @@ fn open_connection(path: &Path) -> Result<Connection, DbError> {
     Ok(conn)
 }
 
-/// Create the table if absent, then check its shape.
-fn ensure_table(conn: &Connection, table: &TableName) -> Result<(), OpenError> {
+/// Create `table` with `shape` if absent, then check its shape. `consumer` is given for
+/// the processed-messages table: an unattributed one is refused with its migration.
+fn ensure_table(
+    conn: &Connection,
+    table: &TableName,
+    shape: &ExpectedShape,
+    consumer: Option<&ConsumerName>,
+) -> Result<(), OpenError> {
     let db = |e: rusqlite::Error| OpenError::Table {
         table: table.to_string(),
         source: DbError::new(e),
@@ -151,7 +180,7 @@ fn ensure_table(conn: &Connection, table: &TableName) -> Result<(), OpenError> {
     let shape_error = |problem: String| OpenError::TableShape {
         table: table.to_string(),
         problem,
-        expected: expected_text(&SHAPE),
+        expected: expected_text(shape),
     };
     let kind: Option<String> = {
         let mut stmt = conn
@@ -166,14 +195,9 @@ fn ensure_table(conn: &Connection, table: &TableName) -> Result<(), OpenError> {
     match kind.as_deref() {
         Some("table") => {}
         Some(other) => return Err(shape_error(format!("it is a {other}, not a table"))),
-        None => {
-            conn.execute_batch(&format!(
-                "CREATE TABLE IF NOT EXISTS {} (message_id TEXT NOT NULL PRIMARY KEY, \
-                 processed_at INTEGER NOT NULL) WITHOUT ROWID",
-                table.quoted()
-            ))
-            .map_err(db)?;
-        }
+        None => conn
+            .execute_batch(&create_sql(table, shape, TRAILER))
+            .map_err(db)?,
     }
     let mut stmt = conn
         .prepare(&format!("PRAGMA table_info({})", table.quoted()))
@@ -189,7 +213,16 @@ fn ensure_table(conn: &Connection, table: &TableName) -> Result<(), OpenError> {
         .map_err(db)?
         .collect::<Result<Vec<_>, _>>()
         .map_err(db)?;
-    check_shape(&columns, &SHAPE).map_err(shape_error)
+    if let Some(consumer) = consumer
+        && is_unattributed(&columns, shape)
+    {
+        return Err(OpenError::UnattributedTable {
+            table: table.to_string(),
+            consumer: consumer.to_string(),
+            fix: migration_sql(table, shape, TRAILER, consumer),
+        });
+    }
+    check_shape(&columns, shape).map_err(shape_error)
 }
 
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
@@ -198,30 +231,39 @@ where
     F: Fn(&mut SqliteTx<'_>, &Message) -> Result<(), HandlerError> + Send + Sync + 'static,
 {
     /// A handler running `handler` in a transaction of the SQLite database at `path`
-    /// (created if absent), recording ids in `table` (created if absent).
+    /// (created if absent), recording the ids of `consumer` in `table` and its lease
+    /// terms in `<table>_fence` (both created if absent).
     ///
     /// # Errors
-    /// [`OpenError::InvalidTableName`], [`OpenError::Unavailable`] (the file cannot be
-    /// opened or created), [`OpenError::TableShape`] (a table or view of that name with
-    /// another shape; nothing is changed), [`OpenError::Table`].
-    pub fn sqlite(path: impl AsRef<Path>, table: &str, handler: F) -> Result<Self, OpenError> {
-        let table = TableName::new(table).map_err(|error| OpenError::InvalidTableName {
-            name: table.to_owned(),
-            error,
-        })?;
+    /// [`OpenError::InvalidTableName`], [`OpenError::InvalidConsumerName`],
+    /// [`OpenError::Unavailable`] (the file cannot be opened or created),
+    /// [`OpenError::UnattributedTable`] (a table of the shape before ids belonged to a
+    /// consumer; nothing is changed, the error holds the migration),
+    /// [`OpenError::TableShape`] (a table or view of either name with another shape;
+    /// nothing is changed), [`OpenError::Table`].
+    pub fn sqlite(
+        path: impl AsRef<Path>,
+        table: &str,
+        consumer: &str,
+        handler: F,
+    ) -> Result<Self, OpenError> {
+        let (table, consumer) = crate::names(table, consumer)?;
         let path = path.as_ref().to_path_buf();
         let conn = open_connection(&path).map_err(|source| OpenError::Unavailable { source })?;
-        ensure_table(&conn, &table)?;
+        ensure_table(&conn, &table, &SHAPE, Some(&consumer))?;
+        ensure_table(&conn, &table.fence(), &FENCE_SHAPE, None)?;
         let db = Sqlite {
             path,
             conn: Mutex::new(Some(conn)),
-            insert: insert_sql(&table, "?1", "?2"),
-            prune: prune_sql(&table, "?1"),
+            insert: insert_sql(&table, ["?1", "?2", "?3"]),
+            prune: prune_sql(&table, ["?1", "?2"]),
+            fence: fence_sql(&table, "max", ["?1", "?2", "?3"]),
         };
-        Ok(Self::from_parts(db, table, handler))
+        Ok(Self::from_parts(db, table, consumer, handler))
     }
 
-    /// Delete the ids recorded before `cutoff`; how many were deleted.
+    /// Delete this consumer's ids recorded before `cutoff`; how many were deleted. Other
+    /// consumers' ids in the table are left alone.
     ///
     /// A redelivery of a message whose id was deleted runs its effects again: choose the
     /// cutoff beyond the longest time a message can still be redelivered.
@@ -242,7 +284,10 @@ where
                 source: DbError::msg("no connection"),
             });
         };
-        match conn.execute(&inner.db.prune, [millis(cutoff)]) {
+        match conn.execute(
+            &inner.db.prune,
+            rusqlite::params![inner.consumer.as_str(), millis(cutoff)],
+        ) {
             Ok(n) => Ok(n as u64),
             Err(e) => {
                 *slot = None;
@@ -283,16 +328,36 @@ where
     }
 
     fn run(&self, conn: &mut Connection, message: &Message) -> Result<Settled, DeliveryError> {
+        let fence = StoredFence::of(message)?;
+        // IMMEDIATE: the write lock at once, so the term read below stays the greatest
+        // until this transaction ends.
         let tx = conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(|e| DeliveryError::Begin {
                 source: DbError::new(e),
             })?;
+        let consumer = self.consumer.as_str();
+        if let Some(fence) = fence {
+            let recorded: i64 = tx
+                .query_row(
+                    &self.db.fence,
+                    rusqlite::params![consumer, fence.partition, fence.term],
+                    |r| r.get(0),
+                )
+                .map_err(|e| DeliveryError::Record {
+                    table: self.table.fence().to_string(),
+                    source: DbError::new(e),
+                })?;
+            if let Err(fenced) = fence.check(recorded) {
+                let _ = tx.rollback();
+                return Err(fenced);
+            }
+        }
         let id = message.id().to_string();
         let inserted = tx
             .execute(
                 &self.db.insert,
-                rusqlite::params![id, millis(SystemTime::now())],
+                rusqlite::params![consumer, id, millis(SystemTime::now())],
             )
             .map_err(|e| DeliveryError::Record {
                 table: self.table.to_string(),

@@ -1,11 +1,13 @@
-//! The processed-messages table: its validated name and the shape tidings expects.
+//! The processed-messages table and its fence table: the validated name and the shapes
+//! tidings expects.
 
 use std::fmt;
 
 use crate::error::TableNameError;
 
-/// The longest table name accepted: PostgreSQL's identifier limit (63 bytes).
-pub const MAX_TABLE_NAME_LEN: usize = 63;
+/// The longest table name accepted: PostgreSQL's identifier limit (63 bytes) less the
+/// `_fence` of the table's fence table (see [`Transactional`](crate::Transactional)).
+pub const MAX_TABLE_NAME_LEN: usize = 57;
 
 /// A validated SQL identifier naming the processed-messages table.
 ///
@@ -64,6 +66,12 @@ impl TableName {
     pub fn quoted(&self) -> String {
         format!("\"{}\"", self.0)
     }
+
+    /// The name of this table's fence table: the name followed by `_fence`.
+    #[must_use]
+    pub fn fence(&self) -> TableName {
+        Self(format!("{}_fence", self.0))
+    }
 }
 
 impl fmt::Display for TableName {
@@ -88,57 +96,56 @@ pub(crate) struct ColumnInfo {
     pub primary_key: bool,
 }
 
-/// What the two columns must look like in one database's spelling (lower case).
+/// The columns (name, type in the database's lower-case spelling) and the primary key a
+/// table must have.
 pub(crate) struct ExpectedShape {
-    pub id_type: &'static str,
-    pub at_type: &'static str,
+    pub columns: &'static [(&'static str, &'static str)],
+    pub primary_key: &'static [&'static str],
 }
 
 /// The description of the expected shape, for error messages.
 pub(crate) fn expected_text(shape: &ExpectedShape) -> String {
+    let columns: Vec<String> = shape
+        .columns
+        .iter()
+        .map(|(name, ty)| format!("{name} {ty} NOT NULL"))
+        .collect();
     format!(
-        "expected exactly (message_id {} PRIMARY KEY, processed_at {} NOT NULL)",
-        shape.id_type, shape.at_type
+        "expected exactly ({}, PRIMARY KEY ({}))",
+        columns.join(", "),
+        shape.primary_key.join(", ")
     )
 }
 
-/// `Ok` when `columns` are the processed-messages shape; otherwise what is wrong.
+/// `Ok` when `columns` are `shape`; otherwise what is wrong.
 pub(crate) fn check_shape(columns: &[ColumnInfo], shape: &ExpectedShape) -> Result<(), String> {
     let mut problems = Vec::new();
-    let find = |name: &str| columns.iter().find(|c| c.name == name);
-    match find("message_id") {
-        None => problems.push("column message_id is missing".to_owned()),
-        Some(c) => {
-            if !c.type_name.eq_ignore_ascii_case(shape.id_type) {
-                problems.push(format!(
-                    "column message_id has type {}, not {}",
-                    display_type(&c.type_name),
-                    shape.id_type
-                ));
-            }
-            if !c.primary_key {
-                problems.push("column message_id is not the primary key".to_owned());
-            }
-        }
-    }
-    match find("processed_at") {
-        None => problems.push("column processed_at is missing".to_owned()),
-        Some(c) => {
-            if !c.type_name.eq_ignore_ascii_case(shape.at_type) {
-                problems.push(format!(
-                    "column processed_at has type {}, not {}",
-                    display_type(&c.type_name),
-                    shape.at_type
-                ));
+    for (name, ty) in shape.columns {
+        match columns.iter().find(|c| c.name == *name) {
+            None => problems.push(format!("column {name} is missing")),
+            Some(c) => {
+                if !c.type_name.eq_ignore_ascii_case(ty) {
+                    problems.push(format!(
+                        "column {name} has type {}, not {ty}",
+                        display_type(&c.type_name)
+                    ));
+                }
+                if c.primary_key != shape.primary_key.contains(name) {
+                    problems.push(if c.primary_key {
+                        format!("column {name} is part of the primary key")
+                    } else {
+                        format!("column {name} is not part of the primary key")
+                    });
+                }
             }
         }
     }
     for c in columns {
-        if c.name != "message_id" && c.name != "processed_at" {
+        if !shape.columns.iter().any(|(name, _)| c.name == *name) {
             problems.push(format!("unexpected column {}", c.name));
-        }
-        if c.primary_key && c.name != "message_id" {
-            problems.push(format!("column {} is part of the primary key", c.name));
+            if c.primary_key {
+                problems.push(format!("column {} is part of the primary key", c.name));
+            }
         }
     }
     if problems.is_empty() {
@@ -146,6 +153,60 @@ pub(crate) fn check_shape(columns: &[ColumnInfo], shape: &ExpectedShape) -> Resu
     } else {
         Err(problems.join("; "))
     }
+}
+
+/// `CREATE TABLE IF NOT EXISTS` of `shape`; `trailer` follows the column list (SQLite:
+/// ` WITHOUT ROWID`).
+pub(crate) fn create_sql(table: &TableName, shape: &ExpectedShape, trailer: &str) -> String {
+    let columns: Vec<String> = shape
+        .columns
+        .iter()
+        .map(|(name, ty)| format!("{name} {ty} NOT NULL"))
+        .collect();
+    format!(
+        "CREATE TABLE IF NOT EXISTS {} ({}, PRIMARY KEY ({})){trailer}",
+        table.quoted(),
+        columns.join(", "),
+        shape.primary_key.join(", ")
+    )
+}
+
+/// The migration of an unattributed processed-messages table ([`is_unattributed`]) to
+/// `shape`, every row attributed to `consumer`, in one transaction: rename it aside,
+/// create the new table, copy, drop the old one.
+pub(crate) fn migration_sql(
+    table: &TableName,
+    shape: &ExpectedShape,
+    trailer: &str,
+    consumer: &crate::ConsumerName,
+) -> String {
+    // At most 57 + 4 bytes: within PostgreSQL's identifier limit.
+    let aside = format!("\"{}_old\"", table.as_str());
+    format!(
+        "BEGIN; ALTER TABLE {t} RENAME TO {aside}; {create}; \
+         INSERT INTO {t} (consumer, message_id, processed_at) \
+         SELECT {c}, message_id, processed_at FROM {aside}; DROP TABLE {aside}; COMMIT;",
+        t = table.quoted(),
+        create = create_sql(table, shape, trailer),
+        c = consumer.literal(),
+    )
+}
+
+/// True for the processed-messages table of tidings-sql before ids belonged to a
+/// consumer: exactly `message_id` (the whole primary key) and `processed_at`, of the
+/// types `shape` gives them.
+pub(crate) fn is_unattributed(columns: &[ColumnInfo], shape: &ExpectedShape) -> bool {
+    let has = |name: &str, pk: bool| {
+        let ty = shape
+            .columns
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map_or("", |(_, t)| *t);
+        columns
+            .iter()
+            .any(|c| c.name == name && c.primary_key == pk && c.type_name.eq_ignore_ascii_case(ty))
+    };
+    columns.len() == 2 && has("message_id", true) && has("processed_at", false)
 }
 
 fn display_type(t: &str) -> &str {
@@ -174,8 +235,8 @@ mod tests {
             Err(TableNameError::BadChar { found: '"', .. })
         ));
         assert!(matches!(
-            TableName::new(&"a".repeat(64)),
-            Err(TableNameError::TooLong { len: 64, max: 63 })
+            TableName::new(&"a".repeat(58)),
+            Err(TableNameError::TooLong { len: 58, max: 57 })
         ));
         assert!(matches!(
             TableName::new("sqlite_master"),
@@ -194,24 +255,25 @@ mod tests {
     #[test]
     fn shapes() {
         let shape = ExpectedShape {
-            id_type: "text",
-            at_type: "bigint",
+            columns: &[
+                ("consumer", "text"),
+                ("message_id", "text"),
+                ("processed_at", "bigint"),
+            ],
+            primary_key: &["consumer", "message_id"],
         };
         let col = |name: &str, t: &str, pk| ColumnInfo {
             name: name.into(),
             type_name: t.into(),
             primary_key: pk,
         };
-        assert!(
-            check_shape(
-                &[
-                    col("message_id", "TEXT", true),
-                    col("processed_at", "bigint", false)
-                ],
-                &shape
-            )
-            .is_ok()
-        );
+        let good = [
+            col("consumer", "TEXT", true),
+            col("message_id", "text", true),
+            col("processed_at", "bigint", false),
+        ];
+        assert!(check_shape(&good, &shape).is_ok());
+        assert!(!is_unattributed(&good, &shape));
         let e = check_shape(
             &[col("id", "integer", true), col("payload", "text", false)],
             &shape,
@@ -219,15 +281,36 @@ mod tests {
         .unwrap_err();
         assert!(e.contains("message_id is missing"), "{e}");
         assert!(e.contains("unexpected column payload"), "{e}");
+        assert!(e.contains("column id is part of the primary key"), "{e}");
+        let old = [
+            col("message_id", "text", true),
+            col("processed_at", "bigint", false),
+        ];
+        assert!(is_unattributed(&old, &shape));
+        assert!(!is_unattributed(
+            &[
+                col("message_id", "uuid", true),
+                col("processed_at", "bigint", false)
+            ],
+            &shape
+        ));
+        let e = check_shape(&old, &shape).unwrap_err();
+        assert!(e.contains("consumer is missing"), "{e}");
         let e = check_shape(
             &[
-                col("message_id", "integer", false),
+                col("consumer", "text", false),
+                col("message_id", "integer", true),
                 col("processed_at", "bigint", false),
             ],
             &shape,
         )
         .unwrap_err();
         assert!(e.contains("type integer, not text"), "{e}");
-        assert!(e.contains("not the primary key"), "{e}");
+        assert!(e.contains("consumer is not part of the primary key"), "{e}");
+        assert_eq!(
+            expected_text(&shape),
+            "expected exactly (consumer text NOT NULL, message_id text NOT NULL, \
+             processed_at bigint NOT NULL, PRIMARY KEY (consumer, message_id))"
+        );
     }
 }

@@ -80,8 +80,13 @@ fn add_payment(tx: &mut PgTx<'_>, message: &Message) -> Result<(), HandlerError>
 }
 
 fn ledger_handler(conn: &str) -> Ledgers {
-    Transactional::postgres(conn, TABLE, add_payment as fn(&mut PgTx<'_>, &Message) -> _)
-        .expect("the ledger handler")
+    Transactional::postgres(
+        conn,
+        TABLE,
+        common::DURABLE,
+        add_payment as fn(&mut PgTx<'_>, &Message) -> _,
+    )
+    .expect("the ledger handler")
 }
 
 #[test]

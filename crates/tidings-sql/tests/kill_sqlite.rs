@@ -17,11 +17,15 @@ use common::{Ledger, TABLE};
 use tidings::{HandlerError, Message};
 use tidings_sql::{Sqlite, SqliteTx, Transactional};
 
+/// The test's own view of the ledger. It reads while a consumer (a child process, or this
+/// process's subscription in `finish_and_check`) writes, so every connection waits for the
+/// consumer's write lock ([`common::sqlite_checker`]) instead of failing with `database is
+/// locked`.
 struct SqliteLedger(PathBuf);
 
 impl Ledger for SqliteLedger {
     fn balances(&self) -> BTreeMap<String, i64> {
-        let conn = rusqlite::Connection::open(&self.0).expect("open");
+        let conn = common::sqlite_checker(&self.0);
         let mut stmt = conn.prepare("SELECT id, balance FROM accounts").unwrap();
         stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
             .unwrap()
@@ -29,7 +33,7 @@ impl Ledger for SqliteLedger {
             .unwrap()
     }
     fn processed(&self) -> BTreeSet<String> {
-        let conn = rusqlite::Connection::open(&self.0).expect("open");
+        let conn = common::sqlite_checker(&self.0);
         let mut stmt = conn
             .prepare(&format!("SELECT message_id FROM {TABLE}"))
             .unwrap();
@@ -41,7 +45,7 @@ impl Ledger for SqliteLedger {
 }
 
 fn create_accounts(path: &Path) {
-    let conn = rusqlite::Connection::open(path).unwrap();
+    let conn = common::sqlite_checker(path);
     conn.execute_batch("CREATE TABLE accounts (id TEXT PRIMARY KEY, balance INTEGER NOT NULL)")
         .unwrap();
     for i in 0..common::ACCOUNTS {
@@ -74,6 +78,7 @@ fn ledger_handler(db: &Path) -> Ledgers {
     Transactional::sqlite(
         db,
         TABLE,
+        common::DURABLE,
         add_payment as fn(&mut SqliteTx<'_>, &Message) -> _,
     )
     .expect("the ledger handler")
@@ -125,4 +130,34 @@ fn sqlite_kill_loop() {
         ledger_handler(&db),
         |h| h.stats(),
     );
+}
+
+/// The checker reads while the consumer holds the write lock: it waits for the lock (bounded)
+/// rather than failing with `database is locked`. The lock is held longer than rusqlite's
+/// default busy timeout (5 s), which the checker used to rely on: then `processed()` here
+/// failed, as the kill loop's final wait did on a loaded machine while this process's own
+/// subscription committed back to back.
+#[test]
+fn the_checker_waits_for_the_consumers_write_lock() {
+    if std::env::var_os(common::ROLE_ENV).is_some() {
+        return; // only the kill loop's child runs with the role set
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let db = tmp.path().join("ledger.db");
+    create_accounts(&db);
+    let writer = rusqlite::Connection::open(&db).unwrap();
+    writer
+        .execute_batch(&format!(
+            "CREATE TABLE {TABLE} (message_id TEXT PRIMARY KEY, processed_at INTEGER NOT NULL);
+             BEGIN EXCLUSIVE;
+             INSERT INTO {TABLE} VALUES ('m1', 0);"
+        ))
+        .unwrap();
+    let ledger = SqliteLedger(db.clone());
+    // The lock is held until the checker has started; it is released, never forced.
+    let reader = std::thread::spawn(move || ledger.processed());
+    std::thread::sleep(std::time::Duration::from_millis(5_500));
+    writer.execute_batch("COMMIT").unwrap();
+    let seen = reader.join().expect("the checker did not fail on the lock");
+    assert_eq!(seen, BTreeSet::from(["m1".to_owned()]));
 }

@@ -91,7 +91,7 @@ fn blocking_handler_commits_once_and_rolls_back_failures() {
     let conn = server.conn_string();
 
     // Commit, then skip the redelivery.
-    let ledger = Transactional::postgres(&conn, TABLE, add).unwrap();
+    let ledger = Transactional::postgres(&conn, TABLE, "ledger", add).unwrap();
     let m = payment("alice", 30);
     assert_eq!(ledger.handle(&m), Ok(()));
     assert_eq!(ledger.handle(&m), Ok(()));
@@ -100,14 +100,14 @@ fn blocking_handler_commits_once_and_rolls_back_failures() {
     let s = ledger.stats();
     assert_eq!((s.committed, s.skipped), (1, 1));
     // Another handler on the same table (another process) skips it too.
-    let other = Transactional::postgres(&conn, TABLE, add).unwrap();
+    let other = Transactional::postgres(&conn, TABLE, "ledger", add).unwrap();
     assert_eq!(other.handle(&m), Ok(()));
     assert_eq!(other.stats().skipped, 1);
 
     // R-DEL-1: an error, then a panic, each rolled back; the third attempt commits.
     let calls = Arc::new(AtomicU32::new(0));
     let c = calls.clone();
-    let flaky = Transactional::postgres(&conn, TABLE, move |tx, m: &Message| {
+    let flaky = Transactional::postgres(&conn, TABLE, "ledger", move |tx, m: &Message| {
         add(tx, m)?;
         match c.fetch_add(1, Ordering::SeqCst) {
             0 => Err(HandlerError::retry("not yet")),
@@ -143,7 +143,7 @@ fn blocking_handler_commits_once_and_rolls_back_failures() {
 
     // A failed statement aborts the transaction: swallowing it and returning Ok does
     // not commit (and is not acknowledged).
-    let swallow = Transactional::postgres(&conn, TABLE, |tx, m: &Message| {
+    let swallow = Transactional::postgres(&conn, TABLE, "ledger", |tx, m: &Message| {
         add(tx, m)?;
         let e = tx
             .execute("INSERT INTO nowhere VALUES (1)", &[])
@@ -167,7 +167,7 @@ fn blocking_handler_commits_once_and_rolls_back_failures() {
     assert_eq!(recorded(&server, TABLE).len(), 2);
 
     // Rows and values.
-    let query = Transactional::postgres(&conn, TABLE, |tx, _m: &Message| {
+    let query = Transactional::postgres(&conn, TABLE, "ledger", |tx, _m: &Message| {
         let row = tx
             .query_opt(
                 "SELECT id, balance, NULL::int4, 1.5::float8, '\\x0102'::bytea, true, \
@@ -184,7 +184,7 @@ fn blocking_handler_commits_once_and_rolls_back_failures() {
     .unwrap();
     // That handler returned Ok after a refused result: it is not a failed statement.
     query.handle(&payment("bob", 0)).unwrap();
-    let values = Transactional::postgres(&conn, TABLE, |tx, _m: &Message| {
+    let values = Transactional::postgres(&conn, TABLE, "ledger", |tx, _m: &Message| {
         let row = tx
             .query_opt(
                 "SELECT id, balance, NULL::int4, 1.5::float8, '\\x0102'::bytea, true, \
@@ -243,7 +243,7 @@ fn bad_input_is_refused_at_start() {
              CREATE VIEW done AS SELECT 'x'::text AS message_id, 0::bigint AS processed_at;",
         )
         .unwrap();
-    let e = Transactional::postgres(&conn, "seen", add).unwrap_err();
+    let e = Transactional::postgres(&conn, "seen", "ledger", add).unwrap_err();
     assert!(
         matches!(&e, OpenError::TableShape { table, .. } if table == "seen"),
         "{e:?}"
@@ -256,20 +256,20 @@ fn bad_input_is_refused_at_start() {
         .unwrap()
         .get(0);
     assert_eq!(kept, "keep me");
-    let e = Transactional::postgres(&conn, "typed", add).unwrap_err();
+    let e = Transactional::postgres(&conn, "typed", "ledger", add).unwrap_err();
     assert!(
         e.to_string().contains("message_id has type uuid, not text"),
         "{e}"
     );
-    let e = Transactional::postgres(&conn, "done", add).unwrap_err();
+    let e = Transactional::postgres(&conn, "done", "ledger", add).unwrap_err();
     assert!(e.to_string().contains("it is a view, not a table"), "{e}");
 
     assert!(matches!(
-        Transactional::postgres(&conn, "x; DROP TABLE seen", add),
+        Transactional::postgres(&conn, "x; DROP TABLE seen", "ledger", add),
         Err(OpenError::InvalidTableName { .. })
     ));
     assert!(matches!(
-        Transactional::postgres("host=127.0.0.1 port=notaport", TABLE, add),
+        Transactional::postgres("host=127.0.0.1 port=notaport", TABLE, "ledger", add),
         Err(OpenError::InvalidConfig { .. })
     ));
     // A port nobody listens on.
@@ -279,6 +279,7 @@ fn bad_input_is_refused_at_start() {
     let e = Transactional::postgres(
         &format!("host=127.0.0.1 port={port} user=tidings connect_timeout=2"),
         TABLE,
+        "ledger",
         add,
     )
     .unwrap_err();
@@ -289,7 +290,9 @@ fn bad_input_is_refused_at_start() {
         .build()
         .unwrap();
     let e = rt
-        .block_on(Transactional::postgres_async(&conn, "seen", async_add))
+        .block_on(Transactional::postgres_async(
+            &conn, "seen", "ledger", async_add,
+        ))
         .unwrap_err();
     assert!(matches!(e, OpenError::TableShape { .. }), "{e:?}");
 }
@@ -330,7 +333,9 @@ fn async_handler_under_the_tokio_driver() {
         .build()
         .unwrap();
     let ledger = rt
-        .block_on(Transactional::postgres_async(&conn, TABLE, async_add))
+        .block_on(Transactional::postgres_async(
+            &conn, TABLE, "ledger", async_add,
+        ))
         .unwrap();
     let _sub = broker
         .subscribe_async("payments.#", SubscribeOptions::default(), ledger.clone())
@@ -358,6 +363,7 @@ fn async_handler_under_the_tokio_driver() {
         .block_on(Transactional::postgres_async(
             &conn,
             "processed_flaky",
+            "ledger",
             move |tx: AsyncPgTx, m: Arc<Message>| {
                 let n = c.fetch_add(1, Ordering::SeqCst);
                 *k.lock().unwrap() = Some(tx.clone());
@@ -399,7 +405,7 @@ fn a_stopped_server_is_retried_never_acknowledged() {
     };
     create_accounts(&server);
     let conn = server.conn_string();
-    let ledger = Transactional::postgres(&conn, TABLE, add).unwrap();
+    let ledger = Transactional::postgres(&conn, TABLE, "ledger", add).unwrap();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -409,6 +415,7 @@ fn a_stopped_server_is_retried_never_acknowledged() {
         .block_on(Transactional::postgres_async(
             &conn,
             "processed_async",
+            "ledger",
             async_add,
         ))
         .unwrap();
@@ -493,7 +500,9 @@ fn async_handler_on_a_durable_subscription_applies_each_payment_once() {
         broker
     };
     let ledger = rt
-        .block_on(Transactional::postgres_async(&conn, TABLE, async_add))
+        .block_on(Transactional::postgres_async(
+            &conn, TABLE, "ledger", async_add,
+        ))
         .unwrap();
     let spec = || tidings::DurableSpec::new("payments").name("ledger");
     let broker = start();

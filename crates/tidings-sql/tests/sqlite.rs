@@ -2,6 +2,8 @@
 //! its bad input. Real files in a temporary directory; the manual driver where retries
 //! are counted.
 
+mod common;
+
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -16,7 +18,7 @@ use tidings_sql::{DeliveryError, OpenError, SqliteTx, TableNameError, Transactio
 const TABLE: &str = "processed_messages";
 
 fn create_accounts(path: &Path) {
-    let conn = rusqlite::Connection::open(path).unwrap();
+    let conn = common::sqlite_checker(path);
     conn.execute_batch(
         "CREATE TABLE accounts (id TEXT PRIMARY KEY, balance INTEGER NOT NULL);
          INSERT INTO accounts VALUES ('alice', 0), ('bob', 0);",
@@ -25,7 +27,7 @@ fn create_accounts(path: &Path) {
 }
 
 fn balance(path: &Path, account: &str) -> i64 {
-    let conn = rusqlite::Connection::open(path).unwrap();
+    let conn = common::sqlite_checker(path);
     conn.query_row(
         "SELECT balance FROM accounts WHERE id = ?1",
         [account],
@@ -35,7 +37,7 @@ fn balance(path: &Path, account: &str) -> i64 {
 }
 
 fn recorded(path: &Path) -> Vec<String> {
-    let conn = rusqlite::Connection::open(path).unwrap();
+    let conn = common::sqlite_checker(path);
     let mut stmt = conn
         .prepare(&format!(
             "SELECT message_id FROM {TABLE} ORDER BY message_id"
@@ -82,7 +84,7 @@ fn commits_the_effect_with_the_id_and_skips_the_redelivery() {
     let tmp = tempfile::tempdir().unwrap();
     let db = tmp.path().join("ledger.db");
     create_accounts(&db);
-    let ledger = Transactional::sqlite(&db, TABLE, add).unwrap();
+    let ledger = Transactional::sqlite(&db, TABLE, "ledger", add).unwrap();
     let m = payment("alice", 30);
     assert_eq!(ledger.handle(&m), Ok(()));
     assert_eq!(balance(&db, "alice"), 30);
@@ -118,7 +120,7 @@ fn commits_the_effect_with_the_id_and_skips_the_redelivery() {
     assert_eq!(ledger.stats().skipped, 4);
 
     // A second handler on the same file (another process, say) skips it too.
-    let other = Transactional::sqlite(&db, TABLE, add).unwrap();
+    let other = Transactional::sqlite(&db, TABLE, "ledger", add).unwrap();
     assert_eq!(other.handle(&m), Ok(()));
     assert_eq!(other.stats().skipped, 1);
     assert_eq!(balance(&db, "alice"), 30);
@@ -132,7 +134,7 @@ fn a_handler_error_rolls_back_and_the_message_is_retried() {
     create_accounts(&db);
     let calls = Arc::new(AtomicU32::new(0));
     let c = calls.clone();
-    let ledger = Transactional::sqlite(&db, TABLE, move |tx, m: &Message| {
+    let ledger = Transactional::sqlite(&db, TABLE, "ledger", move |tx, m: &Message| {
         add(tx, m)?; // the effect is written ...
         if c.fetch_add(1, Ordering::SeqCst) < 2 {
             return Err(HandlerError::retry("downstream not ready")); // ... and undone
@@ -196,7 +198,7 @@ fn a_panic_rolls_back_and_the_message_is_retried() {
     create_accounts(&db);
     let calls = Arc::new(AtomicU32::new(0));
     let c = calls.clone();
-    let ledger = Transactional::sqlite(&db, TABLE, move |tx, m: &Message| {
+    let ledger = Transactional::sqlite(&db, TABLE, "ledger", move |tx, m: &Message| {
         add(tx, m)?;
         if c.fetch_add(1, Ordering::SeqCst) == 0 {
             panic!("boom in the ledger");
@@ -233,7 +235,7 @@ fn a_rejecting_handler_dead_letters_without_recording() {
     let tmp = tempfile::tempdir().unwrap();
     let db = tmp.path().join("ledger.db");
     create_accounts(&db);
-    let ledger = Transactional::sqlite(&db, TABLE, |tx, m: &Message| {
+    let ledger = Transactional::sqlite(&db, TABLE, "ledger", |tx, m: &Message| {
         add(tx, m)?;
         Err(HandlerError::reject("account frozen"))
     })
@@ -281,7 +283,7 @@ fn bad_table_names_are_refused() {
             matches!(e, TableNameError::Reserved { .. })
         }),
     ] {
-        match Transactional::sqlite(&db, name, add) {
+        match Transactional::sqlite(&db, name, "ledger", add) {
             Err(OpenError::InvalidTableName { name: n, error }) => {
                 assert_eq!(n, name);
                 assert!(check(&error), "{name:?}: {error}");
@@ -304,7 +306,7 @@ fn a_table_of_another_shape_is_refused_naming_it() {
          CREATE VIEW done AS SELECT 'x' AS message_id, 0 AS processed_at;",
     )
     .unwrap();
-    let e = Transactional::sqlite(&db, "seen", add).unwrap_err();
+    let e = Transactional::sqlite(&db, "seen", "ledger", add).unwrap_err();
     let text = e.to_string();
     assert!(
         matches!(&e, OpenError::TableShape { table, .. } if table == "seen"),
@@ -318,12 +320,13 @@ fn a_table_of_another_shape_is_refused_naming_it() {
         .unwrap();
     assert_eq!(kept, "keep me");
 
-    let e = Transactional::sqlite(&db, "half", add).unwrap_err();
+    let e = Transactional::sqlite(&db, "half", "ledger", add).unwrap_err();
     assert!(
-        e.to_string().contains("message_id is not the primary key"),
+        e.to_string()
+            .contains("message_id is not part of the primary key"),
         "{e}"
     );
-    let e = Transactional::sqlite(&db, "done", add).unwrap_err();
+    let e = Transactional::sqlite(&db, "done", "ledger", add).unwrap_err();
     assert!(e.to_string().contains("it is a view, not a table"), "{e}");
 }
 
@@ -332,7 +335,7 @@ fn a_table_of_another_shape_is_refused_naming_it() {
 fn an_unreachable_database_at_start_is_a_typed_error() {
     let tmp = tempfile::tempdir().unwrap();
     let db = tmp.path().join("no/such/dir/ledger.db");
-    let e = Transactional::sqlite(&db, TABLE, add).unwrap_err();
+    let e = Transactional::sqlite(&db, TABLE, "ledger", add).unwrap_err();
     assert!(matches!(e, OpenError::Unavailable { .. }), "{e:?}");
 }
 
@@ -345,7 +348,7 @@ fn a_broken_database_is_retried_never_acknowledged() {
     create_accounts(&db);
     let ran = Arc::new(AtomicU32::new(0));
     let r = ran.clone();
-    let ledger = Transactional::sqlite(&db, TABLE, move |tx, m: &Message| {
+    let ledger = Transactional::sqlite(&db, TABLE, "ledger", move |tx, m: &Message| {
         r.fetch_add(1, Ordering::SeqCst);
         add(tx, m)
     })
@@ -397,10 +400,13 @@ fn pruning_forgets_old_ids() {
     let tmp = tempfile::tempdir().unwrap();
     let db = tmp.path().join("ledger.db");
     create_accounts(&db);
-    let ledger = Transactional::sqlite(&db, TABLE, add).unwrap();
+    let ledger = Transactional::sqlite(&db, TABLE, "ledger", add).unwrap();
+    // Another consumer's ids in the same table are not this handler's to prune.
+    let audit = Transactional::sqlite(&db, TABLE, "audit", |_tx, _m: &Message| Ok(())).unwrap();
     let (a, b) = (payment("alice", 1), payment("alice", 2));
     ledger.handle(&a).unwrap();
     ledger.handle(&b).unwrap();
+    audit.handle(&a).unwrap();
     assert_eq!(
         ledger
             .prune_before(SystemTime::now() - Duration::from_secs(3600))
@@ -412,6 +418,13 @@ fn pruning_forgets_old_ids() {
             .prune_before(SystemTime::now() + Duration::from_secs(1))
             .unwrap(),
         2
+    );
+    assert_eq!(recorded(&db), vec![a.id().to_string()], "audit's id stays");
+    assert_eq!(
+        audit
+            .prune_before(SystemTime::now() + Duration::from_secs(1))
+            .unwrap(),
+        1
     );
     assert!(recorded(&db).is_empty());
     ledger.handle(&a).unwrap();
@@ -430,7 +443,7 @@ fn queries_in_the_transaction() {
     create_accounts(&db);
     let seen = Arc::new(text_cell::Cell::default());
     let s = seen.clone();
-    let ledger = Transactional::sqlite(&db, TABLE, move |tx, _m: &Message| {
+    let ledger = Transactional::sqlite(&db, TABLE, "ledger", move |tx, _m: &Message| {
         let rows = tx.query(
             "SELECT id, balance, NULL, 1.5, x'0102' FROM accounts WHERE id = ?1",
             &["bob".into()],
@@ -502,7 +515,7 @@ fn under_the_tokio_driver() {
         .driver(Driver::Tokio(rt.handle().clone()))
         .build()
         .unwrap();
-    let ledger = Transactional::sqlite(&db, TABLE, add).unwrap();
+    let ledger = Transactional::sqlite(&db, TABLE, "ledger", add).unwrap();
     let _sub = broker
         .subscribe_async("payments.#", SubscribeOptions::default(), ledger.clone())
         .unwrap();

@@ -200,11 +200,19 @@ pub fn count_files(dir: &Path, prefix: &str) -> usize {
 ///
 /// `O_APPEND` keeps writers' lines whole and in one order, but a *reader* racing a writer
 /// can see a line whose bytes are only partly placed (the kernel publishes a write's size
-/// page by page), so a last line without its newline is left for the next read. A missing
-/// file has no lines.
+/// page by page), so a last line without its newline is left for the next read. The cut is
+/// made on bytes, before decoding: a character split by the race is never seen, and a line
+/// that is not UTF-8 (a writer killed mid-line) is decoded lossily rather than hiding every
+/// other line. A missing file has no lines.
 #[must_use]
 pub fn complete_lines(path: &Path) -> Vec<String> {
-    let text = fs::read_to_string(path).unwrap_or_default();
-    let complete = text.rfind('\n').map_or(0, |end| end + 1);
-    text[..complete].lines().map(str::to_owned).collect()
+    let bytes = fs::read(path).unwrap_or_default();
+    let complete = bytes
+        .iter()
+        .rposition(|&b| b == b'\n')
+        .map_or(0, |end| end + 1);
+    String::from_utf8_lossy(&bytes[..complete])
+        .lines()
+        .map(str::to_owned)
+        .collect()
 }

@@ -8,6 +8,10 @@
 //! [`DurableTarget`] (the embedded log, directly and through the seam; JetStream
 //! implements the same trait); [`durable_conformance!`] runs them all with one line.
 //! [`nats`] starts and stops the `nats-server` the JetStream backend's tests run against.
+//! [`fault_proxy`] puts a loopback TCP proxy between a client and a server (or between
+//! two cluster nodes, [`nats::NatsCluster::with_proxied_node`]) that delays, blackholes or
+//! stalls one direction or both, cuts, refuses new connections, and heals: partitions
+//! without pausing a process (R-DIST-9).
 //!
 //! # Features
 //! - `tokio`: [`TokioDriver`], so the suites also run under tidings' tokio driver (the
@@ -20,6 +24,7 @@ pub mod driver;
 pub mod durable;
 pub mod durable_macros;
 pub mod durable_suite;
+pub mod fault_proxy;
 pub mod helpers;
 mod launch;
 pub mod nats;

@@ -86,3 +86,71 @@ fn a_three_node_cluster_starts_loses_a_node_and_takes_it_back() {
         assert!(!store.exists(), "every node's directory removed on drop");
     }
 }
+
+/// The route names node `i` reports (`remote_name` of each route in `/routez`), sorted,
+/// one per connection.
+fn routes_of(cluster: &tidings_testkit::nats::NatsCluster, i: usize) -> Vec<String> {
+    let text = cluster.monitor_text(i, "/routez").unwrap_or_default();
+    let routez: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+    let mut names: Vec<String> = routez["routes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|r| r["remote_name"].as_str().map(str::to_owned))
+        .collect();
+    names.sort();
+    names
+}
+
+fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !cond() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not within 60 s: {what}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+// R-DIST-9: a cluster whose node n0 reaches the others only through fault proxies: cutting
+// them leaves n0 with no route at all (no route bypasses them) and the others with none to
+// n0, while they keep theirs; healing brings n0's routes back.
+#[test]
+fn a_proxied_node_is_partitioned_by_its_proxies_alone() {
+    let Some(cluster) = tidings_testkit::nats::NatsCluster::for_test_with_proxied_node(3, 0) else {
+        return;
+    };
+    assert_eq!(cluster.proxied_node(), Some(0));
+    let proxies = cluster.route_proxies();
+    assert_eq!(
+        proxies.len(),
+        3,
+        "one in front of n0, one in front of each other"
+    );
+    wait_for("n0 routed to both others", || {
+        let r = routes_of(&cluster, 0);
+        r.contains(&"n1".to_owned()) && r.contains(&"n2".to_owned())
+    });
+    for p in proxies {
+        p.cut();
+    }
+    wait_for("n0 cut off from both others", || {
+        routes_of(&cluster, 0).is_empty()
+            && (1..3).all(|i| !routes_of(&cluster, i).contains(&"n0".to_owned()))
+    });
+    // The others still reach each other, directly.
+    assert!(routes_of(&cluster, 1).contains(&"n2".to_owned()));
+    assert!(routes_of(&cluster, 2).contains(&"n1".to_owned()));
+    for p in proxies {
+        p.heal();
+    }
+    wait_for("n0 routed to both others again", || {
+        let r = routes_of(&cluster, 0);
+        r.contains(&"n1".to_owned()) && r.contains(&"n2".to_owned())
+    });
+    // Every route of n0 went through them.
+    for p in proxies {
+        assert!(p.stats().to_server > 0, "{:?}", p.stats());
+    }
+}

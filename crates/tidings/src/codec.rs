@@ -217,7 +217,11 @@ impl DecodeError {
         let mut e = Self::new(
             DecodeErrorKind::ContentType,
             expected,
-            format!("the message's {CONTENT_TYPE_HEADER} is {found:?}, not {expected:?}"),
+            // `found` is the message's, any length: quoted bounded (R-SEC-2).
+            format!(
+                "the message's {CONTENT_TYPE_HEADER} is {}, not {expected:?}",
+                tidings_log::Excerpt::of(found)
+            ),
         );
         e.found_content_type = Some(found.to_owned());
         e

@@ -177,6 +177,7 @@ mod driver;
 pub mod durable;
 pub mod embedded;
 mod error;
+mod fence;
 mod filter;
 mod handler;
 mod into_handler;
@@ -224,6 +225,7 @@ pub use error::{
     CommitFailed, ConfigError, PublishError, StreamError, StreamErrorKind, SubscribeError,
     TransportError,
 };
+pub use fence::Fence;
 pub use filter::{FilterError, HeaderFilter, HeaderLookup, MAX_FILTER_DEPTH, MAX_FILTER_TERMS};
 pub use handler::{FnHandler, Handler, HandlerError, IntoHandlerResult, handler_fn};
 pub use into_handler::{AnyHandler, IntoHandler};

@@ -13,6 +13,7 @@ use bytes::Bytes;
 
 use crate::clock::{Now, SystemClock, deadline_after, wall_after};
 use crate::error::PublishError;
+use crate::fence::Fence;
 use crate::filter::HeaderLookup;
 use crate::limits::Limits;
 use crate::topic::Topic;
@@ -262,6 +263,9 @@ pub struct Message {
     pub(crate) correlation_id: Option<String>,
     /// Offset in the stream this instance was read from (durable subscriptions only).
     pub(crate) log_offset: Option<u64>,
+    /// The keyed-group partition and lease term this delivery was handed out under
+    /// (R-DIST-8); `None` outside keyed consumer groups.
+    pub(crate) fence: Option<Fence>,
 }
 
 impl Message {
@@ -349,6 +353,14 @@ impl Message {
     #[must_use]
     pub fn offset(&self) -> Option<u64> {
         self.log_offset
+    }
+    /// The partition and owner's term this delivery was handed out under, on keyed
+    /// consumer groups (R-DIST-8); `None` elsewhere. An effect that must not commit after
+    /// the key moved to another process checks it inside its own transaction (see
+    /// [`Fence`]).
+    #[must_use]
+    pub fn fence(&self) -> Option<Fence> {
+        self.fence
     }
     /// Start a reply to this message: addressed to its `reply_to` topic with its correlation
     /// id. `None` when the message asked for no reply.
@@ -596,6 +608,7 @@ impl MessageBuilder {
             reply_to,
             correlation_id: b.correlation_id,
             log_offset: None,
+            fence: None,
         })
     }
 }
@@ -759,6 +772,7 @@ impl Message {
             reply_to: parts.reply_to,
             correlation_id: parts.correlation_id,
             log_offset: parts.offset,
+            fence: None,
         })
     }
 }

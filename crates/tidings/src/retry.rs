@@ -397,6 +397,7 @@ mod tests {
             reply_to: None,
             correlation_id: None,
             log_offset: None,
+            fence: None,
         }
     }
 

@@ -61,7 +61,32 @@ pub fn request(
     s.write_all(req.as_bytes()).unwrap();
     let mut raw = Vec::new();
     s.read_to_end(&mut raw).unwrap();
-    let text = String::from_utf8_lossy(&raw).into_owned();
+    parse_answer(&raw)
+}
+
+/// Send `bytes` as they are (any request, well-formed or not) on a new connection and read
+/// the answer until the server closes it. The server may close before it read everything
+/// (a refused head, a body over the limit): a failed write is not an error, the answer is.
+pub fn raw_request(addr: SocketAddr, bytes: &[u8]) -> Answer {
+    let mut s = TcpStream::connect(addr).expect("connect to the admin server");
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let _ = s.write_all(bytes);
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 8192];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => raw.extend_from_slice(&buf[..n]),
+            // A reset after the answer (unread request bytes left in the server's buffer).
+            Err(e) if !raw.is_empty() && e.kind() == std::io::ErrorKind::ConnectionReset => break,
+            Err(e) => panic!("reading the answer: {e}"),
+        }
+    }
+    parse_answer(&raw)
+}
+
+fn parse_answer(raw: &[u8]) -> Answer {
+    let text = String::from_utf8_lossy(raw).into_owned();
     let (head, rest) = text.split_once("\r\n\r\n").expect("an HTTP answer");
     let status = head
         .split(' ')

@@ -45,9 +45,11 @@
 //! # What is handed out
 //! A record whose topic no pattern of the stream matches (a producer writing into the
 //! stream's subject namespace by hand) is acknowledged and counted as skipped by the filter.
-//! A record that is not a tidings message (a header that does not parse) is dead-lettered
-//! [`Rejected`](DeadLetterReason::Rejected), the reason naming the header, and counted as
-//! skipped: one bad record never stops the subscription.
+//! A record that is not a tidings message (a header that does not parse, a subject that is
+//! not a topic) is dead-lettered [`Rejected`](DeadLetterReason::Rejected), the reason
+//! naming the header or the subject, and counted as skipped: one bad record never stops
+//! the subscription. One whose header block the client library cannot parse at all is
+//! found by the puller's screen and dealt with the same way (see `unreadable`).
 //!
 //! # Handler starts, not fetches, count (R-DEL-6)
 //! The server counts a delivery for every fetch, including messages fetched ahead that no
@@ -89,7 +91,7 @@ use super::acker::Acker;
 use super::dead_letters::DeadLetters;
 use super::puller::{Puller, decode, reject};
 use super::stream::{bounds, check_offset};
-use super::{Settings, Shared, backend_error, keep_alive, keyed_prefix, nats_name, subject_prefix};
+use super::{Settings, Shared, backend_error, keep_alive, keyed_prefix, subject_prefix};
 use crate::classify::seam;
 use crate::client::consumer::ConsumerSpec;
 use crate::client::delivery::{Delivery, Finish};
@@ -129,9 +131,12 @@ pub(crate) struct CursorShared {
     skipped_by_filter: AtomicU64,
     keep_alives: AtomicU64,
     closed: AtomicBool,
-    /// Keep-alives and background pulls only while this admits (a keyed group's
-    /// partition lease); unset: always.
+    /// Background pulls only while this admits (a keyed group's partition lease, active);
+    /// unset: always.
     admits: std::sync::OnceLock<Arc<dyn Fn() -> bool + Send + Sync>>,
+    /// Keep-alives only while this holds (the lease, active or handing over: running
+    /// handlers finish here); unset: always.
+    keeps: std::sync::OnceLock<Arc<dyn Fn() -> bool + Send + Sync>>,
 }
 
 impl CursorShared {
@@ -152,10 +157,14 @@ impl CursorShared {
             .collect()
     }
 
-    /// Whether keep-alives may be sent and the standing pull may pull now (always, unless
-    /// a lease says otherwise).
+    /// Whether the standing pull may pull now (always, unless a lease says otherwise).
     pub(crate) fn admitted(&self) -> bool {
         self.admits.get().is_none_or(|admits| admits())
+    }
+
+    /// Whether keep-alives may be sent now (always, unless a lease says otherwise).
+    pub(crate) fn keeps_alive(&self) -> bool {
+        self.keeps.get().is_none_or(|keeps| keeps())
     }
 
     pub(crate) fn note_keep_alive(&self, n: usize) {
@@ -280,11 +289,15 @@ pub(crate) fn consumer_spec(
 ) -> ConsumerSpec {
     let (plain, keyed) = (subject_prefix(stream), keyed_prefix(stream));
     let filters = [plain.clone(), format!("{keyed}*.")];
-    ConsumerSpec::new(stream, nats_name(name), filter.clone())
-        .ack_wait(settings.ack_wait)
-        .inactive_threshold(settings.inactive_threshold)
-        .subject_prefix(plain)
-        .namespaces_of(keyed, filters)
+    ConsumerSpec::new(
+        stream,
+        crate::names::DurableNames::new(stream, name).consumer(),
+        filter.clone(),
+    )
+    .ack_wait(settings.ack_wait)
+    .inactive_threshold(settings.inactive_threshold)
+    .subject_prefix(plain)
+    .namespaces_of(keyed, filters)
 }
 
 impl JsCursor {
@@ -328,6 +341,7 @@ impl JsCursor {
             keep_alives: AtomicU64::new(0),
             closed: AtomicBool::new(false),
             admits: std::sync::OnceLock::new(),
+            keeps: std::sync::OnceLock::new(),
         });
         let noted = Arc::downgrade(&cursor);
         let (acker, acker_task) = Acker::new(move |e| {
@@ -345,6 +359,7 @@ impl JsCursor {
             acker.clone(),
             spec.window,
             Arc::clone(&shared.changes),
+            shared.js.clone(),
         ));
         let tasks = Tasks {
             acker: shared.rt.spawn(acker_task),
@@ -378,11 +393,18 @@ impl JsCursor {
         Arc::clone(&self.cursor)
     }
 
-    /// Send keep-alives and pull in the background only while `admits` (a keyed group's
-    /// partition lease): a process whose lease lapsed neither takes the partition's
-    /// messages from the new owner nor keeps its old deliveries from coming back.
-    pub(crate) fn hold_while(&self, admits: Arc<dyn Fn() -> bool + Send + Sync>) {
+    /// Pull in the background only while `admits`, and send keep-alives only while
+    /// `keeps` (a keyed group's partition lease, active; held): a process whose lease
+    /// lapsed neither takes the partition's messages from the new owner nor keeps its old
+    /// deliveries from coming back, and one handing over keeps its running handlers'
+    /// deliveries alive until they finish.
+    pub(crate) fn hold_while(
+        &self,
+        admits: Arc<dyn Fn() -> bool + Send + Sync>,
+        keeps: Arc<dyn Fn() -> bool + Send + Sync>,
+    ) {
         let _ = self.cursor.admits.set(admits);
+        let _ = self.cursor.keeps.set(keeps);
     }
 
     /// Collect (`true`): the buffer fills, in stream order, and nothing is handed out;
@@ -597,10 +619,14 @@ impl JsCursor {
 /// [`IDLE_WAKE`]; see the [module docs](self).
 async fn watch(js: crate::connect::JetStream, subjects: Vec<String>, cursor: Arc<CursorShared>) {
     let mut subs = Vec::new();
-    for s in subjects {
-        // Without the subscription the periodic wake still finds everything, later.
-        if let Ok(sub) = js.client.subscribe(s).await {
-            subs.push(sub);
+    // On the receiving connection: what is published here is whatever others wrote, and a
+    // header block the client cannot parse costs the connection it arrives on a reconnect.
+    // Without it (or a subscription) the periodic wake still finds everything, later.
+    if let Ok(js) = js.receiving().await {
+        for s in subjects {
+            if let Ok(sub) = js.client.subscribe(s).await {
+                subs.push(sub);
+            }
         }
     }
     let mut published = futures_util::stream::select_all(subs);

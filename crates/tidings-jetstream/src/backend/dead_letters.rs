@@ -31,11 +31,12 @@ use async_nats::HeaderMap;
 use futures_util::StreamExt;
 use tidings::{DeadLetterReason, DurableDeadLetter, Limits, Message, StreamError, StreamErrorKind};
 
+use super::backend_error;
 use super::stream::{create_or_find, headers_with_id, publish};
-use super::{backend_error, nats_name};
 use crate::classify::seam;
 use crate::codec::{self, DLQ_ATTEMPTS, DLQ_ERROR, DLQ_OFFSET, DLQ_REASON, Stored, TARGET};
 use crate::connect::JetStream;
+use crate::names::DurableNames;
 
 /// The header carrying a dead letter's topic (the DLQ subject is the DLQ's own).
 const DLQ_TOPIC: &str = "tidings-dlq-topic";
@@ -78,7 +79,7 @@ fn is_no_last_message(e: &async_nats::jetstream::stream::LastRawMessageError) ->
 
 /// The DLQ streams of the durable subscriptions of the JetStream stream `nats`.
 pub(crate) async fn dlq_streams_of(js: &JetStream, nats: &str) -> Result<Vec<String>, StreamError> {
-    let prefix = format!("{nats}_x");
+    let prefix = crate::names::dlq_prefix(nats);
     let mut names = js.context.stream_names();
     let mut out = Vec::new();
     while let Some(name) = names.next().await {
@@ -113,19 +114,18 @@ pub(crate) struct DeadLetters {
 impl DeadLetters {
     /// The DLQ of durable `durable` on the JetStream stream `nats`.
     pub(crate) fn new(js: JetStream, nats: &str, durable: &str, limits: Limits) -> Self {
-        let d = nats_name(durable);
+        let names = DurableNames::new(nats, durable);
         Self {
             js,
-            stream: format!("{nats}_x{d}"),
+            stream: names.dlq_stream(),
             parent: nats.to_owned(),
-            subject: format!("$TIDINGS.dlq.{nats}.{d}"),
+            subject: names.dlq_subject(),
             durable: durable.to_owned(),
             limits,
             source: nats.to_owned(),
             prefix: super::subject_prefix(nats),
-            // Escaped names never hold `_s`: no DLQ is called this.
-            starts: format!("{nats}_x{d}_s"),
-            starts_subject: format!("$TIDINGS.start.{nats}.{d}."),
+            starts: names.starts_stream(),
+            starts_subject: names.starts_subject(),
         }
     }
 

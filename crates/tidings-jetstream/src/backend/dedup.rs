@@ -11,7 +11,7 @@ use async_nats::jetstream::stream::{
 use tidings::{DedupStore, MessageId, StreamError};
 
 use super::stream::{create_or_find, publish};
-use super::{Shared, check_name, nats_name};
+use super::{Shared, check_name};
 use crate::classify::seam;
 
 /// How long a dedup store remembers an id by default: one day.
@@ -78,11 +78,6 @@ impl std::fmt::Debug for JetStreamDedupStore {
     }
 }
 
-/// The bucket (`TIDINGS_dedup_<n>`) of the store `name`.
-fn bucket_name(name: &str) -> String {
-    format!("TIDINGS_dedup_{}", nats_name(name))
-}
-
 impl JetStreamDedupStore {
     /// Opens (or creates) the store `name` remembering the `capacity` most recent ids.
     pub(crate) fn open(
@@ -91,7 +86,7 @@ impl JetStreamDedupStore {
         capacity: usize,
     ) -> Result<Self, StreamError> {
         check_name("dedup store", name)?;
-        let bucket = bucket_name(name);
+        let bucket = crate::names::dedup_bucket(name);
         let stream_name = format!("KV_{bucket}");
         let subject_prefix = format!("$KV.{bucket}.");
         let capacity = capacity.max(1);

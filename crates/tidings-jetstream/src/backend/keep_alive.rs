@@ -15,7 +15,7 @@ pub(crate) async fn run(cursor: Arc<CursorShared>, interval: Duration) {
     tick.tick().await;
     loop {
         tick.tick().await;
-        if !cursor.admitted() {
+        if !cursor.keeps_alive() {
             // A keyed group's lease lapsed: what this process holds is another's soon.
             continue;
         }

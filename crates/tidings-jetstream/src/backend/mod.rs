@@ -60,8 +60,9 @@
 //! tidings names allow `.`, NATS names do not: `_` is written `__` and `.` is written `_d`
 //! in stream and consumer names. The DLQ of durable `d` on stream `s` is the stream
 //! `<s>_x<d>` capturing the subject `$TIDINGS.dlq.<s>.<d>`; the count of handler starts of
-//! its returned messages is the stream `<s>_x<d>_s`. Names are at most [`MAX_NAME_BYTES`]
-//! long.
+//! its returned messages is the stream `<s>_x<d>_s`; a keyed group's leases are the bucket
+//! `TIDINGS_g_<s>_x<d>`. Names are at most [`MAX_NAME_BYTES`] long. One module composes
+//! every such name and proves them unique per (stream, durable) pair (`src/names.rs`).
 //!
 //! # What differs from the embedded log
 //! - Offsets are stream sequences: the first is 1 ([`Capabilities::first_offset`]).
@@ -95,6 +96,7 @@ mod keep_alive;
 mod puller;
 pub(crate) use crate::connection::runtime;
 mod stream;
+mod unreadable;
 
 use std::fmt;
 use std::sync::Arc;
@@ -244,19 +246,8 @@ pub(crate) fn backend_error(kind: StreamErrorKind, what: impl fmt::Display) -> S
     JetStreamError::new(kind, what).into()
 }
 
-/// A tidings name (`A-Z a-z 0-9 - _ .`) as a NATS name (`A-Z a-z 0-9 - _`), one to one:
-/// `_` becomes `__` and `.` becomes `_d`.
-pub(crate) fn nats_name(name: &str) -> String {
-    let mut out = String::with_capacity(name.len() + 4);
-    for c in name.chars() {
-        match c {
-            '_' => out.push_str("__"),
-            '.' => out.push_str("_d"),
-            c => out.push(c),
-        }
-    }
-    out
-}
+pub use crate::names::MAX_NAME_BYTES;
+pub(crate) use crate::names::{check_name, escape as nats_name};
 
 /// The subject namespace of the tidings stream whose JetStream name is `nats`: a topic
 /// `t` of it is stored on the subject `$TIDINGS.s.<nats>.t`, which no core publish uses (a
@@ -353,26 +344,6 @@ mod key_partition_tests {
         assert_eq!(record_topic("$TIDINGS.k.o.7.a.b", "o"), "a.b");
         assert_eq!(record_topic("other.a", "o"), "other.a");
     }
-}
-
-/// The longest stream or durable name: both, escaped, must fit in one NATS stream name
-/// (255 bytes) for the DLQ stream `<stream>_x<durable>`.
-pub const MAX_NAME_BYTES: usize = 60;
-
-/// Checks a tidings stream or durable name: what every backend accepts
-/// ([`tidings::durable::check_name`]), at most [`MAX_NAME_BYTES`] long.
-pub(crate) fn check_name(what: &'static str, name: &str) -> Result<(), StreamError> {
-    tidings::durable::check_name(what, name)?;
-    // The reason is a `&'static str`: it spells the constant out.
-    const _: () = assert!(MAX_NAME_BYTES == 60, "update the reason below");
-    if name.len() > MAX_NAME_BYTES {
-        return Err(StreamError::InvalidName {
-            what,
-            name: name.to_owned(),
-            reason: "must be 1 to 60 bytes on the JetStream backend",
-        });
-    }
-    Ok(())
 }
 
 /// Builds a [`JetStreamBackend`]: consumer settings, then the connection it runs on.
@@ -608,37 +579,5 @@ impl DurableBackend for JetStreamBackend {
         // (`$TIDINGS.s.<stream>.<topic>`), which no core subscription covers: it reaches
         // nobody but the stream, so a transport sends every message itself.
         None
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn names_map_one_to_one_onto_nats_names() {
-        let names = [
-            "a", "a.b", "a_b", "a_db", "a__b", "a._", "x-y.z_", "_d", ".",
-        ];
-        let mapped: std::collections::BTreeSet<String> =
-            names.iter().map(|n| nats_name(n)).collect();
-        assert_eq!(mapped.len(), names.len(), "{mapped:?}");
-        for m in &mapped {
-            assert!(crate::stream_spec::check_nats_name(m).is_ok(), "{m}");
-        }
-        assert_eq!(nats_name("orders.v2_eu"), "orders_dv2__eu");
-    }
-
-    #[test]
-    fn bad_names_are_typed_errors() {
-        for bad in ["", "a b", "a/b", "a*", "a>", &"x".repeat(61)] {
-            assert!(
-                matches!(
-                    check_name("stream", bad),
-                    Err(StreamError::InvalidName { what: "stream", .. })
-                ),
-                "{bad:?}"
-            );
-        }
     }
 }

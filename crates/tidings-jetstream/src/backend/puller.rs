@@ -37,6 +37,12 @@
 //! "Handler starts, not fetches, count"), nothing more is pulled in the background.
 //! Buffered messages are held like handed-out ones: kept alive, nak'ed at close.
 //!
+//! # Records the client cannot read
+//! A pull during which the receiving connection dropped and came back (or that ended with
+//! an error) may have met a record whose header block the client library refuses: the
+//! consumer's unfinished range is then screened through the stream's message-get API and
+//! such records are dead-lettered `Rejected` and terminated (see [`unreadable`]).
+//!
 //! # Keyed partitions
 //! A keyed group's partition cursor pulls in the background only while its lease admits
 //! (`CursorShared::admitted`), so a process whose lease lapsed takes nothing from the new
@@ -45,8 +51,10 @@
 //! the partition cursor sees every unfinished delivery back, then goes out in stream
 //! order.
 
+use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
 
 use futures_util::StreamExt;
 use tidings::{DeadLetterReason, Message, MessageId, MessageParts, Pattern, Topic};
@@ -55,9 +63,12 @@ use super::Settings;
 use super::acker::Acker;
 use super::cursor::CursorShared;
 use super::dead_letters::DeadLetters;
+use super::strip_namespaces;
+use super::unreadable::{self, RawRecord, SCREEN_BATCH, subject_matches};
 use crate::client::delivery::{Delivery, Finish};
 use crate::client::durable::Durable;
 use crate::codec::{self, Stored, TARGET};
+use crate::connect::JetStream;
 use crate::error::FetchError;
 
 /// Most messages asked for in one pull request.
@@ -77,6 +88,20 @@ pub(crate) struct Puller {
     /// Held by whoever pulls (the task, a fetch that found the buffer empty) and by a seek
     /// or close that must know no pull is in flight.
     pulling: tokio::sync::Mutex<()>,
+    /// The main connection: reads and terminates records the client cannot read.
+    main: JetStream,
+    /// How far the consumer's range was screened for such records.
+    screened: Mutex<Screened>,
+}
+
+/// How far a consumer's range was screened for records the client cannot read.
+#[derive(Debug, Default)]
+struct Screened {
+    /// Every sequence up to this one was read and found readable, or dealt with.
+    through: u64,
+    /// Found unreadable and not yet terminated (a failure): tried again at the next screen,
+    /// each with whether its dead letter is stored already (so it is not stored twice).
+    again: BTreeMap<u64, bool>,
 }
 
 /// What one pull request brought.
@@ -99,6 +124,7 @@ impl Puller {
         acker: Acker,
         window: usize,
         changes: Arc<AtomicU64>,
+        main: JetStream,
     ) -> Self {
         Self {
             cursor,
@@ -110,6 +136,8 @@ impl Puller {
             window: window.max(1),
             changes,
             pulling: tokio::sync::Mutex::new(()),
+            main,
+            screened: Mutex::new(Screened::default()),
         }
     }
 
@@ -130,6 +158,14 @@ impl Puller {
             .durable
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(durable);
+        // A new consumer hands out its range afresh.
+        *self.screened() = Screened::default();
+    }
+
+    fn screened(&self) -> std::sync::MutexGuard<'_, Screened> {
+        self.screened
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Waits until no pull is in flight and keeps it so while the guard lives.
@@ -165,9 +201,11 @@ impl Puller {
         if !g.gathering && (g.alone.is_some() || g.buffer.iter().any(|(_, _, r)| *r)) {
             return 0;
         }
-        let room = self
-            .window
-            .saturating_sub(g.outstanding.len() + g.buffer.len());
+        let room = room(
+            g.gathering,
+            self.window,
+            g.outstanding.len() + g.buffer.len(),
+        );
         let worth = (self.window / 4).clamp(1, MAX_PULL);
         if room == 0 || room < worth && !g.buffer.is_empty() {
             return 0;
@@ -212,6 +250,9 @@ impl Puller {
         }
         let durable = self.durable();
         let unavailable = |detail: String| FetchError::Unavailable { detail };
+        // A change says the receiving connection dropped during the pull: perhaps on a
+        // record the client cannot read (module docs).
+        let connects = durable.js.connects();
         let mut batch = durable
             .consumer
             .fetch()
@@ -223,27 +264,38 @@ impl Puller {
         // The server ends a no-wait request itself; the bound only guards against a
         // connection that went silent.
         let bound = durable.js.request_timeout;
+        let mut failed = None;
         loop {
             match tokio::time::timeout(bound, batch.next()).await {
-                Err(_) if pulled.received == 0 => {
-                    return Err(unavailable(format!(
-                        "no answer to the pull within {bound:?}"
-                    )));
-                }
-                Err(_) | Ok(None) => break,
-                Ok(Some(Err(e))) => match durable.pull_failed(e.to_string()).await {
-                    FetchError::ConsumerGone { .. } => {
-                        pulled.gone = true;
-                        break;
+                Err(_) => {
+                    if pulled.received == 0 {
+                        failed = Some(unavailable(format!(
+                            "no answer to the pull within {bound:?}"
+                        )));
                     }
-                    other if pulled.received == 0 => return Err(other),
-                    _ => break,
-                },
+                    break;
+                }
+                Ok(None) => break,
+                Ok(Some(Err(e))) => {
+                    match durable.pull_failed(e.to_string()).await {
+                        FetchError::ConsumerGone { .. } => pulled.gone = true,
+                        other if pulled.received == 0 => failed = Some(other),
+                        _ => {}
+                    }
+                    break;
+                }
                 Ok(Some(Ok(m))) => {
                     pulled.received += 1;
                     self.receive(&durable, m).await;
                 }
             }
+        }
+        drop(batch);
+        if !pulled.gone && (failed.is_some() || durable.js.connects() != connects) {
+            self.screen(&durable).await;
+        }
+        if let Some(e) = failed {
+            return Err(e);
         }
         {
             let mut g = self.cursor.lock();
@@ -258,6 +310,104 @@ impl Puller {
         Ok(pulled)
     }
 
+    /// Screens the consumer's unfinished range for records the client cannot read, at most
+    /// [`SCREEN_BATCH`] not screened before, and dead-letters and terminates each one found
+    /// (see [`unreadable`]). A failure is noted as transient and tried at the next screen.
+    async fn screen(&self, durable: &Durable) {
+        let Ok(info) = durable.info().await else {
+            return;
+        };
+        let floor = info.ack_floor.stream_sequence;
+        let last = info.delivered.stream_sequence;
+        let (from, again) = {
+            let mut s = self.screened();
+            s.again.retain(|&seq, _| seq > floor);
+            (s.through.max(floor) + 1, s.again.clone())
+        };
+        let to = last.min(from.saturating_add(SCREEN_BATCH - 1));
+        // Held here: the client read them.
+        let held: HashSet<u64> = self.cursor.held().iter().map(|d| d.sequence()).collect();
+        let filters = durable.spec.settings().filter_subjects;
+        let stream = &durable.spec.stream;
+        let fresh_range = (from..=to).map(|seq| (seq, false));
+        for (seq, stored) in again.into_iter().chain(fresh_range) {
+            let fresh = seq >= from;
+            if !held.contains(&seq) {
+                let record = match unreadable::read(&self.main, stream, seq).await {
+                    Ok(record) => record,
+                    Err(e) => {
+                        self.cursor.lock().transient =
+                            Some(format!("screening record {seq} of {stream}: {e}"));
+                        return;
+                    }
+                };
+                if let Some(record) = record
+                    && filters.iter().any(|f| subject_matches(f, &record.subject))
+                    && let Some(why) = unreadable::unreadable(&record.header)
+                {
+                    let outcome = self
+                        .reject_unreadable(durable, seq, &record, why, stored)
+                        .await;
+                    let mut s = self.screened();
+                    match outcome {
+                        Rejected::Done => s.again.remove(&seq),
+                        Rejected::Stored => s.again.insert(seq, true),
+                        Rejected::Failed => s.again.insert(seq, stored),
+                    };
+                }
+            }
+            if fresh {
+                let mut s = self.screened();
+                s.through = s.through.max(seq);
+            }
+        }
+    }
+
+    /// Dead-letters record `seq`, which the client cannot read (unless `stored` says its
+    /// dead letter is stored already), then terminates it.
+    async fn reject_unreadable(
+        &self,
+        durable: &Durable,
+        seq: u64,
+        record: &RawRecord,
+        why: &str,
+        stored: bool,
+    ) -> Rejected {
+        let (plain, keyed) = durable.spec.namespaces();
+        let topic = strip_namespaces(&record.subject, plain, keyed);
+        let Some(message) = rejected_message(
+            topic,
+            seq,
+            record.stored,
+            record.payload.clone(),
+            &self.settings,
+        ) else {
+            return Rejected::Failed;
+        };
+        let reason = DeadLetterReason::Rejected {
+            error: format!("record {seq} cannot be read by the NATS client: {why}"),
+        };
+        if !stored && let Err(e) = self.dlq.put(&message, &reason, 1).await {
+            self.cursor.lock().transient =
+                Some(format!("dead-lettering an unreadable record: {e}"));
+            return Rejected::Failed;
+        }
+        // Stored in the DLQ first; only then is the original given up, confirmed.
+        let stream = &durable.spec.stream;
+        match unreadable::terminate(&self.main, stream, &durable.spec.durable, seq, why).await {
+            Ok(()) => {
+                self.cursor.note_skipped();
+                self.changes.fetch_add(1, Ordering::AcqRel);
+                Rejected::Done
+            }
+            Err(e) => {
+                self.cursor.lock().transient =
+                    Some(format!("terminating unreadable record {seq}: {e}"));
+                Rejected::Stored
+            }
+        }
+    }
+
     /// One delivery into the buffer, or finished here (see [`Taken`]).
     async fn receive(&self, durable: &Durable, m: async_nats::jetstream::Message) {
         let Ok(d) = Delivery::new(m, durable.js.request_timeout, durable.spec.namespaces()) else {
@@ -265,13 +415,26 @@ impl Puller {
             // acknowledged either).
             return;
         };
-        let ours = Topic::new(d.topic()).is_ok_and(|t| durable.spec.pattern.matches(&t));
-        if !ours {
-            // The server's filter is a superset of the subscription's pattern: not this
-            // subscription's, finished so it is not delivered again.
-            self.acker.send(Arc::new(d), Finish::Ack);
-            self.cursor.note_skipped();
-            return;
+        match Topic::new(d.topic()) {
+            Err(e) => {
+                // In the subscription's subject namespace, but not a tidings topic: a
+                // foreign producer's record, dead-lettered with the reason (R-DEL-6).
+                let why = codec::DecodeError {
+                    sequence: d.sequence(),
+                    header: None,
+                    reason: format!("subject: {e}"),
+                };
+                reject(&self.cursor, &self.dlq, &self.settings, &d, &why).await;
+                return;
+            }
+            Ok(t) if !durable.spec.pattern.matches(&t) => {
+                // The server's filter is a superset of the subscription's pattern: not this
+                // subscription's, finished so it is not delivered again.
+                self.acker.send(Arc::new(d), Finish::Ack);
+                self.cursor.note_skipped();
+                return;
+            }
+            Ok(_) => {}
         }
         let (d, m, returned) = match take(
             &self.cursor,
@@ -299,6 +462,16 @@ impl Puller {
     }
 }
 
+/// How far dealing with a record the client cannot read got.
+enum Rejected {
+    /// Dead-lettered and terminated.
+    Done,
+    /// Dead-lettered, not terminated (no confirmation).
+    Stored,
+    /// Neither.
+    Failed,
+}
+
 /// What became of one delivery.
 enum Taken {
     /// Hand it out (decoded then).
@@ -322,19 +495,13 @@ pub(crate) async fn reject(
     d: &Delivery,
     why: &codec::DecodeError,
 ) {
-    let Ok(topic) = Topic::new(d.topic()).or_else(|_| Topic::new(UNDECODABLE)) else {
-        return;
-    };
-    let id = MessageId::from_u128(u128::from(d.sequence()));
-    let mut parts = MessageParts::new(id, topic.clone(), d.published());
-    parts.payload = d.payload_bytes();
-    parts.offset = Some(d.sequence());
-    let message = Message::from_parts(parts, &settings.limits).or_else(|_| {
-        let mut parts = MessageParts::new(id, topic, d.published());
-        parts.offset = Some(d.sequence());
-        Message::from_parts(parts, &settings.limits)
-    });
-    let Ok(message) = message else {
+    let Some(message) = rejected_message(
+        d.topic(),
+        d.sequence(),
+        d.published(),
+        d.payload_bytes(),
+        settings,
+    ) else {
         return;
     };
     let reason = DeadLetterReason::Rejected {
@@ -349,6 +516,32 @@ pub(crate) async fn reject(
     if d.term().await.is_ok() {
         cursor.note_skipped();
     }
+}
+
+/// What the DLQ keeps of a record that is not a tidings message: its payload (none when
+/// over the limits) under its topic (or [`UNDECODABLE`] when its subject is not one), its
+/// id derived from its sequence, its offset that sequence.
+fn rejected_message(
+    topic: &str,
+    seq: u64,
+    stored: SystemTime,
+    payload: bytes::Bytes,
+    settings: &Settings,
+) -> Option<Message> {
+    let topic = Topic::new(topic)
+        .or_else(|_| Topic::new(UNDECODABLE))
+        .ok()?;
+    let id = MessageId::from_u128(u128::from(seq));
+    let mut parts = MessageParts::new(id, topic.clone(), stored);
+    parts.payload = payload;
+    parts.offset = Some(seq);
+    Message::from_parts(parts, &settings.limits)
+        .or_else(|_| {
+            let mut parts = MessageParts::new(id, topic, stored);
+            parts.offset = Some(seq);
+            Message::from_parts(parts, &settings.limits)
+        })
+        .ok()
 }
 
 /// Takes one delivery (see [`Taken`]).
@@ -405,6 +598,19 @@ async fn take(
         return Taken::Done;
     }
     Taken::Returned(d, Box::new(message))
+}
+
+/// How many messages a cursor with a window of `window` and `held` pulled and not
+/// finished may pull now. Gathering (a keyed partition just taken over), a full batch
+/// whatever is held: a pull cannot ask for redeliveries only, and a buffer full of newer
+/// messages must not keep the last owner's from coming back (bounded by the gathering's
+/// deadline and the server's `max_ack_pending`).
+pub(crate) fn room(gathering: bool, window: usize, held: usize) -> usize {
+    if gathering {
+        window
+    } else {
+        window.saturating_sub(held)
+    }
 }
 
 /// The tidings message a delivery carries.

@@ -358,7 +358,12 @@ impl BackendStream for JsStream {
         {
             // Checked only for a new name: an existing one resumes where it was.
             let js = self.shared.js.clone();
-            let (stream, durable) = (self.nats.clone(), nats_name(spec.name));
+            let (stream, durable) = (
+                self.nats.clone(),
+                crate::names::DurableNames::new(&self.nats, spec.name)
+                    .consumer()
+                    .to_owned(),
+            );
             let exists = self.shared.call(self.shared.bound(1), async move {
                 js.consumer_exists(&stream, &durable)
                     .await

@@ -345,8 +345,23 @@ impl JetStream {
     ///
     /// [`ConsumerError`]: bad name or option, no such stream, a setting the server dropped,
     /// refused, or no answer in time.
+    ///
+    /// The consumer is used (pulled, acknowledged) over the connection's receiving
+    /// connection ([`JetStream::receiving`]): a delivery the client library cannot parse
+    /// costs that one a reconnect, never this one's publishes and requests.
     pub async fn durable(&self, spec: ConsumerSpec) -> Result<Durable, ConsumerError> {
         spec.validate()?;
+        let js = self
+            .receiving()
+            .await
+            .map_err(|e| ConsumerError::Unavailable {
+                detail: format!("opening the connection deliveries come over: {e}"),
+            })?;
+        js.durable_here(spec).await
+    }
+
+    /// [`JetStream::durable`] on this connection.
+    async fn durable_here(&self, spec: ConsumerSpec) -> Result<Durable, ConsumerError> {
         // Create first: the server answers a create with the settings of an existing
         // consumer at once, while on a cluster it may leave a lookup unanswered (until the
         // request times out) as long as another client is creating the same consumer, so

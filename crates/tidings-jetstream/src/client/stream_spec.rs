@@ -35,23 +35,7 @@ pub const DEFAULT_DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
 /// The header prefix NATS reserves for itself; record headers may not use it.
 pub const RESERVED_HEADER_PREFIX: &str = "Nats-";
 
-/// Checks a stream or consumer name: 1 to 255 characters from `A-Z a-z 0-9 - _` (NATS
-/// forbids `.`, `*`, `>`, whitespace and path separators; this is the portable subset).
-pub(crate) fn check_nats_name(name: &str) -> Result<(), &'static str> {
-    if name.is_empty() {
-        return Err("empty");
-    }
-    if name.len() > 255 {
-        return Err("longer than 255 bytes");
-    }
-    if !name
-        .chars()
-        .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-    {
-        return Err("only A-Z a-z 0-9 - _ are allowed");
-    }
-    Ok(())
-}
+pub(crate) use crate::names::check_server_name as check_nats_name;
 
 /// What a stream captures and keeps.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -22,9 +22,20 @@
 //! The client reconnects by itself when the connection drops (to the same server or, given
 //! several, to any); while no server is reachable, operations fail with their
 //! `TimedOut`/`Unavailable` errors after the request timeout.
+//!
+//! # A second connection for what others wrote (issue 34)
+//! Bytes another producer wrote reach a client only as messages it receives: deliveries of
+//! durable consumers and the cursors' wake-up subscriptions. A header block the client
+//! library cannot parse (not UTF-8, a line without a colon, a lone LF, a version other than
+//! `NATS/1.0`, ...) makes it drop and re-establish the connection it arrived on, and
+//! everything in flight on that connection with it. So those go over a connection of their
+//! own, opened with the same options on first use ([`JetStream::receiving`]): a foreign
+//! record can cost that connection a reconnect (what it carried comes back after the ack
+//! wait), never the publishes, DLQ writes and stream requests of the first one.
 
 use std::fmt;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream;
@@ -164,6 +175,8 @@ pub struct ConnectOptions {
     connect_timeout: Duration,
     request_timeout: Duration,
     name: Option<String>,
+    /// This is the receiving connection of another one (see the module docs).
+    receiving: bool,
 }
 
 impl fmt::Debug for ConnectOptions {
@@ -213,6 +226,7 @@ impl ConnectOptions {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             name: None,
+            receiving: false,
         }
     }
 
@@ -316,6 +330,17 @@ impl ConnectOptions {
     /// credentials, TLS failure, unreadable credentials file, a server too old, or no
     /// JetStream. An error naming a URL names every URL given, comma-separated.
     pub async fn connect(self) -> Result<JetStream, ConnectError> {
+        let receiving = if self.receiving {
+            Receiving::Itself
+        } else {
+            let mut options = self.clone();
+            options.receiving = true;
+            options.name = Some(match &self.name {
+                Some(name) => format!("{name} (deliveries)"),
+                None => "tidings deliveries".to_owned(),
+            });
+            Receiving::Separate(Arc::new((options, tokio::sync::OnceCell::new())))
+        };
         let url = self.urls.join(", ");
         if self.urls.is_empty() {
             return Err(ConnectError::InvalidUrl {
@@ -404,6 +429,7 @@ impl ConnectOptions {
             version,
             max_payload: info.max_payload,
             request_timeout: self.request_timeout,
+            receiving,
         })
     }
 }
@@ -467,6 +493,16 @@ pub struct JetStream {
     /// The server's maximum payload (headers included), from its INFO at connect.
     pub(crate) max_payload: usize,
     pub(crate) request_timeout: Duration,
+    receiving: Receiving,
+}
+
+/// Where [`JetStream::receiving`] is.
+#[derive(Clone)]
+enum Receiving {
+    /// A connection of its own, opened on first use with these options.
+    Separate(Arc<(ConnectOptions, tokio::sync::OnceCell<JetStream>)>),
+    /// This is the receiving connection.
+    Itself,
 }
 
 impl fmt::Debug for JetStream {
@@ -494,6 +530,37 @@ impl JetStream {
     #[must_use]
     pub fn is_connected(&self) -> bool {
         self.client.connection_state() == async_nats::connection::State::Connected
+    }
+
+    /// The connection over which messages others wrote are received (durable consumers'
+    /// deliveries, wake-up subscriptions): a second one, opened with the same options on
+    /// the first call and shared by every clone after (see the module docs).
+    ///
+    /// # Errors
+    /// What [`ConnectOptions::connect`] reports when the first call cannot open it (a
+    /// later call tries again).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a cancelled first call leaves the connection to the next one.
+    pub(crate) async fn receiving(&self) -> Result<Self, ConnectError> {
+        match &self.receiving {
+            Receiving::Itself => Ok(self.clone()),
+            Receiving::Separate(second) => {
+                let (options, cell) = &**second;
+                cell.get_or_try_init(|| options.clone().connect())
+                    .await
+                    .cloned()
+            }
+        }
+    }
+
+    /// How many times the connection was established (1 after connecting): a change
+    /// says it dropped and came back in between.
+    pub(crate) fn connects(&self) -> u64 {
+        self.client
+            .statistics()
+            .connects
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 

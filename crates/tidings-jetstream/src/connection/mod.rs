@@ -8,6 +8,14 @@
 //! [`NatsTransport::new`](crate::NatsTransport::new)), and each reports the connection's
 //! [`ConnectionId`]: the broker compares the two and refuses to build when they differ.
 //!
+//! # Two connections
+//! What others wrote reaches the backend over a second connection with the same options
+//! (durable consumers' deliveries, the cursors' wake-up subscriptions), opened on first
+//! use: a record whose header block the client library cannot parse costs that one a
+//! reconnect, never the publishes and requests of the first (see [`connect`]'s docs). A
+//! server counting connections sees two per `NatsConnection` that has durable
+//! subscriptions.
+//!
 //! # Threads
 //! async-nats runs on a current-thread tokio runtime on a thread the connection owns
 //! ([`runtime`]); the backend and the transport hand their work to it. The thread stops,

@@ -8,13 +8,14 @@ use postgres::NoTls;
 use tidings::{Handler, HandlerError, Message};
 
 use super::{
-    COLUMNS_SQL, KIND_SQL, check_columns, check_kind, create_sql, parse_config, refs, rows,
-    table_error,
+    COLUMNS_SQL, FENCE_SHAPE, KIND_SQL, SHAPE, check_columns, check_kind, create_sql, parse_config,
+    refs, rows, statements, table_error,
 };
+use crate::consumer::ConsumerName;
 use crate::error::{DbError, DeliveryError, OpenError, PruneError, QueryError};
-use crate::table::TableName;
+use crate::table::{ExpectedShape, TableName};
 use crate::value::{Row, Value};
-use crate::{Inner, Settled, Transactional, insert_sql, millis, panic_text, prune_sql};
+use crate::{Inner, Settled, StoredFence, Transactional, millis, panic_text};
 
 /// The PostgreSQL database of a blocking [`Transactional`] handler: one connection,
 /// opened again after it was lost.
@@ -47,6 +48,7 @@ pub struct Postgres {
     client: Mutex<Option<postgres::Client>>,
     insert: String,
     prune: String,
+    fence: String,
 }
 
 /// The open transaction a blocking PostgreSQL handler runs in.
@@ -131,25 +133,31 @@ fn connect(config: &postgres::Config) -> Result<postgres::Client, DbError> {
     config.connect(NoTls).map_err(DbError::new)
 }
 
-fn ensure_table(client: &mut postgres::Client, table: &TableName) -> Result<(), OpenError> {
+fn ensure_table(
+    client: &mut postgres::Client,
+    table: &TableName,
+    shape: &ExpectedShape,
+    consumer: Option<&ConsumerName>,
+) -> Result<(), OpenError> {
     let kind = client
         .query_opt(KIND_SQL, &[&table.as_str()])
         .map_err(|e| table_error(table, e))?
         .map(|r| r.try_get::<_, String>(0))
         .transpose()
         .map_err(|e| table_error(table, e))?;
-    if !check_kind(table, kind.as_deref())? {
+    if !check_kind(table, shape, kind.as_deref())? {
         // Two processes creating it at once may collide in the catalog: try twice.
-        if let Err(e) = client.batch_execute(&create_sql(table)) {
+        let create = create_sql(table, shape);
+        if let Err(e) = client.batch_execute(&create) {
             client
-                .batch_execute(&create_sql(table))
+                .batch_execute(&create)
                 .map_err(|_| table_error(table, e))?;
         }
     }
     let columns = client
         .query(COLUMNS_SQL, &[&table.as_str()])
         .map_err(|e| table_error(table, e))?;
-    check_columns(table, &columns)
+    check_columns(table, shape, consumer, &columns)
 }
 
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
@@ -158,34 +166,44 @@ where
     F: Fn(&mut PgTx<'_>, &Message) -> Result<(), HandlerError> + Send + Sync + 'static,
 {
     /// A blocking handler running `handler` in a transaction of the PostgreSQL database
-    /// `conn` names (a connection string, see [`Postgres`]), recording ids in
-    /// `table` (created if absent, in the current schema).
+    /// `conn` names (a connection string, see [`Postgres`]), recording the ids of
+    /// `consumer` in `table` and its lease terms in `<table>_fence` (both created if
+    /// absent, in the current schema).
     ///
     /// Blocks while it connects; do not call it on a tokio runtime worker (use
     /// `spawn_blocking`, or [`Transactional::postgres_async`]).
     ///
     /// # Errors
-    /// [`OpenError::InvalidTableName`], [`OpenError::InvalidConfig`],
-    /// [`OpenError::Unavailable`] (cannot connect), [`OpenError::TableShape`] (a table or
-    /// view of that name with another shape; nothing is changed), [`OpenError::Table`].
-    pub fn postgres(conn: &str, table: &str, handler: F) -> Result<Self, OpenError> {
-        let table = TableName::new(table).map_err(|error| OpenError::InvalidTableName {
-            name: table.to_owned(),
-            error,
-        })?;
+    /// [`OpenError::InvalidTableName`], [`OpenError::InvalidConsumerName`],
+    /// [`OpenError::InvalidConfig`], [`OpenError::Unavailable`] (cannot connect),
+    /// [`OpenError::UnattributedTable`] (a table of the shape before ids belonged to a
+    /// consumer; nothing is changed, the error holds the migration),
+    /// [`OpenError::TableShape`] (a table or view of either name with another shape;
+    /// nothing is changed), [`OpenError::Table`].
+    pub fn postgres(
+        conn: &str,
+        table: &str,
+        consumer: &str,
+        handler: F,
+    ) -> Result<Self, OpenError> {
+        let (table, consumer) = crate::names(table, consumer)?;
         let config = postgres::Config::from(parse_config(conn)?);
         let mut client = connect(&config).map_err(|source| OpenError::Unavailable { source })?;
-        ensure_table(&mut client, &table)?;
+        ensure_table(&mut client, &table, &SHAPE, Some(&consumer))?;
+        ensure_table(&mut client, &table.fence(), &FENCE_SHAPE, None)?;
+        let [insert, prune, fence] = statements(&table);
         let db = Postgres {
             config,
             client: Mutex::new(Some(client)),
-            insert: insert_sql(&table, "$1", "$2"),
-            prune: prune_sql(&table, "$1"),
+            insert,
+            prune,
+            fence,
         };
-        Ok(Self::from_parts(db, table, handler))
+        Ok(Self::from_parts(db, table, consumer, handler))
     }
 
-    /// Delete the ids recorded before `cutoff`; how many were deleted.
+    /// Delete this consumer's ids recorded before `cutoff`; how many were deleted. Other
+    /// consumers' ids in the table are left alone.
     ///
     /// A redelivery of a message whose id was deleted runs its effects again: choose the
     /// cutoff beyond the longest time a message can still be redelivered.
@@ -205,7 +223,10 @@ where
                 source: DbError::msg("no connection"),
             });
         };
-        match client.execute(&inner.db.prune, &[&millis(cutoff)]) {
+        match client.execute(
+            &inner.db.prune,
+            &[&inner.consumer.as_str(), &millis(cutoff)],
+        ) {
             Ok(n) => Ok(n),
             Err(e) => {
                 *slot = None;
@@ -250,12 +271,31 @@ where
         message: &Message,
         broken: &mut bool,
     ) -> Result<Settled, DeliveryError> {
+        let fence = StoredFence::of(message)?;
         let mut tx = client.transaction().map_err(|e| DeliveryError::Begin {
             source: DbError::new(e),
         })?;
+        let consumer = self.consumer.as_str();
+        if let Some(fence) = fence {
+            // Locks the partition's row until the end of this transaction.
+            let recorded: i64 = tx
+                .query_one(&self.db.fence, &[&consumer, &fence.partition, &fence.term])
+                .and_then(|row| row.try_get(0))
+                .map_err(|e| DeliveryError::Record {
+                    table: self.table.fence().to_string(),
+                    source: DbError::new(e),
+                })?;
+            if let Err(fenced) = fence.check(recorded) {
+                *broken |= tx.rollback().is_err();
+                return Err(fenced);
+            }
+        }
         let id = message.id().to_string();
         let inserted = tx
-            .execute(&self.db.insert, &[&id, &millis(SystemTime::now())])
+            .execute(
+                &self.db.insert,
+                &[&consumer, &id, &millis(SystemTime::now())],
+            )
             .map_err(|e| DeliveryError::Record {
                 table: self.table.to_string(),
                 source: DbError::new(e),

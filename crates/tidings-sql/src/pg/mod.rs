@@ -13,8 +13,12 @@ use std::time::Duration;
 use bytes::BytesMut;
 use tokio_postgres::types::{IsNull, ToSql, Type, to_sql_checked};
 
+use crate::consumer::ConsumerName;
 use crate::error::{DbError, OpenError, QueryError};
-use crate::table::{ColumnInfo, ExpectedShape, TableName, check_shape, expected_text};
+use crate::table::{
+    ColumnInfo, ExpectedShape, TableName, check_shape, expected_text, is_unattributed,
+    migration_sql,
+};
 use crate::value::{Row, Value};
 
 mod blocking;
@@ -27,9 +31,24 @@ pub use nonblocking::{AsyncPgTx, PostgresAsync};
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The processed-messages table.
 pub(crate) const SHAPE: ExpectedShape = ExpectedShape {
-    id_type: "text",
-    at_type: "bigint",
+    columns: &[
+        ("consumer", "text"),
+        ("message_id", "text"),
+        ("processed_at", "bigint"),
+    ],
+    primary_key: &["consumer", "message_id"],
+};
+
+/// Its fence table.
+pub(crate) const FENCE_SHAPE: ExpectedShape = ExpectedShape {
+    columns: &[
+        ("consumer", "text"),
+        ("key_partition", "bigint"),
+        ("term", "bigint"),
+    ],
+    primary_key: &["consumer", "key_partition"],
 };
 
 /// The relation kind of `$1` in the current schema (`r` table, `p` partitioned, `v` view...).
@@ -45,11 +64,17 @@ pub(crate) const COLUMNS_SQL: &str = "SELECT a.attname::text, format_type(a.attt
        AND a.attnum > 0 AND NOT a.attisdropped \
      ORDER BY a.attnum";
 
-pub(crate) fn create_sql(table: &TableName) -> String {
-    format!(
-        "CREATE TABLE IF NOT EXISTS {} (message_id text PRIMARY KEY, processed_at bigint NOT NULL)",
-        table.quoted()
-    )
+pub(crate) fn create_sql(table: &TableName, shape: &ExpectedShape) -> String {
+    crate::table::create_sql(table, shape, "")
+}
+
+/// The statements of a blocking or async handler: recording an id, pruning, fencing.
+pub(crate) fn statements(table: &TableName) -> [String; 3] {
+    [
+        crate::insert_sql(table, ["$1", "$2", "$3"]),
+        crate::prune_sql(table, ["$1", "$2"]),
+        crate::fence_sql(table, "GREATEST", ["$1", "$2", "$3"]),
+    ]
 }
 
 /// Parse a connection string, with the default connect timeout when it sets none.
@@ -65,7 +90,11 @@ pub(crate) fn parse_config(conn: &str) -> Result<tokio_postgres::Config, OpenErr
 }
 
 /// `Ok` when the relation kind (if any) is a table; a shape error otherwise.
-pub(crate) fn check_kind(table: &TableName, kind: Option<&str>) -> Result<bool, OpenError> {
+pub(crate) fn check_kind(
+    table: &TableName,
+    shape: &ExpectedShape,
+    kind: Option<&str>,
+) -> Result<bool, OpenError> {
     match kind {
         None => Ok(false),
         Some("r" | "p") => Ok(true),
@@ -79,21 +108,29 @@ pub(crate) fn check_kind(table: &TableName, kind: Option<&str>) -> Result<bool, 
                 "c" => "a composite type",
                 _ => "not a table",
             };
-            Err(shape_error(table, format!("it is {what}, not a table")))
+            Err(shape_error(
+                table,
+                shape,
+                format!("it is {what}, not a table"),
+            ))
         }
     }
 }
 
-pub(crate) fn shape_error(table: &TableName, problem: String) -> OpenError {
+fn shape_error(table: &TableName, shape: &ExpectedShape, problem: String) -> OpenError {
     OpenError::TableShape {
         table: table.to_string(),
         problem,
-        expected: expected_text(&SHAPE),
+        expected: expected_text(shape),
     }
 }
 
+/// Check the columns of `table` against `shape`. `consumer` is given for the
+/// processed-messages table: an unattributed one is refused with its migration.
 pub(crate) fn check_columns(
     table: &TableName,
+    shape: &ExpectedShape,
+    consumer: Option<&ConsumerName>,
     rows: &[tokio_postgres::Row],
 ) -> Result<(), OpenError> {
     let columns = rows
@@ -107,7 +144,16 @@ pub(crate) fn check_columns(
         })
         .collect::<Result<Vec<_>, tokio_postgres::Error>>()
         .map_err(|e| table_error(table, e))?;
-    check_shape(&columns, &SHAPE).map_err(|p| shape_error(table, p))
+    if let Some(consumer) = consumer
+        && is_unattributed(&columns, shape)
+    {
+        return Err(OpenError::UnattributedTable {
+            table: table.to_string(),
+            consumer: consumer.to_string(),
+            fix: migration_sql(table, shape, "", consumer),
+        });
+    }
+    check_shape(&columns, shape).map_err(|problem| shape_error(table, shape, problem))
 }
 
 pub(crate) fn table_error(table: &TableName, e: tokio_postgres::Error) -> OpenError {

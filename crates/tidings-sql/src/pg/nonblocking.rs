@@ -11,13 +11,14 @@ use tidings::{AsyncHandler, HandlerError, HandlerFuture, Message};
 use tokio_postgres::{Client, NoTls};
 
 use super::{
-    COLUMNS_SQL, KIND_SQL, check_columns, check_kind, create_sql, parse_config, refs, rows,
-    table_error,
+    COLUMNS_SQL, FENCE_SHAPE, KIND_SQL, SHAPE, check_columns, check_kind, create_sql, parse_config,
+    refs, rows, statements, table_error,
 };
+use crate::consumer::ConsumerName;
 use crate::error::{DbError, DeliveryError, OpenError, PruneError, QueryError};
-use crate::table::TableName;
+use crate::table::{ExpectedShape, TableName};
 use crate::value::{Row, Value};
-use crate::{Inner, Settled, Transactional, insert_sql, millis, panic_text, prune_sql};
+use crate::{Inner, Settled, StoredFence, Transactional, millis, panic_text};
 
 /// The PostgreSQL database of an async [`Transactional`] handler: one connection, whose
 /// I/O runs as a task on the tokio runtime that opened it; opened again after it was lost
@@ -30,6 +31,7 @@ pub struct PostgresAsync {
     slot: tokio::sync::Mutex<Slot>,
     insert: String,
     prune: String,
+    fence: String,
 }
 
 struct Slot {
@@ -153,7 +155,12 @@ async fn connect(config: &tokio_postgres::Config) -> Result<Arc<Client>, DbError
     Ok(Arc::new(client))
 }
 
-async fn ensure_table(client: &Client, table: &TableName) -> Result<(), OpenError> {
+async fn ensure_table(
+    client: &Client,
+    table: &TableName,
+    shape: &ExpectedShape,
+    consumer: Option<&ConsumerName>,
+) -> Result<(), OpenError> {
     let kind = client
         .query_opt(KIND_SQL, &[&table.as_str()])
         .await
@@ -161,11 +168,12 @@ async fn ensure_table(client: &Client, table: &TableName) -> Result<(), OpenErro
         .map(|r| r.try_get::<_, String>(0))
         .transpose()
         .map_err(|e| table_error(table, e))?;
-    if !check_kind(table, kind.as_deref())? {
+    if !check_kind(table, shape, kind.as_deref())? {
         // Two processes creating it at once may collide in the catalog: try twice.
-        if let Err(e) = client.batch_execute(&create_sql(table)).await {
+        let create = create_sql(table, shape);
+        if let Err(e) = client.batch_execute(&create).await {
             client
-                .batch_execute(&create_sql(table))
+                .batch_execute(&create)
                 .await
                 .map_err(|_| table_error(table, e))?;
         }
@@ -174,7 +182,7 @@ async fn ensure_table(client: &Client, table: &TableName) -> Result<(), OpenErro
         .query(COLUMNS_SQL, &[&table.as_str()])
         .await
         .map_err(|e| table_error(table, e))?;
-    check_columns(table, &columns)
+    check_columns(table, shape, consumer, &columns)
 }
 
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
@@ -184,39 +192,52 @@ where
     Fut: Future<Output = Result<(), HandlerError>> + Send + 'static,
 {
     /// An async handler running `handler` in a transaction of the PostgreSQL database
-    /// `conn` names (a connection string, see [`Postgres`](crate::Postgres)), recording ids in
-    /// `table` (created if absent, in the current schema). Subscribe it with
-    /// `Broker::subscribe_async` under the tokio driver.
+    /// `conn` names (a connection string, see [`Postgres`](crate::Postgres)), recording the
+    /// ids of `consumer` in `table` and its lease terms in `<table>_fence` (both created
+    /// if absent, in the current schema). Subscribe it with `Broker::subscribe_async`
+    /// under the tokio driver.
     ///
     /// Must be awaited inside a tokio runtime: the connection's I/O is spawned on it.
     ///
     /// # Errors
-    /// [`OpenError::InvalidTableName`], [`OpenError::InvalidConfig`],
-    /// [`OpenError::Unavailable`] (cannot connect), [`OpenError::TableShape`] (a table or
-    /// view of that name with another shape; nothing is changed), [`OpenError::Table`].
-    pub async fn postgres_async(conn: &str, table: &str, handler: F) -> Result<Self, OpenError> {
-        let table = TableName::new(table).map_err(|error| OpenError::InvalidTableName {
-            name: table.to_owned(),
-            error,
-        })?;
+    /// [`OpenError::InvalidTableName`], [`OpenError::InvalidConsumerName`],
+    /// [`OpenError::InvalidConfig`], [`OpenError::Unavailable`] (cannot connect),
+    /// [`OpenError::UnattributedTable`] (a table of the shape before ids belonged to a
+    /// consumer; nothing is changed, the error holds the migration),
+    /// [`OpenError::TableShape`] (a table or view of either name with another shape;
+    /// nothing is changed), [`OpenError::Table`].
+    ///
+    /// # Cancel safety
+    /// Dropping the future before it completes leaves at most the tables created.
+    pub async fn postgres_async(
+        conn: &str,
+        table: &str,
+        consumer: &str,
+        handler: F,
+    ) -> Result<Self, OpenError> {
+        let (table, consumer) = crate::names(table, consumer)?;
         let config = parse_config(conn)?;
         let client = connect(&config)
             .await
             .map_err(|source| OpenError::Unavailable { source })?;
-        ensure_table(&client, &table).await?;
+        ensure_table(&client, &table, &SHAPE, Some(&consumer)).await?;
+        ensure_table(&client, &table.fence(), &FENCE_SHAPE, None).await?;
+        let [insert, prune, fence] = statements(&table);
         let db = PostgresAsync {
             config,
             slot: tokio::sync::Mutex::new(Slot {
                 client: Some(client),
                 busy: false,
             }),
-            insert: insert_sql(&table, "$1", "$2"),
-            prune: prune_sql(&table, "$1"),
+            insert,
+            prune,
+            fence,
         };
-        Ok(Self::from_parts(db, table, handler))
+        Ok(Self::from_parts(db, table, consumer, handler))
     }
 
-    /// Delete the ids recorded before `cutoff`; how many were deleted.
+    /// Delete this consumer's ids recorded before `cutoff`; how many were deleted. Other
+    /// consumers' ids in the table are left alone.
     ///
     /// A redelivery of a message whose id was deleted runs its effects again: choose the
     /// cutoff beyond the longest time a message can still be redelivered.
@@ -229,7 +250,13 @@ where
         let client = slot_client(&mut slot, &inner.db.config)
             .await
             .map_err(|source| PruneError::Unavailable { source })?;
-        match client.execute(&inner.db.prune, &[&millis(cutoff)]).await {
+        match client
+            .execute(
+                &inner.db.prune,
+                &[&inner.consumer.as_str(), &millis(cutoff)],
+            )
+            .await
+        {
             Ok(n) => Ok(n),
             Err(e) => {
                 slot.client = None;
@@ -285,15 +312,35 @@ where
         message: Arc<Message>,
         broken: &mut bool,
     ) -> Result<Settled, DeliveryError> {
+        let fence = StoredFence::of(&message)?;
         client
             .batch_execute("BEGIN")
             .await
             .map_err(|e| DeliveryError::Begin {
                 source: DbError::new(e),
             })?;
+        let consumer = self.consumer.as_str();
+        if let Some(fence) = fence {
+            // Locks the partition's row until the end of this transaction.
+            let recorded: i64 = client
+                .query_one(&self.db.fence, &[&consumer, &fence.partition, &fence.term])
+                .await
+                .and_then(|row| row.try_get(0))
+                .map_err(|e| DeliveryError::Record {
+                    table: self.table.fence().to_string(),
+                    source: DbError::new(e),
+                })?;
+            if let Err(fenced) = fence.check(recorded) {
+                *broken |= client.batch_execute("ROLLBACK").await.is_err();
+                return Err(fenced);
+            }
+        }
         let id = message.id().to_string();
         let inserted = client
-            .execute(&self.db.insert, &[&id, &millis(SystemTime::now())])
+            .execute(
+                &self.db.insert,
+                &[&consumer, &id, &millis(SystemTime::now())],
+            )
             .await
             .map_err(|e| DeliveryError::Record {
                 table: self.table.to_string(),

@@ -33,6 +33,24 @@ pub const DURABLE: &str = "ledger";
 pub const TABLE: &str = "processed_messages";
 pub const ACCOUNTS: usize = 8;
 
+/// How long a test's own look into a SQLite database waits for another connection's lock.
+/// The consumer under test takes the write lock for every transaction (rollback journal:
+/// a commit excludes readers while it syncs), and a reader that cannot get its shared lock
+/// within its busy timeout fails with `database is locked`. rusqlite's default timeout is
+/// 5 s; a consumer committing back to back on a loaded machine starved a checker's retries
+/// for longer than that. Long enough for any run of transactions here; bounded, so a lock
+/// that is never released fails the test instead of hanging it.
+pub const CHECK_BUSY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Opens the SQLite database at `path` for a test's checks, waiting up to
+/// [`CHECK_BUSY_TIMEOUT`] for the writer's locks.
+pub fn sqlite_checker(path: &Path) -> rusqlite::Connection {
+    let conn = rusqlite::Connection::open(path).expect("open the database to check it");
+    conn.busy_timeout(CHECK_BUSY_TIMEOUT)
+        .expect("set the checker's busy timeout");
+    conn
+}
+
 /// `TIDINGS_LONG=1`: the long run.
 pub fn long() -> bool {
     std::env::var("TIDINGS_LONG").is_ok_and(|v| v == "1")

@@ -7,6 +7,16 @@
 //! a stream or a consumer, read from each node's monitoring endpoint (`/jsz`), so a test
 //! can kill exactly the leader.
 //!
+//! # Partitions
+//! [`NatsCluster::with_proxied_node`] starts a cluster whose node `k` reaches the others,
+//! and they it, only through [`FaultProxy`]s ([`NatsCluster::route_proxies`]): one in front
+//! of `k`'s route port, which `k` also advertises (so a route the others learn by gossip
+//! goes through it too), and one in front of every other node's route port for `k`'s own
+//! routes. Blackholing, stalling or cutting all of them partitions `k` from the rest while
+//! its clients stay connected to it (R-DIST-9). Node `k` starts last, so no node gossips
+//! another's own route port to it, and the cluster checks at start that no route of `k`
+//! bypasses the proxies.
+//!
 //! # Lifecycle
 //! [`NatsCluster::start`] returns once every node accepts clients and the JetStream meta
 //! group has a leader with every node in it (at most [`CLUSTER_READY_TIMEOUT`]). Dropping
@@ -17,6 +27,7 @@ use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use super::{LaunchError, NatsServer, free_port, install, unique_dir, with_fresh_ports};
+use crate::fault_proxy::FaultProxy;
 
 /// How long [`NatsCluster::start`] and [`NatsCluster::restart`] wait for the cluster to
 /// have a JetStream meta leader with every node current.
@@ -29,6 +40,8 @@ pub(crate) struct NodeConfig {
     http_port: u16,
     cluster_port: u16,
     routes: Vec<u16>,
+    /// The route port other nodes are told to reach this one at, when not its own.
+    advertise: Option<u16>,
 }
 
 impl NodeConfig {
@@ -39,9 +52,13 @@ impl NodeConfig {
             .map(|p| format!("nats-route://127.0.0.1:{p}"))
             .collect::<Vec<_>>()
             .join(", ");
+        let advertise = self
+            .advertise
+            .map(|p| format!("  advertise: 127.0.0.1:{p}\n"))
+            .unwrap_or_default();
         format!(
             "server_name: {}\nhttp: 127.0.0.1:{}\ncluster {{\n  name: tidings\n  \
-             listen: 127.0.0.1:{}\n  routes: [{routes}]\n}}\n",
+             listen: 127.0.0.1:{}\n{advertise}  routes: [{routes}]\n}}\n",
             self.name, self.http_port, self.cluster_port
         )
     }
@@ -53,6 +70,10 @@ impl NodeConfig {
 #[derive(Debug)]
 pub struct NatsCluster {
     nodes: Vec<NatsServer>,
+    /// The node whose routes go through `proxies`, if any.
+    proxied: Option<usize>,
+    /// Dropped after the nodes (fields drop in order): no node outlives its routes' proxy.
+    proxies: Vec<FaultProxy>,
 }
 
 impl NatsCluster {
@@ -73,6 +94,60 @@ impl NatsCluster {
         }
     }
 
+    /// As [`for_test`](Self::for_test), with every route of node `node` going through a
+    /// [`FaultProxy`] (see [`with_proxied_node`](Self::with_proxied_node)).
+    ///
+    /// # Panics
+    /// As [`for_test`](Self::for_test), or when `node` is not below `n` (with `n` at least
+    /// 2: one node has no routes).
+    #[must_use]
+    pub fn for_test_with_proxied_node(n: usize, node: usize) -> Option<Self> {
+        if !super::test_needs_server() {
+            return None;
+        }
+        match Self::with_proxied_node(n, node) {
+            Ok(cluster) => Some(cluster),
+            Err(e) => panic!("could not start a {n}-node nats-server cluster: {e}"),
+        }
+    }
+
+    /// Starts `n` nodes (at least 2) whose node `node` reaches the others, and they it,
+    /// only through [`FaultProxy`]s, and waits until the cluster is ready.
+    ///
+    /// One proxy stands in front of `node`'s route port (the others' routes to it, and the
+    /// address it advertises, so a route learnt by gossip goes through it too), one in
+    /// front of every other node's route port (`node`'s own routes). Applying the same
+    /// fault to every one of [`route_proxies`](Self::route_proxies) partitions `node`
+    /// from the rest while its clients stay connected to it. `node` starts last, so no
+    /// node tells it another's own route port, and the routes are checked at start.
+    ///
+    /// # Errors
+    /// As [`start`](Self::start); a proxy could not be started; a route of `node` bypassed
+    /// the proxies ([`LaunchError::NotReady`], with the routes seen).
+    ///
+    /// # Panics
+    /// When `node` is not below `n`.
+    pub fn with_proxied_node(n: usize, node: usize) -> Result<Self, LaunchError> {
+        let n = n.max(2);
+        assert!(node < n, "node {node} of a {n}-node cluster");
+        let binary = install::ensure_binary()?;
+        with_fresh_ports(|| Self::start_proxied(n, node, &binary))
+    }
+
+    /// The proxies every route of the proxied node goes through (see
+    /// [`with_proxied_node`](Self::with_proxied_node)); empty for a cluster started
+    /// without one. Partition the node by applying the same fault to each.
+    #[must_use]
+    pub fn route_proxies(&self) -> &[FaultProxy] {
+        &self.proxies
+    }
+
+    /// The node whose routes go through [`route_proxies`](Self::route_proxies), if any.
+    #[must_use]
+    pub fn proxied_node(&self) -> Option<usize> {
+        self.proxied
+    }
+
     /// Starts `n` nodes (at least 1) and waits until the cluster is ready.
     ///
     /// # Errors
@@ -85,19 +160,88 @@ impl NatsCluster {
     }
 
     fn start_once(n: usize, binary: &std::path::Path) -> Result<Self, LaunchError> {
-        let mut ports = Vec::with_capacity(n);
-        for _ in 0..n {
-            ports.push((free_port()?, free_port()?, free_port()?));
-        }
+        let ports = Self::pick_ports(n)?;
         let cluster_ports: Vec<u16> = ports.iter().map(|p| p.2).collect();
+        let routes = (0..n)
+            .map(|i| {
+                cluster_ports
+                    .iter()
+                    .enumerate()
+                    .filter(|&(j, _)| j != i)
+                    .map(|(_, &p)| p)
+                    .collect()
+            })
+            .collect();
         let mut cluster = Self {
             nodes: Vec::with_capacity(n),
+            proxied: None,
+            proxies: Vec::new(),
         };
-        for (i, &(client, http, route)) in ports.iter().enumerate() {
+        cluster.launch_nodes(binary, &ports, routes, None)?;
+        Ok(cluster)
+    }
+
+    /// As [`start_once`](Self::start_once), with node `k`'s routes through proxies: one
+    /// in front of `k`'s route port (the others' routes to `k`, and what `k` advertises),
+    /// one in front of each other node's route port (`k`'s routes to it).
+    fn start_proxied(n: usize, k: usize, binary: &std::path::Path) -> Result<Self, LaunchError> {
+        let ports = Self::pick_ports(n)?;
+        let proxy = |port: u16| {
+            FaultProxy::start(SocketAddr::from((Ipv4Addr::LOCALHOST, port)))
+                .map_err(super::io("start a route proxy"))
+        };
+        let mut cluster = Self {
+            nodes: Vec::with_capacity(n),
+            proxied: Some(k),
+            proxies: Vec::with_capacity(n),
+        };
+        cluster.proxies.push(proxy(ports[k].2)?);
+        let into_k = cluster.proxies[0].port();
+        let mut from_k = Vec::with_capacity(n - 1);
+        for (j, p) in ports.iter().enumerate() {
+            if j != k {
+                let out = proxy(p.2)?;
+                from_k.push(out.port());
+                cluster.proxies.push(out);
+            }
+        }
+        let routes = (0..n)
+            .map(|i| {
+                if i == k {
+                    return from_k.clone();
+                }
+                (0..n)
+                    .filter(|&j| j != i)
+                    .map(|j| if j == k { into_k } else { ports[j].2 })
+                    .collect()
+            })
+            .collect();
+        cluster.launch_nodes(binary, &ports, routes, Some((k, into_k)))?;
+        cluster.check_no_bypass(k, &ports)?;
+        Ok(cluster)
+    }
+
+    /// (client, monitoring, route) ports for `n` nodes.
+    fn pick_ports(n: usize) -> Result<Vec<(u16, u16, u16)>, LaunchError> {
+        (0..n)
+            .map(|_| Ok((free_port()?, free_port()?, free_port()?)))
+            .collect()
+    }
+
+    /// Starts one node per `ports` entry with its `routes` (node `k` advertising the route
+    /// port `advertise.1`, when given) and waits until the cluster is ready.
+    fn launch_nodes(
+        &mut self,
+        binary: &std::path::Path,
+        ports: &[(u16, u16, u16)],
+        routes: Vec<Vec<u16>>,
+        advertise: Option<(usize, u16)>,
+    ) -> Result<(), LaunchError> {
+        for (i, (&(client, http, route), routes)) in ports.iter().zip(routes).enumerate() {
             let dir = unique_dir();
             std::fs::create_dir_all(dir.join("store"))
                 .map_err(super::io(format!("create {}", dir.display())))?;
-            cluster.nodes.push(NatsServer {
+            self.nodes.push(NatsServer {
                 binary: binary.to_path_buf(),
                 dir,
                 port: client,
@@ -109,20 +253,51 @@ impl NatsCluster {
                     name: node_name(i),
                     http_port: http,
                     cluster_port: route,
-                    routes: cluster_ports
-                        .iter()
-                        .copied()
-                        .filter(|&p| p != route)
-                        .collect(),
+                    routes,
+                    advertise: advertise.filter(|&(k, _)| k == i).map(|(_, p)| p),
                 }),
                 child: None,
             });
         }
-        for node in &mut cluster.nodes {
-            node.launch()?;
+        // A proxied node starts last: it then connects to nodes that know each other
+        // already, and no node tells it another's own route port (a route it would then
+        // open straight to that port, learnt by gossip, bypassing the proxies).
+        let last = advertise.map(|(k, _)| k);
+        let order = (0..self.nodes.len())
+            .filter(|&i| Some(i) != last)
+            .chain(last);
+        for i in order {
+            self.nodes[i].launch()?;
         }
-        cluster.wait_ready()?;
-        Ok(cluster)
+        self.wait_ready()
+    }
+
+    /// Fails when a route of node `k` runs straight to another node's route port (or one
+    /// of theirs straight to `k`'s), not through a proxy: a partition would miss it.
+    fn check_no_bypass(&self, k: usize, ports: &[(u16, u16, u16)]) -> Result<(), LaunchError> {
+        let direct: Vec<u16> = ports.iter().map(|p| p.2).collect();
+        let mut bypass = Vec::new();
+        for (i, node) in self.nodes.iter().enumerate() {
+            let routez = node.monitor("/routez").unwrap_or_default();
+            for route in routez["routes"].as_array().into_iter().flatten() {
+                let port = route["port"].as_u64().and_then(|p| u16::try_from(p).ok());
+                let remote = route["remote_name"].as_str().unwrap_or_default();
+                let crosses = i == k || remote == node_name(k);
+                if crosses && port.is_some_and(|p| direct.contains(&p)) {
+                    bypass.push(format!("{} -> {route}", node_name(i)));
+                }
+            }
+        }
+        if bypass.is_empty() {
+            return Ok(());
+        }
+        Err(LaunchError::NotReady {
+            log: format!(
+                "routes bypassing the proxies of {}:\n{}",
+                node_name(k),
+                bypass.join("\n")
+            ),
+        })
     }
 
     /// The number of nodes.
@@ -229,6 +404,14 @@ impl NatsCluster {
             .filter_map(|c| c["name"].as_str().filter(|n| !n.is_empty()))
             .map(str::to_owned)
             .collect()
+    }
+
+    /// The body of `GET path` from node `i`'s monitoring endpoint (`/jsz?consumers=true`,
+    /// `/routez`, `/connz?subs=true`, …), for a test to print when something stalls;
+    /// `None` when the node is not running or does not answer.
+    #[must_use]
+    pub fn monitor_text(&self, i: usize, path: &str) -> Option<String> {
+        self.nodes[i].monitor(path).map(|v| v.to_string())
     }
 
     /// Asks every running node about its streams; the first leader `pick` finds.

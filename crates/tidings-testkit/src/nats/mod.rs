@@ -24,6 +24,8 @@
 //! # Clusters
 //! [`NatsCluster`] starts a three-node (or n-node) JetStream cluster on 127.0.0.1 the same
 //! way, kills and restarts single nodes, and tells which node leads a stream or a consumer.
+//! [`NatsCluster::with_proxied_node`] routes one node's cluster traffic through
+//! [`FaultProxy`](crate::fault_proxy::FaultProxy)s, to partition it from the others.
 
 use std::fmt;
 use std::fs;
@@ -351,6 +353,30 @@ impl NatsServer {
                 Err(e) => return Err(io("kill nats-server")(e)),
             }
             child.wait().map_err(io("wait for nats-server"))?;
+        }
+        Ok(())
+    }
+
+    /// Stalls the server (`SIGSTOP`, `stop == true`) or lets it go on (`SIGCONT`): its
+    /// sockets stay open and nothing answers — a server that hangs, not one that is gone.
+    /// Does nothing when it is not running. Resume it before it drops (a stopped process
+    /// cannot be killed cleanly by every launcher).
+    ///
+    /// # Errors
+    /// [`LaunchError::Io`] when the signal cannot be sent.
+    pub fn pause(&self, stop: bool) -> Result<(), LaunchError> {
+        let Some(child) = &self.child else {
+            return Ok(());
+        };
+        let signal = if stop { "-STOP" } else { "-CONT" };
+        let status = std::process::Command::new("kill")
+            .args([signal, &child.id().to_string()])
+            .status()
+            .map_err(io("signal nats-server"))?;
+        if !status.success() {
+            return Err(io("signal nats-server")(std::io::Error::other(format!(
+                "kill {signal} exited with {status}"
+            ))));
         }
         Ok(())
     }

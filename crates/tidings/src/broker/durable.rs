@@ -235,14 +235,9 @@ impl Broker {
         options.validate().map_err(SubscribeError::from)?;
         // Before the cursor opens: a handler the driver cannot run changes nothing.
         self.inner.can_run(&handler)?;
-        let key = (stream.to_owned(), name.to_owned());
-        let mut feeders = durables.feeders.lock();
-        if feeders.get(&key).and_then(Weak::upgrade).is_some() {
-            return Err(StreamError::DurableInUse {
-                stream: stream.to_owned(),
-                name: name.to_owned(),
-            });
-        }
+        // Not the registry's lock: opening the cursor may wait on the network (issue 33:
+        // a stalled server froze every durable call on the broker for 7 s).
+        let reservation = durables.reserve(stream, name)?;
         let window = options.capacity;
         // The cursor wakes a feeder that exists only once the cursor is open.
         let wake_target: Arc<OnceLock<Weak<CursorFeeder>>> = Arc::new(OnceLock::new());
@@ -300,7 +295,10 @@ impl Broker {
             }
         };
         feeder.started(handle);
-        feeders.insert(key, Arc::downgrade(&feeder));
+        if let Err(e) = reservation.fulfil(&feeder) {
+            feeder.shutdown();
+            return Err(e);
+        }
         Ok(DurableSubscription {
             sub,
             feeder,

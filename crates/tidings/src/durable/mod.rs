@@ -82,6 +82,13 @@ pub(crate) use subscription::DurableSubscription;
 
 // The seam a backend implements: reachable here only.
 pub use registry::check_name;
+
+/// Marks `message` as handed out under `fence` (a keyed group's partition and lease term,
+/// R-DIST-8): a backend that splits keys across processes sets it on every delivery it
+/// hands out, so [`Message::fence`](crate::Message::fence) lets an effect refuse a stale owner.
+pub fn set_fence(message: &mut crate::Message, fence: crate::Fence) {
+    message.fence = Some(fence);
+}
 pub use source::{
     AppendFuture, Appended, BackendCursor, BackendStream, Capabilities, CursorSpec, CursorWaker,
     DurableBackend, Finished, Outcome, StartGate,

@@ -87,6 +87,50 @@ pub fn check_name(what: &'static str, name: &str) -> Result<(), StreamError> {
     Ok(())
 }
 
+/// The durable names of a broker: those active, and those whose cursor is being opened.
+#[derive(Default)]
+pub(crate) struct Feeders {
+    pub(crate) open: BTreeMap<(String, String), Weak<CursorFeeder>>,
+    opening: std::collections::BTreeSet<(String, String)>,
+}
+
+/// A durable name reserved by [`Durables::reserve`]; dropped unfulfilled (the open
+/// failed), the name is free again.
+pub(crate) struct Reservation<'a> {
+    registry: &'a Durables,
+    key: Option<(String, String)>,
+}
+
+impl Reservation<'_> {
+    /// The subscription is in place: `feeder` holds the name from now on.
+    ///
+    /// # Errors
+    /// [`StreamError::Closed`]: the broker closed while the cursor opened (its close did
+    /// not see this feeder, so the caller shuts it down).
+    pub(crate) fn fulfil(mut self, feeder: &Arc<CursorFeeder>) -> Result<(), StreamError> {
+        let Some(key) = self.key.take() else {
+            return Ok(());
+        };
+        let mut feeders = self.registry.feeders.lock();
+        feeders.opening.remove(&key);
+        // Under the lock `close` takes to list the feeders after setting its flag: either
+        // it sees this feeder, or this sees its flag.
+        if self.registry.is_closed() {
+            return Err(StreamError::Closed);
+        }
+        feeders.open.insert(key, Arc::downgrade(feeder));
+        Ok(())
+    }
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        if let Some(key) = self.key.take() {
+            self.registry.feeders.lock().opening.remove(&key);
+        }
+    }
+}
+
 /// The broker's durable side (a field of the broker).
 pub(crate) struct Durables {
     /// `None`: built without a data directory or backend.
@@ -96,7 +140,9 @@ pub(crate) struct Durables {
     /// Fast path: false until the first stream is created.
     any: AtomicBool,
     pub(crate) streams: RwLock<BTreeMap<String, Arc<OpenStream>>>,
-    pub(crate) feeders: Mutex<BTreeMap<(String, String), Weak<CursorFeeder>>>,
+    /// The durable names in use. Never held across a call into the backend (opening a
+    /// cursor may wait on the network): a name being opened is *reserved* instead.
+    pub(crate) feeders: Mutex<Feeders>,
     closed: AtomicBool,
     /// Started with the first stream that has a retention policy.
     retention: OnceLock<Arc<RetentionService>>,
@@ -186,10 +232,35 @@ impl Durables {
         Ok(Stream { inner })
     }
 
+    /// Reserves the durable name `name` of `stream` while its cursor opens, without
+    /// holding the registry's lock meanwhile: an open on a stalled server delays only the
+    /// subscribe that waits for it, never another call on the broker.
+    ///
+    /// # Errors
+    /// [`StreamError::DurableInUse`]: the name is active, or being opened by another call.
+    pub(crate) fn reserve(&self, stream: &str, name: &str) -> Result<Reservation<'_>, StreamError> {
+        let key = (stream.to_owned(), name.to_owned());
+        let mut feeders = self.feeders.lock();
+        if feeders.opening.contains(&key)
+            || feeders.open.get(&key).and_then(Weak::upgrade).is_some()
+        {
+            return Err(StreamError::DurableInUse {
+                stream: stream.to_owned(),
+                name: name.to_owned(),
+            });
+        }
+        feeders.opening.insert(key.clone());
+        Ok(Reservation {
+            registry: self,
+            key: Some(key),
+        })
+    }
+
     /// The feeders still alive, in (stream, name) order.
     pub(crate) fn live_feeders(&self) -> Vec<Arc<CursorFeeder>> {
         self.feeders
             .lock()
+            .open
             .values()
             .filter_map(Weak::upgrade)
             .collect()

@@ -471,6 +471,13 @@ pub struct CursorState {
     pub skipped: u64,
     /// Messages the cursor's filter excluded (finished without delivery).
     pub skipped_by_filter: u64,
+    /// Records skipped because they cannot be read: damaged on disk, past the point the
+    /// backend can resynchronise (R-LIM-2, R-DEL-6). Each skip is logged with
+    /// `tracing::error!` and the last one is described in
+    /// [`unreadable_reason`](Self::unreadable_reason).
+    pub unreadable: u64,
+    /// The last skip of unreadable records: which offsets, which file, which byte, why.
+    pub unreadable_reason: Option<String>,
     /// Why fetching stopped, if it did.
     pub error: Option<String>,
     /// The failed commit that poisoned the cursor, if one did.

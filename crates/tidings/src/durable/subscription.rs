@@ -120,6 +120,18 @@ impl DurableSubscription {
     pub fn skipped(&self) -> u64 {
         self.state().skipped
     }
+    /// Records skipped because they could not be read (damaged on disk), R-LIM-2, R-DEL-6.
+    ///
+    /// A damaged record costs only itself: the records before it are delivered, and the
+    /// cursor goes on at the next record the backend can read after it; each skip is counted
+    /// here, logged with `tracing::error!`, and the last one is described (offsets, file,
+    /// byte, check that failed) in [`CursorState::unreadable_reason`]. Where nothing
+    /// readable can be found after the damage, the subscription halts there instead:
+    /// [`error`](Self::error) names the file and offset.
+    #[must_use]
+    pub fn unreadable(&self) -> u64 {
+        self.state().unreadable
+    }
     /// The failed commit that poisoned this subscription's cursor, if one did (R-LOG-3):
     /// it then reads and commits nothing more; subscribe again to resume from the last
     /// position committed.
@@ -197,7 +209,8 @@ impl Drop for DurableSubscription {
         self.feeder.shutdown();
         if let Some(registry) = self.registry.upgrade() {
             let key = (self.feeder.stream.clone(), self.feeder.name.clone());
-            let mut map = registry.feeders.lock();
+            let mut feeders = registry.feeders.lock();
+            let map = &mut feeders.open;
             if map
                 .get(&key)
                 .is_some_and(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(&self.feeder)))

@@ -273,6 +273,7 @@ pub(crate) fn decode(r: StoredRecord) -> Result<Message, &'static str> {
         reply_to,
         correlation_id,
         log_offset: Some(r.offset),
+        fence: None,
     })
 }
 
@@ -300,6 +301,7 @@ mod tests {
             reply_to: Some(Topic::new("inbox.x").unwrap()),
             correlation_id: Some("c-1".into()),
             log_offset: None,
+            fence: None,
         };
         let rec = encode(&m);
         let stored = StoredRecord {
@@ -363,6 +365,7 @@ mod tests {
             reply_to: Some(Topic::new("r").unwrap()),
             correlation_id: Some("c".into()),
             log_offset: None,
+            fence: None,
         };
         encode(&m).headers[0].1.to_vec()
     }

@@ -27,6 +27,16 @@
 //!
 //! A committed position beyond the stream's end (a foreign file, or a stream that lost its
 //! tail in a power cut) is clamped to the end at open, committed and logged, never trusted.
+//!
+//! # Damaged records (R-LIM-2, R-DEL-6)
+//! A record that fails its checks on disk costs only itself. The log hands out the records
+//! before it (a fetch batch is not all-or-nothing); the fetch that starts at it asks the log
+//! for the next readable record ([`Log::next_readable`]) and goes on there. The offsets
+//! skipped are counted ([`CursorState::unreadable`]), logged with `tracing::error!` and
+//! described ([`CursorState::unreadable_reason`]: offsets, file, byte, check); they finish
+//! like filtered records, so the position is committed past them. Where the log finds
+//! nothing readable after the damage (the active segment), the cursor halts at exactly that
+//! offset: [`CursorState::error`] names the file, byte and offset, and a seek clears it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -66,6 +76,10 @@ struct Position {
     skipped: u64,
     /// Records the filter excluded.
     skipped_by_filter: u64,
+    /// Records skipped because they could not be read (see "Damaged records").
+    unreadable: u64,
+    /// The last such skip, described.
+    unreadable_reason: Option<String>,
     /// Set when fetching halted (unreadable record, failed commit or DLQ append); cleared
     /// by `seek`.
     error: Option<String>,
@@ -140,6 +154,8 @@ impl EmbeddedCursor {
                 counting_since: Instant::now(),
                 skipped: 0,
                 skipped_by_filter: 0,
+                unreadable: 0,
+                unreadable_reason: None,
                 error: None,
                 retired: false,
                 poisoned: None,
@@ -228,6 +244,35 @@ impl EmbeddedCursor {
                 Err(failed.into())
             }
         }
+    }
+
+    /// Goes on past the damaged record at `from` that a read reported as `damage`: at the
+    /// next readable record, the offsets in between counted (see "Damaged records").
+    /// `Ok(false)` when nothing was skipped (a read starting at `from` can go on now: the
+    /// damage lay before it, on the way there); `Err` (the cursor halted) when nothing
+    /// readable follows the damage.
+    fn skip_unreadable(&self, from: u64, damage: &ReadError) -> Result<bool, StreamError> {
+        let next = match self.stream.log.next_readable(from) {
+            Ok(next) => next,
+            Err(e) => {
+                let e = self.stream.read_error(e);
+                self.halt(&e);
+                return Err(e);
+            }
+        };
+        if next <= from {
+            return Ok(false);
+        }
+        let mut st = self.state.lock();
+        if st.cursor == from {
+            let n = next - from;
+            let why = format!("offsets {from}..{next} ({n} record(s)) skipped: {damage}");
+            tracing::error!("tidings: durable {}: unreadable {why}", self.name);
+            st.unreadable += n;
+            st.unreadable_reason = Some(why);
+            st.cursor = next;
+        }
+        Ok(true)
     }
 
     /// Stop fetching: `e` shows in [`CursorState::error`] until a seek.
@@ -330,6 +375,9 @@ impl EmbeddedCursor {
 impl BackendCursor for EmbeddedCursor {
     fn fetch(&self, max: usize) -> Result<Vec<Message>, StreamError> {
         let mut out = Vec::new();
+        // The offset a read failed at and `skip_unreadable` said could be read again: a
+        // second failure there halts (never a loop).
+        let mut retried = None;
         while out.is_empty() {
             let from = {
                 let st = self.state.lock();
@@ -359,6 +407,12 @@ impl BackendCursor for EmbeddedCursor {
                     continue;
                 }
                 Err(ReadError::BeyondEnd { .. }) => return Ok(out),
+                Err(e @ ReadError::Corrupt { .. }) if retried != Some(from) => {
+                    if !self.skip_unreadable(from, &e)? {
+                        retried = Some(from);
+                    }
+                    continue;
+                }
                 Err(e) => {
                     let e = self.stream.read_error(e);
                     self.halt(&e);
@@ -460,6 +514,8 @@ impl BackendCursor for EmbeddedCursor {
             lag: self.stream.log.end_offset().saturating_sub(st.committed),
             skipped: st.skipped,
             skipped_by_filter: st.skipped_by_filter,
+            unreadable: st.unreadable,
+            unreadable_reason: st.unreadable_reason.clone(),
             error: st.error.clone(),
             poisoned: st.poisoned.clone(),
             clamped_from: self.clamped_from,

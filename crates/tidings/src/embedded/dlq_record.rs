@@ -301,6 +301,7 @@ mod tests {
             reply_to: None,
             correlation_id: None,
             log_offset: Some(9),
+            fence: None,
         }
     }
 

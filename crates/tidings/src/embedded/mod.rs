@@ -29,6 +29,8 @@ pub(crate) mod codec;
 mod cursor;
 mod dedup_log;
 pub(crate) mod dlq_record;
+#[cfg(all(test, not(tidings_loom)))]
+mod fuzz_targets;
 mod id_window;
 pub mod offline;
 pub(crate) mod offset_store;

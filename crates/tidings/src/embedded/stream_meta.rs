@@ -23,7 +23,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use tidings_log::{META_FILE, Retention, Storage};
+use tidings_log::{Excerpt, META_FILE, Retention, Storage};
 
 use crate::durable::{StreamConfig, StreamError, StreamErrorKind};
 
@@ -52,7 +52,7 @@ impl StreamMeta {
         }
     }
 
-    fn encode(&self) -> String {
+    pub(super) fn encode(&self) -> String {
         let mut out = format!("{MAGIC}\n");
         for p in &self.patterns {
             out.push_str(&format!("pattern {p}\n"));
@@ -69,7 +69,7 @@ impl StreamMeta {
         out
     }
 
-    fn decode(bytes: &[u8]) -> Result<Self, String> {
+    pub(super) fn decode(bytes: &[u8]) -> Result<Self, String> {
         let text = std::str::from_utf8(bytes).map_err(|_| "not UTF-8".to_owned())?;
         let mut lines = text.lines();
         if lines.next() != Some(MAGIC) {
@@ -82,7 +82,7 @@ impl StreamMeta {
         };
         let number = |v: &str, what: &str| {
             v.parse::<u64>()
-                .map_err(|_| format!("{what} {v:?} is not a number"))
+                .map_err(|_| format!("{what} {} is not a number", Excerpt::of(v)))
         };
         for line in lines {
             match line.split_once(' ') {
@@ -94,7 +94,8 @@ impl StreamMeta {
                 Some(("duplicate_window_ms", v)) => {
                     meta.duplicate_window_ms = Some(number(v, "duplicate_window_ms")?);
                 }
-                _ => return Err(format!("unknown line {line:?}")),
+                // Bounded: a damaged file's line may be as long as the file (R-SEC-2).
+                _ => return Err(format!("unknown line {}", Excerpt::of(line))),
             }
         }
         Ok(meta)
@@ -109,6 +110,26 @@ impl StreamMeta {
         set
     }
 }
+
+/// Display patterns for a mismatch error: each bounded, at most [`SHOWN_PATTERNS`] of them
+/// (the file's may be anything up to its size limit).
+fn show_patterns(patterns: &[String]) -> String {
+    let mut out = String::from("[");
+    for (i, p) in patterns.iter().take(SHOWN_PATTERNS).enumerate() {
+        if i > 0 {
+            out.push_str(", ");
+        }
+        out.push_str(&Excerpt::of(p).to_string());
+    }
+    if patterns.len() > SHOWN_PATTERNS {
+        out.push_str(&format!(", … {} more", patterns.len() - SHOWN_PATTERNS));
+    }
+    out.push(']');
+    out
+}
+
+/// Most patterns a mismatch error lists.
+const SHOWN_PATTERNS: usize = 16;
 
 /// Display a retention for a mismatch error.
 fn show_retention(r: &Retention) -> String {
@@ -152,8 +173,8 @@ pub(crate) fn check_or_write(
         return Err(StreamError::ConfigMismatch {
             stream: stream.to_owned(),
             setting: "patterns",
-            existing: format!("{:?}", existing.patterns),
-            requested: format!("{:?}", requested.patterns),
+            existing: show_patterns(&existing.patterns),
+            requested: show_patterns(&requested.patterns),
         });
     }
     if existing.retention != requested.retention {

@@ -196,6 +196,9 @@ pub struct DurableSnapshot {
     pub outstanding: u64,
     /// Offsets skipped because retention removed them before they were read.
     pub skipped: u64,
+    /// Records skipped because they could not be read (damaged on disk, R-LIM-2).
+    #[serde(default)]
+    pub unreadable: u64,
     /// Why its reader halted, if it did.
     pub error: Option<String>,
     /// Entries in its durable dead-letter store (drained and redriven ones left out).
@@ -323,6 +326,7 @@ fn durable_snapshot(d: &CursorFeeder) -> DurableSnapshot {
         lag: st.lag,
         outstanding: st.outstanding as u64,
         skipped: st.skipped,
+        unreadable: st.unreadable,
         error: st.error,
         dead_letter_log_len: dead_letters,
     }

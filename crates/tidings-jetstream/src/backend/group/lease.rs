@@ -1,7 +1,7 @@
 //! A keyed group's leases: who may start the messages of each key partition (R-DIST-6).
 //!
 //! # The bucket
-//! Each group has a key-value bucket of its own, `TIDINGS_g_<stream>_<durable>`, whose
+//! Each group has a key-value bucket of its own, `TIDINGS_g_<stream>_x<durable>`, whose
 //! entries live `max_age` = the lease time = the ack wait (file storage, as many replicas
 //! as the stream). It holds `m.<member>` for every live member and `p.<n>` naming the
 //! member that holds partition `n` (or `free` after a clean hand-over).
@@ -15,16 +15,14 @@
 //! - held and wanted elsewhere: handed over cleanly (see `super`), then marked `free`;
 //! - not held and wanted here: taken when absent (expired), `free`, or deleted.
 //!
-//! # The local lease
-//! A lease renewed by a request sent at `t` is valid here until `t + lease − lease/10`:
-//! the server cannot expire the entry before `t + lease`, so this process stops starting
-//! handlers, pulling and sending keep-alives a tenth of the lease before another member
-//! could take the partition. `Instant` is the monotonic clock, which keeps running while
-//! the process is stopped (SIGSTOP): a process resumed after a long pause finds its
-//! leases lapsed before it does anything else.
+//! # Decisions and I/O
+//! What a round writes, and what an answer means, is the member's state machine's
+//! ([`super::machine`]): this file only carries its [`LeaseOp`]s to the bucket and
+//! brings the answers back. The machine is locked only between the calls, never across
+//! one.
 
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use async_nats::jetstream::kv;
 use futures_util::StreamExt;
@@ -32,107 +30,12 @@ use tidings::StreamErrorKind;
 use tidings::durable::CursorWaker;
 
 use super::super::backend_error;
+use super::machine::{LeaseAnswer, LeaseOp, Now};
+use super::{State, lock};
 use crate::connect::JetStream;
 
 /// The value of a partition entry no member holds (after a clean hand-over).
 const FREE: &str = "free";
-
-/// One partition's lease as this process holds it.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Held {
-    /// The entry's revision, for the next compare-and-set.
-    revision: u64,
-    /// Starts, pulls and keep-alives stop at this instant (see the module docs).
-    valid_until: Instant,
-    /// Wanted by another member: start nothing more, hand over.
-    handing: bool,
-    /// The partition's messages were given back (the hand-over's last step here).
-    handed_back: bool,
-    /// Which taking of the partition this is (renewals keep it): messages fetched under
-    /// an earlier one are stale.
-    term: u64,
-}
-
-/// The leases of one member, shared by the round task and the cursor.
-pub(crate) struct Leases {
-    parts: Mutex<Vec<Option<Held>>>,
-    /// The last term given out.
-    terms: std::sync::atomic::AtomicU64,
-}
-
-/// What the cursor may do with one partition now.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Standing {
-    /// Not held here (or lapsed).
-    None,
-    /// Held: pull and start.
-    Active,
-    /// Held, wanted elsewhere: start nothing, give the messages back.
-    Handing,
-}
-
-impl Leases {
-    pub(crate) fn new(partitions: u32) -> Arc<Self> {
-        Arc::new(Self {
-            parts: Mutex::new(vec![None; partitions as usize]),
-            terms: std::sync::atomic::AtomicU64::new(0),
-        })
-    }
-
-    fn lock(&self) -> MutexGuard<'_, Vec<Option<Held>>> {
-        self.parts
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// Partition `p`'s standing now, and the term of its lease.
-    pub(crate) fn standing(&self, p: u32) -> (Standing, u64) {
-        let parts = self.lock();
-        match parts.get(p as usize).copied().flatten() {
-            Some(h) if Instant::now() < h.valid_until => {
-                if h.handing {
-                    (Standing::Handing, h.term)
-                } else {
-                    (Standing::Active, h.term)
-                }
-            }
-            _ => (Standing::None, 0),
-        }
-    }
-
-    /// Whether a handler may start on partition `p`'s messages fetched under lease term
-    /// `term` now (and its cursor pull and send keep-alives).
-    pub(crate) fn admits(&self, p: u32, term: u64) -> bool {
-        self.standing(p) == (Standing::Active, term)
-    }
-
-    /// The cursor gave partition `p`'s messages back: the round marks it free.
-    pub(crate) fn handed_back(&self, p: u32) {
-        if let Some(Some(h)) = self.lock().get_mut(p as usize) {
-            h.handed_back = true;
-        }
-    }
-
-    /// The partitions held now (lapsed ones included), for a clean close.
-    pub(crate) fn held(&self) -> Vec<(u32, u64)> {
-        self.lock()
-            .iter()
-            .enumerate()
-            .filter_map(|(p, h)| h.map(|h| (u32::try_from(p).unwrap_or(0), h.revision)))
-            .collect()
-    }
-
-    /// Forget every lease (closing).
-    pub(crate) fn clear(&self) {
-        self.lock().iter_mut().for_each(|h| *h = None);
-    }
-}
-
-/// The group's bucket name for durable `durable` of the stream `nats` (both JetStream
-/// names).
-pub(crate) fn bucket_name(nats: &str, durable: &str) -> String {
-    format!("TIDINGS_g_{nats}_{durable}")
-}
 
 /// Opens (creating when absent) the group's bucket.
 pub(crate) async fn open_bucket(
@@ -191,31 +94,24 @@ fn score(member: &str, p: u32) -> u64 {
 #[derive(Clone)]
 pub(crate) struct Rounds {
     pub(crate) store: kv::Store,
-    pub(crate) leases: Arc<Leases>,
+    pub(crate) state: Arc<std::sync::Mutex<State>>,
     pub(crate) me: String,
-    pub(crate) partitions: u32,
     pub(crate) lease: Duration,
     pub(crate) waker: CursorWaker,
 }
 
 impl Rounds {
-    /// Until the local lease of a request sent at `sent` lapses.
-    fn valid_from(&self, sent: Instant) -> Instant {
-        sent + self.lease - self.lease / 10
-    }
-
     pub(crate) async fn run(self) {
         let period = self.lease / 4;
         loop {
-            let changed = self.round().await;
-            if changed {
+            if self.round().await {
                 self.waker.wake();
             }
             tokio::time::sleep(period).await;
         }
     }
 
-    /// One round; whether a lease changed.
+    /// One round; whether a lease write was answered (the cursor may have work).
     pub(crate) async fn round(&self) -> bool {
         let member_key = format!("m.{}", self.me);
         if self
@@ -225,35 +121,22 @@ impl Rounds {
             .is_err()
         {
             // Server away: the leases lapse by themselves if this lasts.
-            return self.drop_lapsed();
+            return false;
         }
         let Some(members) = self.members().await else {
-            return self.drop_lapsed();
+            return false;
         };
-        let mut changed = self.drop_lapsed();
-        for p in 0..self.partitions {
-            let wanted_here = rendezvous(&members, p) == Some(self.me.as_str());
-            let held = self.leases.lock()[p as usize];
-            changed |= match held {
-                Some(h) => self.keep(p, h, wanted_here).await,
-                None if wanted_here => self.take(p).await,
-                None => false,
-            };
+        let ops = lock(&self.state).machine.plan(&members, Now::read());
+        let mut answered = false;
+        for op in ops {
+            let sent = Now::read();
+            let answer = self.write(op).await;
+            answered |= answer != LeaseAnswer::Unanswered;
+            lock(&self.state)
+                .machine
+                .lease_answer(op, sent, answer, Now::read());
         }
-        changed
-    }
-
-    /// Forget leases whose local validity ended; whether any did.
-    fn drop_lapsed(&self) -> bool {
-        let now = Instant::now();
-        let mut changed = false;
-        for h in self.leases.lock().iter_mut() {
-            if h.is_some_and(|h| now >= h.valid_until) {
-                *h = None;
-                changed = true;
-            }
-        }
-        changed
+        answered
     }
 
     async fn members(&self) -> Option<Vec<String>> {
@@ -265,88 +148,57 @@ impl Rounds {
                 members.push(m.to_owned());
             }
         }
-        if !members.contains(&self.me) {
-            members.push(self.me.clone());
-        }
         Some(members)
     }
 
-    /// A held lease: renewed, handed over, or lost; whether it changed.
-    async fn keep(&self, p: u32, mut h: Held, wanted_here: bool) -> bool {
-        let key = format!("p.{p}");
-        if h.handed_back {
-            // The cursor gave everything back: free it for the member that wants it.
-            let _ = self.store.update(&key, FREE.into(), h.revision).await;
-            self.leases.lock()[p as usize] = None;
-            return true;
-        }
-        let sent = Instant::now();
-        match self
-            .store
-            .update(&key, self.me.clone().into(), h.revision)
-            .await
-        {
-            Ok(revision) => {
-                h.revision = revision;
-                h.valid_until = self.valid_from(sent);
-                let newly_handing = !wanted_here && !h.handing;
-                h.handing |= !wanted_here;
-                let mut parts = self.leases.lock();
-                // Unless the cursor lapsed it meanwhile.
-                if parts[p as usize].is_some() {
-                    let handed_back = parts[p as usize].is_some_and(|x| x.handed_back);
-                    h.handed_back |= handed_back;
-                    parts[p as usize] = Some(h);
-                }
-                newly_handing
+    /// Carries `op` to the bucket.
+    async fn write(&self, op: LeaseOp) -> LeaseAnswer {
+        let update = |e: kv::UpdateError| {
+            if matches!(e.kind(), kv::UpdateErrorKind::WrongLastRevision) {
+                LeaseAnswer::Lost
+            } else {
+                LeaseAnswer::Unanswered
             }
-            Err(e) => {
-                if matches!(e.kind(), kv::UpdateErrorKind::WrongLastRevision) {
-                    // Another member holds it now: this one's lease is gone.
-                    self.leases.lock()[p as usize] = None;
-                    return true;
-                }
-                // Server away: kept until it lapses.
-                false
-            }
-        }
-    }
-
-    /// Takes partition `p` if nobody holds it; whether it did.
-    async fn take(&self, p: u32) -> bool {
-        let key = format!("p.{p}");
-        let sent = Instant::now();
-        let taken = match self.store.entry(&key).await {
-            Ok(None) => self.store.create(&key, self.me.clone().into()).await.ok(),
-            Ok(Some(e))
-                if e.operation != kv::Operation::Put
-                    || e.value.as_ref() == FREE.as_bytes()
-                    || e.value.as_ref() == self.me.as_bytes() =>
-            {
-                self.store
-                    .update(&key, self.me.clone().into(), e.revision)
-                    .await
-                    .ok()
-            }
-            // Another member holds it: it hands over, or its lease expires.
-            Ok(Some(_)) | Err(_) => None,
         };
-        let Some(revision) = taken else {
-            return false;
-        };
-        let term = self
-            .leases
-            .terms
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-            + 1;
-        self.leases.lock()[p as usize] = Some(Held {
-            revision,
-            valid_until: self.valid_from(sent),
-            handing: false,
-            handed_back: false,
-            term,
-        });
-        true
+        match op {
+            LeaseOp::Renew { p, revision } => self
+                .store
+                .update(format!("p.{p}"), self.me.clone().into(), revision)
+                .await
+                .map_or_else(update, LeaseAnswer::Written),
+            LeaseOp::Free { p, revision } => self
+                .store
+                .update(format!("p.{p}"), FREE.into(), revision)
+                .await
+                .map_or_else(update, LeaseAnswer::Written),
+            LeaseOp::Take { p } => {
+                let key = format!("p.{p}");
+                match self.store.entry(&key).await {
+                    Ok(None) => match self.store.create(&key, self.me.clone().into()).await {
+                        Ok(revision) => LeaseAnswer::Written(revision),
+                        Err(e) if matches!(e.kind(), kv::CreateErrorKind::AlreadyExists) => {
+                            LeaseAnswer::Lost
+                        }
+                        Err(_) => LeaseAnswer::Unanswered,
+                    },
+                    // Expired or deleted (absent above, or a delete marker), freed by a clean
+                    // hand-over, or this member's own from an earlier term.
+                    Ok(Some(e))
+                        if e.operation != kv::Operation::Put
+                            || e.value.as_ref() == FREE.as_bytes()
+                            || e.value.as_ref() == self.me.as_bytes() =>
+                    {
+                        self.store
+                            .update(&key, self.me.clone().into(), e.revision)
+                            .await
+                            .map_or_else(update, LeaseAnswer::Written)
+                    }
+                    // Another member holds it: it hands over, or its lease expires.
+                    Ok(Some(_)) => LeaseAnswer::Lost,
+                    Err(_) => LeaseAnswer::Unanswered,
+                }
+            }
+        }
     }
 }
 

@@ -12,24 +12,31 @@
 //! cursor ([`partition`]) when its lease is taken, and closes it when the lease is handed
 //! over or lapses.
 //!
-//! # The start gate
-//! The subscription asks [`StartGate::admit`] before every handler attempt. A message of
-//! a partition is admitted only while its lease admits starts *and* it is the very
-//! allocation the partition's current cursor handed out ([`BackendCursor::fetch_shared`]):
-//! a copy fetched under an earlier lease of the same partition, still queued when the
-//! partition came back, is stale — the new cursor hands that offset out again, in its
-//! place in stream order. Anything else is released (not run, not finished).
+//! # One machine, one shell
+//! Every decision — leases, hand-over, admission, gathering, where a finish is
+//! acknowledged — is the member's sans-IO state machine's ([`machine`]), proved by a
+//! deterministic simulation ([`sim`], 10,000 seeds per test run). This file and
+//! [`lease`] are the shell: they carry the machine's actions to the server and bring back
+//! what happened, and hold no lock across a network call.
 //!
-//! # Hand-over
-//! Clean (another member joined, or this one closes): the lease round marks the partition
-//! *handing*; the gate starts nothing more of it and its cursor pulls nothing; once no
-//! handler of it runs here (at most half a lease), its held messages are nak'd in stream
-//! order and the lease is marked free. Unclean (this member died, stopped or lost the
-//! server): the lease expires on the server; the new owner waits for the deliveries to
-//! come back ([`partition`]).
+//! # The start gate
+//! The subscription asks [`StartGate::admit`] before every handler attempt; the machine
+//! answers, fail-closed: only a delivery it handed out (the very allocation,
+//! [`BackendCursor::fetch_shared`]), of a partition held, active and valid now under the
+//! delivery's term — or of the unkeyed consumer — is admitted. Anything else is released
+//! (not run, not finished). Every partition delivery carries its [`Fence`] (partition and
+//! term, [`Message::fence`]).
+//!
+//! # Locks
+//! `state` (the machine and the allocations it tracks) and `cursors` are each taken alone,
+//! never one inside the other and never across a network call; the subscription's lock
+//! may be held when the gate takes `state`.
 
 pub(crate) mod lease;
+pub(crate) mod machine;
 pub(crate) mod partition;
+#[cfg(test)]
+mod sim;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -38,64 +45,47 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream::kv;
 use tidings::durable::{BackendCursor, CursorSpec, CursorWaker, Finished, StartGate};
-use tidings::{CursorState, DurableDeadLetter, Message, Pattern, StartAt, StreamError};
+use tidings::{CursorState, DurableDeadLetter, Fence, Message, Pattern, StartAt, StreamError};
 
 use super::cursor::{JsCursor, consumer_spec};
-use super::{BACKEND_NAME, Shared, keyed_prefix, nats_name, subject_prefix};
+use super::{BACKEND_NAME, Shared, keyed_prefix, subject_prefix};
 use crate::classify::seam;
-use lease::{Leases, Rounds, Standing};
+use crate::names::DurableNames;
+use lease::Rounds;
+use machine::{Action, DeliveryId, Machine, Now, Route, Source};
 use partition::PartitionCursor;
 
-/// A message a partition cursor handed out, until it is finished or released.
-struct Tracked {
-    /// Held so its address is not reused while tracked.
-    _message: Arc<Message>,
-    partition: u32,
-    /// The lease term of the partition cursor that handed it out.
-    epoch: u64,
-    /// A handler attempt was admitted.
-    started: bool,
+/// What the gate, the cursor and the round task share (see the [module
+/// docs](self#locks)).
+pub(crate) struct State {
+    pub(crate) machine: Machine,
+    /// The allocations the machine tracks, held so that their addresses (the machine's
+    /// delivery ids) are not reused meanwhile.
+    held: HashMap<DeliveryId, Arc<Message>>,
 }
 
-/// What the gate and the cursor share.
-struct Track {
-    /// By the address of the allocation handed out.
-    tracked: HashMap<usize, Tracked>,
-    /// Per partition: the lease term its open cursor was opened under (0: none open).
-    epochs: Vec<u64>,
-}
-
-fn address(m: &Arc<Message>) -> usize {
+fn address(m: &Arc<Message>) -> DeliveryId {
     Arc::as_ptr(m) as usize
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// The group's start gate (see the [module docs](self#the-start-gate)).
 struct Gate {
-    track: Arc<Mutex<Track>>,
-    leases: Arc<Leases>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    state: Arc<Mutex<State>>,
 }
 
 impl StartGate for Gate {
     fn admit(&self, message: &Arc<Message>) -> bool {
-        let mut track = lock(&self.track);
-        let key = address(message);
-        let Some(t) = track.tracked.get(&key) else {
-            // Not a partition's: the unkeyed consumer's, which every member shares.
-            return true;
-        };
-        let (p, epoch) = (t.partition, t.epoch);
-        if track.epochs[p as usize] == epoch && self.leases.admits(p, epoch) {
-            if let Some(t) = track.tracked.get_mut(&key) {
-                t.started = true;
-            }
-            return true;
+        let id = address(message);
+        let mut state = lock(&self.state);
+        let admitted = state.machine.admit(id, Now::read());
+        if !admitted {
+            state.held.remove(&id);
         }
-        track.tracked.remove(&key);
-        false
+        admitted
     }
 }
 
@@ -120,20 +110,14 @@ pub(crate) struct GroupCursor {
     opening: Opening,
     partitions: u32,
     unkeyed: JsCursor,
-    leases: Arc<Leases>,
-    parts: Mutex<Vec<Option<Arc<PartitionCursor>>>>,
-    /// Cursors of lapsed leases, by term, until what they handed out is finished or
-    /// released.
-    retired: Mutex<HashMap<u64, Arc<PartitionCursor>>>,
-    /// Per partition: since when it is being handed over.
-    handing_since: Mutex<Vec<Option<Instant>>>,
-    track: Arc<Mutex<Track>>,
+    state: Arc<Mutex<State>>,
+    /// The partition cursors by term: open, and retired until what they handed out is
+    /// finished here.
+    cursors: Mutex<HashMap<u64, Arc<PartitionCursor>>>,
     gate: Arc<Gate>,
     store: kv::Store,
     me: String,
     rounds: Mutex<Option<tokio::task::JoinHandle<()>>>,
-    /// One reconcile or fetch at a time.
-    step: Mutex<()>,
     closed: AtomicBool,
     rotate: AtomicUsize,
     /// The combined positions, read at most every [`POSITIONS_TTL`].
@@ -158,7 +142,7 @@ impl GroupCursor {
         replicas: usize,
         spec: CursorSpec<'_>,
     ) -> Result<Self, StreamError> {
-        let durable = nats_name(spec.name);
+        let names = DurableNames::new(stream, spec.name);
         let settings = shared.settings.clone();
         // Every partition's consumer exists from the start, at the subscription's start:
         // one taken later must not begin where the stream is then.
@@ -166,7 +150,7 @@ impl GroupCursor {
             .map(|p| partition_spec(&shared, stream, &spec, p).start(spec.start))
             .collect();
         let js = shared.js.clone();
-        let bucket = lease::bucket_name(stream, &durable);
+        let bucket = names.lease_bucket();
         let lease_time = settings.ack_wait;
         let store = shared.call(shared.bound(4 + partitions), async move {
             let created = futures_util::future::join_all(specs.into_iter().map(|s| {
@@ -198,34 +182,32 @@ impl GroupCursor {
                 .map_or(0, |d| d.as_nanos()),
             MEMBERS.fetch_add(1, Ordering::Relaxed)
         );
-        let leases = Leases::new(partitions);
-        let track = Arc::new(Mutex::new(Track {
-            tracked: HashMap::new(),
-            epochs: vec![0; partitions as usize],
+        let state = Arc::new(Mutex::new(State {
+            machine: Machine::new(me.clone(), partitions, lease_time),
+            held: HashMap::new(),
         }));
         let rounds = Rounds {
             store: store.clone(),
-            leases: Arc::clone(&leases),
+            state: Arc::clone(&state),
             me: me.clone(),
-            partitions,
             lease: lease_time,
             waker: spec.waker.clone(),
         };
         // The first round before anything is fetched: a lone member holds every partition
-        // from its first fetch on (a manual driver steps the feeder only when told).
-        let first = shared.call(shared.bound(2 + 2 * partitions), {
+        // from its first fetch on (a manual driver steps the feeder only when told). Only
+        // once it answered does the round task start: a member whose first round failed
+        // is not left renewing leases nobody pulls.
+        shared.call(shared.bound(2 + 2 * partitions), {
             let rounds = rounds.clone();
             async move {
                 rounds.round().await;
                 Ok(())
             }
-        });
+        })?;
         let task = shared.rt.spawn(rounds.run());
-        first?;
         Ok(Self {
             gate: Arc::new(Gate {
-                track: Arc::clone(&track),
-                leases: Arc::clone(&leases),
+                state: Arc::clone(&state),
             }),
             shared,
             stream: stream.to_owned(),
@@ -239,15 +221,11 @@ impl GroupCursor {
             },
             partitions,
             unkeyed,
-            leases,
-            parts: Mutex::new(vec![None; partitions as usize]),
-            retired: Mutex::new(HashMap::new()),
-            handing_since: Mutex::new(vec![None; partitions as usize]),
-            track,
+            state,
+            cursors: Mutex::new(HashMap::new()),
             store,
             me,
             rounds: Mutex::new(Some(task)),
-            step: Mutex::new(()),
             closed: AtomicBool::new(false),
             rotate: AtomicUsize::new(0),
             positions: Mutex::new(None),
@@ -260,111 +238,145 @@ impl GroupCursor {
         self.unkeyed.shared_state()
     }
 
-    fn part(&self, p: u32) -> Option<Arc<PartitionCursor>> {
-        lock(&self.parts)[p as usize].clone()
-    }
-
-    /// Handlers of partition `p` admitted under its current cursor and not finished.
-    fn running(&self, p: u32) -> usize {
-        let track = lock(&self.track);
-        let epoch = track.epochs[p as usize];
-        track
-            .tracked
-            .values()
-            .filter(|t| t.partition == p && t.epoch == epoch && t.started)
-            .count()
-    }
-
-    /// Brings the partition cursors in line with the leases (under the step lock).
+    /// Brings the partition cursors in line with the machine.
     fn reconcile(&self) {
-        for p in 0..self.partitions {
-            let (standing, term) = self.leases.standing(p);
-            let mut open = self.part(p);
-            let open_term = lock(&self.track).epochs[p as usize];
-            if let Some(c) = open.as_ref()
-                && standing == Standing::Active
-                && open_term != term
-            {
-                // Lapsed and taken again since (a pause): what the old cursor handed out
-                // is stale, and what it held is another's or back on the server.
-                self.retire(p, c);
-                open = None;
+        let actions = lock(&self.state).machine.reconcile(Now::read());
+        for action in actions {
+            self.apply(action);
+        }
+    }
+
+    fn apply(&self, action: Action) {
+        match action {
+            Action::Open { p, term } => self.open_partition(p, term),
+            Action::GiveBack { term, .. } => {
+                let cursor = lock(&self.cursors).remove(&term);
+                if let Some(c) = cursor {
+                    c.give_back();
+                }
             }
-            match (standing, open) {
-                (Standing::Active, None) => {
-                    lock(&self.handing_since)[p as usize] = None;
-                    match self.open_partition(p, term) {
-                        Ok(c) => {
-                            lock(&self.track).epochs[p as usize] = term;
-                            lock(&self.parts)[p as usize] = Some(Arc::new(c));
-                        }
-                        Err(e) => *lock(&self.error) = Some(e.to_string()),
-                    }
+            // Its closures stop its pulls and keep-alives; it stays to acknowledge.
+            Action::Retire { .. } => {}
+            Action::Abandon { term } => {
+                let cursor = lock(&self.cursors).remove(&term);
+                if let Some(c) = cursor {
+                    c.abandon();
                 }
-                (Standing::Handing, Some(c)) => {
-                    let since =
-                        *lock(&self.handing_since)[p as usize].get_or_insert_with(Instant::now);
-                    let waited = since.elapsed() >= self.shared.settings.ack_wait / 2;
-                    if self.running(p) == 0 || waited {
-                        self.close_partition(p);
-                        c.give_back();
-                        self.leases.handed_back(p);
-                    }
-                }
-                (Standing::Handing, None) => self.leases.handed_back(p),
-                (Standing::None, Some(c)) => self.retire(p, &c),
-                _ => {}
             }
         }
-        // A retired cursor closes once nothing it handed out is left here.
-        let live: std::collections::HashSet<u64> = lock(&self.track)
-            .tracked
-            .values()
-            .map(|t| t.epoch)
-            .collect();
-        lock(&self.retired).retain(|term, c| {
-            let keep = live.contains(term);
-            if !keep {
-                c.abandon();
-            }
-            keep
-        });
     }
 
-    /// Partition `p`'s lease lapsed: its cursor starts and pulls nothing more, but stays
-    /// until what it handed out is finished or released here — a handler that succeeded
-    /// just before the lapse is still acknowledged, or its message would come back to the
-    /// next owner after later messages of its key ran.
-    fn retire(&self, p: u32, c: &Arc<PartitionCursor>) {
-        let term = lock(&self.track).epochs[p as usize];
-        self.close_partition(p);
-        lock(&self.retired).insert(term, Arc::clone(c));
+    fn failed(&self, what: impl std::fmt::Display) {
+        *lock(&self.error) = Some(what.to_string());
     }
 
-    fn close_partition(&self, p: u32) {
-        lock(&self.track).epochs[p as usize] = 0;
-        lock(&self.parts)[p as usize] = None;
-    }
-
-    fn open_partition(&self, p: u32, term: u64) -> Result<PartitionCursor, StreamError> {
+    fn open_partition(&self, p: u32, term: u64) {
         let o = &self.opening;
         let spec = CursorSpec::new(&o.name, &o.filter, o.start, o.window, o.waker.clone());
         let cspec = partition_spec(&self.shared, &self.stream, &spec, p);
         let prefix = format!("{}{p}.", keyed_prefix(&self.stream));
-        let inner = JsCursor::open_as(
+        let opened = JsCursor::open_as(
             Arc::clone(&self.shared),
             &self.stream,
             watched(&prefix, &o.patterns),
             o.patterns.clone(),
             spec,
             cspec,
-        )?;
-        let leases = Arc::clone(&self.leases);
-        PartitionCursor::new(
+        );
+        let inner = match opened {
+            Ok(inner) => inner,
+            Err(e) => {
+                self.failed(e);
+                lock(&self.state).machine.open_failed(p, term);
+                return;
+            }
+        };
+        let (pulls, keeps) = (Arc::clone(&self.state), Arc::clone(&self.state));
+        let cursor = PartitionCursor::new(
             inner,
-            self.shared.settings.ack_wait,
-            Arc::new(move || leases.admits(p, term)),
-        )
+            Arc::new(move || lock(&pulls).machine.may_pull(p, Now::read()) == Some(term)),
+            Arc::new(move || lock(&keeps).machine.keeps_alive(p, term, Now::read())),
+        );
+        let (unfinished, through) = match cursor.unfinished() {
+            Ok(u) => u,
+            Err(e) => {
+                self.failed(e);
+                lock(&self.state).machine.open_failed(p, term);
+                cursor.abandon();
+                return;
+            }
+        };
+        if unfinished > 0 {
+            cursor.set_gathering(true);
+        }
+        {
+            let mut cursors = lock(&self.cursors);
+            // `close` sets the flag, then drains the map: one of the two sees the other.
+            if self.closed.load(Ordering::Acquire) {
+                drop(cursors);
+                cursor.abandon();
+                return;
+            }
+            cursors.insert(term, Arc::new(cursor));
+        }
+        lock(&self.state)
+            .machine
+            .opened(p, term, unfinished, through, Now::read());
+    }
+
+    /// Hands out up to `max` of partition `p`'s messages, if the machine lets it.
+    fn fetch_partition(&self, p: u32, max: usize, out: &mut Vec<Arc<Message>>) {
+        let now = Now::read();
+        let (term, gather) = {
+            let state = lock(&self.state);
+            match state.machine.may_pull(p, now) {
+                Some(term) => (term, state.machine.gathering(p)),
+                None => return,
+            }
+        };
+        let Some(c) = lock(&self.cursors).get(&term).cloned() else {
+            return;
+        };
+        let back = gather.map_or(0, |g| c.waiting_through(g.through));
+        if !lock(&self.state)
+            .machine
+            .may_hand_out(p, term, back, Now::read())
+        {
+            // Gathering: nudges the standing pull, hands out nothing.
+            let _ = c.fetch(max);
+            return;
+        }
+        if gather.is_some() {
+            c.set_gathering(false);
+        }
+        match c.fetch(max) {
+            Ok(messages) => {
+                let fence = Fence::new(p, term);
+                let mut state = lock(&self.state);
+                for mut m in messages {
+                    tidings::durable::set_fence(&mut m, fence);
+                    let m = Arc::new(m);
+                    let id = address(&m);
+                    state.machine.handed_out(id, Source::Partition(fence));
+                    state.held.insert(id, Arc::clone(&m));
+                    out.push(m);
+                }
+            }
+            Err(e) => {
+                // A fresh cursor under a new term at the next round.
+                self.failed(e);
+                lock(&self.state).machine.relinquish(p);
+            }
+        }
+    }
+
+    /// The open partition cursors.
+    fn open_cursors(&self) -> Vec<Arc<PartitionCursor>> {
+        let open = lock(&self.state).machine.open_cursors();
+        let cursors = lock(&self.cursors);
+        open.iter()
+            .filter_map(|(_, term)| cursors.get(term).cloned())
+            .collect()
     }
 
     fn combined_positions(&self) -> CursorState {
@@ -376,20 +388,22 @@ impl GroupCursor {
             return s.clone();
         }
         let mut s = self.unkeyed.state();
-        for p in 0..self.partitions {
-            if let Some(c) = self.part(p) {
-                let ps = c.state();
-                s.committed = s.committed.min(ps.committed);
-                s.position = s.position.min(ps.position);
-                s.lag = s.lag.max(ps.lag);
-                s.skipped_by_filter += ps.skipped_by_filter;
-                if s.error.is_none() {
-                    s.error = ps.error;
-                }
+        for c in self.open_cursors() {
+            let ps = c.state();
+            s.committed = s.committed.min(ps.committed);
+            s.position = s.position.min(ps.position);
+            s.lag = s.lag.max(ps.lag);
+            s.skipped_by_filter += ps.skipped_by_filter;
+            if s.error.is_none() {
+                s.error = ps.error;
             }
         }
         *lock(&self.positions) = Some((Instant::now(), changes, s.clone()));
         s
+    }
+
+    fn outstanding_keyed(&self) -> usize {
+        lock(&self.state).machine.outstanding_keyed()
     }
 }
 
@@ -403,7 +417,7 @@ fn partition_spec(
 ) -> crate::consumer::ConsumerSpec {
     let keyed = keyed_prefix(stream);
     consumer_spec(&shared.settings, stream, spec.name, spec.filter)
-        .renamed(format!("{}_k{p}", nats_name(spec.name)))
+        .renamed(DurableNames::new(stream, spec.name).partition_consumer(p))
         .namespaces_of(keyed.clone(), [format!("{keyed}{p}.")])
 }
 
@@ -426,7 +440,6 @@ impl BackendCursor for GroupCursor {
         if self.closed.load(Ordering::Acquire) {
             return Err(StreamError::Closed);
         }
-        let _step = lock(&self.step);
         self.reconcile();
         let mut out = Vec::new();
         let first = self.rotate.fetch_add(1, Ordering::Relaxed);
@@ -435,44 +448,18 @@ impl BackendCursor for GroupCursor {
                 break;
             }
             let p = u32::try_from((first + i) % self.partitions as usize).unwrap_or(0);
-            let epoch = lock(&self.track).epochs[p as usize];
-            if !self.leases.admits(p, epoch) {
-                continue;
-            }
-            let Some(c) = self.part(p) else {
-                continue;
-            };
-            match c.fetch(max - out.len()) {
-                Ok(messages) => {
-                    let mut track = lock(&self.track);
-                    for m in messages {
-                        let m = Arc::new(m);
-                        track.tracked.insert(
-                            address(&m),
-                            Tracked {
-                                _message: Arc::clone(&m),
-                                partition: p,
-                                epoch,
-                                started: false,
-                            },
-                        );
-                        out.push(m);
-                    }
-                }
-                Err(e) => {
-                    // Opened again at the next step while the lease holds.
-                    *lock(&self.error) = Some(e.to_string());
-                    self.retire(p, &c);
-                }
-            }
+            self.fetch_partition(p, max - out.len(), &mut out);
         }
         if out.len() < max {
-            out.extend(
-                self.unkeyed
-                    .fetch(max - out.len())?
-                    .into_iter()
-                    .map(Arc::new),
-            );
+            let unkeyed = self.unkeyed.fetch(max - out.len())?;
+            let mut state = lock(&self.state);
+            for m in unkeyed {
+                let m = Arc::new(m);
+                let id = address(&m);
+                state.machine.handed_out(id, Source::Unkeyed);
+                state.held.insert(id, Arc::clone(&m));
+                out.push(m);
+            }
         }
         Ok(out)
     }
@@ -482,45 +469,43 @@ impl BackendCursor for GroupCursor {
     }
 
     fn finish(&self, done: &[Finished]) -> Result<(), StreamError> {
-        // Not while a reconcile runs: a hand-over that saw these handlers done must not
-        // give their messages back (nak) before they are acknowledged here.
-        let _step = lock(&self.step);
-        let mut by_partition: HashMap<u32, Vec<Finished>> = HashMap::new();
+        let mut by_term: HashMap<u64, Vec<Finished>> = HashMap::new();
         let mut plain = Vec::new();
-        let mut late = Vec::new();
         {
-            let mut track = lock(&self.track);
+            let state = lock(&self.state);
             for f in done {
-                match track.tracked.remove(&address(&f.message)) {
-                    Some(t) if track.epochs[t.partition as usize] == t.epoch => {
-                        by_partition.entry(t.partition).or_default().push(f.clone());
-                    }
-                    // Handed out under a lease that lapsed since: acknowledged by its retired
-                    // cursor (the next owner may run it again: at-least-once).
-                    Some(t) => {
-                        if let Some(c) = lock(&self.retired).get(&t.epoch).cloned() {
-                            late.push((c, f.clone()));
-                        }
-                    }
-                    None => plain.push(f.clone()),
+                match state.machine.route(address(&f.message)) {
+                    Route::Unkeyed => plain.push(f.clone()),
+                    Route::Cursor(term) => by_term.entry(term).or_default().push(f.clone()),
+                    // Closed meanwhile: comes back after the ack wait (at-least-once).
+                    Route::Nowhere => {}
                 }
             }
         }
+        // Acknowledged first, then reported finished to the machine: until then the
+        // delivery counts as running and no hand-over gives it back (see
+        // `Machine::route`). No lock is held meanwhile.
         let mut result = Ok(());
-        for (p, items) in by_partition {
-            if let Some(c) = self.part(p)
+        for (term, items) in by_term {
+            let cursor = lock(&self.cursors).get(&term).cloned();
+            if let Some(c) = cursor
                 && let Err(e) = c.finish(&items)
             {
                 result = Err(e);
             }
         }
-        for (c, f) in late {
-            if let Err(e) = c.finish(std::slice::from_ref(&f)) {
-                result = Err(e);
-            }
+        if !plain.is_empty()
+            && let Err(e) = self.unkeyed.finish(&plain)
+        {
+            result = Err(e);
         }
-        if !plain.is_empty() {
-            self.unkeyed.finish(&plain)?;
+        {
+            let mut state = lock(&self.state);
+            for f in done {
+                let id = address(&f.message);
+                state.machine.finished(id);
+                state.held.remove(&id);
+            }
         }
         if !done.is_empty() {
             // A hand-over may be waiting for the last running handler.
@@ -546,34 +531,20 @@ impl BackendCursor for GroupCursor {
             return Err(StreamError::Closed);
         }
         let mut committed = self.unkeyed.commit()?;
-        for p in 0..self.partitions {
-            if let Some(c) = self.part(p) {
-                committed = committed.min(c.state().committed);
-            }
+        for c in self.open_cursors() {
+            committed = committed.min(c.state().committed);
         }
         Ok(committed)
     }
 
     fn outstanding(&self) -> usize {
-        if !self.closed.load(Ordering::Acquire)
-            && let Ok(_step) = self.step.try_lock()
-        {
-            // While its window is full the feeder asks only this: leases must still be
-            // followed then (cheap when nothing changed).
-            self.reconcile();
-        }
-        self.unkeyed.outstanding() + lock(&self.track).tracked.len()
+        // Local, as the seam promises: no reconcile, no I/O.
+        self.unkeyed.outstanding() + self.outstanding_keyed()
     }
 
     fn state(&self) -> CursorState {
-        if !self.closed.load(Ordering::Acquire)
-            && let Ok(_step) = self.step.try_lock()
-        {
-            self.reconcile();
-        }
         let mut s = self.combined_positions();
-        let unkeyed = self.unkeyed.state();
-        s.outstanding = unkeyed.outstanding + lock(&self.track).tracked.len();
+        s.outstanding = self.outstanding();
         if s.error.is_none() {
             s.error.clone_from(&lock(&self.error));
         }
@@ -602,30 +573,24 @@ impl BackendCursor for GroupCursor {
         if let Some(task) = lock(&self.rounds).take() {
             task.abort();
         }
-        let _step = lock(&self.step);
-        for p in 0..self.partitions {
-            if let Some(c) = self.part(p) {
-                let valid = self.leases.standing(p).0 != Standing::None;
-                self.close_partition(p);
-                if valid {
-                    c.give_back();
-                } else {
-                    c.abandon();
-                }
-            }
+        let (actions, held) = {
+            let mut state = lock(&self.state);
+            state.held.clear();
+            state.machine.close(Now::read())
+        };
+        for action in actions {
+            self.apply(action);
         }
-        for (_, c) in lock(&self.retired).drain() {
+        let rest: Vec<_> = lock(&self.cursors).drain().map(|(_, c)| c).collect();
+        for c in rest {
             c.abandon();
         }
         self.unkeyed.close();
-        let held = self.leases.held();
-        self.leases.clear();
         let (store, me) = (self.store.clone(), self.me.clone());
         let _ = self.shared.call(self.shared.bound(2), async move {
             lease::leave(&store, &me, &held).await;
             Ok(())
         });
-        lock(&self.track).tracked.clear();
     }
 }
 
