@@ -72,7 +72,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         SubscribeOptions::new().name("audit"),
         |_: &Message| Ok::<(), HandlerError>(()),
     )?;
-    let _ship = broker.subscribe_durable(
+    let _ship = broker.subscribe(
         DurableSpec::new("orders")
             .name("ship")
             .filter("orders.paid"),

@@ -49,7 +49,7 @@ fn worker(url: &str, dir: &Path, name: &str) -> Result<(), Box<dyn std::error::E
         .open(dir.join("handled"))?;
     let broker = broker(url)?;
     let who = name.to_owned();
-    let _orders = broker.subscribe_durable(
+    let _orders = broker.subscribe(
         DurableSpec::new("orders").name("fulfil").filter("orders.#"),
         SubscribeOptions::new().concurrency(Concurrency::PerKey { max_in_flight: 4 }),
         move |m: &Message| {

@@ -12,7 +12,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tidings::{
-    Broker, Driver, DurableSpec, Handler, HandlerError, Message, StreamConfig, SubscribeOptions,
+    AnyHandler, Broker, Driver, DurableSpec, Handler, HandlerError, Message, StreamConfig,
+    SubscribeOptions,
 };
 use tidings_sql::{Sqlite, SqliteTx, Transactional};
 
@@ -121,10 +122,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // The consumer: every payment once.
     let first = ledger(&db)?;
     let b = broker(&dir)?;
-    let sub = b.subscribe_durable(
+    let sub = b.subscribe(
         DurableSpec::new("payments").name("ledger"),
         SubscribeOptions::default(),
-        first.clone(),
+        AnyHandler::from_sync(first.clone()),
     )?;
     b.run_until_idle();
     drop(sub);
@@ -135,10 +136,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // process of the same consumer ("ledger") on the same database: all skipped, nothing
     // applied twice.
     let second = ledger(&db)?;
-    let _replay = b.subscribe_durable(
+    let _replay = b.subscribe(
         DurableSpec::new("payments").name("ledger-replay"),
         SubscribeOptions::default(),
-        second.clone(),
+        AnyHandler::from_sync(second.clone()),
     )?;
     b.run_until_idle();
     println!("redelivery: {:?}", second.stats());

@@ -11,7 +11,7 @@
 //!
 //! ```no_run
 //! # #[cfg(feature = "sqlite")] {
-//! use tidings::{Broker, Message, SubscribeOptions};
+//! use tidings::{AnyHandler, Broker, Message, SubscribeOptions};
 //! use tidings_sql::Transactional;
 //!
 //! // Table "processed_messages", consumer "ledger" (whose ids these are).
@@ -29,7 +29,8 @@
 //!     },
 //! )?;
 //! let broker = Broker::builder().build()?;
-//! let _sub = broker.subscribe("payments.#", SubscribeOptions::default(), ledger)?;
+//! // Sync here; with the `tokio` feature it is also an async handler, so say which.
+//! let _sub = broker.subscribe("payments.#", SubscribeOptions::default(), AnyHandler::from_sync(ledger))?;
 //! # }
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```

@@ -6,7 +6,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
-use tidings::{Broker, Driver, Handler, HandlerError, Message, MessageId, Retry, SubscribeOptions};
+use tidings::{
+    AnyHandler, Broker, Driver, Handler, HandlerError, Message, MessageId, Retry, SubscribeOptions,
+};
 use tidings_sql::{AsyncPgTx, DeliveryError, OpenError, PgTx, QueryError, Transactional, Value};
 use tidings_testkit::postgres::PostgresServer;
 
@@ -113,7 +115,11 @@ fn blocking_handler_commits_once_and_rolls_back_failures() {
     .unwrap();
     let broker = Broker::builder().driver(Driver::Manual).build().unwrap();
     let sub = broker
-        .subscribe("payments.#", retrying(5), flaky.clone())
+        .subscribe(
+            "payments.#",
+            retrying(5),
+            AnyHandler::from_sync(flaky.clone()),
+        )
         .unwrap();
     let m2 = payment("bob", 4);
     broker.publish(republish(&m2)).unwrap();
@@ -437,7 +443,11 @@ fn a_stopped_server_is_retried_never_acknowledged() {
     // Through a subscription: retried, dead-lettered, never delivered.
     let broker = Broker::builder().driver(Driver::Manual).build().unwrap();
     let sub = broker
-        .subscribe("payments.#", retrying(2), ledger.clone())
+        .subscribe(
+            "payments.#",
+            retrying(2),
+            AnyHandler::from_sync(ledger.clone()),
+        )
         .unwrap();
     broker.publish(republish(&m)).unwrap();
     broker.run_until_idle();
@@ -455,4 +465,81 @@ fn a_stopped_server_is_retried_never_acknowledged() {
         .unwrap();
     assert_eq!(balance(&server, "bob"), 3);
     assert_eq!(async_ledger.stats().committed, 1);
+}
+
+// R-EXE-3, R-DEL-7, R-LOG-3: the async PostgreSQL recipe on a durable subscription (the
+// embedded log, the tokio driver), where redelivery happens and the recipe is what stops
+// it from applying an effect twice: every payment of a replay (a seek to the earliest) is
+// skipped, the balance is unchanged, and after a restart the subscription resumes at its
+// commit and applies only the new payment.
+#[test]
+fn async_handler_on_a_durable_subscription_applies_each_payment_once() {
+    let Some(server) = PostgresServer::for_test() else {
+        return;
+    };
+    create_accounts(&server);
+    let conn = server.conn_string();
+    let dir = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let start = || {
+        let broker = Broker::builder()
+            .driver(Driver::Tokio(rt.handle().clone()))
+            .data_dir(dir.path())
+            .build()
+            .unwrap();
+        broker
+            .create_stream(tidings::StreamConfig::new("payments", ["payments.#"]))
+            .unwrap();
+        broker
+    };
+    let ledger = rt
+        .block_on(Transactional::postgres_async(
+            &conn, TABLE, "ledger", async_add,
+        ))
+        .unwrap();
+    let spec = || tidings::DurableSpec::new("payments").name("ledger");
+    let broker = start();
+    for _ in 0..10 {
+        broker
+            .publish(Message::to("payments.bob").payload("bob:2"))
+            .unwrap();
+    }
+    let sub = broker
+        .subscribe(spec(), SubscribeOptions::default(), ledger.clone())
+        .unwrap();
+    wait_until("ten payments committed", || {
+        ledger.stats().committed == 10 && sub.committed() == 10
+    });
+    assert_eq!(balance(&server, "bob"), 20);
+    // A replay redelivers all ten: each is skipped, none applied twice (R-DEL-7).
+    assert_eq!(sub.seek(tidings::StartAt::Earliest).unwrap(), 0);
+    wait_until("the replay skipped", || {
+        ledger.stats().skipped == 10 && sub.committed() == 10
+    });
+    assert_eq!(balance(&server, "bob"), 20);
+    assert_eq!(recorded(&server, TABLE).len(), 10);
+    drop(sub);
+    assert!(broker.close(Duration::from_secs(10)).is_clean());
+    drop(broker);
+
+    // A restart resumes at the commit (R-LOG-3): only the new payment is applied.
+    let broker = start();
+    broker
+        .publish(Message::to("payments.bob").payload("bob:5"))
+        .unwrap();
+    let sub = broker
+        .subscribe(spec(), SubscribeOptions::default(), ledger.clone())
+        .unwrap();
+    wait_until("the new payment committed", || {
+        ledger.stats().committed == 11 && sub.committed() == 11
+    });
+    assert_eq!(ledger.stats().skipped, 10);
+    assert_eq!(balance(&server, "bob"), 25);
+    assert!(sub.stats().is_conserved());
+    drop(sub);
+    assert!(broker.close(Duration::from_secs(10)).is_clean());
 }

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, SystemTime};
 
 use tidings::{
-    Broker, DeadLetterReason, Driver, Handler, HandlerError, Message, MessageId, Retry,
+    AnyHandler, Broker, DeadLetterReason, Driver, Handler, HandlerError, Message, MessageId, Retry,
     SubscribeOptions,
 };
 use tidings_sql::{DeliveryError, OpenError, SqliteTx, TableNameError, Transactional, Value};
@@ -99,7 +99,11 @@ fn commits_the_effect_with_the_id_and_skips_the_redelivery() {
     // Through a broker: the same id published three times is one effect.
     let broker = manual_broker();
     let sub = broker
-        .subscribe("payments.#", SubscribeOptions::default(), ledger.clone())
+        .subscribe(
+            "payments.#",
+            SubscribeOptions::default(),
+            AnyHandler::from_sync(ledger.clone()),
+        )
         .unwrap();
     let id = MessageId::new();
     for _ in 0..3 {
@@ -150,7 +154,11 @@ fn a_handler_error_rolls_back_and_the_message_is_retried() {
     // Through a subscription: retried until it succeeds, applied once.
     let broker = manual_broker();
     let sub = broker
-        .subscribe("payments.#", retrying(5), ledger.clone())
+        .subscribe(
+            "payments.#",
+            retrying(5),
+            AnyHandler::from_sync(ledger.clone()),
+        )
         .unwrap();
     broker.publish(m.to_parts_builder()).unwrap();
     broker.run_until_idle();
@@ -197,7 +205,11 @@ fn a_panic_rolls_back_and_the_message_is_retried() {
     .unwrap();
     let broker = manual_broker();
     let sub = broker
-        .subscribe("payments.#", retrying(3), ledger.clone())
+        .subscribe(
+            "payments.#",
+            retrying(3),
+            AnyHandler::from_sync(ledger.clone()),
+        )
         .unwrap();
     broker
         .publish(payment("bob", 11).to_parts_builder())
@@ -227,7 +239,11 @@ fn a_rejecting_handler_dead_letters_without_recording() {
     .unwrap();
     let broker = manual_broker();
     let sub = broker
-        .subscribe("payments.#", retrying(5), ledger.clone())
+        .subscribe(
+            "payments.#",
+            retrying(5),
+            AnyHandler::from_sync(ledger.clone()),
+        )
         .unwrap();
     broker
         .publish(payment("alice", 3).to_parts_builder())
@@ -347,7 +363,11 @@ fn a_broken_database_is_retried_never_acknowledged() {
 
     let broker = manual_broker();
     let sub = broker
-        .subscribe("payments.#", retrying(2), ledger.clone())
+        .subscribe(
+            "payments.#",
+            retrying(2),
+            AnyHandler::from_sync(ledger.clone()),
+        )
         .unwrap();
     broker.publish(m.to_parts_builder()).unwrap();
     broker.run_until_idle();

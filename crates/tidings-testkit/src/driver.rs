@@ -26,6 +26,11 @@ pub trait DriverUnderTest {
     fn is_manual(&self) -> bool {
         false
     }
+    /// True when the durable cases subscribe async handlers instead of sync ones
+    /// ([`TokioDriver::with_async_handlers`], R-EXE-3). Default: false.
+    fn async_handlers(&self) -> bool {
+        false
+    }
 }
 
 /// The manual driver on a manual clock: deterministic, no sleeps.
@@ -94,6 +99,8 @@ impl DriverUnderTest for ThreadedDriver {
 #[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
 pub struct TokioDriver {
     runtime: tokio::runtime::Runtime,
+    /// The durable cases subscribe async handlers (R-EXE-3).
+    async_handlers: bool,
 }
 
 #[cfg(feature = "tokio")]
@@ -110,7 +117,23 @@ impl TokioDriver {
             .enable_all()
             .build()
             .expect("tokio runtime");
-        Self { runtime }
+        Self {
+            runtime,
+            async_handlers: false,
+        }
+    }
+
+    /// [`TokioDriver::new`], whose durable cases subscribe async handlers (R-EXE-3): the
+    /// same functions, each inside an async handler that yields to the runtime first.
+    ///
+    /// # Panics
+    /// If the runtime cannot be built (a test-environment failure).
+    #[must_use]
+    pub fn with_async_handlers() -> Self {
+        Self {
+            async_handlers: true,
+            ..Self::new()
+        }
     }
 }
 
@@ -126,12 +149,19 @@ impl Default for TokioDriver {
 #[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
 impl DriverUnderTest for TokioDriver {
     fn name(&self) -> String {
-        "tokio".into()
+        if self.async_handlers {
+            "tokio-async".into()
+        } else {
+            "tokio".into()
+        }
     }
     fn builder(&self) -> BrokerBuilder {
         Broker::builder().driver(Driver::Tokio(self.runtime.handle().clone()))
     }
     fn settle(&self, broker: &Broker, what: &str, cond: &mut dyn FnMut() -> bool) {
-        ThreadedDriver::new("tokio", Driver::Thread).settle(broker, what, cond);
+        ThreadedDriver::new(&self.name(), Driver::Thread).settle(broker, what, cond);
+    }
+    fn async_handlers(&self) -> bool {
+        self.async_handlers
     }
 }

@@ -8,8 +8,9 @@
 //! tidings_testkit::durable_conformance!(my_backend, MyBackend::new());
 //! ```
 //!
-//! This expands to one module per driver — `manual`, `thread`, `pool`, and `tokio` when
-//! `tidings-testkit` is built with its `tokio` feature — each with one `#[test]` per case
+//! This expands to one module per driver — `manual`, `thread`, `pool`, and `tokio` and
+//! `tokio_async` (the same cases with async handlers, R-EXE-3) when `tidings-testkit` is
+//! built with its `tokio` feature — each with one `#[test]` per case
 //! of [`durable_suite::ALL`](crate::durable_suite::ALL). A backend whose
 //! [`Capabilities`](crate::Capabilities) are all of them must run every assertion of every
 //! case; one with fewer may skip a case, naming the missing capability.
@@ -90,7 +91,8 @@ macro_rules! durable_conformance {
     };
 }
 
-/// The tokio driver's cases, when `tidings-testkit` has its `tokio` feature (decided here,
+/// The tokio driver's cases, with sync handlers (`$module`) and with async ones
+/// (`tokio_async`, R-EXE-3), when `tidings-testkit` has its `tokio` feature (decided here,
 /// not in the crate that expands the macro).
 #[cfg(feature = "tokio")]
 #[doc(hidden)]
@@ -98,6 +100,11 @@ macro_rules! durable_conformance {
 macro_rules! __durable_cases_tokio {
     ($module:ident, $durable:expr) => {
         $crate::durable_cases!($module, $durable, $crate::TokioDriver::new());
+        $crate::durable_cases!(
+            tokio_async,
+            $durable,
+            $crate::TokioDriver::with_async_handlers()
+        );
     };
 }
 

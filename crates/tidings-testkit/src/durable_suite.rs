@@ -6,6 +6,15 @@
 //! a one-hour backoff stays held under the threaded drivers too, and the cases assert exact
 //! positions, lists and counters, never timings. Waits are bounded (see [`DriverUnderTest::settle`]).
 //! Only the public API is used. SPEC ids are named beside the assertions that prove them.
+//!
+//! # Handler kinds (R-EXE-3)
+//! Every case subscribes through one helper (`Rig::subscribe`), which gives the handler
+//! the kind the driver asks for ([`DriverUnderTest::async_handlers`]): a sync handler, or
+//! the same function inside an async handler that yields to the runtime first. The
+//! `tokio_async` run of [`durable_conformance!`](crate::durable_conformance) makes every
+//! assertion of every case — order, retry in place, dead-lettering, the commit rules,
+//! conservation, restarts — hold for async handlers on the backend under test, including
+//! the decorated one of [`durable_dedup_store`].
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -127,6 +136,69 @@ impl<'a> Rig<'a> {
         assert_eq!(report.streams, [STREAM], "[{}]", self.label); // R-LOG-1
     }
 
+    /// `f` as the kind of handler this run subscribes (R-EXE-3): as it is, or — when the
+    /// driver runs the cases with async handlers — inside an async handler that yields to
+    /// the runtime before calling it, so every delivery is a future suspended at least once.
+    fn handler(
+        &self,
+        f: impl Fn(&Message) -> Result<(), HandlerError> + Send + Sync + 'static,
+    ) -> AnyHandler {
+        #[cfg(feature = "tokio")]
+        if self.driver.async_handlers() {
+            return asynchronous(f).into_handler();
+        }
+        f.into_handler()
+    }
+
+    /// [`Deduplicating::with_store`] around `seen`'s handler, of the kind this run
+    /// subscribes (a decorated handler is either kind, R-EXE-3), and how many ids it has
+    /// skipped so far.
+    fn deduplicating(
+        &self,
+        seen: &Seen,
+        store: &Arc<dyn DedupStore>,
+    ) -> (AnyHandler, Box<dyn Fn() -> u64>) {
+        #[cfg(feature = "tokio")]
+        if self.driver.async_handlers() {
+            let dedup = Arc::new(Deduplicating::with_store(
+                asynchronous(seen.handler()),
+                Arc::clone(store),
+            ));
+            return (
+                Arc::clone(&dedup).into_handler(),
+                Box::new(move || dedup.skipped()),
+            );
+        }
+        let dedup = Arc::new(Deduplicating::with_store(seen.handler(), Arc::clone(store)));
+        (
+            Arc::clone(&dedup).into_handler(),
+            Box::new(move || dedup.skipped()),
+        )
+    }
+
+    /// Subscribe `f` (as [`Rig::handler`] makes it) to `spec`.
+    fn try_subscribe(
+        &self,
+        broker: &Broker,
+        spec: DurableSpec,
+        options: SubscribeOptions,
+        f: impl Fn(&Message) -> Result<(), HandlerError> + Send + Sync + 'static,
+    ) -> Result<DurableSubscription, StreamError> {
+        broker.subscribe(spec, options, self.handler(f))
+    }
+
+    /// [`Rig::try_subscribe`], which must succeed.
+    fn subscribe(
+        &self,
+        broker: &Broker,
+        spec: DurableSpec,
+        options: SubscribeOptions,
+        f: impl Fn(&Message) -> Result<(), HandlerError> + Send + Sync + 'static,
+    ) -> DurableSubscription {
+        self.try_subscribe(broker, spec, options, f)
+            .unwrap_or_else(|e| panic!("[{}] subscribe: {e}", self.label))
+    }
+
     /// Publish `suite.orders` messages `m{i}` keyed `k{i % 4}` for `range`.
     fn publish_range(&self, broker: &Broker, range: std::ops::Range<u64>) {
         for i in range {
@@ -136,6 +208,23 @@ impl<'a> Rig<'a> {
                     .key(format!("k{}", i % 4))
                     .payload(format!("m{i}")),
             );
+        }
+    }
+}
+
+/// `f` inside an async handler that yields to the runtime before calling it: every
+/// delivery is a future suspended at least once, so the tokio driver's async path runs
+/// (its await, its report after it), not a future that is ready at once.
+#[cfg(feature = "tokio")]
+fn asynchronous(
+    f: impl Fn(&Message) -> Result<(), HandlerError> + Send + Sync + 'static,
+) -> impl AsyncHandler {
+    let f = Arc::new(f);
+    move |m: Arc<Message>| {
+        let f = Arc::clone(&f);
+        async move {
+            tokio::task::yield_now().await;
+            f(&m)
         }
     }
 }
@@ -152,6 +241,22 @@ impl Seen {
     fn handler(&self) -> impl Fn(&Message) -> Result<(), HandlerError> + Send + Sync + 'static {
         let me = self.clone();
         move |m: &Message| {
+            me.record(m);
+            Ok(())
+        }
+    }
+    /// Fails the first attempt of the message `payload` (retryably, so it waits for its
+    /// retry) and records every success.
+    fn holding_first(
+        &self,
+        payload: &'static str,
+    ) -> impl Fn(&Message) -> Result<(), HandlerError> + Send + Sync + 'static {
+        let me = self.clone();
+        let failed = AtomicBool::new(false);
+        move |m: &Message| {
+            if text(m) == payload && !failed.swap(true, Ordering::SeqCst) {
+                return Err(HandlerError::retry("held"));
+            }
             me.record(m);
             Ok(())
         }
@@ -196,19 +301,18 @@ pub fn resume_after_restart(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> C
     };
     let run1 = Seen::default();
     let r1 = run1.clone();
-    let sub = broker
-        .subscribe_durable(
-            DurableSpec::new(STREAM).name("resume"),
-            opts(),
-            move |m: &Message| {
-                if text(m) == "m8" {
-                    return Err(HandlerError::retry("held"));
-                }
-                r1.record(m);
-                Ok(())
-            },
-        )
-        .unwrap();
+    let sub = rig.subscribe(
+        &broker,
+        DurableSpec::new(STREAM).name("resume"),
+        opts(),
+        move |m: &Message| {
+            if text(m) == "m8" {
+                return Err(HandlerError::retry("held"));
+            }
+            r1.record(m);
+            Ok(())
+        },
+    );
     // m8 (key k0) waits an hour to retry; m12 and m16 (k0) wait behind it (R-ORD-3); every
     // other key finishes. The commit stops at m8, the lowest unfinished.
     let finished: Vec<u64> = (0..20).filter(|i| ![8, 12, 16].contains(i)).collect();
@@ -228,15 +332,14 @@ pub fn resume_after_restart(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> C
 
     // The same name resumes at the commit; its start position is ignored (R-LOG-3).
     let run2 = Seen::default();
-    let sub = broker
-        .subscribe_durable(
-            DurableSpec::new(STREAM)
-                .name("resume")
-                .start(StartAt::Latest),
-            opts(),
-            run2.handler(),
-        )
-        .unwrap();
+    let sub = rig.subscribe(
+        &broker,
+        DurableSpec::new(STREAM)
+            .name("resume")
+            .start(StartAt::Latest),
+        opts(),
+        run2.handler(),
+    );
     rig.assert_position(
         sub.committed(),
         rig.off(8),
@@ -291,13 +394,12 @@ pub fn replay_by_offset(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> CaseO
     let broker = rig.start();
     rig.publish_range(&broker, 0..10);
     let sub = |name: &str, at: StartAt, seen: &Seen| {
-        broker
-            .subscribe_durable(
-                DurableSpec::new(STREAM).name(name).start(at),
-                Default::default(),
-                seen.handler(),
-            )
-            .unwrap()
+        rig.subscribe(
+            &broker,
+            DurableSpec::new(STREAM).name(name).start(at),
+            Default::default(),
+            seen.handler(),
+        )
     };
     let (early, mid, late) = (Seen::default(), Seen::default(), Seen::default());
     let e = sub("from-earliest", StartAt::Earliest, &early);
@@ -305,7 +407,8 @@ pub fn replay_by_offset(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> CaseO
     let t = sub("from-latest", StartAt::Latest, &late);
     assert_eq!(t.committed(), rig.off(10), "[{l}]"); // R-LOG-4: latest is the end
     assert!(matches!(
-        broker.subscribe_durable(
+        rig.try_subscribe(
+            &broker,
             DurableSpec::new(STREAM)
                 .name("too-far")
                 .start(StartAt::Offset(rig.off(11))),
@@ -393,15 +496,14 @@ pub fn replay_by_time(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> CaseOut
         rig.publish_range(&broker, i..i + 1);
     }
     let sub = |name: &str, when: SystemTime, seen: &Seen| {
-        broker
-            .subscribe_durable(
-                DurableSpec::new(STREAM)
-                    .name(name)
-                    .start(StartAt::Time(when)),
-                Default::default(),
-                seen.handler(),
-            )
-            .unwrap()
+        rig.subscribe(
+            &broker,
+            DurableSpec::new(STREAM)
+                .name(name)
+                .start(StartAt::Time(when)),
+            Default::default(),
+            seen.handler(),
+        )
     };
     let (exact, between) = (Seen::default(), Seen::default());
     let (first, after) = (Seen::default(), Seen::default());
@@ -479,13 +581,12 @@ pub fn durable_dlq_reasons(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> Ca
         s.record(m);
         Ok(())
     };
-    let sub = broker
-        .subscribe_durable(
-            DurableSpec::new(STREAM).name("dlq"),
-            SubscribeOptions::new().retry(Retry::fixed(Duration::from_secs(1), 3)),
-            handler,
-        )
-        .unwrap();
+    let sub = rig.subscribe(
+        &broker,
+        DurableSpec::new(STREAM).name("dlq"),
+        SubscribeOptions::new().retry(Retry::fixed(Duration::from_secs(1), 3)),
+        handler,
+    );
     rig.settle_in_time(&broker, "two delivered, four dead-lettered", || {
         let st = sub.stats();
         st.delivered == 2
@@ -534,13 +635,12 @@ pub fn durable_dlq_reasons(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> Ca
     assert!(sub.stats().is_conserved(), "[{l}]"); // R-DEL-6
     drop(sub);
     let broker = rig.restart(broker);
-    let sub = broker
-        .subscribe_durable(
-            DurableSpec::new(STREAM).name("dlq"),
-            Default::default(),
-            seen.handler(),
-        )
-        .unwrap();
+    let sub = rig.subscribe(
+        &broker,
+        DurableSpec::new(STREAM).name("dlq"),
+        Default::default(),
+        seen.handler(),
+    );
     assert_eq!(sub.committed(), rig.off(6), "[{l}]"); // R-LOG-3: nothing to redeliver
     check(&sub); // R-DEL-4: durable across restarts
     rig.publish(&broker, Message::to("suite.orders").payload("ok-6"));
@@ -579,21 +679,19 @@ pub fn durable_dlq_redrive_and_drain(
             Ok(())
         }
     };
-    let sub = broker
-        .subscribe_durable(
-            DurableSpec::new(STREAM).name("redrive"),
-            Default::default(),
-            handler(&failing, &seen),
-        )
-        .unwrap();
+    let sub = rig.subscribe(
+        &broker,
+        DurableSpec::new(STREAM).name("redrive"),
+        Default::default(),
+        handler(&failing, &seen),
+    );
     let other_seen = Seen::default();
-    let other = broker
-        .subscribe_durable(
-            DurableSpec::new(STREAM).name("other"),
-            Default::default(),
-            other_seen.handler(),
-        )
-        .unwrap();
+    let other = rig.subscribe(
+        &broker,
+        DurableSpec::new(STREAM).name("other"),
+        Default::default(),
+        other_seen.handler(),
+    );
     rig.settle(&broker, "three rejected", || {
         sub.stats().dead_lettered.rejected == 3 && sub.committed() == rig.off(4)
     });
@@ -618,13 +716,12 @@ pub fn durable_dlq_redrive_and_drain(
     drop((sub, other));
 
     let broker = rig.restart(broker);
-    let sub = broker
-        .subscribe_durable(
-            DurableSpec::new(STREAM).name("redrive"),
-            Default::default(),
-            handler(&failing, &seen),
-        )
-        .unwrap();
+    let sub = rig.subscribe(
+        &broker,
+        DurableSpec::new(STREAM).name("redrive"),
+        Default::default(),
+        handler(&failing, &seen),
+    );
     assert_eq!(sub.committed(), rig.off(6), "[{l}]"); // R-LOG-3: nothing redelivered
     assert_eq!(dlq_payloads(&sub), ["bad-3"], "[{l}]"); // R-DEL-4: durable
     // Redriven while its handler still refuses it, it comes back, from its new offset.
@@ -646,13 +743,12 @@ pub fn durable_dlq_redrive_and_drain(
     assert!(dlq_payloads(&sub).is_empty(), "[{l}]"); // R-DEL-4
     drop(sub);
     let broker = rig.restart(broker);
-    let sub = broker
-        .subscribe_durable(
-            DurableSpec::new(STREAM).name("redrive"),
-            Default::default(),
-            handler(&failing, &seen),
-        )
-        .unwrap();
+    let sub = rig.subscribe(
+        &broker,
+        DurableSpec::new(STREAM).name("redrive"),
+        Default::default(),
+        handler(&failing, &seen),
+    );
     assert!(dlq_payloads(&sub).is_empty(), "[{l}]"); // R-DEL-4: the drain is durable
     assert_eq!(seen.len(), 3, "[{l}]");
     drop(sub);
@@ -671,23 +767,14 @@ pub fn lag_and_slow_consumer(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> 
     let broker = rig.start();
     rig.publish_range(&broker, 0..12);
     let seen = Seen::default();
-    let failed = Arc::new(AtomicBool::new(false));
-    let (s, f) = (seen.clone(), failed.clone());
-    let sub = broker
-        .subscribe_durable(
-            DurableSpec::new(STREAM).name("slow"),
-            SubscribeOptions::new()
-                .capacity(CAPACITY)
-                .retry(Retry::fixed(HOLD, 2)),
-            move |m: &Message| {
-                if text(m) == "m0" && !f.swap(true, Ordering::SeqCst) {
-                    return Err(HandlerError::retry("slow"));
-                }
-                s.record(m);
-                Ok(())
-            },
-        )
-        .unwrap();
+    let sub = rig.subscribe(
+        &broker,
+        DurableSpec::new(STREAM).name("slow"),
+        SubscribeOptions::new()
+            .capacity(CAPACITY)
+            .retry(Retry::fixed(HOLD, 2)),
+        seen.holding_first("m0"),
+    );
     rig.settle(&broker, "the window is full behind m0", || {
         sub.stats().failures == 1 && sub.outstanding() >= CAPACITY
     });
@@ -738,20 +825,18 @@ pub fn durable_filter(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> CaseOut
         "suite.a.end",
     ];
     let (star, mid) = (Seen::default(), Seen::default());
-    let s1 = broker
-        .subscribe_durable(
-            DurableSpec::new(STREAM).name("star").filter("suite.*.x.#"),
-            Default::default(),
-            star.handler(),
-        )
-        .unwrap();
-    let s2 = broker
-        .subscribe_durable(
-            DurableSpec::new(STREAM).name("mid").filter("suite.#.end"),
-            Default::default(),
-            mid.handler(),
-        )
-        .unwrap();
+    let s1 = rig.subscribe(
+        &broker,
+        DurableSpec::new(STREAM).name("star").filter("suite.*.x.#"),
+        Default::default(),
+        star.handler(),
+    );
+    let s2 = rig.subscribe(
+        &broker,
+        DurableSpec::new(STREAM).name("mid").filter("suite.#.end"),
+        Default::default(),
+        mid.handler(),
+    );
     for t in topics {
         rig.publish(&broker, Message::to(t).payload(t));
     }
@@ -805,16 +890,15 @@ pub fn durable_message_fields(b: &dyn DriverUnderTest, d: &dyn DurableTarget) ->
     rig.publish(&broker, message);
     let got: Arc<Mutex<Option<Message>>> = Arc::default();
     let g = got.clone();
-    let sub = broker
-        .subscribe_durable(
-            DurableSpec::new(STREAM).name("fields"),
-            Default::default(),
-            move |m: &Message| {
-                *g.lock() = Some(m.clone());
-                Ok(())
-            },
-        )
-        .unwrap();
+    let sub = rig.subscribe(
+        &broker,
+        DurableSpec::new(STREAM).name("fields"),
+        Default::default(),
+        move |m: &Message| {
+            *g.lock() = Some(m.clone());
+            Ok(())
+        },
+    );
     rig.settle(&broker, "the message arrived", || got.lock().is_some());
     let m = got.lock().clone().expect("received");
     assert_eq!(m.key(), Some(&b"k-1"[..]), "[{l}]"); // R-CORE-4
@@ -858,33 +942,23 @@ pub fn many_durables_progress(b: &dyn DriverUnderTest, d: &dyn DurableTarget) ->
     let broker = rig.start();
     rig.publish_range(&broker, 0..N / 2);
     let held = Seen::default();
-    let failed = Arc::new(AtomicBool::new(false));
-    let (h, f) = (held.clone(), failed.clone());
-    let slow = broker
-        .subscribe_durable(
-            DurableSpec::new(STREAM).name("held"),
-            SubscribeOptions::new()
-                .capacity(2)
-                .retry(Retry::fixed(HOLD, 2)),
-            move |m: &Message| {
-                if text(m) == "m0" && !f.swap(true, Ordering::SeqCst) {
-                    return Err(HandlerError::retry("held"));
-                }
-                h.record(m);
-                Ok(())
-            },
-        )
-        .unwrap();
+    let slow = rig.subscribe(
+        &broker,
+        DurableSpec::new(STREAM).name("held"),
+        SubscribeOptions::new()
+            .capacity(2)
+            .retry(Retry::fixed(HOLD, 2)),
+        held.holding_first("m0"),
+    );
     let subs: Vec<(Seen, DurableSubscription)> = (0..SUBS)
         .map(|i| {
             let seen = Seen::default();
-            let sub = broker
-                .subscribe_durable(
-                    DurableSpec::new(STREAM).name(format!("d{i}")),
-                    SubscribeOptions::new().capacity(2),
-                    seen.handler(),
-                )
-                .unwrap();
+            let sub = rig.subscribe(
+                &broker,
+                DurableSpec::new(STREAM).name(format!("d{i}")),
+                SubscribeOptions::new().capacity(2),
+                seen.handler(),
+            );
             (seen, sub)
         })
         .collect();
@@ -927,23 +1001,14 @@ pub fn seek_while_outstanding(b: &dyn DriverUnderTest, d: &dyn DurableTarget) ->
     let broker = rig.start();
     rig.publish_range(&broker, 0..10);
     let seen = Seen::default();
-    let failed = Arc::new(AtomicBool::new(false));
-    let (s, f) = (seen.clone(), failed.clone());
-    let sub = broker
-        .subscribe_durable(
-            DurableSpec::new(STREAM).name("seeker"),
-            SubscribeOptions::new()
-                .capacity(CAPACITY)
-                .retry(Retry::fixed(HOLD, 2)),
-            move |m: &Message| {
-                if text(m) == "m0" && !f.swap(true, Ordering::SeqCst) {
-                    return Err(HandlerError::retry("held"));
-                }
-                s.record(m);
-                Ok(())
-            },
-        )
-        .unwrap();
+    let sub = rig.subscribe(
+        &broker,
+        DurableSpec::new(STREAM).name("seeker"),
+        SubscribeOptions::new()
+            .capacity(CAPACITY)
+            .retry(Retry::fixed(HOLD, 2)),
+        seen.holding_first("m0"),
+    );
     rig.settle(&broker, "the window is full behind m0", || {
         sub.stats().failures == 1 && sub.outstanding() >= CAPACITY
     });
@@ -984,13 +1049,12 @@ pub fn delayed_durable_message(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -
     rig.publish(&broker, late);
     rig.publish(&broker, Message::to("suite.orders").payload("now"));
     let seen = Seen::default();
-    let sub = broker
-        .subscribe_durable(
-            DurableSpec::new(STREAM).name("delayed"),
-            Default::default(),
-            seen.handler(),
-        )
-        .unwrap();
+    let sub = rig.subscribe(
+        &broker,
+        DurableSpec::new(STREAM).name("delayed"),
+        Default::default(),
+        seen.handler(),
+    );
     rig.settle(&broker, "the immediate one", || {
         seen.len() == 1 && sub.outstanding() == 1
     });
@@ -1018,7 +1082,8 @@ pub fn resubscribe_resumes(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> Ca
     rig.publish_range(&broker, 0..5);
     let seen = Seen::default();
     let subscribe = |at: StartAt| {
-        broker.subscribe_durable(
+        rig.try_subscribe(
+            &broker,
             DurableSpec::new(STREAM).name("again").start(at),
             Default::default(),
             seen.handler(),
@@ -1054,27 +1119,25 @@ pub fn seek_survives_restart(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> 
     let l = rig.label.clone();
     let broker = rig.start();
     rig.publish_range(&broker, 0..10);
-    let sub = broker
-        .subscribe_durable(
-            DurableSpec::new(STREAM).name("seek-restart"),
-            SubscribeOptions::new()
-                .capacity(4)
-                .retry(Retry::fixed(HOLD, 2)),
-            |_m: &Message| Err(HandlerError::retry("held")),
-        )
-        .unwrap();
+    let sub = rig.subscribe(
+        &broker,
+        DurableSpec::new(STREAM).name("seek-restart"),
+        SubscribeOptions::new()
+            .capacity(4)
+            .retry(Retry::fixed(HOLD, 2)),
+        |_m: &Message| Err(HandlerError::retry("held")),
+    );
     rig.settle(&broker, "m0 held", || sub.stats().failures == 1);
     assert_eq!(sub.seek(StartAt::Offset(rig.off(7))).unwrap(), rig.off(7)); // R-LOG-4
     drop(sub);
     let broker = rig.restart(broker);
     let seen = Seen::default();
-    let sub = broker
-        .subscribe_durable(
-            DurableSpec::new(STREAM).name("seek-restart"),
-            Default::default(),
-            seen.handler(),
-        )
-        .unwrap();
+    let sub = rig.subscribe(
+        &broker,
+        DurableSpec::new(STREAM).name("seek-restart"),
+        Default::default(),
+        seen.handler(),
+    );
     rig.assert_position(
         sub.committed(),
         rig.off(7),
@@ -1109,55 +1172,49 @@ pub fn durable_dedup_store(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> Ca
         .durable_dedup_store("suite-dedup", 100)
         .unwrap_or_else(|e| panic!("[{l}] open the dedup store: {e}"));
     let first = Seen::default();
-    let dedup = Arc::new(Deduplicating::with_store(
-        first.handler(),
-        Arc::clone(&store),
-    ));
+    let (handler, skipped) = rig.deduplicating(&first, &store);
     let sub = broker
-        .subscribe_durable(
+        .subscribe(
             DurableSpec::new(STREAM).name("dedup-first"),
-            Default::default(),
-            Arc::clone(&dedup),
+            SubscribeOptions::default(),
+            handler,
         )
-        .unwrap();
+        .unwrap_or_else(|e| panic!("[{l}] subscribe: {e}"));
     rig.settle(&broker, "the first three handled", || first.len() == 3);
     rig.settle(&broker, "the first three finished", || {
         sub.stats().delivered == 3 && sub.outstanding() == 0
     });
     assert_eq!(first.payloads(), names(0..3), "[{l}]");
-    assert_eq!(dedup.skipped(), 0, "[{l}]");
+    assert_eq!(skipped(), 0, "[{l}]");
     drop(sub);
-    drop((dedup, store));
+    drop((skipped, store));
     // R-DEL-5: the ids outlive the broker.
     let broker = rig.restart(broker);
     let store = broker
         .durable_dedup_store("suite-dedup", 100)
         .unwrap_or_else(|e| panic!("[{l}] reopen the dedup store: {e}"));
     let second = Seen::default();
-    let dedup = Arc::new(Deduplicating::with_store(
-        second.handler(),
-        Arc::clone(&store),
-    ));
+    let (handler, skipped) = rig.deduplicating(&second, &store);
     let sub = broker
-        .subscribe_durable(
+        .subscribe(
             DurableSpec::new(STREAM)
                 .name("dedup-second")
                 .start(StartAt::Earliest),
-            Default::default(),
-            Arc::clone(&dedup),
+            SubscribeOptions::default(),
+            handler,
         )
-        .unwrap();
-    rig.settle(&broker, "the replay skipped", || dedup.skipped() == 3);
+        .unwrap_or_else(|e| panic!("[{l}] subscribe: {e}"));
+    rig.settle(&broker, "the replay skipped", || skipped() == 3);
     rig.publish_range(&broker, 3..4);
     rig.settle(&broker, "the new message handled", || second.len() == 1);
     rig.settle(&broker, "all four finished", || {
         sub.stats().delivered == 4 && sub.outstanding() == 0
     });
     assert_eq!(second.payloads(), names(3..4), "[{l}]"); // R-DEL-5: none twice
-    assert_eq!(dedup.skipped(), 3, "[{l}]");
+    assert_eq!(skipped(), 3, "[{l}]");
     assert!(sub.stats().is_conserved(), "[{l}]"); // R-DEL-6
     drop(sub);
-    drop((dedup, store));
+    drop((skipped, store));
     rig.close_clean(broker);
     CaseOutcome::Ran
 }

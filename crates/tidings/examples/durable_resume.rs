@@ -40,7 +40,7 @@ fn open(dir: &Path) -> Result<(Broker, Stream), Box<dyn std::error::Error>> {
 /// The child: handle orders until message `CRASH_AT`, then abort the process.
 fn crashing_consumer(dir: &Path) -> Result<(), Box<dyn std::error::Error>> {
     let (broker, _stream) = open(dir)?;
-    let _billing = broker.subscribe_durable(
+    let _billing = broker.subscribe(
         DurableSpec::new("orders")
             .name("billing")
             .filter("orders.#"),
@@ -106,7 +106,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (broker, _stream) = open(dir)?;
     let seen: Arc<Mutex<Vec<u64>>> = Arc::default();
     let s = seen.clone();
-    let billing = broker.subscribe_durable(
+    let billing = broker.subscribe(
         DurableSpec::new("orders")
             .name("billing")
             .filter("orders.#")

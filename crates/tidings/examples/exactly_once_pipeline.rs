@@ -53,7 +53,7 @@ fn run_stage(
 ) -> Result<DurableSubscription, Box<dyn std::error::Error>> {
     let weak = broker.downgrade();
     let (handled, dropped) = (handled.clone(), dropped.clone());
-    Ok(broker.subscribe_durable(
+    Ok(broker.subscribe(
         DurableSpec::new("orders").name("invoicing"),
         SubscribeOptions::default(),
         move |order: &Message| {

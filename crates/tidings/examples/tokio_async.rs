@@ -23,7 +23,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let shipped = Arc::new(AtomicU64::new(0));
     let s = shipped.clone();
-    let _shipping = broker.subscribe_async(
+    let _shipping = broker.subscribe(
         "orders.paid",
         SubscribeOptions::default(),
         move |m: Arc<Message>| {

@@ -11,7 +11,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use tidings::{Broker, DeadLetterReason, HandlerError, Message, Retry, SubscribeOptions};
+use tidings::{
+    Broker, DeadLetterReason, HandlerError, Message, Retry, SubscribeOptions, json_handler,
+};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 struct Order {
@@ -25,10 +27,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let billed: Arc<Mutex<Vec<Order>>> = Arc::default();
     let log = billed.clone();
-    let billing = broker.subscribe_json::<Order, _>(
+    let billing = broker.subscribe(
         "orders.*",
         SubscribeOptions::new().retry(Retry::fixed(Duration::from_millis(10), 5)),
-        move |order, msg| {
+        json_handler(move |order: Order, msg: &Message| {
             if order.cents == 0 {
                 return Err(HandlerError::reject(format!("order {} is free", order.id)));
             }
@@ -41,7 +43,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             );
             log.lock().expect("not poisoned").push(order);
             Ok(())
-        },
+        }),
     )?;
 
     // Typed in: the payload is JSON and the content type travels in a header.

@@ -179,6 +179,7 @@ mod error;
 mod fence;
 mod filter;
 mod handler;
+mod into_handler;
 #[cfg(feature = "serde")]
 mod json;
 mod limits;
@@ -206,7 +207,7 @@ mod typed;
 
 #[cfg(feature = "tokio")]
 pub use async_handler::{AsyncHandler, HandlerFuture};
-pub use broker::{Broker, BrokerBuilder, WeakBroker};
+pub use broker::{Broker, BrokerBuilder, SubscribeTarget, WeakBroker};
 pub use clock::{Clock, ClockWaiter, ManualClock, SystemClock};
 pub use codec::{
     CONTENT_TYPE_HEADER, Codec, Decode, DecodeError, DecodeErrorKind, Encode, EncodeError,
@@ -226,6 +227,7 @@ pub use error::{
 pub use fence::Fence;
 pub use filter::{FilterError, HeaderFilter, HeaderLookup, MAX_FILTER_DEPTH, MAX_FILTER_TERMS};
 pub use handler::{FnHandler, Handler, HandlerError, IntoHandlerResult, handler_fn};
+pub use into_handler::{AnyHandler, IntoHandler};
 #[cfg(feature = "serde")]
 pub use json::{JSON_CONTENT_TYPE, Json};
 pub use limits::Limits;

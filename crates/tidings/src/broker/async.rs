@@ -1,7 +1,6 @@
 //! The broker's async methods (feature `tokio`, R-EXE-1, R-EXE-3).
 //!
-//! `subscribe_async` registers an [`AsyncHandler`] with the tokio driver. The other methods
-//! are async versions of calls that can block — `publish` under `Overflow::Block`,
+//! Async versions of calls that can block — `publish` under `Overflow::Block`,
 //! `request`, `close` — for use inside a tokio runtime, where blocking a worker thread can
 //! stall (with a current-thread runtime: deadlock) the very dispatchers being waited for.
 //!
@@ -18,44 +17,16 @@ use std::time::Duration;
 
 use tracing::Instrument;
 
-use crate::async_handler::AsyncHandler;
 use crate::clock::Now;
 use crate::driver::tokio::allow_blocking;
-use crate::error::{PublishError, SubscribeError};
+use crate::error::PublishError;
 use crate::message::{Message, MessageBuilder};
-use crate::options::SubscribeOptions;
 use crate::report::{CloseReport, PublishReport};
 use crate::request::RequestError;
-use crate::subscription::Subscription;
-use crate::subscription::shell::HandlerKind;
 
 use super::{Broker, BrokerInner};
 
 impl Broker {
-    /// Subscribe an async `handler` to every topic matching `pattern` (R-CORE-1, R-EXE-3).
-    ///
-    /// Same contract as [`Broker::subscribe`]; the handler's future is awaited by the
-    /// subscription's dispatcher task(s) on the tokio driver's runtime, with the same
-    /// ordering, retry, dead-letter and panic guarantees as a sync handler.
-    ///
-    /// # Errors
-    /// [`SubscribeError::AsyncHandlerNeedsTokio`] when the broker's driver is not
-    /// [`Driver::Tokio`](crate::Driver) (nothing else can await the handler), and every
-    /// error of [`Broker::subscribe`].
-    #[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
-    pub fn subscribe_async(
-        &self,
-        pattern: &str,
-        options: SubscribeOptions,
-        handler: impl AsyncHandler,
-    ) -> Result<Subscription, SubscribeError> {
-        if self.inner.executor.tokio_handle().is_none() {
-            return Err(SubscribeError::AsyncHandlerNeedsTokio);
-        }
-        self.inner
-            .subscribe(pattern, options, HandlerKind::Async(Arc::new(handler)))
-    }
-
     /// [`Broker::publish`] without blocking the async runtime (R-EXE-1).
     ///
     /// Inside a tokio runtime the publish runs as a task of that runtime: validating and

@@ -19,11 +19,11 @@ use crate::durable::{
     StreamConfig, StreamError, check_name,
 };
 use crate::error::SubscribeError;
-use crate::handler::Handler;
+use crate::into_handler::AnyHandler;
 use crate::message::Message;
 use crate::options::{Concurrency, SubscribeOptions};
 use crate::scheduler::Target;
-use crate::subscription::shell::{FeedOffer, HandlerKind, SubscriptionShell};
+use crate::subscription::shell::{FeedOffer, SubscriptionShell};
 use crate::topic::Pattern;
 
 use super::{Broker, BrokerBuilder, BrokerInner};
@@ -208,44 +208,14 @@ impl Broker {
         self.inner.durables.streams.read().keys().cloned().collect()
     }
 
-    /// Subscribe `handler` durably to the messages of the stream `spec` names, whose topic
-    /// matches its filter (R-LOG-3, R-LOG-4); see [`DurableSpec`] for the parts and their
-    /// defaults.
-    ///
-    /// If the spec's name has a committed position on this stream (from an earlier run),
-    /// delivery resumes there and the spec's start is ignored (use
-    /// [`DurableSubscription::seek`] to move it); otherwise it starts there, and that position
-    /// is committed at once. A committed
-    /// position beyond the stream's end is clamped to the end, committed and logged
-    /// ([`DurableSubscription::clamped_from`] reports it). `options`
-    /// apply as for [`Broker::subscribe`] (retry, DLQ, TTL, lanes, per-key, filters);
-    /// `capacity` is the window of outstanding messages, and `overflow` never triggers
-    /// because the feeder waits for room.
-    ///
-    /// ```
-    /// use tidings::{Broker, DurableSpec, Message, StreamConfig, SubscribeOptions};
-    /// # let dir = tempfile::tempdir()?;
-    /// let broker = Broker::builder().data_dir(dir.path()).build()?;
-    /// broker.create_stream(StreamConfig::new("orders", ["orders.#"]))?;
-    /// let billing = broker.subscribe_durable(
-    ///     DurableSpec::new("orders").name("billing"),
-    ///     SubscribeOptions::default(),
-    ///     |_: &Message| Ok(()),
-    /// )?;
-    /// assert_eq!(billing.committed(), 0);
-    /// # broker.close(std::time::Duration::from_secs(1));
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    ///
-    /// # Errors
-    /// Unknown stream, a missing or bad name ([`StreamError::InvalidName`]), a bad filter or
-    /// options, the name already active, an offset out of retention
-    /// ([`StreamError::OutOfRetention`]) or beyond the end, a foreign offset file.
-    pub fn subscribe_durable(
+    /// The body of `subscribe(spec, ..)` (src/broker/subscribe.rs): open the cursor, create
+    /// the unrouted subscription with `handler` (sync or async: one core runs both,
+    /// R-EXE-3), and start the feeder between them.
+    pub(super) fn subscribe_spec(
         &self,
         spec: DurableSpec,
         options: SubscribeOptions,
-        handler: impl Handler,
+        handler: AnyHandler,
     ) -> Result<DurableSubscription, StreamError> {
         let (name, stream) = (spec.name.as_str(), spec.stream.as_str());
         let (filter, start) = (spec.filter_pattern(), spec.start);
@@ -263,6 +233,8 @@ impl Broker {
             error,
         })?;
         options.validate().map_err(SubscribeError::from)?;
+        // Before the cursor opens: a handler the driver cannot run changes nothing.
+        self.inner.can_run(&handler)?;
         // Not the registry's lock: opening the cursor may wait on the network (issue 33:
         // a stalled server froze every durable call on the broker for 7 s).
         let reservation = durables.reserve(stream, name)?;
@@ -288,12 +260,7 @@ impl Broker {
         options
             .name
             .get_or_insert_with(|| format!("durable:{stream}/{name}"));
-        let sub = match self.inner.subscribe_with(
-            filter,
-            options,
-            HandlerKind::Sync(Arc::new(handler)),
-            false,
-        ) {
+        let sub = match self.inner.subscribe_with(filter, options, handler.0, false) {
             Ok(sub) => sub,
             Err(e) => {
                 cursor.close(); // releases the name; nothing new was committed

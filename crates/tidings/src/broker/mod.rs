@@ -25,7 +25,8 @@
 //!
 //! | file | what |
 //! |---|---|
-//! | `mod.rs` | `Broker`, `BrokerBuilder`, `WeakBroker`; subscribe, request, the subscription registry |
+//! | `mod.rs` | `Broker`, `BrokerBuilder`, `WeakBroker`; request, the subscription registry |
+//! | `subscribe.rs` | the one `subscribe` (every target, every handler kind) and its older thin wrappers |
 //! | `publish.rs` | the publish path: validate, append to streams, route or schedule; dead-letter forwarding |
 //! | `durable.rs` | choosing the durable backend; streams, durable subscriptions, durable dedup stores |
 //! | `idle.rs` | the manual driver's drive-to-idle (`run_until_idle`, `settle`'s next wake-up) |
@@ -48,7 +49,6 @@ use parking_lot::{Condvar, Mutex, RwLock};
 use crate::clock::{Clock, ClockWaiter, ManualClock, SystemClock, deadline_after};
 use crate::driver::{Driver, Executor, executor_for};
 use crate::error::{ConfigError, PublishError, SubscribeError};
-use crate::handler::Handler;
 use crate::limits::Limits;
 use crate::message::{IdGenerator, Message, MessageBuilder};
 use crate::options::SubscribeOptions;
@@ -69,12 +69,12 @@ mod close;
 mod durable;
 mod idle;
 mod publish;
+mod subscribe;
 mod transport;
-#[cfg(feature = "serde")]
-mod typed;
 
 use by_id::ById;
 use publish::refuse_reserved_headers;
+pub use subscribe::SubscribeTarget;
 
 #[derive(Default)]
 struct Registry {
@@ -190,6 +190,28 @@ impl BrokerBuilder {
 /// assert!(broker.close(Duration::from_secs(1)).is_clean());
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
+///
+/// # Methods by concern
+/// Every public method, by what it is for (a test, `tests/broker_map.rs`, keeps this
+/// table complete and fails on a method missing from it or a name it lists that does not
+/// exist). One verb has one name: [`subscribe`](Broker::subscribe) takes every target and
+/// every kind of handler; the methods marked *wrapper* are thin forms of it kept for
+/// existing code.
+///
+/// | concern | methods |
+/// |---|---|
+/// | making one, handles | [`builder`](Broker::builder), [`new`](Broker::new), [`downgrade`](Broker::downgrade), [`clock`](Broker::clock) |
+/// | publishing | [`publish`](Broker::publish), [`publish_async`](Broker::publish_async), [`scheduled`](Broker::scheduled) |
+/// | subscribing | [`subscribe`](Broker::subscribe), [`unsubscribe`](Broker::unsubscribe), [`subscriptions`](Broker::subscriptions); *wrappers:* [`subscribe_durable`](Broker::subscribe_durable), [`subscribe_async`](Broker::subscribe_async), [`subscribe_json`](Broker::subscribe_json), [`subscribe_durable_json`](Broker::subscribe_durable_json), [`subscribe_json_async`](Broker::subscribe_json_async) |
+/// | request–reply | [`request`](Broker::request), [`request_async`](Broker::request_async), [`pending_requests`](Broker::pending_requests), [`late_replies`](Broker::late_replies) |
+/// | durable streams | [`create_stream`](Broker::create_stream), [`stream`](Broker::stream), [`streams`](Broker::streams), [`durable_dedup_store`](Broker::durable_dedup_store), [`data_dir`](Broker::data_dir), [`embedded_backend`](Broker::embedded_backend), [`durable_backend_name`](Broker::durable_backend_name) |
+/// | driving and waiting (tests) | [`run_until_idle`](Broker::run_until_idle), [`settle`](Broker::settle), [`wait_idle`](Broker::wait_idle), [`next_wake`](Broker::next_wake) |
+/// | closing | [`close`](Broker::close), [`close_async`](Broker::close_async), [`is_closed`](Broker::is_closed) |
+/// | operating (snapshot, metrics, admin actions) | [`snapshot`](Broker::snapshot), [`export_metrics`](Broker::export_metrics), [`dead_letter_page`](Broker::dead_letter_page), [`redrive_dead_letters`](Broker::redrive_dead_letters), [`purge_dead_letters`](Broker::purge_dead_letters), [`seek_subscription`](Broker::seek_subscription) |
+///
+/// `publish_async`, `request_async`, `close_async` and `subscribe_async` need the feature
+/// `tokio`; `export_metrics` the feature `metrics`; the `*_json*` wrappers the feature
+/// `serde`.
 #[derive(Clone)]
 pub struct Broker {
     pub(crate) inner: Arc<BrokerInner>,
@@ -280,20 +302,6 @@ impl Broker {
     #[must_use]
     pub fn clock(&self) -> &Arc<dyn Clock> {
         &self.inner.clock
-    }
-
-    /// Subscribe `handler` to every topic matching `pattern` (R-CORE-1).
-    ///
-    /// The subscription gets its own bounded queue, dispatcher(s), DLQ and counters. It
-    /// receives messages published after this returns.
-    pub fn subscribe(
-        &self,
-        pattern: &str,
-        options: SubscribeOptions,
-        handler: impl Handler,
-    ) -> Result<Subscription, SubscribeError> {
-        self.inner
-            .subscribe(pattern, options, HandlerKind::Sync(Arc::new(handler)))
     }
 
     /// Publish a message (see the module docs for the contract).

@@ -122,6 +122,7 @@ fn sample_messages() -> Vec<Message> {
         reply_to: Some(Topic::new("inbox.x").expect("topic")),
         correlation_id: Some("c-1 %&=".into()),
         log_offset: None,
+        fence: None,
     };
     let bare = Message {
         id: MessageId::from_u128(1),
@@ -136,6 +137,7 @@ fn sample_messages() -> Vec<Message> {
         reply_to: None,
         correlation_id: None,
         log_offset: None,
+        fence: None,
     };
     vec![full, bare]
 }
