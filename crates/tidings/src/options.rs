@@ -178,7 +178,7 @@ impl DeadLetterOptions {
 ///
 /// ```compile_fail
 /// # use tidings::SubscribeOptions;
-/// let opts = SubscribeOptions::new().capacity(128);
+/// let opts = SubscribeOptions { capacity: 128, ..Default::default() };
 /// ```
 #[derive(Debug, Clone)]
 #[non_exhaustive]

@@ -12,10 +12,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
+use tidings::embedded::Fsync;
 use tidings::embedded::{EmbeddedBackend, EmbeddedStreamOptions};
 use tidings::{
-    Broker, Driver, DurableSpec, Fsync, ManualClock, Message, StartAt, StreamConfig,
-    SubscribeOptions,
+    Broker, Driver, DurableSpec, ManualClock, Message, StartAt, StreamConfig, SubscribeOptions,
 };
 
 /// Messages published; with 16 KiB segments they fill several sealed segments.

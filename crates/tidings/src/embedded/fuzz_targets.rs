@@ -307,17 +307,16 @@ fn fuzz_stream_meta() {
     let dir = scratch.clone();
     let requested = StreamMeta {
         patterns: vec!["orders.#".into(), "audit.*".into()],
-        retention: tidings_log::Retention {
-            max_bytes: Some(1 << 20),
-            max_age: Some(Duration::from_secs(3600)),
-        },
+        retention: crate::durable::config::Retention::new()
+            .max_bytes(1 << 20)
+            .max_age(Duration::from_secs(3600)),
         duplicate_window_ms: Some(120_000),
     };
     let seeds = [
         requested.encode(),
         StreamMeta {
             patterns: vec![],
-            retention: tidings_log::Retention::default(),
+            retention: crate::durable::config::Retention::default(),
             duplicate_window_ms: None,
         }
         .encode(),
@@ -391,10 +390,7 @@ fn fuzz_dedup_and_id_window() {
                 .map(|f| stored_from(f).to_record())
                 .collect();
             {
-                let config = LogConfig {
-                    fsync: Fsync::Never,
-                    ..LogConfig::default()
-                };
+                let config = LogConfig::new().fsync(Fsync::Never);
                 let (log, _) = Log::open(&dir, config).expect("a new log opens");
                 for r in &records {
                     // A record the log refuses (a limit) is not on disk: nothing to decode.
