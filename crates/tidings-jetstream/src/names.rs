@@ -16,6 +16,10 @@
 //! between the parts: stream `a_` + durable `b` and stream `a` + durable `_b` both became
 //! `TIDINGS_g_a___b`, and the two groups shared (and starved) one bucket.
 //!
+//! The subject namespaces of a stream's records (`$TIDINGS.s.<stream>.`, and
+//! `$TIDINGS.k.<stream>.<p>.` for keyed records) live here too: the internal client reads
+//! topics back through them without importing the backend.
+//!
 //! # Lengths
 //! With parts of at most [`MAX_NAME_BYTES`] = 60 bytes (120 escaped), the longest composed
 //! name, the lease bucket's stream `KV_TIDINGS_g_<120>_x<120>`, is 255 bytes: NATS's limit
@@ -150,6 +154,41 @@ pub(crate) fn dlq_prefix(stream: &str) -> String {
 /// The bucket of the shared dedup store `name` (a tidings name).
 pub(crate) fn dedup_bucket(name: &str) -> String {
     format!("{DEDUP_BUCKET}{}", escape(name))
+}
+
+/// The subject namespace of the tidings stream whose JetStream name is `nats`: a topic
+/// `t` of it is stored on the subject `$TIDINGS.s.<nats>.t`, which no core publish uses (a
+/// topic cannot begin with `$`).
+pub(crate) fn subject_prefix(nats: &str) -> String {
+    format!("$TIDINGS.s.{nats}.")
+}
+
+/// The subject namespace of the *keyed* records of the tidings stream whose JetStream name
+/// is `nats`: a record of topic `t` with a key in partition `p` is stored on
+/// `$TIDINGS.k.<nats>.<p>.t`.
+pub(crate) fn keyed_prefix(nats: &str) -> String {
+    format!("$TIDINGS.k.{nats}.")
+}
+
+/// The topic of a record stored on `subject` in the stream whose JetStream name is `nats`
+/// (either namespace); the subject itself when it is in neither.
+pub(crate) fn record_topic<'a>(subject: &'a str, nats: &str) -> &'a str {
+    strip_namespaces(subject, &subject_prefix(nats), &keyed_prefix(nats))
+}
+
+/// `subject` without the unkeyed prefix `plain`, or without the keyed prefix `keyed` and
+/// the partition word after it.
+pub(crate) fn strip_namespaces<'a>(subject: &'a str, plain: &str, keyed: &str) -> &'a str {
+    if let Some(topic) = subject.strip_prefix(plain) {
+        return topic;
+    }
+    if !keyed.is_empty()
+        && let Some(rest) = subject.strip_prefix(keyed)
+        && let Some((_, topic)) = rest.split_once('.')
+    {
+        return topic;
+    }
+    subject
 }
 
 /// What a server-side name was derived from (see [`parse`]).

@@ -249,40 +249,7 @@ pub(crate) fn backend_error(kind: StreamErrorKind, what: impl fmt::Display) -> S
 pub use crate::names::MAX_NAME_BYTES;
 pub(crate) use crate::names::{check_name, escape as nats_name};
 
-/// The subject namespace of the tidings stream whose JetStream name is `nats`: a topic
-/// `t` of it is stored on the subject `$TIDINGS.s.<nats>.t`, which no core publish uses (a
-/// topic cannot begin with `$`).
-pub(crate) fn subject_prefix(nats: &str) -> String {
-    format!("$TIDINGS.s.{nats}.")
-}
-
-/// The subject namespace of the *keyed* records of the tidings stream whose JetStream name
-/// is `nats`: a record of topic `t` with a key in partition `p` is stored on
-/// `$TIDINGS.k.<nats>.<p>.t`.
-pub(crate) fn keyed_prefix(nats: &str) -> String {
-    format!("$TIDINGS.k.{nats}.")
-}
-
-/// The topic of a record stored on `subject` in the stream whose JetStream name is `nats`
-/// (either namespace); the subject itself when it is in neither.
-pub(crate) fn record_topic<'a>(subject: &'a str, nats: &str) -> &'a str {
-    strip_namespaces(subject, &subject_prefix(nats), &keyed_prefix(nats))
-}
-
-/// `subject` without the unkeyed prefix `plain`, or without the keyed prefix `keyed` and
-/// the partition word after it.
-pub(crate) fn strip_namespaces<'a>(subject: &'a str, plain: &str, keyed: &str) -> &'a str {
-    if let Some(topic) = subject.strip_prefix(plain) {
-        return topic;
-    }
-    if !keyed.is_empty()
-        && let Some(rest) = subject.strip_prefix(keyed)
-        && let Some((_, topic)) = rest.split_once('.')
-    {
-        return topic;
-    }
-    subject
-}
+pub(crate) use crate::names::{keyed_prefix, record_topic, strip_namespaces, subject_prefix};
 
 /// The key partition of `key` among `partitions`: FNV-1a, 64 bits, modulo the count. Fixed
 /// forever: records already stored were placed by it.

@@ -84,7 +84,7 @@ impl Delivery {
             }
         }
         Ok(Self {
-            topic: crate::backend::strip_namespaces(message.subject.as_str(), prefix, keyed)
+            topic: crate::names::strip_namespaces(message.subject.as_str(), prefix, keyed)
                 .to_owned(),
             message,
             headers,
