@@ -264,8 +264,10 @@ pub struct Message {
     /// Offset in the stream this instance was read from (durable subscriptions only).
     pub(crate) log_offset: Option<u64>,
     /// The keyed-group partition and lease term this delivery was handed out under
-    /// (R-DIST-8); `None` outside keyed consumer groups.
-    pub(crate) fence: Option<Fence>,
+    /// (R-DIST-8); `None` outside keyed consumer groups. Boxed: one pointer (8 bytes with
+    /// its niche) keeps every message within the pool's per-message bound, and only
+    /// deliveries of keyed groups pay for it.
+    pub(crate) fence: Option<Box<Fence>>,
 }
 
 impl Message {
@@ -360,7 +362,7 @@ impl Message {
     /// [`Fence`]).
     #[must_use]
     pub fn fence(&self) -> Option<Fence> {
-        self.fence
+        self.fence.as_deref().copied()
     }
     /// Start a reply to this message: addressed to its `reply_to` topic with its correlation
     /// id. `None` when the message asked for no reply.

@@ -87,7 +87,7 @@ pub use registry::check_name;
 /// R-DIST-8): a backend that splits keys across processes sets it on every delivery it
 /// hands out, so [`Message::fence`](crate::Message::fence) lets an effect refuse a stale owner.
 pub fn set_fence(message: &mut crate::Message, fence: crate::Fence) {
-    message.fence = Some(fence);
+    message.fence = Some(Box::new(fence));
 }
 pub use source::{
     AppendFuture, Appended, BackendCursor, BackendStream, Capabilities, CursorSpec, CursorWaker,
