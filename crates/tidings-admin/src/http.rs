@@ -52,6 +52,31 @@ pub(crate) fn router(broker: Broker, config: AdminConfig) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(app)
+        .layer(axum::middleware::from_fn(header_limit))
+}
+
+/// The most header bytes (names, values and their separators) a request may carry.
+const MAX_HEADER_BYTES: usize = 64 * 1024;
+
+/// Refuses a request whose headers exceed [`MAX_HEADER_BYTES`] with the documented `431`
+/// body. The parser's own buffer limit (about 400 KB) is not exact — a head that arrives in
+/// one read may pass it — so the answer to a large head would depend on how the bytes
+/// arrived; this limit does not.
+async fn header_limit(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let size: usize = request
+        .headers()
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len() + 4)
+        .sum();
+    if size > MAX_HEADER_BYTES {
+        return ApiError::new(
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            "headers_too_large",
+            format!("the request's headers are {size} bytes, more than {MAX_HEADER_BYTES}"),
+        )
+        .into_response();
+    }
+    next.run(request).await
 }
 
 /// A JSON error answer.

@@ -43,8 +43,8 @@
 //! `actions_disabled` (403), `unknown_subscription`/`not_found` (404),
 //! `method_not_allowed` (405), `gone` (409: none of the requested dead-letter entries is in
 //! the DLQ any more), `body_too_large` (413, beyond 2 MB), `uri_too_long` (414, a target
-//! beyond 65,534 bytes), `headers_too_large` (431, a head beyond about 400 KB or with more
-//! than 100 headers), `not_durable`/`out_of_range` (422). A seek whose position cannot be
+//! beyond 65,534 bytes), `headers_too_large` (431, headers beyond 64 KiB, or a head the
+//! parser cannot buffer, or more than 100 headers), `not_durable`/`out_of_range` (422). A seek whose position cannot be
 //! written gets `seek_failed` (500). That holds for requests the HTTP parser refuses before
 //! any handler sees them, too (a bad request line, method, target or header, a bad
 //! `Content-Length` or `Transfer-Encoding`: `bad_request`, 400). A message quotes what the
