@@ -119,7 +119,11 @@ mod tests {
         // A ramp of 50 MiB during the first 10 minutes, flat (with a sawtooth of ±1 MiB)
         // after: the warm-up (first 20 %) hides the ramp.
         let warm = series(3600, |t| {
-            let saw = if (t as u64 / 5) % 2 == 0 { 1.0 } else { -1.0 };
+            let saw = if (t as u64 / 5).is_multiple_of(2) {
+                1.0
+            } else {
+                -1.0
+            };
             100.0 + 50.0 * (t / 600.0).min(1.0) + saw
         });
         let v = judge(&warm, 720.0, RSS).unwrap();
