@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! tidings-bench soak [--secs 120] [--sample-secs 5] [--cycle-secs 4] [--warmup 0.2]
-//!                    [--json PATH] [--plot DIR]
+//!                    [--max-age-secs 300] [--json PATH] [--plot DIR]
 //! ```
 //!
 //! The workload, all at once for `--secs`, on a `nats-server` the testkit starts on
@@ -66,9 +66,14 @@ pub(crate) struct SoakArgs {
     /// Seconds between kills (one workload in turn).
     #[arg(long, default_value_t = 4)]
     pub cycle_secs: u64,
-    /// Fraction of the run left out of the flatness fit (warm-up).
+    /// Fraction of the run left out of the flatness fit (warm-up); it should cover
+    /// `--max-age-secs` and the server's 30 s clean-up of idle ephemeral consumers.
     #[arg(long, default_value_t = 0.2)]
     pub warmup: f64,
+    /// How long every stream keeps records: the streams (and the server's memory for them)
+    /// stop growing after this.
+    #[arg(long, default_value_t = workers::DEFAULT_MAX_AGE.as_secs())]
+    pub max_age_secs: u64,
     /// Write the samples, slopes and ledger checks as JSON to PATH.
     #[arg(long, value_name = "PATH")]
     pub json: Option<PathBuf>,
@@ -211,6 +216,7 @@ struct SoakReport {
     sample_secs: u64,
     cycle_secs: u64,
     warmup_secs: f64,
+    max_age_secs: u64,
     kills: Kills,
     series: Vec<SeriesOutcome>,
     ledgers: Vec<LedgerCheck>,
@@ -236,9 +242,9 @@ pub(crate) fn main_with_args(args: &[String]) -> Result<(), BenchError> {
         }
         Err(e) => return Err(BenchError::Args(e.to_string())),
     };
-    if args.secs == 0 || args.sample_secs == 0 || args.cycle_secs == 0 {
+    if args.secs == 0 || args.sample_secs == 0 || args.cycle_secs == 0 || args.max_age_secs == 0 {
         return Err(BenchError::Args(
-            "--secs, --sample-secs and --cycle-secs must be at least 1\n".into(),
+            "--secs, --sample-secs, --cycle-secs and --max-age-secs must be at least 1\n".into(),
         ));
     }
     if !(0.0..0.9).contains(&args.warmup) {
@@ -269,8 +275,8 @@ pub(crate) fn main_with_args(args: &[String]) -> Result<(), BenchError> {
 
 fn command_line(args: &SoakArgs) -> String {
     let mut cmd = format!(
-        "cargo run --release -p tidings-bench -- soak --secs {} --sample-secs {} --cycle-secs {} --warmup {}",
-        args.secs, args.sample_secs, args.cycle_secs, args.warmup
+        "cargo run --release -p tidings-bench -- soak --secs {} --sample-secs {} --cycle-secs {} --warmup {} --max-age-secs {}",
+        args.secs, args.sample_secs, args.cycle_secs, args.warmup, args.max_age_secs
     );
     if let Some(p) = &args.plot {
         cmd.push_str(&format!(" --plot {}", p.display()));
@@ -705,6 +711,7 @@ const CATCH_UP: Duration = Duration::from_secs(180);
 #[allow(clippy::too_many_lines)] // one run, read top to bottom: set up, loop, drain, check
 fn run(args: &SoakArgs) -> Result<SoakReport, BenchError> {
     let setup = |e: String| BenchError::Setup(e);
+    workers::set_max_age(Duration::from_secs(args.max_age_secs));
     let load_before = crate::output::loadavg();
     let scratch = ScratchDir::new("soak");
     let server = NatsServer::start(NatsServerOptions::new())
@@ -906,6 +913,12 @@ fn run(args: &SoakArgs) -> Result<SoakReport, BenchError> {
             ));
         }
     }
+    let k = &workers.kills;
+    if k.embedded == 0 || k.keyed_members == 0 || k.sql == 0 {
+        failures.push(format!(
+            "too short to kill every workload once ({k:?}): raise --secs or lower --cycle-secs"
+        ));
+    }
     let fan = fanout.finish(&fan_published);
     if fan.published == 0 {
         failures.push("fan-out: nothing was published".into());
@@ -986,6 +999,7 @@ fn run(args: &SoakArgs) -> Result<SoakReport, BenchError> {
         sample_secs: args.sample_secs,
         cycle_secs: args.cycle_secs,
         warmup_secs,
+        max_age_secs: args.max_age_secs,
         kills: workers.kills.clone(),
         series,
         ledgers,
@@ -1001,9 +1015,10 @@ fn run(args: &SoakArgs) -> Result<SoakReport, BenchError> {
 /// The verdict as text: one line per series and per ledger.
 fn summary(r: &SoakReport) -> String {
     let mut s = format!(
-        "soak: {} s, warm-up {:.0} s, {} samples; {}\n{}\nkills: {} embedded, {} keyed members (+{} joins), {} SQL, {} fan-out resubscribes\n",
+        "soak: {} s, warm-up {:.0} s, records kept {} s, {} samples; load average {}\n{}\nkills: {} embedded, {} keyed members (+{} joins), {} SQL, {} fan-out resubscribes\n",
         r.secs,
         r.warmup_secs,
+        r.max_age_secs,
         r.samples.len(),
         r.load_average,
         r.machine,

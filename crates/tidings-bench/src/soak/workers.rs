@@ -23,7 +23,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use tidings::embedded::{EmbeddedBackend, EmbeddedStreamOptions};
@@ -50,15 +50,35 @@ const EMBEDDED_STREAM: &str = "soak";
 const LEASE: Duration = Duration::from_secs(3);
 /// Embedded publishes per second in a child (each synced before `publish` returns).
 const EMBEDDED_RATE: u64 = 40;
-/// Records are kept this long, so streams stop growing once the run is past it (the
-/// handlers are seconds behind, never minutes).
-pub(crate) const MAX_AGE: Duration = Duration::from_secs(300);
+/// How long the streams keep records (`--max-age-secs`), passed to the workers in
+/// [`MAX_AGE_ENV`]: streams stop growing once the run is past it (the handlers are seconds
+/// behind, never minutes), so the warm-up should cover it.
+static MAX_AGE: OnceLock<Duration> = OnceLock::new();
+const MAX_AGE_ENV: &str = "TIDINGS_BENCH_SOAK_MAX_AGE_SECS";
 /// Bound on a worker's drain at `stop`.
 const DRAIN: Duration = Duration::from_secs(120);
 
-pub(crate) fn retention() -> Retention {
+/// Sets the streams' record age for this process (the soak, from its arguments); the
+/// first call wins.
+pub(crate) fn set_max_age(age: Duration) {
+    let _ = MAX_AGE.set(age);
+}
+
+fn max_age() -> Duration {
+    *MAX_AGE.get_or_init(|| {
+        std::env::var(MAX_AGE_ENV)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .map_or(DEFAULT_MAX_AGE, Duration::from_secs)
+    })
+}
+
+/// `--max-age-secs`' default.
+pub(crate) const DEFAULT_MAX_AGE: Duration = Duration::from_secs(300);
+
+fn retention() -> Retention {
     Retention {
-        max_age: Some(MAX_AGE),
+        max_age: Some(max_age()),
         ..Retention::default()
     }
 }
@@ -91,6 +111,7 @@ pub(crate) fn spawn(dir: &Path, label: &str, args: &[String]) -> Result<TestChil
     let child = Command::new(exe)
         .env(WORKER_ENV, args.join("\t"))
         .env(PARENT_ENV, std::process::id().to_string())
+        .env(MAX_AGE_ENV, max_age().as_secs().to_string())
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(err)
