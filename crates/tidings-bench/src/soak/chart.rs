@@ -42,7 +42,8 @@ pub(crate) fn charts(samples: &[Sample], warmup_secs: f64) -> Vec<(String, Strin
             .filter_map(|name| {
                 let i = SERIES.iter().position(|s| s.name == *name)?;
                 Some(Series {
-                    name: format!("{} ({})", SERIES[i].name, SERIES[i].unit),
+                    // The unit is the chart's y label: the legend column is narrow.
+                    name: SERIES[i].name.to_owned(),
                     values: kept.iter().map(|s| s.values[i]).collect(),
                 })
             })
