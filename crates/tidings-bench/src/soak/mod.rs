@@ -627,7 +627,7 @@ impl Workers {
             return Ok(());
         }
         for c in &crashed {
-            eprintln!("soak: {c}");
+            progress(format_args!("soak: {c}"));
         }
         self.crashed.extend(crashed);
         if self.embedded.0.exited().is_some() {
@@ -705,6 +705,13 @@ fn wait_for(patience: Duration, mut cond: impl FnMut() -> bool) -> bool {
     }
 }
 
+/// A progress line on standard error. A failed write is ignored (`eprintln!` would panic,
+/// and a full disk under a redirected standard error must not end an hour's run).
+pub(crate) fn progress(line: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr().lock(), "{line}");
+}
+
 /// How long the workers get after the workload to catch up before the ledgers are checked.
 const CATCH_UP: Duration = Duration::from_secs(180);
 
@@ -738,10 +745,10 @@ fn run(args: &SoakArgs) -> Result<SoakReport, BenchError> {
     let mut failures: Vec<String> = Vec::new();
     let (mut next_sample, mut next_cycle) = (Duration::ZERO, cycle_every);
     let mut cycle = 0u64;
-    eprintln!(
+    progress(format_args!(
         "soak: {} s of workload on {url}, a sample every {} s, a kill every {} s",
         args.secs, args.sample_secs, args.cycle_secs
-    );
+    ));
     loop {
         let now = started.elapsed();
         if now >= next_sample {
@@ -774,7 +781,11 @@ fn run(args: &SoakArgs) -> Result<SoakReport, BenchError> {
                 .zip(&values)
                 .map(|(s, v)| format!("{} {}", s.name, v.map_or("-".into(), |v| format!("{v:.1}"))))
                 .collect();
-            eprintln!("[{:>6.0}s] {}", now.as_secs_f64(), line.join(", "));
+            progress(format_args!(
+                "[{:>6.0}s] {}",
+                now.as_secs_f64(),
+                line.join(", ")
+            ));
             samples.push(Sample {
                 t: now.as_secs_f64(),
                 values,
@@ -803,7 +814,9 @@ fn run(args: &SoakArgs) -> Result<SoakReport, BenchError> {
     let workload_secs = started.elapsed().as_secs_f64();
 
     // Drain: no more publishing, no more kills; every worker catches up.
-    eprintln!("soak: workload done after {workload_secs:.0} s; draining");
+    progress(format_args!(
+        "soak: workload done after {workload_secs:.0} s; draining"
+    ));
     let fan_published = fanout.stop_publishing();
     js_stop.store(true, Ordering::Relaxed);
     let js_published = js_thread.join().unwrap_or_default();

@@ -136,7 +136,7 @@ pub(crate) fn worker_from_env() -> Option<i32> {
     Some(match result {
         Ok(()) => 0,
         Err(e) => {
-            eprintln!("soak worker {spec:?}: {e}");
+            super::progress(format_args!("soak worker {spec:?}: {e}"));
             1
         }
     })
