@@ -124,7 +124,9 @@ pub(crate) const SERIES: [SeriesSpec; 12] = [
     SeriesSpec {
         name: "nats-server RSS",
         unit: "MiB",
-        bound: bound(16.0, 8.0),
+        // Its garbage collector swings it by ~40 MiB (55-98 MiB in a 27-minute run): a
+        // two-minute window can rise 12 MiB with nothing leaking.
+        bound: bound(16.0, 48.0),
     },
     SeriesSpec {
         name: "nats-server threads",
