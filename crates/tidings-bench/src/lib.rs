@@ -20,6 +20,10 @@
 //! * `--plot DIR` writes hand-written SVG charts (see [`plot`]).
 //! * `--markdown PATH` writes a BENCHMARKS.md skeleton: machine, command, tables, charts and
 //!   an analysis placeholder per case family.
+//! * `tidings-bench soak [--secs N] [--json PATH] [--plot DIR]` runs a mixed workload with
+//!   kills and restarts for N seconds and checks R-LIM-3: memory, threads, descriptors and
+//!   the server's objects flat after a warm-up, nothing acknowledged lost, every effect once
+//!   (`tidings-bench soak --help`).
 //!
 //! The library is what `tidings bench` calls: [`BenchArgs`] is a clap `Args`/`Parser`, and
 //! [`run`] / [`main_with_args`] do the work. The bytes-per-subscription figures need the
@@ -48,6 +52,7 @@ mod output;
 mod perkey;
 pub mod plot;
 mod scale;
+mod soak;
 mod transport;
 
 use std::collections::BTreeMap;
@@ -155,6 +160,8 @@ pub enum BenchError {
     /// Writing to standard output failed ([`BenchError::is_closed_output`]: its reader went
     /// away, as in `tidings-bench --list | head -3`).
     Stdout(std::io::Error),
+    /// `tidings-bench soak` ran and a check failed (R-LIM-3): the reasons, one per line.
+    Soak(String),
 }
 
 impl BenchError {
@@ -183,6 +190,7 @@ impl fmt::Display for BenchError {
             BenchError::Io { path, error } => write!(f, "{}: {error}", path.display()),
             BenchError::Setup(e) => write!(f, "benchmark setup failed: {e}"),
             BenchError::Stdout(e) => write!(f, "writing to standard output: {e}"),
+            BenchError::Soak(e) => write!(f, "soak failed (R-LIM-3):\n{e}"),
         }
     }
 }
@@ -383,6 +391,15 @@ pub fn main_with_args(args: impl IntoIterator<Item = String>) -> Result<(), Benc
     // A worker process of the keyed-group cases: this binary started again by them.
     if let Some(code) = keyed_group::worker_from_env() {
         std::process::exit(code);
+    }
+    // A worker process of the soak: this binary started again by it.
+    if let Some(code) = soak::worker_from_env() {
+        std::process::exit(code);
+    }
+    let args: Vec<String> = args.into_iter().collect();
+    // `tidings-bench soak …`: the long-running mixed workload (its own arguments).
+    if args.get(1).is_some_and(|a| a == "soak") {
+        return soak::main_with_args(&args[1..]);
     }
     let args = match BenchArgs::try_parse_from(args) {
         Ok(a) => a,

@@ -157,7 +157,7 @@ pub(crate) fn loadavg() -> String {
         .unwrap_or_else(|| "?".into())
 }
 
-fn machine() -> String {
+pub(crate) fn machine() -> String {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|s| {

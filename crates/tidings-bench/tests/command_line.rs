@@ -47,3 +47,27 @@ fn a_closed_output_still_gets_the_files_written() {
         "{text}"
     );
 }
+
+/// `soak` is a subcommand with arguments of its own; a bad one is a usage error (exit 2)
+/// before anything starts, never a run.
+#[test]
+fn soak_has_its_own_arguments() {
+    let out = bench()
+        .args(["soak", "--help"])
+        .output()
+        .expect("run tidings-bench");
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8(out.stdout).expect("UTF-8");
+    assert!(
+        text.contains("--max-age-secs") && text.contains("R-LIM-3"),
+        "{text}"
+    );
+    for bad in [
+        &["soak", "--secs", "0"][..],
+        &["soak", "--warmup", "0.95"][..],
+    ] {
+        let out = bench().args(bad).output().expect("run tidings-bench");
+        assert_eq!(out.status.code(), Some(2), "{bad:?}: {out:?}");
+        assert!(!String::from_utf8_lossy(&out.stderr).contains("panicked"));
+    }
+}
