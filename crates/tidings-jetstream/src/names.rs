@@ -29,7 +29,7 @@ use tidings::StreamError;
 
 /// The longest tidings stream, durable-subscription or dedup-store name the JetStream backend
 /// accepts, in bytes: escaped and composed, the longest server-side name derived from two of
-/// them is exactly [`MAX_SERVER_NAME_BYTES`].
+/// them is exactly the server's limit, 255 bytes.
 pub const MAX_NAME_BYTES: usize = 60;
 
 /// The longest stream, consumer or bucket name the server accepts, in bytes.

@@ -18,162 +18,39 @@
 //! acknowledging) and the spread of keys over the processes are printed.
 
 use std::collections::BTreeSet;
-use std::fs::{self, File, OpenOptions};
-use std::io::Write;
+use std::fs;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use tidings::{
-    Broker, Concurrency, DurableSpec, HandlerError, Message, MessageBuilder, Retry, StreamConfig,
-    SubscribeOptions,
-};
-use tidings_jetstream::{ConnectOptions, JetStreamBackend};
+use tidings::Broker;
 use tidings_testkit::child::{self, ScratchDir, TestChild};
 
 #[path = "support/keyed_log.rs"]
 mod keyed_log;
-use keyed_log::{Mark, SLOTS, check, read_log, report, spread, successes};
+#[path = "support/keyed_worker.rs"]
+mod keyed_worker;
+use keyed_log::{Mark, check, read_log, report, spread, successes};
+use keyed_worker::{Workers, publish_range};
 use tidings_testkit::nats::{NatsServer, NatsServerOptions};
 
-const ROLE_ENV: &str = "TIDINGS_KEYED_ROLE";
-const URL_ENV: &str = "TIDINGS_KEYED_URL";
-const DIR_ENV: &str = "TIDINGS_KEYED_DIR";
-const LOG_ENV: &str = "TIDINGS_KEYED_LOG";
-/// `lo-hi`: every handler call takes between `lo` and `hi` milliseconds (default: 1 ms).
-const SLOW_ENV: &str = "TIDINGS_KEYED_SLOW_MS";
-
-const STREAM: &str = "orders";
-const DURABLE: &str = "keyed";
-/// The ack wait, which is also the lease: a key moves within about 1.25 of it after its
-/// process dies (see docs/design.md). Short, so the tests do not wait long; long enough
-/// for the lease rounds (every quarter of it) on a loaded machine.
-const ACK_WAIT: Duration = Duration::from_secs(3);
+/// This file's workers.
+const WORKERS: Workers = Workers {
+    prefix: "TIDINGS_KEYED",
+    request_timeout: Duration::from_secs(5),
+    patience: PATIENCE,
+};
 /// Generous bound on every wait (never asserted as a speed).
 const PATIENCE: Duration = Duration::from_secs(120);
 
-fn broker(url: &str) -> Broker {
-    let backend = JetStreamBackend::builder()
-        .ack_wait(ACK_WAIT)
-        .connect(
-            ConnectOptions::new(url)
-                .connect_timeout(Duration::from_secs(5))
-                .request_timeout(Duration::from_secs(5))
-                .name("tidings-keyed-group-test"),
-        )
-        .expect("connects to the test server");
-    let broker = Broker::builder()
-        .durable_backend(Arc::new(backend))
-        .build()
-        .expect("valid configuration");
-    broker
-        .create_stream(StreamConfig::new(STREAM, ["orders.#"]))
-        .expect("stream");
-    broker
-}
-
-/// One line, one `write(2)` on an `O_APPEND` file: the kernel places it whole, in one
-/// total order with every other process's lines.
-fn note(log: &File, line: &str) {
-    (&*log)
-        .write_all(line.as_bytes())
-        .expect("one write to the shared log");
-}
-
-/// A small per-process random source: fails one attempt in eight.
-struct Dice(std::sync::atomic::AtomicU64);
-
-impl Dice {
-    fn next(&self) -> u64 {
-        let mut x = self.0.load(std::sync::atomic::Ordering::Relaxed);
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0.store(x, std::sync::atomic::Ordering::Relaxed);
-        x
-    }
-
-    fn fails(&self) -> bool {
-        self.next().is_multiple_of(8)
-    }
-}
-
-/// The child role: subscribe as [`DURABLE`] with per-key concurrency and note every
-/// handler start and end, until the parent creates `stop` (or kills it).
+/// The child role (see [`Workers::run`]).
 #[test]
 #[ignore = "entry point of the child processes the other tests in this file start"]
 fn child_worker() {
-    let Ok(name) = std::env::var(ROLE_ENV) else {
-        return;
-    };
-    let var = |v| std::env::var(v).unwrap_or_else(|_| panic!("{v} is set"));
-    let dir = PathBuf::from(var(DIR_ENV));
-    let log = Arc::new(
-        OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(var(LOG_ENV))
-            .expect("open the shared log"),
-    );
-    let broker = broker(&var(URL_ENV));
-    let dice = Dice(std::sync::atomic::AtomicU64::new(
-        u64::from(std::process::id()).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1,
-    ));
-    let slow: Option<(u64, u64)> = std::env::var(SLOW_ENV).ok().map(|v| {
-        let (lo, hi) = v.split_once('-').expect("lo-hi");
-        (lo.parse().expect("lo"), hi.parse().expect("hi"))
-    });
-    let who = name.clone();
-    let handler_log = Arc::clone(&log);
-    let _subscription = broker
-        .subscribe_durable(
-            DurableSpec::new(STREAM).name(DURABLE).filter("orders.#"),
-            SubscribeOptions::new()
-                .concurrency(Concurrency::PerKey {
-                    max_in_flight: SLOTS,
-                })
-                .retry(Retry::fixed(Duration::from_millis(5), 1000)),
-            move |m: &Message| {
-                let what = std::str::from_utf8(m.payload()).expect("utf-8 payload");
-                note(&handler_log, &format!("S {who} {what}\n"));
-                let ms = slow.map_or(1, |(lo, hi)| lo + dice.next() % (hi - lo + 1));
-                std::thread::sleep(Duration::from_millis(ms));
-                if dice.fails() {
-                    note(&handler_log, &format!("F {who} {what}\n"));
-                    return Err(HandlerError::retry("one attempt in eight fails"));
-                }
-                note(&handler_log, &format!("D {who} {what}\n"));
-                Ok(())
-            },
-        )
-        .expect("subscribe");
-    fs::write(dir.join(format!("ready-{name}")), b"").expect("ready file");
-    let deadline = Instant::now() + PATIENCE;
-    while !dir.join("stop").exists() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    broker.close(Duration::from_secs(10));
-}
-
-fn spawn(url: &str, dir: &Path, log: &Path, name: &str, slow: Option<&str>) -> TestChild {
-    let mut env = vec![
-        (ROLE_ENV, name.to_owned()),
-        (URL_ENV, url.to_owned()),
-        (DIR_ENV, dir.display().to_string()),
-        (LOG_ENV, log.display().to_string()),
-    ];
-    if let Some(slow) = slow {
-        env.push((SLOW_ENV, slow.to_owned()));
-    }
-    TestChild::spawn("child_worker", env)
+    WORKERS.run();
 }
 
 fn wait_ready(dir: &Path, names: &[&str]) {
-    child::wait_until("the workers subscribed", PATIENCE, || {
-        names
-            .iter()
-            .all(|n| dir.join(format!("ready-{n}")).exists())
-    });
+    WORKERS.wait_ready(dir, names);
 }
 
 /// A test's setup: a server, a scratch directory, the shared log, a publishing broker.
@@ -191,7 +68,7 @@ impl Setup {
         let scratch = ScratchDir::new(name);
         let url = server.url();
         let log = scratch.path().join("log");
-        let publisher = broker(&url);
+        let publisher = WORKERS.broker(&url);
         Some(Self {
             _server: server,
             scratch,
@@ -206,11 +83,11 @@ impl Setup {
     }
 
     fn spawn(&self, name: &str) -> TestChild {
-        spawn(&self.url, self.dir(), &self.log, name, None)
+        WORKERS.spawn(&self.url, self.dir(), &self.log, name, None)
     }
 
     fn spawn_slow(&self, name: &str, slow: &str) -> TestChild {
-        spawn(&self.url, self.dir(), &self.log, name, Some(slow))
+        WORKERS.spawn(&self.url, self.dir(), &self.log, name, Some(slow))
     }
 
     fn lines(&self) -> usize {
@@ -283,22 +160,6 @@ fn three_processes_keep_per_key_order_through_a_sigkill_and_a_replacement() {
         after.get("D").copied().unwrap_or(0) > 0 || after.len() >= 2,
         "the keys moved to the live processes: {after:?}"
     );
-}
-
-/// Publishes `keys` × sequence numbers `seqs`, messages `k<key>:<seq>`, key by key within
-/// each sequence number (each publish waits for the server).
-fn publish_range(broker: &Broker, keys: u32, seqs: std::ops::Range<u32>) {
-    for seq in seqs {
-        for key in 0..keys {
-            broker
-                .publish(
-                    MessageBuilder::new("orders.placed")
-                        .key(format!("k{key}"))
-                        .payload(format!("k{key}:{seq}")),
-                )
-                .expect("publish");
-        }
-    }
 }
 
 /// R-DIST-6: a process stopped (SIGSTOP) longer than the ack wait loses its keys; when it

@@ -15,19 +15,11 @@
 //! after the heal (without a restart) is printed.
 
 use std::collections::BTreeSet;
-use std::fs::{self, File, OpenOptions};
-use std::io::Write;
+use std::fs;
 use std::net::{Ipv4Addr, SocketAddr};
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tidings::{
-    Broker, Concurrency, DurableSpec, HandlerError, Message, MessageBuilder, Retry, StreamConfig,
-    SubscribeOptions,
-};
-use tidings_jetstream::{ConnectOptions, JetStreamBackend};
-use tidings_testkit::child::{self, ScratchDir, TestChild};
+use tidings_testkit::child::{self, ScratchDir};
 use tidings_testkit::fault_proxy::{Direction, FaultProxy};
 use tidings_testkit::nats::{NatsServer, NatsServerOptions};
 
@@ -35,145 +27,27 @@ use tidings_testkit::nats::{NatsServer, NatsServerOptions};
 #[allow(dead_code)]
 #[path = "support/keyed_log.rs"]
 mod keyed_log;
-use keyed_log::{Mark, SLOTS, check, read_log, report, spread, successes};
+#[path = "support/keyed_worker.rs"]
+mod keyed_worker;
+use keyed_log::{Mark, check, read_log, report, spread, successes};
+use keyed_worker::{ACK_WAIT, Workers, publish_range};
 
-const ROLE_ENV: &str = "TIDINGS_PARTITION_KEYED_ROLE";
-const URL_ENV: &str = "TIDINGS_PARTITION_KEYED_URL";
-const DIR_ENV: &str = "TIDINGS_PARTITION_KEYED_DIR";
-const LOG_ENV: &str = "TIDINGS_PARTITION_KEYED_LOG";
-
-const STREAM: &str = "orders";
-const DURABLE: &str = "keyed";
-/// The ack wait, which is also the lease.
-const ACK_WAIT: Duration = Duration::from_secs(3);
+/// This file's workers.
+const WORKERS: Workers = Workers {
+    prefix: "TIDINGS_PARTITION_KEYED",
+    request_timeout: Duration::from_secs(2),
+    patience: PATIENCE,
+};
 /// How long A is cut off: more than twice the ack wait, so its leases surely expire.
 const PARTITION: Duration = Duration::from_secs(7);
 /// Generous bound on every wait (never asserted as a speed).
 const PATIENCE: Duration = Duration::from_secs(90);
 
-fn broker(url: &str) -> Broker {
-    let backend = JetStreamBackend::builder()
-        .ack_wait(ACK_WAIT)
-        .connect(
-            ConnectOptions::new(url)
-                .connect_timeout(Duration::from_secs(5))
-                .request_timeout(Duration::from_secs(2))
-                .name("tidings-partition-keyed-test"),
-        )
-        .expect("connects to the test server");
-    let broker = Broker::builder()
-        .durable_backend(Arc::new(backend))
-        .build()
-        .expect("valid configuration");
-    broker
-        .create_stream(StreamConfig::new(STREAM, ["orders.#"]))
-        .expect("stream");
-    broker
-}
-
-/// One line, one `write(2)` on an `O_APPEND` file.
-fn note(log: &File, line: &str) {
-    (&*log)
-        .write_all(line.as_bytes())
-        .expect("one write to the shared log");
-}
-
-/// A small per-process random source: fails one attempt in eight.
-struct Dice(std::sync::atomic::AtomicU64);
-
-impl Dice {
-    fn fails(&self) -> bool {
-        let mut x = self.0.load(std::sync::atomic::Ordering::Relaxed);
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0.store(x, std::sync::atomic::Ordering::Relaxed);
-        x.is_multiple_of(8)
-    }
-}
-
-/// The child role: subscribe as [`DURABLE`] with per-key concurrency and note every
-/// handler start and end, until the parent creates `stop` (or kills it).
+/// The child role (see [`Workers::run`]).
 #[test]
 #[ignore = "entry point of the child processes the test in this file starts"]
 fn child_worker() {
-    let Ok(name) = std::env::var(ROLE_ENV) else {
-        return;
-    };
-    let var = |v| std::env::var(v).unwrap_or_else(|_| panic!("{v} is set"));
-    let dir = PathBuf::from(var(DIR_ENV));
-    let log = Arc::new(
-        OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(var(LOG_ENV))
-            .expect("open the shared log"),
-    );
-    let broker = broker(&var(URL_ENV));
-    let dice = Dice(std::sync::atomic::AtomicU64::new(
-        u64::from(std::process::id()).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1,
-    ));
-    let who = name.clone();
-    let _subscription = broker
-        .subscribe_durable(
-            DurableSpec::new(STREAM).name(DURABLE).filter("orders.#"),
-            SubscribeOptions::new()
-                .concurrency(Concurrency::PerKey {
-                    max_in_flight: SLOTS,
-                })
-                .retry(Retry::fixed(Duration::from_millis(5), 1000)),
-            move |m: &Message| {
-                let what = std::str::from_utf8(m.payload()).expect("utf-8 payload");
-                note(&log, &format!("S {who} {what}\n"));
-                std::thread::sleep(Duration::from_millis(1));
-                if dice.fails() {
-                    note(&log, &format!("F {who} {what}\n"));
-                    return Err(HandlerError::retry("one attempt in eight fails"));
-                }
-                note(&log, &format!("D {who} {what}\n"));
-                Ok(())
-            },
-        )
-        .expect("subscribe");
-    fs::write(dir.join(format!("ready-{name}")), b"").expect("ready file");
-    let deadline = Instant::now() + PATIENCE;
-    while !dir.join("stop").exists() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    broker.close(Duration::from_secs(10));
-}
-
-fn spawn(url: &str, dir: &Path, log: &Path, name: &str) -> TestChild {
-    TestChild::spawn(
-        "child_worker",
-        [
-            (ROLE_ENV, name.to_owned()),
-            (URL_ENV, url.to_owned()),
-            (DIR_ENV, dir.display().to_string()),
-            (LOG_ENV, log.display().to_string()),
-        ],
-    )
-}
-
-fn wait_ready(dir: &Path, name: &str) {
-    child::wait_until("the worker subscribed", PATIENCE, || {
-        dir.join(format!("ready-{name}")).exists()
-    });
-}
-
-/// Publishes `keys` × sequence numbers `seqs`, messages `k<key>:<seq>`.
-fn publish_range(broker: &Broker, keys: u32, seqs: std::ops::Range<u32>) {
-    for seq in seqs {
-        for key in 0..keys {
-            broker
-                .publish(
-                    MessageBuilder::new("orders.placed")
-                        .key(format!("k{key}"))
-                        .payload(format!("k{key}:{seq}")),
-                )
-                .expect("publish");
-        }
-    }
+    WORKERS.run();
 }
 
 /// R-DIST-9, R-DIST-8, R-DIST-6: a member cut off from the server (every byte blackholed,
@@ -203,17 +77,17 @@ fn partitioned_member(test: &str, cut_off: impl Fn(&FaultProxy)) {
     let scratch = ScratchDir::new(&format!("partition-keyed-{test}"));
     let dir = scratch.path();
     let log = dir.join("log");
-    let publisher = broker(&server.url());
+    let publisher = WORKERS.broker(&server.url());
     let lines = || child::complete_lines(&log).len();
     let (keys, per_key) = (32, 60);
     let total = (keys * per_key) as usize;
     let third = per_key / 3;
     // A backlog taken by A alone at first.
     publish_range(&publisher, keys, 0..third);
-    let a = spawn(&proxy.nats_url(), dir, &log, "A");
-    wait_ready(dir, "A");
-    let b = spawn(&server.url(), dir, &log, "B");
-    wait_ready(dir, "B");
+    let a = WORKERS.spawn(&proxy.nats_url(), dir, &log, "A", None);
+    WORKERS.wait_ready(dir, &["A"]);
+    let b = WORKERS.spawn(&server.url(), dir, &log, "B", None);
+    WORKERS.wait_ready(dir, &["B"]);
     child::wait_until("a quarter of the first batch handled", PATIENCE, || {
         successes(&log) >= (keys * third / 4) as usize
     });

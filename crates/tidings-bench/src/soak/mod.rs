@@ -350,12 +350,9 @@ impl Fanout {
         let broker = Broker::new();
         // The permanent subscriptions make the publisher wait for room rather than refuse,
         // so each must get every message.
-        let blocking = SubscribeOptions {
-            overflow: Overflow::Block {
-                timeout: Duration::from_secs(30),
-            },
-            ..SubscribeOptions::default()
-        };
+        let blocking = SubscribeOptions::new().overflow(Overflow::Block {
+            timeout: Duration::from_secs(30),
+        });
         let mut permanent = Vec::new();
         for _ in 0..FAN_PERMANENT {
             let count = Arc::new(AtomicU64::new(0));

@@ -77,10 +77,7 @@ fn max_age() -> Duration {
 pub(crate) const DEFAULT_MAX_AGE: Duration = Duration::from_secs(300);
 
 fn retention() -> Retention {
-    Retention {
-        max_age: Some(max_age()),
-        ..Retention::default()
-    }
+    Retention::new().max_age(max_age())
 }
 
 /// A JetStream broker holding both soak streams (creating them when absent).
@@ -241,10 +238,7 @@ fn keyed(url: &str, dir: &Path, name: &str) -> Result<(), String> {
             DurableSpec::new(KEYED_STREAM)
                 .name("group")
                 .filter(format!("{KEYED_STREAM}.#")),
-            SubscribeOptions {
-                concurrency: Concurrency::PerKey { max_in_flight: 8 },
-                ..SubscribeOptions::default()
-            },
+            SubscribeOptions::new().concurrency(Concurrency::PerKey { max_in_flight: 8 }),
             move |m: &Message| record_handled(&handled, m),
         )
         .map_err(|e| format!("joining the keyed group: {e}"))?;
@@ -290,19 +284,24 @@ fn apply_payment(tx: &mut SqliteTx<'_>, m: &Message) -> Result<(), HandlerError>
 /// The ledger database: eight accounts at zero and an `effects` table with no unique
 /// constraint, so an effect applied twice would show as two rows.
 pub(crate) fn create_ledger(db: &Path) -> Result<(), String> {
-    let setup = Transactional::sqlite(db, "setup", |tx: &mut SqliteTx<'_>, _m: &Message| {
-        tx.execute_batch(
-            "CREATE TABLE accounts (id TEXT PRIMARY KEY, balance INTEGER NOT NULL);
+    let setup = Transactional::sqlite(
+        db,
+        "setup",
+        "soak-setup",
+        |tx: &mut SqliteTx<'_>, _m: &Message| {
+            tx.execute_batch(
+                "CREATE TABLE accounts (id TEXT PRIMARY KEY, balance INTEGER NOT NULL);
              CREATE TABLE effects (id INTEGER NOT NULL, amount INTEGER NOT NULL);",
-        )?;
-        for a in 0..8 {
-            tx.execute(
-                "INSERT INTO accounts VALUES (?1, 0)",
-                &[format!("a{a}").into()],
             )?;
-        }
-        Ok(())
-    })
+            for a in 0..8 {
+                tx.execute(
+                    "INSERT INTO accounts VALUES (?1, 0)",
+                    &[format!("a{a}").into()],
+                )?;
+            }
+            Ok(())
+        },
+    )
     .map_err(|e| format!("opening {}: {e}", db.display()))?;
     run_once(&setup)
 }
@@ -320,17 +319,22 @@ pub(crate) struct LedgerRows {
 pub(crate) fn read_ledger(db: &Path) -> Result<LedgerRows, String> {
     let out: Arc<Mutex<Option<LedgerRows>>> = Arc::default();
     let o = out.clone();
-    let reader = Transactional::sqlite(db, "reads", move |tx: &mut SqliteTx<'_>, _m: &Message| {
-        let mut rows = LedgerRows::default();
-        for r in tx.query("SELECT id, amount FROM effects", &[])? {
-            rows.effects
-                .push((r.integer(0)?.unsigned_abs(), r.integer(1)?));
-        }
-        let total = tx.query("SELECT COALESCE(SUM(balance), 0) FROM accounts", &[])?;
-        rows.balance_total = total.first().map_or(Ok(0), |r| r.integer(0))?;
-        *o.lock().unwrap_or_else(PoisonError::into_inner) = Some(rows);
-        Ok(())
-    })
+    let reader = Transactional::sqlite(
+        db,
+        "reads",
+        "soak-reads",
+        move |tx: &mut SqliteTx<'_>, _m: &Message| {
+            let mut rows = LedgerRows::default();
+            for r in tx.query("SELECT id, amount FROM effects", &[])? {
+                rows.effects
+                    .push((r.integer(0)?.unsigned_abs(), r.integer(1)?));
+            }
+            let total = tx.query("SELECT COALESCE(SUM(balance), 0) FROM accounts", &[])?;
+            rows.balance_total = total.first().map_or(Ok(0), |r| r.integer(0))?;
+            *o.lock().unwrap_or_else(PoisonError::into_inner) = Some(rows);
+            Ok(())
+        },
+    )
     .map_err(|e| format!("opening {}: {e}", db.display()))?;
     run_once(&reader)?;
     let rows = out.lock().unwrap_or_else(PoisonError::into_inner).take();
@@ -346,7 +350,7 @@ fn run_once(h: &impl tidings::Handler) -> Result<(), String> {
 
 fn sql(url: &str, dir: &Path) -> Result<(), String> {
     let handler: PaymentFn = apply_payment;
-    let ledger = Transactional::sqlite(dir.join("ledger.db"), "processed", handler)
+    let ledger = Transactional::sqlite(dir.join("ledger.db"), "processed", "soak", handler)
         .map_err(|e| format!("opening the ledger: {e}"))?;
     let broker = jetstream_broker(url, "soak-sql")?;
     let _sub = broker
