@@ -407,6 +407,18 @@ impl JsCursor {
         let _ = self.cursor.keeps.set(keeps);
     }
 
+    /// Waits out a background pull in flight (see [`Puller::quiesce`]): a keyed group's
+    /// retired partition cursor, before the partition's next cursor reads what is
+    /// unfinished — a delivery landing here after that reading would be missed by the new
+    /// cursor's gathering, and its successors could start first.
+    pub(crate) fn quiesce_pulls(&self) {
+        let puller = Arc::clone(&self.puller);
+        let _ = self.shared.call(self.shared.bound(1), async move {
+            puller.quiesce().await;
+            Ok(())
+        });
+    }
+
     /// Collect (`true`): the buffer fills, in stream order, and nothing is handed out;
     /// `false`: hand the buffer out as usual.
     pub(crate) fn set_gathering(&self, on: bool) {

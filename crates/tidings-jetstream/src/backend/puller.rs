@@ -186,6 +186,13 @@ impl Puller {
         self.pull_locked(max.clamp(1, MAX_PULL)).await
     }
 
+    /// Waits out a pull in flight. Called once the pulls' lease stopped admitting: every
+    /// later pull re-checks it under the same lock, so none starts after this returns and
+    /// nothing more lands in the buffer.
+    pub(crate) async fn quiesce(&self) {
+        drop(self.pulling.lock().await);
+    }
+
     /// How many to pull in the background now (0: none).
     fn want(&self) -> usize {
         if self.cursor.is_closed() || !self.cursor.admitted() {

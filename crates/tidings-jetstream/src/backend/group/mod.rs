@@ -259,8 +259,16 @@ impl GroupCursor {
                     c.give_back();
                 }
             }
-            // Its closures stop its pulls and keep-alives; it stays to acknowledge.
-            Action::Retire { .. } => {}
+            // Its closures stop its pulls and keep-alives; it stays to acknowledge. A pull in
+            // flight is waited out first: the partition's next cursor (this reconcile may
+            // open it next) must see in its reading of what is unfinished every delivery
+            // this one will ever get.
+            Action::Retire { term, .. } => {
+                let cursor = lock(&self.cursors).get(&term).cloned();
+                if let Some(c) = cursor {
+                    c.retire();
+                }
+            }
             Action::Abandon { term } => {
                 let cursor = lock(&self.cursors).remove(&term);
                 if let Some(c) = cursor {

@@ -44,6 +44,12 @@ impl PartitionCursor {
         Ok((usize::try_from(n).unwrap_or(usize::MAX), through))
     }
 
+    /// Retired: waits out a pull in flight, so nothing lands here after the partition's
+    /// next cursor read what is unfinished.
+    pub(crate) fn retire(&self) {
+        self.inner.quiesce_pulls();
+    }
+
     /// Collect without handing out (`true`), or hand out again (`false`).
     pub(crate) fn set_gathering(&self, on: bool) {
         self.inner.set_gathering(on);
