@@ -579,7 +579,7 @@ mod tests {
         let s = decode(&Bytes::from(buf)).unwrap().to_string();
         assert_eq!(
             s,
-            "offset=9 ts=42 key=\"k\" h1=\"v1\" =\"\" payload[5]=\"hello\""
+            "offset=9 ts=42 key=\"k\" \"h1\"=\"v1\" \"\"=\"\" payload[5]=\"hello\""
         );
     }
 }
