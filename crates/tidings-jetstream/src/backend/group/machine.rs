@@ -462,7 +462,8 @@ impl Machine {
         self.parts[p as usize].and_then(|h| h.gather)
     }
 
-    /// A delivery was handed out to the subscription; its fence, for a partition's.
+    /// Delivery `id` was handed out to the subscription from `source`: tracked until it is
+    /// finished or released, and admitted only as [`Machine::admit`] says.
     pub(crate) fn handed_out(&mut self, id: DeliveryId, source: Source) {
         self.tracked.insert(
             id,

@@ -14,7 +14,7 @@
 //!
 //! # One machine, one shell
 //! Every decision — leases, hand-over, admission, gathering, where a finish is
-//! acknowledged — is the member's sans-IO state machine's ([`machine`]), proved by a
+//! acknowledged — is the member's sans-IO state machine's ([`machine`]), checked by a
 //! deterministic simulation ([`sim`], 10,000 seeds per test run). This file and
 //! [`lease`] are the shell: they carry the machine's actions to the server and bring back
 //! what happened, and hold no lock across a network call.
