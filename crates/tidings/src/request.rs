@@ -46,6 +46,10 @@ pub enum RequestError {
     /// The broker is closed, or closed while the request waited (R-CORE-6).
     #[error("the broker is closed")]
     Closed,
+    /// [`Broker::request_async`](crate::Broker::request_async) only: the tokio runtime it
+    /// ran on shut down before the reply came; the request may have been published.
+    #[error("the async runtime shut down before the reply came")]
+    RuntimeShutDown,
 }
 
 /// Where one outstanding request is.

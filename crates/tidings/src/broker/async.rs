@@ -5,12 +5,18 @@
 //! stall (with a current-thread runtime: deadlock) the very dispatchers being waited for.
 //!
 //! None of them blocks a runtime worker thread. `request_async` and `close_async` run the
-//! sync call on tokio's blocking thread pool (`spawn_blocking`; a plain thread when not
-//! called inside a runtime) and await its result. `publish_async` runs the publish's steps
-//! as a task and sends to the blocking pool only the steps that may wait there: an append
-//! to a backend without an async path (the embedded log's write and fsync), and offers to a
-//! subscription that makes publishers wait or to a transport; an append to JetStream is
-//! awaited without a thread. See each method's `# Cancel safety`.
+//! sync call on tokio's blocking thread pool (`spawn_blocking`) and await its result.
+//! `publish_async` runs the publish's steps as a task and sends to the blocking pool only
+//! the steps that may wait there: an append to a backend without an async path (the
+//! embedded log's write and fsync), and offers to a subscription that makes publishers wait
+//! or to a transport; an append to JetStream is awaited without a thread. See each method's
+//! `# Cancel safety`.
+//!
+//! Outside a tokio runtime (another executor, or a plain `block_on`) there is no blocking
+//! pool to move a wait to, and a thread per call would cost more than the call: each of
+//! them runs its sync form on the thread that polls it, completing in the first poll. None
+//! of them waits forever: when the runtime a call was moved to shuts down under it, the
+//! call ends with a typed error (`RuntimeShutDown`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,7 +25,7 @@ use tracing::Instrument;
 
 use crate::clock::Now;
 use crate::driver::tokio::allow_blocking;
-use crate::error::PublishError;
+use crate::error::{PublishError, StreamError};
 use crate::message::{Message, MessageBuilder};
 use crate::report::{CloseReport, PublishReport};
 use crate::request::RequestError;
@@ -36,8 +42,9 @@ impl Broker {
     /// an append to the embedded log (a write and maybe an fsync), and the offers when one
     /// of them may wait (a subscription with `Overflow::Block`, or a transport), run on
     /// tokio's blocking pool. So a publish to a JetStream stream whose topic no blocking
-    /// subscription matches takes no blocking-pool thread. Outside a runtime the whole
-    /// publish runs on a plain thread.
+    /// subscription matches takes no blocking-pool thread. Outside a tokio runtime the
+    /// publish runs as [`Broker::publish`] on the thread that polls this future, waiting
+    /// there as `publish` would, and the future is ready at its first poll.
     ///
     /// Same result and contract as `publish`, except that the offers' enqueue time is read
     /// after the appends (a sync publish reads the clock once, before them). Sequential
@@ -51,6 +58,10 @@ impl Broker {
     /// [`PublishReport`] or error is lost. Because it completes in the background, a later
     /// publish by the same task may then be offered before it — publish order is kept only
     /// between publishes whose futures were awaited to completion.
+    ///
+    /// # Errors
+    /// Those of [`Broker::publish`], and [`PublishError::RuntimeShutDown`] when the runtime
+    /// shut down while the publish ran (it may or may not have taken effect).
     #[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
     pub async fn publish_async(
         &self,
@@ -58,24 +69,23 @@ impl Broker {
     ) -> Result<PublishReport, PublishError> {
         let (inner, message) = (self.inner.clone(), message.into());
         let Ok(handle) = ::tokio::runtime::Handle::try_current() else {
-            return off_runtime(move || inner.publish_builder(message)).await;
+            return inner.publish_builder(message);
         };
         // A task, not this future: dropping the future must not cancel a publish halfway.
-        match handle
-            .spawn(async move { inner.publish_builder_async(message).await })
-            .await
-        {
-            Ok(r) => r,
-            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-            // Cancelled: the runtime is shutting down and will drop this future too.
-            Err(_) => std::future::pending().await,
-        }
+        let task = handle.spawn(async move { inner.publish_builder_async(message).await });
+        joined(task.await).unwrap_or(Err(PublishError::RuntimeShutDown))
     }
 
     /// [`Broker::request`] without blocking the async runtime: the request is published and
     /// the reply awaited on a blocking-pool thread while this future is pending (R-PAT-1).
     ///
     /// Same result and contract as `request` (the timeout runs on the broker's clock).
+    /// Outside a tokio runtime the request runs as [`Broker::request`] on the thread that
+    /// polls this future.
+    ///
+    /// # Errors
+    /// Those of [`Broker::request`], and [`RequestError::RuntimeShutDown`] when the runtime
+    /// shut down before the reply came.
     ///
     /// # Cancel safety
     /// Not cancel safe. Dropping the future does **not** cancel the request: it has been (or
@@ -89,7 +99,9 @@ impl Broker {
         timeout: Duration,
     ) -> Result<Arc<Message>, RequestError> {
         let (broker, message) = (self.clone(), message.into());
-        off_runtime(move || broker.request(message, timeout)).await
+        off_runtime(move || broker.request(message, timeout))
+            .await
+            .unwrap_or(Err(RequestError::RuntimeShutDown))
     }
 
     /// [`Broker::close`] for async code (R-CORE-6): the same steps, report and deadlines,
@@ -101,6 +113,8 @@ impl Broker {
     /// those still running as `unjoined`. Do not await it from inside an async handler of
     /// the same broker: that handler's dispatcher cannot stop before the handler returns,
     /// so close would wait out the drain and grace deadlines and report it unjoined.
+    /// Outside a tokio runtime the close runs as [`Broker::close`] on the thread that polls
+    /// this future.
     ///
     /// # Cancel safety
     /// Not cancel safe. Dropping the future does not stop the close: it has begun (new
@@ -108,7 +122,13 @@ impl Broker {
     #[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
     pub async fn close_async(&self, drain: Duration) -> CloseReport {
         let broker = self.clone();
-        off_runtime(move || allow_blocking(|| broker.close(drain))).await
+        let closing = broker.clone();
+        match off_runtime(move || allow_blocking(|| closing.close(drain))).await {
+            Ok(report) => report,
+            // The runtime shut down before the close ran to its end; closing is idempotent
+            // and this thread may wait (the runtime that could not is gone): finish here.
+            Err(RuntimeShutDown) => broker.close(drain),
+        }
     }
 }
 
@@ -127,7 +147,13 @@ impl BrokerInner {
         let appends = self
             .durables
             .append_async(prepared.message(), |stream, message| {
-                Box::pin(off_runtime(move || stream.append(&message)))
+                Box::pin(async move {
+                    // Only this task's own runtime shutting down cancels the append; the
+                    // publish is being dropped with it.
+                    off_runtime(move || stream.append(&message))
+                        .await
+                        .unwrap_or(Err(StreamError::Closed))
+                })
             })
             .instrument(span.clone())
             .await?;
@@ -137,49 +163,36 @@ impl BrokerInner {
                 let _entered = span.enter();
                 inner.finish(prepared, appends, &Now::new(inner.clock.as_ref()))
             })
-            .await;
+            .await
+            .unwrap_or(Err(PublishError::RuntimeShutDown));
         }
         let _entered = span.enter();
         self.finish(prepared, appends, &Now::new(self.clock.as_ref()))
     }
 }
 
+/// The runtime a call was moved to shut down before the call finished.
+struct RuntimeShutDown;
+
 /// Run blocking `f` off the async runtime's worker threads and await its result: on the
-/// current runtime's blocking pool, or on a new thread outside any runtime.
-async fn off_runtime<R, F>(f: F) -> R
+/// current runtime's blocking pool; outside a tokio runtime, here (see the module docs).
+async fn off_runtime<R, F>(f: F) -> Result<R, RuntimeShutDown>
 where
     R: Send + 'static,
     F: FnOnce() -> R + Send + 'static,
 {
-    if let Ok(handle) = ::tokio::runtime::Handle::try_current() {
-        return match handle.spawn_blocking(f).await {
-            Ok(r) => r,
-            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-            // Cancelled: the runtime is shutting down and will drop this future too.
-            Err(_) => std::future::pending().await,
-        };
+    match ::tokio::runtime::Handle::try_current() {
+        Ok(handle) => joined(handle.spawn_blocking(f).await),
+        Err(_) => Ok(f()),
     }
-    // Outside a runtime: a plain thread. The closure is shared so that it can still run
-    // inline if no thread can be spawned.
-    let job = Arc::new(parking_lot::Mutex::new(Some(f)));
-    let (tx, rx) = ::tokio::sync::oneshot::channel();
-    let thread_job = job.clone();
-    let spawned = std::thread::Builder::new()
-        .name("tidings-async-call".into())
-        .spawn(move || {
-            if let Some(f) = thread_job.lock().take() {
-                let _ = tx.send(std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)));
-            }
-        });
-    if spawned.is_err()
-        && let Some(f) = job.lock().take()
-    {
-        return f();
-    }
-    match rx.await {
-        Ok(Ok(r)) => r,
-        Ok(Err(panic)) => std::panic::resume_unwind(panic),
-        // Unreachable: the thread always sends (panics are caught).
-        Err(_) => std::future::pending().await,
+}
+
+/// A joined task's value; its panic resumed here; cancelled (only a runtime shutting down
+/// cancels these tasks: none is ever aborted) as [`RuntimeShutDown`].
+fn joined<R>(result: Result<R, ::tokio::task::JoinError>) -> Result<R, RuntimeShutDown> {
+    match result {
+        Ok(r) => Ok(r),
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(_) => Err(RuntimeShutDown),
     }
 }

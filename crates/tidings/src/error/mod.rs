@@ -108,6 +108,12 @@ pub enum PublishError {
     /// The broker is closed.
     #[error("the broker is closed")]
     Closed,
+    /// [`Broker::publish_async`](crate::Broker::publish_async) only: the tokio runtime it
+    /// ran on shut down before the publish finished. The message may have been appended
+    /// and offered, or not; a publisher that must know publishes it again (with an id, a
+    /// deduplicating stream drops the copy).
+    #[error("the async runtime shut down before the publish finished")]
+    RuntimeShutDown,
     /// Appending to a durable stream failed, or the stream's backend cannot keep the
     /// message (a priority, R-DIST-4); the message was not offered to any subscription.
     /// Streams earlier in name order may already hold it: `appended_to` names them.
@@ -154,7 +160,7 @@ impl PartialEq for PublishError {
                 P::TooManyHeaders { count: b, limit: y },
             ) => a == b && x == y,
             (P::DelayTooLong { delay: a }, P::DelayTooLong { delay: b }) => a == b,
-            (P::Closed, P::Closed) => true,
+            (P::Closed, P::Closed) | (P::RuntimeShutDown, P::RuntimeShutDown) => true,
             (
                 P::Stream {
                     stream: a,
