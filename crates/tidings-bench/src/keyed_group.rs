@@ -93,12 +93,15 @@ fn no_op_round(
         SubscribeOptions::default()
     };
     let started = Instant::now();
+    let first = Arc::new(std::sync::OnceLock::new());
+    let first_seen = Arc::clone(&first);
     let counter = Arc::clone(&seen);
     let sub = broker
         .subscribe_durable(
             DurableSpec::new(&stream).name("group"),
             options,
             move |_m: &Message| {
+                first_seen.get_or_init(Instant::now);
                 counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 Ok(())
             },
@@ -108,6 +111,10 @@ fn no_op_round(
         seen.load(std::sync::atomic::Ordering::Relaxed) >= records
     })?;
     let took = started.elapsed();
+    if std::env::var_os("TIDINGS_BENCH_DEBUG").is_some() {
+        let opening = first.get().map(|f| f.duration_since(started));
+        eprintln!("{stream}: opening {opening:?}, total {took:?}");
+    }
     drop(sub);
     broker.close(Duration::from_secs(5));
     Ok(records as f64 / took.as_secs_f64())

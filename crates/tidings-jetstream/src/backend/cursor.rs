@@ -300,6 +300,16 @@ pub(crate) fn consumer_spec(
     .namespaces_of(keyed, filters)
 }
 
+/// Whether opening a cursor creates (or finds) its DLQ and handler-start streams.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Dlq {
+    /// Create or find them: three to five round trips.
+    Ensure,
+    /// Another cursor of the same durable name did, just before (a keyed group's unkeyed
+    /// cursor, opened first, for its partitions' cursors).
+    Ready,
+}
+
 impl JsCursor {
     /// Opens the cursor on the JetStream stream `stream`, which captures `subjects`.
     pub(crate) fn open(
@@ -310,7 +320,7 @@ impl JsCursor {
         spec: CursorSpec<'_>,
     ) -> Result<Self, StreamError> {
         let cspec = consumer_spec(&shared.settings, stream, spec.name, spec.filter);
-        Self::open_as(shared, stream, subjects, patterns, spec, cspec)
+        Self::open_as(shared, stream, subjects, patterns, spec, cspec, Dlq::Ensure)
     }
 
     /// [`JsCursor::open`] on the consumer `cspec` (a keyed group's partition or unkeyed
@@ -322,12 +332,15 @@ impl JsCursor {
         patterns: Vec<Pattern>,
         spec: CursorSpec<'_>,
         cspec: ConsumerSpec,
+        dlq_setup: Dlq,
     ) -> Result<Self, StreamError> {
         let dlq = DeadLetters::new(shared.js.clone(), stream, spec.name, shared.settings.limits);
         let js = shared.js.clone();
         let (open_spec, d) = (cspec.clone().start(spec.start), dlq.clone());
         let durable = shared.call(shared.bound(4), async move {
-            d.ensure().await?;
+            if dlq_setup == Dlq::Ensure {
+                d.ensure().await?;
+            }
             js.durable(open_spec)
                 .await
                 .map_err(|e| seam("opening the durable consumer", e))
@@ -447,16 +460,11 @@ impl JsCursor {
         g.alone = None;
     }
 
-    /// The consumer's unfinished deliveries and the last stream sequence it delivered.
-    pub(crate) fn unfinished(&self) -> Result<(u64, u64), StreamError> {
-        let durable = self.puller.durable();
-        self.shared.call(self.shared.bound(1), async move {
-            let info = durable
-                .info()
-                .await
-                .map_err(|e| seam("reading the durable consumer's state", e))?;
-            Ok((info.num_ack_pending as u64, info.delivered.stream_sequence))
-        })
+    /// The consumer's unfinished deliveries and the last stream sequence it delivered, as
+    /// the server answered the open (no round trip: the open's answer came after every
+    /// step that had to precede this reading).
+    pub(crate) fn unfinished_at_open(&self) -> (u64, u64) {
+        self.puller.durable().unfinished_when_opened()
     }
 
     fn stop_tasks(&self) {

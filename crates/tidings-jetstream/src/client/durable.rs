@@ -47,6 +47,16 @@ pub struct Durable {
     pub(crate) skipped: AtomicU64,
 }
 
+impl Durable {
+    /// The consumer's unfinished deliveries (acknowledgements pending) and the last stream
+    /// sequence it delivered, as the server answered when this handle was opened: no round
+    /// trip.
+    pub(crate) fn unfinished_when_opened(&self) -> (u64, u64) {
+        let info = self.consumer.cached_info();
+        (info.num_ack_pending as u64, info.delivered.stream_sequence)
+    }
+}
+
 impl std::fmt::Debug for Durable {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Durable")

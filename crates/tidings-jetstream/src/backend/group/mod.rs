@@ -47,7 +47,7 @@ use async_nats::jetstream::kv;
 use tidings::durable::{BackendCursor, CursorSpec, CursorWaker, Finished, StartGate};
 use tidings::{CursorState, DurableDeadLetter, Fence, Message, Pattern, StartAt, StreamError};
 
-use super::cursor::{JsCursor, consumer_spec};
+use super::cursor::{Dlq, JsCursor, consumer_spec};
 use super::{BACKEND_NAME, Shared, keyed_prefix, subject_prefix};
 use crate::classify::seam;
 use crate::names::DurableNames;
@@ -129,6 +129,8 @@ pub(crate) struct GroupCursor {
 /// How long the combined positions of the group's consumers answer `state` while this
 /// process changed nothing (as each consumer's own cache).
 const POSITIONS_TTL: Duration = Duration::from_millis(200);
+/// How many partitions one reconcile opens at once (one thread each, for their round trips).
+const OPENS_AT_ONCE: usize = 8;
 
 impl GroupCursor {
     /// Opens the group cursor of `spec.name` on the stream `stream` (JetStream name)
@@ -173,6 +175,8 @@ impl GroupCursor {
             patterns.clone(),
             spec.clone(),
             unkeyed_spec,
+            // Ensured here, once: the partitions' cursors share it.
+            Dlq::Ensure,
         )?;
         let me = format!(
             "{}-{:x}-{}",
@@ -245,9 +249,43 @@ impl GroupCursor {
     /// Brings the partition cursors in line with the machine.
     fn reconcile(&self) {
         let actions = lock(&self.state).machine.reconcile(Now::read());
-        for action in actions {
+        // Every retirement, give-back and abandonment first, in the machine's order: a
+        // partition's old cursor is quiet before its next one reads what is unfinished.
+        let (opens, rest): (Vec<Action>, Vec<Action>) = actions
+            .into_iter()
+            .partition(|a| matches!(a, Action::Open { .. }));
+        for action in rest {
             self.apply(action);
         }
+        // Then the opens, of distinct partitions, side by side: each is three round trips
+        // (look up or create the partition's consumer, read what is unfinished), and a
+        // member taking all 16 partitions one after the other spent most of a keyed
+        // group's start-up waiting on them (`tidings-bench keyed-group/no-op`).
+        if opens.len() <= 1 {
+            opens.into_iter().for_each(|a| self.apply(a));
+            return;
+        }
+        // A few threads take opens from one queue until it is empty; this thread too, so
+        // every open happens even when no thread can be started.
+        let queue = Mutex::new(opens);
+        let work = || {
+            loop {
+                let next = lock(&queue).pop();
+                let Some(action) = next else { break };
+                self.apply(action);
+            }
+        };
+        std::thread::scope(|scope| {
+            for _ in 1..lock(&queue).len().min(OPENS_AT_ONCE) {
+                let spawned = std::thread::Builder::new()
+                    .name("tidings-open".into())
+                    .spawn_scoped(scope, work);
+                if spawned.is_err() {
+                    break;
+                }
+            }
+            work();
+        });
     }
 
     fn apply(&self, action: Action) {
@@ -294,6 +332,7 @@ impl GroupCursor {
             o.patterns.clone(),
             spec,
             cspec,
+            Dlq::Ready,
         );
         let inner = match opened {
             Ok(inner) => inner,
@@ -309,15 +348,7 @@ impl GroupCursor {
             Arc::new(move || lock(&pulls).machine.may_pull(p, Now::read()) == Some(term)),
             Arc::new(move || lock(&keeps).machine.keeps_alive(p, term, Now::read())),
         );
-        let (unfinished, through) = match cursor.unfinished() {
-            Ok(u) => u,
-            Err(e) => {
-                self.failed(e);
-                lock(&self.state).machine.open_failed(p, term);
-                cursor.abandon();
-                return;
-            }
-        };
+        let (unfinished, through) = cursor.unfinished();
         if unfinished > 0 {
             cursor.set_gathering(true);
         }

@@ -38,10 +38,10 @@ impl PartitionCursor {
     }
 
     /// The consumer's unfinished deliveries (the last owner's) and the last stream
-    /// sequence it delivered.
-    pub(crate) fn unfinished(&self) -> Result<(usize, u64), StreamError> {
-        let (n, through) = self.inner.unfinished()?;
-        Ok((usize::try_from(n).unwrap_or(usize::MAX), through))
+    /// sequence it delivered, as the server answered the open.
+    pub(crate) fn unfinished(&self) -> (usize, u64) {
+        let (n, through) = self.inner.unfinished_at_open();
+        (usize::try_from(n).unwrap_or(usize::MAX), through)
     }
 
     /// Retired: waits out a pull in flight, so nothing lands here after the partition's
