@@ -162,6 +162,12 @@ pub fn note_in_transaction(message: &Message) {
 pub fn child_loop(dir: &Path, subscribe: impl FnOnce(&Broker) -> Box<dyn Fn() -> (u64, u64)>) -> ! {
     let broker = ledger_broker(dir);
     let stats = subscribe(&broker);
+    report_until_killed(&*stats)
+}
+
+/// The child's side once subscribed (whatever its broker): print `READY`, then `STATS
+/// <committed> <skipped>` whenever `stats` changes, until killed (bounded).
+pub fn report_until_killed(stats: &dyn Fn() -> (u64, u64)) -> ! {
     {
         let mut out = std::io::stdout().lock();
         let _ = writeln!(out, "READY");
@@ -216,6 +222,29 @@ pub fn kill_loop(
     cycles: usize,
     seed: u64,
 ) -> KillReport {
+    let dir = dir.display().to_string();
+    kill_loop_env(
+        test_name,
+        &[(DIR_ENV, dir.as_str()), (DB_ENV, db)],
+        false,
+        ledger,
+        cycles,
+        seed,
+    )
+}
+
+/// [`kill_loop`] with the child's environment given whole (besides [`ROLE_ENV`]). With
+/// `after_first_payment`, a child that said `READY` is killed at a random point after its
+/// first payment started (`IN`), not after `READY`: a child whose first delivery takes a
+/// while after it subscribed (a network server) would otherwise mostly die before it.
+pub fn kill_loop_env(
+    test_name: &str,
+    envs: &[(&str, &str)],
+    after_first_payment: bool,
+    ledger: &dyn Ledger,
+    cycles: usize,
+    seed: u64,
+) -> KillReport {
     let mut rng = Rng::new(seed);
     let exe = std::env::current_exe().expect("test binary");
     let mut report = KillReport {
@@ -226,8 +255,7 @@ pub fn kill_loop(
         let child = Command::new(&exe)
             .args(["--exact", test_name, "--nocapture", "--test-threads=1"])
             .env(ROLE_ENV, "child")
-            .env(DIR_ENV, dir)
-            .env(DB_ENV, db)
+            .envs(envs.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
@@ -254,9 +282,14 @@ pub fn kill_loop(
                 let line = rx
                     .recv_timeout(deadline.saturating_duration_since(Instant::now()))
                     .unwrap_or_else(|e| panic!("cycle {cycle}: the child did not start: {e}"));
-                let ready = line.ends_with("READY"); // after the harness's "test name ... "
+                // `READY` comes after the harness's "test name ... ".
+                let started = if after_first_payment {
+                    line.starts_with("IN ")
+                } else {
+                    line.ends_with("READY")
+                };
                 lines.push(line);
-                if ready {
+                if started {
                     break;
                 }
             }
@@ -338,8 +371,21 @@ pub fn finish_and_check<H: Handler + Clone>(
     });
     drop(sub);
     broker.close(Duration::from_secs(10));
+    check_finished(label, ledger, payments, report, stats(&handler));
+}
+
+/// After a kill loop and a last run that finished the stream (whose handler's counters are
+/// `last`): prints the counts under `label`, and checks that every balance equals the sum
+/// of its distinct payments, every payment id was recorded once, a kill landed inside a
+/// transaction and a redelivery was skipped (R-DEL-7).
+pub fn check_finished(
+    label: &str,
+    ledger: &dyn Ledger,
+    payments: &[(MessageId, String, i64)],
+    report: &KillReport,
+    last: tidings_sql::TransactionalStats,
+) {
     let (wrong, detail) = mismatches(ledger, payments);
-    let last = stats(&handler);
     eprintln!(
         "{label} kill loop: {} cycles ({} while starting, {} inside a payment's transaction), \
          {} messages, {} committed and {} duplicates skipped by the children, \
