@@ -16,8 +16,12 @@
 //! durable subscription). One process, a no-op handler: a keyed group (`PerKey`, 16 in
 //! flight) drains keyed records against the baseline `plain-durable`, a durable
 //! subscription without per-key order draining as many unkeyed records, on the same
-//! server, interleaved rounds. Each is timed from the subscribe until its handler saw
-//! every record.
+//! server, interleaved rounds. The rate is the records after the first over the time from
+//! the first handler to the last: consuming, not opening.
+//!
+//! `jetstream/keyed-group/subscribe`: the same rounds' opening, from the subscribe call to
+//! the first handler (a keyed group creates a consumer per partition, a lease bucket, and
+//! takes its leases first), in milliseconds, lower is better.
 //!
 //! Without a `nats-server` binary the cases are emitted with no values and the reason in
 //! their notes.
@@ -26,7 +30,8 @@ use std::fs::{self, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use tidings::{
@@ -57,22 +62,31 @@ fn case_name(processes: usize) -> String {
 }
 
 const NO_OP: &str = "jetstream/keyed-group/no-op";
+const SUBSCRIBE: &str = "jetstream/keyed-group/subscribe";
 
 pub(crate) fn case_names() -> Vec<String> {
     let mut names: Vec<String> = PROCESSES.iter().map(|p| case_name(*p)).collect();
     names.push(NO_OP.to_owned());
+    names.push(SUBSCRIBE.to_owned());
     names
 }
 
+/// What one in-process drain measured.
+struct Drain {
+    /// From the subscribe call until the first handler ran: opening the subscription.
+    opening: Duration,
+    /// Records after the first over the time from the first handler to the last.
+    rate: f64,
+}
+
 /// One in-process drain of `records` stored records by a fresh durable subscription, keyed
-/// (a keyed group with per-key order) or plain; records per second, timed from the
-/// subscribe until the no-op handler saw every record.
+/// (a keyed group with per-key order) or plain, with a no-op handler.
 fn no_op_round(
     server: &NatsServer,
     keyed: bool,
     records: u64,
     round: usize,
-) -> Result<f64, String> {
+) -> Result<Drain, String> {
     let stream = format!("noop{}r{round}", if keyed { "k" } else { "p" });
     let broker = broker(&server.url(), &stream)?;
     for i in 0..records {
@@ -84,7 +98,6 @@ fn no_op_round(
         };
         broker.publish(m).map_err(|e| e.to_string())?;
     }
-    let seen = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let options = if keyed {
         SubscribeOptions::new().concurrency(Concurrency::PerKey {
             max_in_flight: IN_FLIGHT,
@@ -92,44 +105,49 @@ fn no_op_round(
     } else {
         SubscribeOptions::default()
     };
+    let seen = Arc::new(AtomicU64::new(0));
+    let (first, last) = (Arc::new(OnceLock::new()), Arc::new(OnceLock::new()));
+    let handler = {
+        let (seen, first, last) = (Arc::clone(&seen), Arc::clone(&first), Arc::clone(&last));
+        move |_m: &Message| {
+            first.get_or_init(Instant::now);
+            if seen.fetch_add(1, Ordering::Relaxed) + 1 == records {
+                last.get_or_init(Instant::now);
+            }
+            Ok(())
+        }
+    };
     let started = Instant::now();
-    let first = Arc::new(std::sync::OnceLock::new());
-    let first_seen = Arc::clone(&first);
-    let counter = Arc::clone(&seen);
     let sub = broker
-        .subscribe_durable(
-            DurableSpec::new(&stream).name("group"),
-            options,
-            move |_m: &Message| {
-                first_seen.get_or_init(Instant::now);
-                counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                Ok(())
-            },
-        )
+        .subscribe(DurableSpec::new(&stream).name("group"), options, handler)
         .map_err(|e| e.to_string())?;
     wait("every record handled", || {
-        seen.load(std::sync::atomic::Ordering::Relaxed) >= records
+        seen.load(Ordering::Relaxed) >= records
     })?;
-    let took = started.elapsed();
-    if std::env::var_os("TIDINGS_BENCH_DEBUG").is_some() {
-        let opening = first.get().map(|f| f.duration_since(started));
-        eprintln!("{stream}: opening {opening:?}, total {took:?}");
-    }
     drop(sub);
     broker.close(Duration::from_secs(5));
-    Ok(records as f64 / took.as_secs_f64())
+    let (Some(first), Some(last)) = (first.get(), last.get()) else {
+        return Err("no handler ran".to_owned());
+    };
+    Ok(Drain {
+        opening: first.duration_since(started),
+        rate: (records - 1) as f64 / last.duration_since(*first).as_secs_f64().max(1e-9),
+    })
 }
 
-fn run_no_op(plan: &Plan, server: &NatsServer, case: &mut Case) {
+/// Both no-op cases from one series of rounds: the drain rate ([`NO_OP`]) and the opening
+/// ([`SUBSCRIBE`]), keyed against plain.
+fn run_no_op(plan: &Plan, server: &NatsServer, cases: &mut [Case]) {
     let (records, rounds) = if plan.quick { (2_000, 1) } else { (20_000, 5) };
     let (mut keyed, mut plain) = (Vec::new(), Vec::new());
+    let mut failures = Vec::new();
     for r in 0..rounds {
         // Interleaved, alternating which goes first.
         for first in [r % 2 == 0, r % 2 != 0] {
-            let rates = if first { &mut keyed } else { &mut plain };
+            let drains = if first { &mut keyed } else { &mut plain };
             match no_op_round(server, first, records, r) {
-                Ok(rate) => rates.push(rate),
-                Err(e) => case.note(format!(
+                Ok(drain) => drains.push(drain),
+                Err(e) => failures.push(format!(
                     "round {r} ({}) failed: {e}",
                     if first { "keyed" } else { "plain" }
                 )),
@@ -140,17 +158,43 @@ fn run_no_op(plan: &Plan, server: &NatsServer, case: &mut Case) {
         v.sort_by(f64::total_cmp);
         v.get(v.len() / 2).copied()
     };
-    case.tidings = median(&mut keyed);
-    if let Some(p) = median(&mut plain) {
-        case.baselines.insert("plain-durable".to_owned(), p);
+    let rates = |d: &[Drain]| d.iter().map(|d| d.rate).collect::<Vec<_>>();
+    let openings = |d: &[Drain]| {
+        d.iter()
+            .map(|d| d.opening.as_secs_f64() * 1e3)
+            .collect::<Vec<_>>()
+    };
+    let setup = format!(
+        "{records} stored records, one process, a no-op handler: a keyed group (PerKey, \
+         {IN_FLIGHT} in flight, {KEYS} keys, {} partitions, lease {LEASE:?}) against a plain \
+         durable subscription on unkeyed records, same server; median of {rounds} \
+         interleaved round(s)",
+        tidings_jetstream::DEFAULT_KEY_PARTITIONS
+    );
+    for case in cases.iter_mut() {
+        let (ours, theirs, what) = if case.name == NO_OP {
+            (
+                median(&mut rates(&keyed)),
+                median(&mut rates(&plain)),
+                "records after the first over the time from the first handler to the last",
+            )
+        } else {
+            (
+                median(&mut openings(&keyed)),
+                median(&mut openings(&plain)),
+                "from the subscribe call until the first handler ran (creating the consumers, \
+                 the lease bucket and the first lease round for the group)",
+            )
+        };
+        case.tidings = ours;
+        if let Some(p) = theirs {
+            case.baselines.insert("plain-durable".to_owned(), p);
+        }
+        case.note(format!("{setup}; {what}"));
+        for f in &failures {
+            case.note(f.clone());
+        }
     }
-    case.note(format!(
-        "{records} stored records drained by one process with a no-op handler: a keyed group \
-         (PerKey, {IN_FLIGHT} in flight, {KEYS} keys, lease {LEASE:?}) against a plain \
-         durable subscription on unkeyed records, same server; timed from the subscribe \
-         (opening included) until every record was handled; median of {rounds} interleaved \
-         round(s)"
-    ));
 }
 
 fn broker(url: &str, stream: &str) -> Result<Broker, String> {
@@ -291,7 +335,13 @@ pub(crate) fn run(plan: &Plan, filter: &Filter) -> Vec<Case> {
     let mut cases: Vec<Case> = case_names()
         .into_iter()
         .filter(|n| filter.wants(n))
-        .map(|n| Case::new(n, "msgs/s", true))
+        .map(|n| {
+            if n == SUBSCRIBE {
+                Case::new(n, "ms", false)
+            } else {
+                Case::new(n, "msgs/s", true)
+            }
+        })
         .collect();
     if cases.is_empty() {
         return cases;
@@ -307,11 +357,13 @@ pub(crate) fn run(plan: &Plan, filter: &Filter) -> Vec<Case> {
         }
     };
     let (records, rounds) = if plan.quick { (3_200, 1) } else { (19_200, 3) };
+    let (mut no_op, mut cases): (Vec<Case>, Vec<Case>) = cases
+        .into_iter()
+        .partition(|c| c.name == NO_OP || c.name == SUBSCRIBE);
+    if !no_op.is_empty() {
+        run_no_op(plan, &server, &mut no_op);
+    }
     for case in &mut cases {
-        if case.name == NO_OP {
-            run_no_op(plan, &server, case);
-            continue;
-        }
         let processes = PROCESSES
             .iter()
             .copied()
@@ -334,5 +386,6 @@ pub(crate) fn run(plan: &Plan, filter: &Filter) -> Vec<Case> {
             rates.len()
         ));
     }
+    cases.extend(no_op);
     cases
 }
