@@ -95,7 +95,7 @@ fn no_op_round(
     let started = Instant::now();
     let counter = Arc::clone(&seen);
     let sub = broker
-        .subscribe_durable(
+        .subscribe(
             DurableSpec::new(&stream).name("group"),
             options,
             move |_m: &Message| {
@@ -188,7 +188,7 @@ fn worker(url: &str, stream: &str, dir: &Path, name: &str) -> Result<(), String>
     let go = dir.join("go");
     let broker = broker(url, stream)?;
     let _sub = broker
-        .subscribe_durable(
+        .subscribe(
             DurableSpec::new(stream)
                 .name("group")
                 .filter(format!("{stream}.#")),
