@@ -26,7 +26,7 @@
 //! | file | what |
 //! |---|---|
 //! | `mod.rs` | `Broker`, `BrokerBuilder`, `WeakBroker`; request, the subscription registry |
-//! | `subscribe.rs` | the one `subscribe` (every target, every handler kind) and its older thin wrappers |
+//! | `subscribe.rs` | the one `subscribe` (every target, every handler kind): its targets, its handler check |
 //! | `publish.rs` | the publish path: validate, append to streams, route or schedule; dead-letter forwarding |
 //! | `durable.rs` | choosing the durable backend; streams, durable subscriptions, durable dedup stores |
 //! | `idle.rs` | the manual driver's drive-to-idle (`run_until_idle`, `settle`'s next wake-up) |
