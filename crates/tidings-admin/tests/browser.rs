@@ -237,7 +237,7 @@ fn the_dashboard_shows_a_durable_subscriptions_durable_dead_letters() {
     // A durable subscription that rejects every refund: its entry lands in its durable log.
     let refunds = w
         .broker
-        .subscribe_durable(
+        .subscribe(
             DurableSpec::new("orders")
                 .name("refunds")
                 .filter("orders.refund"),
@@ -389,7 +389,7 @@ fn the_dashboard_charts_each_subscriptions_rates_depth_and_lag_while_messages_fl
         )
         .unwrap();
     let ship = broker
-        .subscribe_durable(
+        .subscribe(
             DurableSpec::new("orders")
                 .name("ship")
                 .filter("orders.created")

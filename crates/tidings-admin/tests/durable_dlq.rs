@@ -42,7 +42,7 @@ impl World {
         let delivered = Arc::new(Mutex::new(Vec::new()));
         let (f, d) = (failing.clone(), delivered.clone());
         let pay = broker
-            .subscribe_durable(
+            .subscribe(
                 DurableSpec::new("orders").name("pay").filter("orders.*"),
                 SubscribeOptions::default(),
                 move |m: &Message| {

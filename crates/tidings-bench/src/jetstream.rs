@@ -10,7 +10,8 @@
 //!   [`BackendCursor::finish`] as the feeder calls them, batches of up to 256), opened on
 //!   records stored before the timer starts, until it has finished all of them.
 //! * `consume/broker` — what a service sees: a new durable subscription on the
-//!   [`JetStreamBackend`] (`subscribe_durable`) until its handler saw the last stored record.
+//!   [`JetStreamBackend`] (`subscribe` with a `DurableSpec`) until its handler saw the last
+//!   stored record.
 //! * Both against the same records, read by a raw durable pull consumer created in the
 //!   timed slice and drained in batches of 500: `async-nats-plain-ack` acknowledges each
 //!   message with a plain `ack()` (how NATS users consume), `async-nats-double-ack` with
@@ -632,7 +633,7 @@ impl Bench {
         let started = Instant::now();
         let subscription = self
             .broker
-            .subscribe_durable(
+            .subscribe(
                 DurableSpec::new(STREAM).name(self.name()).filter(topic),
                 SubscribeOptions::default(),
                 move |_: &Message| -> Result<(), HandlerError> {

@@ -239,7 +239,7 @@ fn worker(url: &str, stream: &str, dir: &Path, name: &str) -> Result<(), String>
     let go = dir.join("go");
     let broker = broker(url, stream)?;
     let _sub = broker
-        .subscribe_durable(
+        .subscribe(
             DurableSpec::new(stream)
                 .name("group")
                 .filter(format!("{stream}.#")),

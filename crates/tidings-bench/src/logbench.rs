@@ -534,7 +534,7 @@ mod durable {
             let t = tally.clone();
             let count = AtomicU64::new(0);
             let sub = broker
-                .subscribe_durable(
+                .subscribe(
                     DurableSpec::new("bench").name("bench-consumer"),
                     SubscribeOptions::default(),
                     move |m: &Message| {
@@ -544,7 +544,7 @@ mod durable {
                         Ok::<(), HandlerError>(())
                     },
                 )
-                .map_err(|e| format!("subscribe_durable: {e}"))?;
+                .map_err(|e| format!("subscribe: {e}"))?;
             Ok(Self {
                 broker,
                 sub,

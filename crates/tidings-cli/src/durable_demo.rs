@@ -165,7 +165,7 @@ impl Place {
         let options = SubscribeOptions::new()
             .name(name.to_owned())
             .retry(tidings::Retry::fixed(Duration::from_secs(60), 3));
-        Ok(broker.subscribe_durable(
+        Ok(broker.subscribe(
             DurableSpec::new(self.stream())
                 .name(name)
                 .filter(format!("{}.#", self.topic_root()))

@@ -81,7 +81,7 @@ fn build(dir: &Path) {
     let seen = Seen::default();
     let s = seen.clone();
     let d = b
-        .subscribe_durable(
+        .subscribe(
             DurableSpec::new("orders").name("billing"),
             SubscribeOptions::default(),
             move |m: &Message| {
@@ -284,7 +284,7 @@ fn list_show_json_seek_redrive_purge_and_refuse_while_locked() {
     let seen = Seen::default();
     let s2 = seen.clone();
     let d = b
-        .subscribe_durable(
+        .subscribe(
             DurableSpec::new("orders").name("billing"),
             SubscribeOptions::default(),
             move |m: &Message| {
@@ -388,7 +388,7 @@ fn redrive_a_thousand_in_batches_with_progress_lines() {
         b.create_stream(StreamConfig::new("orders", ["orders.#"]))
             .unwrap();
         let d = b
-            .subscribe_durable(
+            .subscribe(
                 DurableSpec::new("orders").name("billing"),
                 SubscribeOptions::default(),
                 |_: &Message| Err(HandlerError::reject("closed for the day")),
@@ -436,7 +436,7 @@ fn redrive_a_thousand_in_batches_with_progress_lines() {
     let seen = Seen::default();
     let s = seen.clone();
     let d = b
-        .subscribe_durable(
+        .subscribe(
             DurableSpec::new("orders").name("billing"),
             SubscribeOptions::default(),
             move |m: &Message| {

@@ -66,7 +66,7 @@ fn publish_async_to_a_jetstream_stream_takes_no_blocking_thread() {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let log = seen.clone();
     let sub = broker
-        .subscribe_durable(
+        .subscribe(
             DurableSpec::new("orders").name("reader"),
             SubscribeOptions::default(),
             move |m: &Message| {

@@ -147,7 +147,7 @@ fn the_same_handler_runs_on_jetstream() {
     let opts = || SubscribeOptions::new().retry(Retry::fixed(backoff, 3));
     let log = Log::default();
     let sub = broker
-        .subscribe_durable(
+        .subscribe(
             DurableSpec::new("orders")
                 .name("billing")
                 .filter("orders.#"),
@@ -157,7 +157,7 @@ fn the_same_handler_runs_on_jetstream() {
         .expect("subscribe");
     let other_log = Log::default();
     let other_sub = other
-        .subscribe_durable(
+        .subscribe(
             DurableSpec::new("orders")
                 .name("billing")
                 .filter("orders.#"),
@@ -265,7 +265,7 @@ fn durable_spec_defaults_on_jetstream() {
 
     // R-LIM-1: without a name, a typed error (the name check), not a server error.
     let err = broker
-        .subscribe_durable(
+        .subscribe(
             DurableSpec::new("shop"),
             SubscribeOptions::default(),
             |_: &Message| Ok(()),
@@ -281,7 +281,7 @@ fn durable_spec_defaults_on_jetstream() {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let s = seen.clone();
     let sub = broker
-        .subscribe_durable(
+        .subscribe(
             DurableSpec::new("shop").name("audit"),
             SubscribeOptions::default(),
             move |m: &Message| {

@@ -128,7 +128,7 @@ impl Handled {
     fn subscribe(self: &Arc<Self>, broker: &Broker, which: usize) -> DurableSubscription {
         let me = Arc::clone(self);
         broker
-            .subscribe_durable(
+            .subscribe(
                 DurableSpec::new(STREAM).name(DURABLE).filter("work.#"),
                 SubscribeOptions::default(),
                 move |m: &Message| {
@@ -565,7 +565,7 @@ fn processes_opening_one_new_durable_at_the_same_moment_all_succeed() {
                         )
                         .map_err(|e| format!("creating the stream: {e}"))?;
                     let sub = broker
-                        .subscribe_durable(
+                        .subscribe(
                             DurableSpec::new(&stream)
                                 .name("shared")
                                 .filter(format!("{stream}.#")),

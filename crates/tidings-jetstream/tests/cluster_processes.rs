@@ -90,7 +90,7 @@ fn child_cluster_consumer() {
     );
     let broker = broker(urls, &name);
     let _sub = broker
-        .subscribe_durable(
+        .subscribe(
             DurableSpec::new(STREAM).name(DURABLE).filter("work.#"),
             SubscribeOptions::default(),
             move |m: &Message| {
@@ -215,7 +215,7 @@ fn processes_on_different_nodes_finish_everything_across_a_process_and_a_node_ki
 
     // What was dead-lettered, read through the durable name once no child runs.
     let sub = publisher
-        .subscribe_durable(
+        .subscribe(
             DurableSpec::new(STREAM).name(DURABLE).filter("work.#"),
             SubscribeOptions::default(),
             |_: &Message| Ok::<(), HandlerError>(()),

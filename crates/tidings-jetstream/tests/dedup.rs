@@ -337,7 +337,7 @@ fn child_deduplicating_consumer() {
         store,
     );
     let _sub = broker
-        .subscribe_durable(
+        .subscribe(
             DurableSpec::new("work").name("workers").filter("work.#"),
             SubscribeOptions::default(),
             handler,

@@ -50,7 +50,7 @@ fn a_backlog_of_delayed_messages_does_not_hold_back_one_due_now() {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let s = seen.clone();
     let _sub = broker
-        .subscribe_durable(
+        .subscribe(
             DurableSpec::new("jobs").name("worker"),
             SubscribeOptions::default(),
             move |m: &Message| {

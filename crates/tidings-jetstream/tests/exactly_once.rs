@@ -117,7 +117,7 @@ fn pipeline_child() {
     );
     let pipe = Arc::new(
         broker
-            .subscribe_durable(
+            .subscribe(
                 DurableSpec::new("in").name("pipe"),
                 options,
                 move |input: &Message| {

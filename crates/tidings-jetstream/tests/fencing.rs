@@ -59,7 +59,7 @@ fn a_subscribe_on_a_stalled_server_blocks_no_other_durable_call() {
         .create_stream(StreamConfig::new("orders", ["orders.#"]))
         .expect("stream");
     let _busy = broker
-        .subscribe_durable(
+        .subscribe(
             DurableSpec::new("orders").name("busy"),
             SubscribeOptions::default(),
             |_: &Message| Ok(()),
@@ -71,7 +71,7 @@ fn a_subscribe_on_a_stalled_server_blocks_no_other_durable_call() {
         let broker = broker.clone();
         let returned = Arc::clone(&stalled_returned);
         move || {
-            let r = broker.subscribe_durable(
+            let r = broker.subscribe(
                 DurableSpec::new("orders").name("keyed"),
                 per_key(),
                 |_: &Message| Ok(()),
@@ -83,7 +83,7 @@ fn a_subscribe_on_a_stalled_server_blocks_no_other_durable_call() {
     // A head start for the stalled call to reach the backend. Too short a start could only
     // make this test pass on a broken broker, never fail on a sound one.
     std::thread::sleep(Duration::from_millis(500));
-    let second = broker.subscribe_durable(
+    let second = broker.subscribe(
         DurableSpec::new("orders").name("busy"),
         SubscribeOptions::default(),
         |_: &Message| Ok(()),
@@ -121,7 +121,7 @@ fn two_groups_whose_names_escape_alike_each_handle_every_key() {
         let handled = Arc::clone(&handled);
         subs.push(
             broker
-                .subscribe_durable(
+                .subscribe(
                     DurableSpec::new(stream).name(durable),
                     per_key(),
                     move |_: &Message| {

@@ -93,7 +93,7 @@ fn a_transport_on_the_same_server_adds_nothing_to_a_stream() {
     let got: Seen = Arc::default();
     let g = Arc::clone(&got);
     let sub = b
-        .subscribe_durable(
+        .subscribe(
             DurableSpec::new("w").name("all").filter("#"),
             SubscribeOptions::default(),
             move |m: &Message| {
@@ -140,7 +140,7 @@ fn a_dead_letter_larger_than_max_payload_is_recorded_and_the_subscription_goes_o
     let g = Arc::clone(&got);
     let reason = "x".repeat(600);
     let sub = b
-        .subscribe_durable(
+        .subscribe(
             DurableSpec::new("big").name("d").filter("big.#"),
             SubscribeOptions::default(),
             move |m: &Message| {
@@ -215,7 +215,7 @@ fn graceful_restarts_dead_letter_nothing() {
         let before = seen(&handled).len();
         let h = Arc::clone(&handled);
         let sub = b
-            .subscribe_durable(
+            .subscribe(
                 DurableSpec::new("backlog").name("slow").filter("backlog.#"),
                 SubscribeOptions::default(),
                 move |m: &Message| {
@@ -266,7 +266,7 @@ fn a_seek_elsewhere_does_not_stop_a_process_sharing_the_name() {
             .expect("stream");
         let g = Arc::clone(got);
         let sub = b
-            .subscribe_durable(
+            .subscribe(
                 DurableSpec::new("live").name("shared").filter("live.#"),
                 SubscribeOptions::default(),
                 move |m: &Message| {
@@ -334,7 +334,7 @@ fn a_foreign_record_that_does_not_decode_is_dead_lettered_and_skipped() {
     let got: Seen = Arc::default();
     let g = Arc::clone(&got);
     let sub = b
-        .subscribe_durable(
+        .subscribe(
             DurableSpec::new("mixed").name("d").filter("mixed.#"),
             SubscribeOptions::default(),
             move |m: &Message| {
@@ -407,7 +407,7 @@ fn child_aborting_consumer() {
     b.create_stream(StreamConfig::new(POISON_STREAM, ["poison.#"]))
         .expect("stream");
     let _sub = b
-        .subscribe_durable(
+        .subscribe(
             DurableSpec::new(POISON_STREAM)
                 .name(POISON_DURABLE)
                 .filter("poison.#"),
@@ -501,7 +501,7 @@ fn a_message_that_kills_its_process_dead_letters_only_itself() {
     b.create_stream(StreamConfig::new(POISON_STREAM, ["poison.#"]))
         .expect("stream");
     let sub = b
-        .subscribe_durable(
+        .subscribe(
             DurableSpec::new(POISON_STREAM)
                 .name(POISON_DURABLE)
                 .filter("poison.#"),

@@ -264,7 +264,7 @@ impl Handled {
     fn subscribe(self: &Arc<Self>, broker: &Broker) -> DurableSubscription {
         let me = Arc::clone(self);
         broker
-            .subscribe_durable(
+            .subscribe(
                 DurableSpec::new(STREAM).name(DURABLE).filter("part.#"),
                 SubscribeOptions::default(),
                 move |m: &Message| {

@@ -96,7 +96,7 @@ impl Handled {
     fn subscribe(self: &Arc<Self>, broker: &Broker, which: usize) -> DurableSubscription {
         let me = Arc::clone(self);
         broker
-            .subscribe_durable(
+            .subscribe(
                 DurableSpec::new(STREAM).name(DURABLE).filter("work.#"),
                 SubscribeOptions::default(),
                 move |m: &Message| {

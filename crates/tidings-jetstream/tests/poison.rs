@@ -189,7 +189,7 @@ fn check(shape: &Shape) {
     let got: Arc<Mutex<Vec<String>>> = Arc::default();
     let g = Arc::clone(&got);
     let sub = b
-        .subscribe_durable(
+        .subscribe(
             DurableSpec::new(STREAM).name("d").filter("foreign.#"),
             SubscribeOptions::default(),
             move |m: &Message| {

@@ -103,7 +103,7 @@ fn child_consumer() {
     let broker = broker(&var(URL_ENV), ack_wait);
     let handler_out = Arc::clone(&out);
     let _subscription = broker
-        .subscribe_durable(
+        .subscribe(
             DurableSpec::new(STREAM).name(DURABLE).filter("work.#"),
             SubscribeOptions::default(),
             move |m: &Message| {

@@ -71,7 +71,7 @@ fn acknowledged_messages_survive_a_server_restart_and_the_client_reconnects() {
     let handled: Arc<Mutex<BTreeMap<u64, u32>>> = Arc::default();
     let seen = Arc::clone(&handled);
     let _subscription = broker
-        .subscribe_durable(
+        .subscribe(
             DurableSpec::new("work").name("restart").filter("work.#"),
             SubscribeOptions::default(),
             move |m: &Message| {

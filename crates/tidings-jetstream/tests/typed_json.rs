@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use tidings::durable::DurableBackend;
 use tidings::{
     Broker, CONTENT_TYPE_HEADER, DeadLetterReason, Driver, DurableSpec, JSON_CONTENT_TYPE, Message,
-    Retry, StartAt, StreamConfig, SubscribeOptions,
+    Retry, StartAt, StreamConfig, SubscribeOptions, json_handler,
 };
 use tidings_jetstream::{ConnectOptions, JetStreamBackend};
 use tidings_testkit::nats::{NatsServer, NatsServerOptions};
@@ -74,16 +74,16 @@ fn typed_json_on_jetstream() {
     let got: Arc<Mutex<Vec<Delivered>>> = Arc::default();
     let g = got.clone();
     let sub = broker
-        .subscribe_durable_json::<Order, _>(
+        .subscribe(
             DurableSpec::new("orders")
                 .name("billing")
                 .start(StartAt::Earliest),
             SubscribeOptions::new().retry(Retry::fixed(Duration::from_millis(10), 5)),
-            move |o, m| {
+            json_handler(move |o: Order, m: &Message| {
                 let ct = m.header(CONTENT_TYPE_HEADER).map(str::to_owned);
                 g.lock().expect("lock").push((o, ct));
                 Ok(())
-            },
+            }),
         )
         .expect("subscribe");
     until("one delivered, one dead-lettered", || {

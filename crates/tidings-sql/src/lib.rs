@@ -185,7 +185,8 @@
 //! The SQLite and blocking PostgreSQL handlers implement [`tidings::Handler`] (for the
 //! thread, pool and manual drivers, and durable subscriptions). Under the tokio driver use
 //! [`Transactional::postgres_async`] (feature `postgres`, an async client), or subscribe
-//! the SQLite / blocking PostgreSQL handler with `subscribe_async` (features `tokio` /
+//! the SQLite / blocking PostgreSQL handler as an async one,
+//! `subscribe(target, options, AnyHandler::from_async(handler))` (features `tokio` /
 //! `postgres`): it then runs on tokio's blocking pool, never on a runtime worker.
 //!
 //! # Features

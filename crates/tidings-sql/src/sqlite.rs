@@ -402,8 +402,8 @@ where
     }
 }
 
-/// Under the tokio driver (`subscribe_async`): the same delivery on tokio's blocking pool,
-/// so SQLite's blocking I/O never runs on a runtime worker.
+/// Under the tokio driver (`subscribe(.., AnyHandler::from_async(h))`): the same delivery
+/// on tokio's blocking pool, so SQLite's blocking I/O never runs on a runtime worker.
 #[cfg(feature = "tokio")]
 #[cfg_attr(docsrs, doc(cfg(all(feature = "sqlite", feature = "tokio"))))]
 impl<F> tidings::AsyncHandler for Transactional<Sqlite, F>

@@ -65,14 +65,18 @@ fn two_consumers_on_one_table_each_apply_every_message_once() {
     let durable = |name: &str| DurableSpec::new("orders").name(name);
     let subs = (
         broker
-            .subscribe_durable(
+            .subscribe(
                 durable("billing"),
                 SubscribeOptions::default(),
-                billing.clone(),
+                tidings::AnyHandler::from_sync(billing.clone()),
             )
             .unwrap(),
         broker
-            .subscribe_durable(durable("audit"), SubscribeOptions::default(), audit.clone())
+            .subscribe(
+                durable("audit"),
+                SubscribeOptions::default(),
+                tidings::AnyHandler::from_sync(audit.clone()),
+            )
             .unwrap(),
     );
     let settled = |h: &dyn Fn() -> tidings_sql::TransactionalStats| {

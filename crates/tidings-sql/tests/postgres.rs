@@ -335,7 +335,7 @@ fn async_handler_under_the_tokio_driver() {
         ))
         .unwrap();
     let _sub = broker
-        .subscribe_async("payments.#", SubscribeOptions::default(), ledger.clone())
+        .subscribe("payments.#", SubscribeOptions::default(), ledger.clone())
         .unwrap();
     let ids: Vec<MessageId> = (0..20).map(|_| MessageId::new()).collect();
     for id in ids.iter().chain(&ids[..5]) {
@@ -376,7 +376,7 @@ fn async_handler_under_the_tokio_driver() {
         ))
         .unwrap();
     let sub = broker
-        .subscribe_async("retry.#", retrying(5), flaky.clone())
+        .subscribe("retry.#", retrying(5), flaky.clone())
         .unwrap();
     broker
         .publish(Message::to("retry.alice").payload("alice:5"))

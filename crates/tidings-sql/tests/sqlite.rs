@@ -514,7 +514,11 @@ fn under_the_tokio_driver() {
         .unwrap();
     let ledger = Transactional::sqlite(&db, TABLE, "ledger", add).unwrap();
     let _sub = broker
-        .subscribe_async("payments.#", SubscribeOptions::default(), ledger.clone())
+        .subscribe(
+            "payments.#",
+            SubscribeOptions::default(),
+            tidings::AnyHandler::from_async(ledger.clone()),
+        )
         .unwrap();
     let ids: Vec<MessageId> = (0..20).map(|_| MessageId::new()).collect();
     for id in ids.iter().chain(&ids[..5]) {

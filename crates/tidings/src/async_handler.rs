@@ -12,8 +12,8 @@ use crate::message::Message;
 pub type HandlerFuture<'a> = Pin<Box<dyn Future<Output = Result<(), HandlerError>> + Send + 'a>>;
 
 /// Handles messages for one subscription, asynchronously. Requires
-/// [`Driver::Tokio`](crate::Driver) (subscribe with
-/// [`Broker::subscribe_async`](crate::Broker::subscribe_async)).
+/// [`Driver::Tokio`](crate::Driver); subscribe it with
+/// [`Broker::subscribe`](crate::Broker::subscribe), to a pattern or a durable stream.
 ///
 /// # Contract
 /// The same guarantees as a sync [`Handler`](crate::Handler) (R-EXE-3):
@@ -44,7 +44,7 @@ pub type HandlerFuture<'a> = Pin<Box<dyn Future<Output = Result<(), HandlerError
 ///
 /// let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
 /// let broker = Broker::builder().driver(Driver::Tokio(rt.handle().clone())).build()?;
-/// let _sub = broker.subscribe_async("orders.created", SubscribeOptions::default(),
+/// let _sub = broker.subscribe("orders.created", SubscribeOptions::default(),
 ///     |m: Arc<Message>| async move {
 ///         tokio::time::sleep(Duration::from_millis(1)).await;
 ///         println!("order {:?}", m.payload());

@@ -8,7 +8,7 @@
 //! type, [`Encode<T>`] and [`Decode<T>`] convert one type. Feature `serde` adds the first
 //! codec, [`Json`](crate::Json) (`application/json`, with `serde_json`), and the shortcuts
 //! built on it ([`MessageBuilder::json`], [`Message::json`](crate::Message::json),
-//! [`Broker::subscribe_json`](crate::Broker::subscribe_json)). Any other format — CBOR,
+//! [`json_handler`](crate::json_handler)). Any other format — CBOR,
 //! MessagePack, Protocol Buffers — is one small type implementing these three traits.
 //!
 //! The content-type rules and the failure contract are on [`Codec`].

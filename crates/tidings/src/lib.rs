@@ -31,7 +31,7 @@
 //! # Features
 //! None is on by default; each item that needs one says so on its page.
 //! - `tokio`: the [`Driver::Tokio`] driver, async handlers ([`AsyncHandler`],
-//!   [`Broker::subscribe_async`], [`Broker::publish_async`], [`Broker::close_async`]), the
+//!   [`Broker::subscribe`] with one, [`Broker::publish_async`], [`Broker::close_async`]), the
 //!   [`Timeout`] decorator, and the async forms of [`Deduplicating`] and [`Typed`];
 //!   pulls in `tokio` (features rt, sync, time, macros).
 //! - `metrics`: [`Broker::export_metrics`] and [`ops::metrics`] (names, labels) through
@@ -39,8 +39,8 @@
 //! - `otel`: a W3C `traceparent` header carried from publisher to handler (see
 //!   [`ops::trace`]); no dependency.
 //! - `serde`: typed payloads with the [`Json`] codec — [`MessageBuilder::json`],
-//!   [`Message::json`], [`Broker::subscribe_json`] (and its durable and async forms),
-//!   [`json_handler`]; pulls in `serde_json` (`serde` itself is always a dependency). The
+//!   [`Message::json`], [`json_handler`] (for [`Broker::subscribe`], on every target, sync
+//!   or async); pulls in `serde_json` (`serde` itself is always a dependency). The
 //!   format-agnostic [`Codec`] traits and the [`Typed`] adaptor need no feature.
 //!
 //! # Typed payloads
@@ -52,17 +52,17 @@
 //! ```
 //! # #[cfg(feature = "serde")]
 //! # {
-//! use tidings::{Broker, Driver, Message, SubscribeOptions};
+//! use tidings::{Broker, Driver, Message, SubscribeOptions, json_handler};
 //!
 //! #[derive(serde::Serialize, serde::Deserialize)]
 //! struct Order { id: u64 }
 //!
 //! let broker = Broker::builder().driver(Driver::Manual).build()?;
-//! let billing = broker.subscribe_json::<Order, _>("orders.*", SubscribeOptions::default(),
-//!     |order, _msg| {
+//! let billing = broker.subscribe("orders.*", SubscribeOptions::default(),
+//!     json_handler(|order: Order, _msg: &Message| {
 //!         assert_eq!(order.id, 42);
 //!         Ok(())
-//!     })?;
+//!     }))?;
 //! broker.publish(Message::to("orders.created").json(&Order { id: 42 })?)?;
 //! broker.publish(Message::to("orders.created").payload("not json"))?;
 //! broker.run_until_idle();

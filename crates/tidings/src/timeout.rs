@@ -65,7 +65,7 @@ use crate::message::Message;
 /// # tokio::runtime::Builder::new_current_thread().enable_all().start_paused(true).build()?.block_on(async {
 /// // Paused tokio time: the hour below passes at once, deterministically.
 /// let broker = Broker::builder().driver(Driver::Tokio(tokio::runtime::Handle::current())).build()?;
-/// let slow = broker.subscribe_async(
+/// let slow = broker.subscribe(
 ///     "reports.*",
 ///     SubscribeOptions::new().retry(Retry::None),
 ///     Timeout::new(

@@ -4,11 +4,10 @@
 //! [`Typed`] wraps a function of `(T, message)` and a [`Decode<T>`] codec. It is one adaptor
 //! for every subscription form: it is a [`Handler`] when the function is sync
 //! (`Fn(T, &Message)`) and an [`AsyncHandler`](crate::AsyncHandler) when it is async
-//! (`Fn(T, Arc<Message>) -> impl Future`), so [`Broker::subscribe`](crate::Broker::subscribe),
-//! [`Broker::subscribe_durable`](crate::Broker::subscribe_durable) and
-//! [`Broker::subscribe_async`](crate::Broker::subscribe_async) all take it, and
-//! [`Broker::subscribe_json`](crate::Broker::subscribe_json) and its durable and async forms
-//! are those three with [`json_handler`](crate::json_handler). The contract is on [`Typed`].
+//! (`Fn(T, Arc<Message>) -> impl Future`), so [`Broker::subscribe`](crate::Broker::subscribe)
+//! takes it for every target, a pattern or a durable stream;
+//! [`json_handler`](crate::json_handler) is it with the JSON codec. The contract is on
+//! [`Typed`].
 
 use std::fmt;
 use std::marker::PhantomData;
@@ -22,17 +21,19 @@ use crate::message::Message;
 ///
 /// One adaptor for every subscription form: a [`Handler`] when the function is sync
 /// (`Fn(T, &Message)`), an [`AsyncHandler`](crate::AsyncHandler) when it is async
-/// (`Fn(T, Arc<Message>) -> impl Future`); so `subscribe`, `subscribe_durable` and
-/// `subscribe_async` all take it, and the `subscribe_json*` methods are those three with
-/// [`json_handler`](crate::json_handler) (feature `serde`).
+/// (`Fn(T, Arc<Message>) -> impl Future`); so [`Broker::subscribe`](crate::Broker::subscribe)
+/// takes it on every target, and [`json_handler`](crate::json_handler) is it with the JSON
+/// codec (feature `serde`).
 ///
 /// # Failure
 /// A payload that does not decode (including a `content-type` of another format, see
 /// [`Message::decode`]) never reaches the function: the attempt fails with
 /// [`HandlerError::reject`] carrying the [`DecodeError`](crate::DecodeError)'s text, so the
-/// message is dead-lettered `Rejected` at once — never retried, never a panic. Whatever the
-/// function returns is then the outcome, exactly as for an untyped handler (an `Err` is
-/// retried by the policy unless rejected; a panic is caught and retried).
+/// message is dead-lettered `Rejected` at once — never retried, never a panic (on a durable
+/// subscription into its durable dead-letter store, and its offset is committed, so it is
+/// not seen again after a restart). Whatever the function returns is then the outcome,
+/// exactly as for an untyped handler (an `Err` is retried by the policy unless rejected; a
+/// panic is caught and retried).
 ///
 /// # Ordering
 /// Decoding happens on the dispatcher, just before the function, for every attempt
@@ -81,13 +82,12 @@ pub struct Typed<C, T, F> {
 impl<C, T, F> Typed<C, T, F> {
     /// A handler that decodes each payload with `codec` into a `T` and calls `f` with it.
     ///
-    /// `f` is `Fn(T, &Message) -> R` (`R`: `()` or `Result<(), HandlerError>`) for
-    /// [`Broker::subscribe`](crate::Broker::subscribe) and
-    /// [`subscribe_durable`](crate::Broker::subscribe_durable), or
-    /// `Fn(T, Arc<Message>) -> impl Future<Output = Result<(), HandlerError>>` for
-    /// [`subscribe_async`](crate::Broker::subscribe_async). Its arguments need type
-    /// annotations here (nothing tells the closure its signature); the
-    /// `subscribe_json*` methods infer them.
+    /// `f` is `Fn(T, &Message) -> R` (`R`: `()` or `Result<(), HandlerError>`): a sync
+    /// handler; or `Fn(T, Arc<Message>) -> impl Future<Output = Result<(), HandlerError>>`:
+    /// an async one (the tokio driver). Either is subscribed with
+    /// [`Broker::subscribe`](crate::Broker::subscribe), to a pattern or a durable stream.
+    /// The closure's arguments need type annotations (`|order: Order, msg: &Message|`):
+    /// their types are what tell the two kinds apart and name `T`.
     pub fn new(codec: C, f: F) -> Self {
         Self {
             codec,
@@ -167,7 +167,62 @@ mod async_impl {
 
 /// A [`Typed`] handler with the [`Json`](crate::Json) codec: `f` gets each payload decoded
 /// from JSON (R-PAT-3). Sync (`Fn(T, &Message)`) or async (`Fn(T, Arc<Message>) -> impl
-/// Future`), like [`Typed::new`]; the closure's arguments need annotations.
+/// Future`), like [`Typed::new`]; the closure's arguments need annotations, which name `T`.
+/// Subscribe it with [`Broker::subscribe`](crate::Broker::subscribe) to a pattern or a
+/// durable stream.
+///
+/// A payload that does not decode — empty, truncated, not JSON, not UTF-8, the wrong shape,
+/// a number out of range, nested too deep, or a `content-type` header of another format —
+/// is dead-lettered `Rejected` with the decoder's error as its last error, at once, without
+/// calling `f` and without retries (see [`Typed`]).
+///
+/// ```
+/// use serde::{Deserialize, Serialize};
+/// use tidings::{Broker, Driver, HandlerError, Message, SubscribeOptions, json_handler};
+///
+/// #[derive(Serialize, Deserialize)]
+/// struct Order { id: u64, cents: u64 }
+///
+/// let broker = Broker::builder().driver(Driver::Manual).build()?;
+/// let billing = broker.subscribe("orders.*", SubscribeOptions::default(),
+///     json_handler(|order: Order, msg: &Message| {
+///         assert_eq!((order.id, order.cents), (7, 1250));
+///         assert_eq!(msg.topic().as_str(), "orders.created");
+///         Ok::<(), HandlerError>(())
+///     }))?;
+/// broker.publish(Message::to("orders.created").json(&Order { id: 7, cents: 1250 })?)?;
+/// broker.publish(Message::to("orders.created").payload("{\"id\": 7"))?; // truncated
+/// broker.run_until_idle();
+/// assert_eq!(billing.stats().delivered, 1);
+/// let dead = billing.dead_letters();
+/// assert_eq!(dead[0].last_error(), Some(
+///     "cannot decode the application/json payload: EOF while parsing an object at line 1 column 8"));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// Async, under the tokio driver: the payload is decoded before `f` is called.
+///
+/// ```
+/// # #[cfg(feature = "tokio")]
+/// # {
+/// use std::sync::Arc;
+/// use tidings::{Broker, Driver, HandlerError, Message, SubscribeOptions, json_handler};
+/// # #[derive(serde::Serialize, serde::Deserialize)] struct Order { id: u64 }
+/// let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+/// let broker = Broker::builder().driver(Driver::Tokio(rt.handle().clone())).build()?;
+/// let billing = broker.subscribe("orders.*", SubscribeOptions::default(),
+///     json_handler(|order: Order, _msg: Arc<Message>| async move {
+///         assert_eq!(order.id, 7);
+///         Ok::<(), HandlerError>(())
+///     }))?;
+/// broker.publish(Message::to("orders.created").json(&Order { id: 7 })?)?;
+/// assert!(broker.wait_idle(std::time::Duration::from_secs(10)));
+/// assert_eq!(billing.stats().delivered, 1);
+/// # }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// Decorated, like any handler:
 ///
 /// ```
 /// use tidings::{Broker, Deduplicating, Driver, HandlerError, Message, SubscribeOptions,

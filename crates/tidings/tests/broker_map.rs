@@ -1,7 +1,9 @@
 //! The map of `Broker`'s methods stays complete (R-PAT-2: a newcomer finds every method
 //! beside its concern). The `# Methods by concern` table in the docs of `Broker`
 //! (src/broker/mod.rs) must name every public method of every `impl Broker` block in the
-//! crate's sources, whatever file and feature it is in, and nothing else.
+//! crate's sources, whatever file and feature it is in, each once, and nothing else. One
+//! verb has one name: `subscribe` takes every target and handler kind, so no per-target or
+//! per-kind `subscribe_*` method comes back.
 
 use std::collections::BTreeSet;
 use std::fs;
@@ -60,20 +62,25 @@ fn broker_methods(text: &str) -> Vec<String> {
     found
 }
 
-/// The names the map links to (`(Broker::name)`), between its heading and the next.
-fn mapped(text: &str) -> BTreeSet<String> {
+/// The names the map's table links to (`(Broker::name)`), between its heading and the
+/// next, in the order they appear (the prose around the table may link to them again).
+fn mapped(text: &str) -> Vec<String> {
     let start = text
         .find("/// # Methods by concern")
         .expect("the map's heading in the docs of Broker");
     let section = &text[start + 1..];
     let end = section.find("/// # ").unwrap_or(section.len());
-    let section = &section[..end];
-    let mut names = BTreeSet::new();
-    let mut rest = section;
-    while let Some(at) = rest.find("(Broker::") {
-        rest = &rest[at + "(Broker::".len()..];
-        let end = rest.find(')').expect("a closed link");
-        names.insert(rest[..end].to_owned());
+    let mut names = Vec::new();
+    for row in section[..end]
+        .lines()
+        .filter(|l| l.trim_start().starts_with("/// |"))
+    {
+        let mut rest = row;
+        while let Some(at) = rest.find("(Broker::") {
+            rest = &rest[at + "(Broker::".len()..];
+            let end = rest.find(')').expect("a closed link");
+            names.push(rest[..end].to_owned());
+        }
     }
     names
 }
@@ -98,8 +105,17 @@ fn the_method_map_names_every_public_broker_method_and_nothing_else() {
         methods.len() > 30,
         "the scan found too few methods to be right: {methods:?}"
     );
-    let map =
+    let listed =
         mapped(&fs::read_to_string(src.join("broker/mod.rs")).expect("src/broker/mod.rs reads"));
+    let mut map = BTreeSet::new();
+    let twice: Vec<_> = listed
+        .iter()
+        .filter(|n| !map.insert(n.to_string()))
+        .collect();
+    assert!(
+        twice.is_empty(),
+        "the map in src/broker/mod.rs names these methods more than once: {twice:?}"
+    );
     let missing: Vec<_> = methods.difference(&map).collect();
     let unknown: Vec<_> = map.difference(&methods).collect();
     assert!(
@@ -109,6 +125,15 @@ fn the_method_map_names_every_public_broker_method_and_nothing_else() {
     assert!(
         unknown.is_empty(),
         "the map in src/broker/mod.rs names methods that do not exist: {unknown:?}"
+    );
+    // R-PAT-2: one name per verb.
+    let variants: Vec<_> = methods
+        .iter()
+        .filter(|m| m.starts_with("subscribe_"))
+        .collect();
+    assert!(
+        variants.is_empty(),
+        "subscribe takes every target and handler kind; no variant: {variants:?}"
     );
 }
 

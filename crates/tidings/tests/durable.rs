@@ -169,7 +169,7 @@ fn durable_from_earliest_receives_everything_in_order() {
     b.publish(Message::to("orders.cancelled")).unwrap(); // offset 50: filtered out
     let seen = Seen::default();
     let d = b
-        .subscribe_durable(
+        .subscribe(
             DurableSpec::new("orders")
                 .name("billing")
                 .filter("orders.created"),
@@ -189,7 +189,7 @@ fn durable_from_earliest_receives_everything_in_order() {
     assert_eq!(d.stats().delivered, 99);
     // A second live subscriber with the same name is refused.
     assert!(matches!(
-        b.subscribe_durable(
+        b.subscribe(
             DurableSpec::new("orders").name("billing"),
             Default::default(),
             seen.handler()
@@ -220,7 +220,7 @@ fn restart_resumes_from_committed_without_losing_acknowledged_messages() {
         publish_n(&b, "orders.created", 0..20);
         let ok = run1.handler();
         let d = b
-            .subscribe_durable(
+            .subscribe(
                 DurableSpec::new("orders")
                     .name("billing")
                     .filter("orders.*"),
@@ -267,7 +267,7 @@ fn restart_resumes_from_committed_without_losing_acknowledged_messages() {
     let b = broker(dir.path());
     let s = orders(&b);
     let d = b
-        .subscribe_durable(
+        .subscribe(
             DurableSpec::new("orders")
                 .name("billing")
                 .filter("orders.*")
@@ -309,7 +309,7 @@ fn replay_from_offset_time_earliest_latest_and_seek() {
     let sub = |name: &str, at: StartAt| {
         let seen = Seen::default();
         let d = b
-            .subscribe_durable(
+            .subscribe(
                 DurableSpec::new("orders").name(name).start(at),
                 Default::default(),
                 seen.handler(),
@@ -356,7 +356,7 @@ fn slow_consumer_only_lags_and_lag_shrinks() {
     let gate = Arc::new(AtomicBool::new(false));
     let g = gate.clone();
     let d = b
-        .subscribe_durable(
+        .subscribe(
             DurableSpec::new("orders").name("slow"),
             SubscribeOptions::new().capacity(4),
             move |_: &Message| {
@@ -417,7 +417,7 @@ fn out_of_retention_start_is_a_typed_error() {
     let seen = Seen::default();
     // R-LOG-4: a start that retention removed is refused with the typed error.
     let err = b
-        .subscribe_durable(
+        .subscribe(
             DurableSpec::new("orders")
                 .name("late")
                 .start(StartAt::Offset(0)),
@@ -431,7 +431,7 @@ fn out_of_retention_start_is_a_typed_error() {
     );
     assert_eq!(err.kind(), StreamErrorKind::OutOfRange);
     let d = b
-        .subscribe_durable(
+        .subscribe(
             DurableSpec::new("orders").name("ok"),
             Default::default(),
             seen.handler(),
@@ -487,7 +487,7 @@ fn foreign_files_are_reported_with_their_path() {
     std::fs::create_dir_all(&cdir).unwrap();
     std::fs::write(cdir.join("billing.offset"), b"garbage").unwrap();
     let err = b
-        .subscribe_durable(
+        .subscribe(
             DurableSpec::new("orders").name("billing"),
             Default::default(),
             Seen::default().handler(),
@@ -556,7 +556,7 @@ fn delayed_records_wait_for_their_time_and_hold_the_commit() {
     b.publish(Message::to("orders.now").payload("now")).unwrap();
     let seen = Seen::default();
     let d = b
-        .subscribe_durable(
+        .subscribe(
             DurableSpec::new("orders").name("bill"),
             Default::default(),
             seen.handler(),
@@ -571,7 +571,7 @@ fn delayed_records_wait_for_their_time_and_hold_the_commit() {
     let b = open();
     let again = Seen::default();
     let d = b
-        .subscribe_durable(
+        .subscribe(
             DurableSpec::new("orders").name("bill"),
             Default::default(),
             again.handler(),
@@ -602,7 +602,7 @@ fn manual_driver_pumps_durable_subscriptions_in_run_until_idle() {
     let failed_once = Arc::new(AtomicBool::new(false));
     let (inner, f) = (seen.handler(), failed_once.clone());
     let d = b
-        .subscribe_durable(
+        .subscribe(
             DurableSpec::new("orders").name("bill"),
             SubscribeOptions::new()
                 .capacity(4)

@@ -61,7 +61,7 @@ fn a_plugged_in_backend_serves_streams_and_durable_subscriptions() {
         .unwrap();
     let (got, handler) = recorder();
     let sub = b
-        .subscribe_durable(
+        .subscribe(
             DurableSpec::new("orders")
                 .name("billing")
                 .filter("orders.#"),

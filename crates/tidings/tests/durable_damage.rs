@@ -169,7 +169,7 @@ fn good_records_before_a_damaged_one_are_delivered_with_default_options() {
         orders(&b);
         let (seen, handler) = offsets_seen();
         let d = b
-            .subscribe_durable(
+            .subscribe(
                 DurableSpec::new("orders")
                     .name("audit")
                     .start(StartAt::Earliest),
@@ -235,7 +235,7 @@ fn a_damaged_record_with_nothing_readable_after_it_halts_there_naming_file_and_o
     flip_byte(&path, pos + 5);
     let (seen, handler) = offsets_seen();
     let d = b
-        .subscribe_durable(
+        .subscribe(
             DurableSpec::new("orders")
                 .name("audit")
                 .start(StartAt::Earliest),

@@ -44,7 +44,7 @@ fn run(dir: &Path, clock: &ManualClock, work: &Arc<AtomicU64>) -> u64 {
         store,
     ));
     let d = b
-        .subscribe_durable(
+        .subscribe(
             DurableSpec::new("orders").name("bill"),
             SubscribeOptions::default(),
             handler.clone(),

@@ -57,7 +57,7 @@ fn delayed_messages_do_not_hold_back_messages_due_now() {
         .expect("publish");
     let (seen, handler) = recorder();
     let sub = broker
-        .subscribe_durable(
+        .subscribe(
             DurableSpec::new("jobs").name("worker"),
             SubscribeOptions::new().capacity(window),
             handler,
@@ -110,7 +110,7 @@ fn held_messages_are_bounded_and_nothing_is_lost() {
         .expect("publish");
     let (seen, handler) = recorder();
     let sub = broker
-        .subscribe_durable(
+        .subscribe(
             DurableSpec::new("jobs").name("worker"),
             SubscribeOptions::new().capacity(8),
             handler,

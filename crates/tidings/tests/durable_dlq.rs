@@ -35,7 +35,7 @@ fn subscribe(
     seen: &Arc<Mutex<Vec<String>>>,
 ) -> DurableSubscription {
     let (f, s) = (failing.clone(), seen.clone());
-    b.subscribe_durable(
+    b.subscribe(
         DurableSpec::new("orders").name(name),
         SubscribeOptions::default(),
         move |m: &Message| {

@@ -41,7 +41,7 @@ fn publish(b: &Broker, range: std::ops::Range<u64>) {
 
 fn subscribe(b: &Broker, seen: &Arc<Mutex<Vec<u64>>>, reject: Option<u64>) -> DurableSubscription {
     let s = seen.clone();
-    b.subscribe_durable(
+    b.subscribe(
         DurableSpec::new("orders").name("bill"),
         SubscribeOptions::default(),
         move |m: &Message| {

@@ -73,7 +73,7 @@ fn user_headers_cannot_spoof_durable_dlq_metadata() {
         })
         .unwrap();
     let d = b
-        .subscribe_durable(
+        .subscribe(
             DurableSpec::new("dead").name("audit"),
             SubscribeOptions::default(),
             |_: &Message| Err(HandlerError::reject("bad order")),
@@ -109,7 +109,7 @@ fn user_headers_cannot_spoof_durable_dlq_metadata() {
     b.create_stream(StreamConfig::new("dead", ["dlq.#"]))
         .unwrap();
     let d = b
-        .subscribe_durable(
+        .subscribe(
             DurableSpec::new("dead").name("audit"),
             SubscribeOptions::default(),
             |_: &Message| Ok(()),
@@ -150,7 +150,7 @@ fn redrive_then_stream(driver: Driver) {
     let failing = Arc::new(AtomicBool::new(true));
     let (s, f) = (seen.clone(), failing.clone());
     let d = b
-        .subscribe_durable(
+        .subscribe(
             DurableSpec::new("orders").name("bill"),
             SubscribeOptions::new().capacity(2),
             move |m: &Message| {
@@ -222,7 +222,7 @@ fn resubscribe_cycles(driver: Driver) {
         // dispatcher still holds the subscription. R-LOG-3: the drop released the durable
         // DLQ log and the offsets anyway, before it returned.
         let d = b
-            .subscribe_durable(
+            .subscribe(
                 DurableSpec::new("orders").name("bill"),
                 SubscribeOptions::default(),
                 move |m: &Message| {
@@ -280,7 +280,7 @@ fn a_committed_offset_beyond_the_end_is_clamped_and_nothing_is_skipped() {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let s = seen.clone();
     let d = b
-        .subscribe_durable(
+        .subscribe(
             DurableSpec::new("orders").name("bill"),
             SubscribeOptions::default(),
             move |m: &Message| {
@@ -311,7 +311,7 @@ fn a_stream_cut_below_the_commit_by_a_power_cut_skips_nothing_new() {
         orders(&b);
         publish_n(&b, 0..10);
         let d = b
-            .subscribe_durable(
+            .subscribe(
                 DurableSpec::new("orders").name("bill"),
                 SubscribeOptions::default(),
                 |_: &Message| Ok(()),
@@ -337,7 +337,7 @@ fn a_stream_cut_below_the_commit_by_a_power_cut_skips_nothing_new() {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let s = seen.clone();
     let d = b
-        .subscribe_durable(
+        .subscribe(
             DurableSpec::new("orders").name("bill"),
             SubscribeOptions::default(),
             move |m: &Message| {

@@ -67,7 +67,7 @@ fn subscribe(
     reject: Option<u64>,
 ) -> DurableSubscription {
     let s = seen.clone();
-    b.subscribe_durable(
+    b.subscribe(
         DurableSpec::new("orders").name(name),
         SubscribeOptions::new().capacity(8),
         move |m: &Message| {

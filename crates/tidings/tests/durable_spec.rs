@@ -1,4 +1,4 @@
-//! `DurableSpec`, the first argument of `Broker::subscribe_durable`, on the embedded log
+//! `DurableSpec`, the durable target of `Broker::subscribe`, on the embedded log
 //! (R-LOG-3, R-LOG-4): its defaults and the name it requires.
 //!
 //! Manual driver and clock: `run_until_idle` delivers in the test's thread.
@@ -64,7 +64,7 @@ fn default_filter_reads_every_message_of_the_stream_from_the_earliest() {
     // Neither a filter nor a start: every message of both patterns, from the first one,
     // although all were published before the subscription existed.
     let d = b
-        .subscribe_durable(
+        .subscribe(
             DurableSpec::new("shop").name("audit"),
             SubscribeOptions::default(),
             seen.handler(),
@@ -102,7 +102,7 @@ fn explicit_filter_and_start_narrow_the_default() {
     let again = spec.clone();
     assert!(format!("{spec:?}").contains("refunds.*"));
     let d = b
-        .subscribe_durable(spec, SubscribeOptions::default(), seen.handler())
+        .subscribe(spec, SubscribeOptions::default(), seen.handler())
         .unwrap();
     b.run_until_idle();
     // R-LOG-4: from offset 2; R-LOG-3: only the filter's topics.
@@ -111,7 +111,7 @@ fn explicit_filter_and_start_narrow_the_default() {
     // The same name resumes where it committed; the start is ignored then (R-LOG-3).
     b.publish(Message::to("refunds.late")).unwrap();
     let d = b
-        .subscribe_durable(again, SubscribeOptions::default(), seen.handler())
+        .subscribe(again, SubscribeOptions::default(), seen.handler())
         .unwrap();
     b.run_until_idle();
     assert_eq!(seen.get(), ["refunds.denied", "refunds.late"]);
@@ -125,7 +125,7 @@ fn a_missing_or_empty_name_is_refused_as_an_invalid_name() {
     two_pattern_stream(&b);
     for spec in [DurableSpec::new("shop"), DurableSpec::new("shop").name("")] {
         let err = b
-            .subscribe_durable(spec, SubscribeOptions::default(), |_: &Message| Ok(()))
+            .subscribe(spec, SubscribeOptions::default(), |_: &Message| Ok(()))
             .unwrap_err();
         // R-LIM-1: a typed error naming what was refused, never a panic.
         assert!(
@@ -138,7 +138,7 @@ fn a_missing_or_empty_name_is_refused_as_an_invalid_name() {
     }
     // The name is checked before the stream: a missing name is reported as such.
     assert!(matches!(
-        b.subscribe_durable(
+        b.subscribe(
             DurableSpec::new("nowhere"),
             SubscribeOptions::default(),
             |_: &Message| Ok(())
@@ -146,7 +146,7 @@ fn a_missing_or_empty_name_is_refused_as_an_invalid_name() {
         Err(StreamError::InvalidName { .. })
     ));
     // A name is all it takes.
-    b.subscribe_durable(
+    b.subscribe(
         DurableSpec::new("shop").name("ok"),
         SubscribeOptions::default(),
         |_: &Message| Ok(()),

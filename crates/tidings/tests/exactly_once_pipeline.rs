@@ -81,7 +81,7 @@ fn pipeline_child() {
             .max_attempts(1_000),
     );
     let pipe = broker
-        .subscribe_durable(
+        .subscribe(
             DurableSpec::new("in").name("pipe"),
             options,
             move |input: &Message| {

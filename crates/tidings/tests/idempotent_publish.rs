@@ -129,7 +129,7 @@ fn buffered_subscribers_still_receive_a_duplicate_durable_ones_do_not() {
     };
     let _kept = {
         let n = durable.clone();
-        b.subscribe_durable(
+        b.subscribe(
             DurableSpec::new(STREAM).name("billing"),
             SubscribeOptions::default(),
             move |_: &Message| {

@@ -551,7 +551,7 @@ fn a_durable_message_waiting_for_room_at_close_is_read_again_after_restart() {
     }
     let first = Starts::default();
     let sub = broker
-        .subscribe_durable(
+        .subscribe(
             DurableSpec::new("jobs").name("worker"),
             SubscribeOptions::new().rate_limit(RateLimit::new(2, Duration::from_secs(1)).unwrap()),
             recording(&clock, &first),
@@ -569,7 +569,7 @@ fn a_durable_message_waiting_for_room_at_close_is_read_again_after_restart() {
     let broker = open(&clock);
     let second = Starts::default();
     let _sub = broker
-        .subscribe_durable(
+        .subscribe(
             DurableSpec::new("jobs").name("worker"),
             SubscribeOptions::default(),
             recording(&clock, &second),
@@ -647,7 +647,7 @@ mod tokio_driver {
             Duration::from_millis(500),
         )));
         let sub = broker
-            .subscribe_async(
+            .subscribe(
                 "jobs",
                 SubscribeOptions::new()
                     .retry(Retry::fixed(Duration::from_millis(100), 3))
@@ -743,7 +743,7 @@ mod tokio_driver {
             let starts: Arc<Mutex<Vec<Duration>>> = Arc::default();
             let (record, at) = (starts.clone(), clock.clone());
             let sub = broker
-                .subscribe_async(
+                .subscribe(
                     "jobs",
                     SubscribeOptions::new()
                         .concurrency(concurrency)

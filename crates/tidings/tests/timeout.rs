@@ -100,9 +100,7 @@ async fn slow_attempts_are_cancelled_and_retried_then_dead_lettered() {
         },
         Duration::from_secs(5),
     ));
-    let sub = broker
-        .subscribe_async("jobs", retry(3), handler.clone())
-        .unwrap();
+    let sub = broker.subscribe("jobs", retry(3), handler.clone()).unwrap();
     broker.publish(Message::to("jobs")).unwrap();
     finished(&sub, 1).await;
 
@@ -141,9 +139,7 @@ async fn attempts_within_the_limit_keep_their_outcome() {
         },
         Duration::from_secs(5),
     ));
-    let sub = broker
-        .subscribe_async("jobs", retry(2), handler.clone())
-        .unwrap();
+    let sub = broker.subscribe("jobs", retry(2), handler.clone()).unwrap();
     for p in ["ok", "reject", "flaky"] {
         broker.publish(Message::to("jobs").payload(p)).unwrap();
     }
@@ -179,9 +175,7 @@ async fn duration_max_never_times_out() {
         },
         Duration::MAX,
     ));
-    let sub = broker
-        .subscribe_async("jobs", retry(1), handler.clone())
-        .unwrap();
+    let sub = broker.subscribe("jobs", retry(1), handler.clone()).unwrap();
     broker.publish(Message::to("jobs")).unwrap();
     while sub.stats().delivered == 0 {
         tokio::time::sleep(Duration::from_secs(86_400)).await;
@@ -205,9 +199,7 @@ async fn zero_limit_allows_exactly_one_poll() {
         },
         Duration::ZERO,
     ));
-    let sub = broker
-        .subscribe_async("jobs", retry(1), handler.clone())
-        .unwrap();
+    let sub = broker.subscribe("jobs", retry(1), handler.clone()).unwrap();
     broker
         .publish(Message::to("jobs").payload("ready"))
         .unwrap();
@@ -242,9 +234,7 @@ async fn composes_with_deduplicating() {
         },
         Duration::from_secs(5),
     )));
-    let sub = broker
-        .subscribe_async("jobs", retry(3), handler.clone())
-        .unwrap();
+    let sub = broker.subscribe("jobs", retry(3), handler.clone()).unwrap();
     let id = MessageId::new();
     broker.publish(Message::to("jobs").id(id)).unwrap();
     finished(&sub, 1).await;
@@ -283,9 +273,7 @@ async fn composes_with_the_typed_adaptor() {
         }),
         Duration::from_secs(5),
     ));
-    let sub = broker
-        .subscribe_async("jobs", retry(2), handler.clone())
-        .unwrap();
+    let sub = broker.subscribe("jobs", retry(2), handler.clone()).unwrap();
     broker
         .publish(Message::to("jobs").json(&Job { seconds: 1 }).unwrap())
         .unwrap();
@@ -327,7 +315,7 @@ async fn live_driver_cancels_a_hung_attempt_and_goes_on() {
         Duration::from_millis(50),
     ));
     let sub = broker
-        .subscribe_async(
+        .subscribe(
             "jobs",
             SubscribeOptions::new().retry(Retry::None),
             handler.clone(),

@@ -69,7 +69,7 @@ async fn fan_out_order_and_one_active_handler() {
         let (act, log) = (activity.clone(), seen.clone());
         let sub = if n % 2 == 0 {
             broker
-                .subscribe_async("load", options(), move |m: Arc<Message>| {
+                .subscribe("load", options(), move |m: Arc<Message>| {
                     let (act, log) = (act.clone(), log.clone());
                     async move {
                         act.enter();
@@ -132,7 +132,7 @@ async fn async_handler_awaits_tokio_sleep_under_paused_time() {
     let slept: Arc<Mutex<Vec<Duration>>> = Arc::default();
     let log = slept.clone();
     let sub = broker
-        .subscribe_async(
+        .subscribe(
             "nap",
             SubscribeOptions::default(),
             move |_m: Arc<Message>| {
@@ -166,7 +166,7 @@ async fn failing_async_handler_is_retried_then_dead_lettered() {
     let calls = Arc::new(AtomicU32::new(0));
     let c = calls.clone();
     let sub = broker
-        .subscribe_async(
+        .subscribe(
             "fail",
             SubscribeOptions::new().retry(Retry::fixed(Duration::from_millis(1), 3)),
             move |_m: Arc<Message>| {
@@ -204,7 +204,7 @@ async fn panicking_async_handler_is_caught_retried_and_dead_lettered() {
     let ok = Arc::new(AtomicU32::new(0));
     let o = ok.clone();
     let sub = broker
-        .subscribe_async(
+        .subscribe(
             "boom",
             SubscribeOptions::new().retry(Retry::fixed(Duration::from_millis(1), 3)),
             move |m: Arc<Message>| {
@@ -247,7 +247,7 @@ async fn async_request_reply() {
     let broker = tokio_broker();
     let weak = broker.downgrade();
     let _responder = broker
-        .subscribe_async(
+        .subscribe(
             "svc.echo",
             SubscribeOptions::default(),
             move |m: Arc<Message>| {
@@ -289,7 +289,7 @@ async fn async_request_reply() {
 fn close_from_outside_the_runtime_drains_and_joins() {
     let (_rt, broker) = runtime_and_broker();
     let sub = broker
-        .subscribe_async(
+        .subscribe(
             "slow",
             SubscribeOptions::default(),
             |_m: Arc<Message>| async {
@@ -314,7 +314,7 @@ fn close_from_outside_the_runtime_drains_and_joins() {
 async fn close_async_inside_a_current_thread_runtime_drains() {
     let broker = tokio_broker();
     let sub = broker
-        .subscribe_async(
+        .subscribe(
             "slow",
             SubscribeOptions::default(),
             |_m: Arc<Message>| async {
@@ -344,7 +344,7 @@ fn stuck(broker: &Broker) -> (Subscription, Arc<AtomicBool>) {
     let s = started.clone();
     let options = SubscribeOptions::new().name("stuck");
     let sub = broker
-        .subscribe_async("stuck", options, move |_m: Arc<Message>| {
+        .subscribe("stuck", options, move |_m: Arc<Message>| {
             s.store(true, Ordering::SeqCst);
             async move {
                 tokio::time::sleep(Duration::from_secs(3600)).await;
@@ -478,7 +478,7 @@ fn async_handler_without_tokio_driver_is_refused() {
     for driver in [Driver::Thread, Driver::Manual] {
         let broker = Broker::builder().driver(driver).build().unwrap();
         let err = broker
-            .subscribe_async("t", SubscribeOptions::default(), |_m: Arc<Message>| async {
+            .subscribe("t", SubscribeOptions::default(), |_m: Arc<Message>| async {
                 Ok(())
             })
             .unwrap_err();
@@ -718,7 +718,7 @@ async fn lanes_and_per_key_slots_come_and_go_keeping_their_limits() {
             failed_once.clone(),
         );
         let sub = broker
-            .subscribe_async(
+            .subscribe(
                 "keyed",
                 SubscribeOptions::new()
                     .concurrency(concurrency)

@@ -245,7 +245,7 @@ fn async_handlers_run_in_their_process_span_across_awaits() {
                 .unwrap();
             let weak = b.downgrade();
             let _ship = b
-                .subscribe_async(
+                .subscribe(
                     "orders.created",
                     SubscribeOptions::new().name("ship"),
                     move |_m: Arc<Message>| {
@@ -337,7 +337,7 @@ fn the_trace_survives_a_durable_stream_and_a_restart() {
         drop(first);
         let second = open();
         let _ship = second
-            .subscribe_durable(
+            .subscribe(
                 DurableSpec::new("orders").name("ship").filter("orders.#"),
                 SubscribeOptions::default(),
                 |_: &Message| Ok::<(), HandlerError>(()),

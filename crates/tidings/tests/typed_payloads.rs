@@ -52,11 +52,15 @@ fn typed_round_trip_on_the_manual_driver() {
     let got: Got = Arc::default();
     let g = got.clone();
     let sub = broker
-        .subscribe_json::<Order, _>("orders.*", retrying(), move |o, m| {
-            assert_eq!(m.header(CONTENT_TYPE_HEADER), Some(JSON_CONTENT_TYPE));
-            g.lock().push(o);
-            Ok(())
-        })
+        .subscribe(
+            "orders.*",
+            retrying(),
+            json_handler(move |o: Order, m: &Message| {
+                assert_eq!(m.header(CONTENT_TYPE_HEADER), Some(JSON_CONTENT_TYPE));
+                g.lock().push(o);
+                Ok(())
+            }),
+        )
         .unwrap();
     for id in 0..3 {
         let report = broker
@@ -79,10 +83,14 @@ fn undecodable_payloads_are_rejected_with_the_decoders_error() {
     let got: Got = Arc::default();
     let g = got.clone();
     let sub = broker
-        .subscribe_json::<Order, _>("orders.*", retrying(), move |o, _| {
-            g.lock().push(o);
-            Ok(())
-        })
+        .subscribe(
+            "orders.*",
+            retrying(),
+            json_handler(move |o: Order, _: &Message| {
+                g.lock().push(o);
+                Ok(())
+            }),
+        )
         .unwrap();
     let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
     let deep_in_field = format!(
@@ -212,10 +220,18 @@ fn nesting_past_the_recursion_limit_is_an_error_not_a_stack_overflow() {
     }
     let (broker, _clock) = manual();
     let values = broker
-        .subscribe_json::<serde_json::Value, _>("deep", retrying(), |_, _| Ok(()))
+        .subscribe(
+            "deep",
+            retrying(),
+            json_handler(|_: serde_json::Value, _: &Message| Ok(())),
+        )
         .unwrap();
     let trees = broker
-        .subscribe_json::<Tree, _>("deep", retrying(), |_, _| Ok(()))
+        .subscribe(
+            "deep",
+            retrying(),
+            json_handler(|_: Tree, _: &Message| Ok(())),
+        )
         .unwrap();
     let arrays = format!("{}{}", "[".repeat(1_000_000), "]".repeat(1_000_000));
     let tree = format!(
@@ -276,10 +292,14 @@ fn content_type_mismatch_is_rejected_naming_both_types() {
     let got: Got = Arc::default();
     let g = got.clone();
     let sub = broker
-        .subscribe_json::<Order, _>("orders.*", retrying(), move |o, _| {
-            g.lock().push(o);
-            Ok(())
-        })
+        .subscribe(
+            "orders.*",
+            retrying(),
+            json_handler(move |o: Order, _: &Message| {
+                g.lock().push(o);
+                Ok(())
+            }),
+        )
         .unwrap();
     let valid = serde_json::to_vec(&order(1)).unwrap();
     let publish = |ct: Option<&str>| {
@@ -344,12 +364,16 @@ fn json_builder_sets_one_content_type() {
 fn handler_errors_after_decoding_follow_the_retry_policy() {
     let (broker, _clock) = manual();
     let sub = broker
-        .subscribe_json::<Order, _>("orders.*", retrying(), |o, _| {
-            if o.id == 1 {
-                panic!("order 1 panics");
-            }
-            Err(HandlerError::retry(format!("order {} failed", o.id)))
-        })
+        .subscribe(
+            "orders.*",
+            retrying(),
+            json_handler(|o: Order, _: &Message| {
+                if o.id == 1 {
+                    panic!("order 1 panics");
+                }
+                Err(HandlerError::retry(format!("order {} failed", o.id)))
+            }),
+        )
         .unwrap();
     broker
         .publish(Message::to("orders.a").json(&order(0)).unwrap())
@@ -403,10 +427,9 @@ fn typed_composes_with_deduplicating() {
     assert_eq!(sub.dead_letters().len(), 1);
 }
 
-// R-PAT-3 + R-EXE-3: `Typed` with a codec spelled out, on a plain `subscribe`, behaves
-// like `subscribe_json`.
+// R-PAT-3 + R-EXE-3: `Typed` with a codec spelled out behaves like `json_handler`.
 #[test]
-fn typed_new_with_json_is_subscribe_json() {
+fn typed_new_with_json_is_json_handler() {
     let (broker, _clock) = manual();
     let sub = broker
         .subscribe(
@@ -455,11 +478,15 @@ fn durable_json_on_the_embedded_log_survives_a_restart() {
             .unwrap();
         let g = got.clone();
         let sub = broker
-            .subscribe_durable_json::<Order, _>(spec(), retrying(), move |o, m| {
-                assert_eq!(m.header(CONTENT_TYPE_HEADER), Some(JSON_CONTENT_TYPE));
-                g.lock().push(o);
-                Ok(())
-            })
+            .subscribe(
+                spec(),
+                retrying(),
+                json_handler(move |o: Order, m: &Message| {
+                    assert_eq!(m.header(CONTENT_TYPE_HEADER), Some(JSON_CONTENT_TYPE));
+                    g.lock().push(o);
+                    Ok(())
+                }),
+            )
             .unwrap();
         broker
             .publish(Message::to("orders.created").json(&order(1)).unwrap())
@@ -505,16 +532,20 @@ fn durable_json_on_the_embedded_log_survives_a_restart() {
             .unwrap();
         let g = got.clone();
         let resumed = broker
-            .subscribe_durable_json::<Order, _>(spec(), retrying(), move |o, _| {
-                g.lock().push(o);
-                Ok(())
-            })
+            .subscribe(
+                spec(),
+                retrying(),
+                json_handler(move |o: Order, _: &Message| {
+                    g.lock().push(o);
+                    Ok(())
+                }),
+            )
             .unwrap();
         // A second reader from the start decodes the stored records again, header and all.
         let replayed: Got = Arc::default();
         let r = replayed.clone();
         let _replay = broker
-            .subscribe_durable(
+            .subscribe(
                 spec().name("audit").start(StartAt::Earliest),
                 SubscribeOptions::new().retry(Retry::None),
                 json_handler(move |o: Order, _: &Message| {
@@ -543,15 +574,19 @@ async fn async_json_on_the_tokio_driver() {
     let got: Got = Arc::default();
     let g = got.clone();
     let sub = broker
-        .subscribe_json_async::<Order, _, _>("orders.*", retrying(), move |o, m: Arc<Message>| {
-            let g = g.clone();
-            async move {
-                assert_eq!(m.header(CONTENT_TYPE_HEADER), Some(JSON_CONTENT_TYPE));
-                tokio::task::yield_now().await;
-                g.lock().push(o);
-                Ok(())
-            }
-        })
+        .subscribe(
+            "orders.*",
+            retrying(),
+            json_handler(move |o: Order, m: Arc<Message>| {
+                let g = g.clone();
+                async move {
+                    assert_eq!(m.header(CONTENT_TYPE_HEADER), Some(JSON_CONTENT_TYPE));
+                    tokio::task::yield_now().await;
+                    g.lock().push(o);
+                    Ok(())
+                }
+            }),
+        )
         .unwrap();
     broker
         .publish_async(Message::to("orders.a").json(&order(1)).unwrap())

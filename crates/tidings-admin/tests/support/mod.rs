@@ -193,7 +193,7 @@ impl World {
             )
             .unwrap();
         let ship = broker
-            .subscribe_durable(
+            .subscribe(
                 DurableSpec::new("orders")
                     .name("ship")
                     .filter("orders.created"),

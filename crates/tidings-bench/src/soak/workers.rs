@@ -188,7 +188,7 @@ fn embedded(dir: &Path, generation: u64) -> Result<(), String> {
         .map_err(|e| format!("creating the embedded stream: {e}"))?;
     let handled = append(dir.join("handled"))?;
     let sub = broker
-        .subscribe_durable(
+        .subscribe(
             DurableSpec::new(EMBEDDED_STREAM)
                 .name("ledger")
                 .filter(format!("{EMBEDDED_STREAM}.#")),
@@ -234,7 +234,7 @@ fn keyed(url: &str, dir: &Path, name: &str) -> Result<(), String> {
     let handled = append(dir.join("handled"))?;
     let broker = jetstream_broker(url, &format!("soak-keyed-{name}"))?;
     let _sub = broker
-        .subscribe_durable(
+        .subscribe(
             DurableSpec::new(KEYED_STREAM)
                 .name("group")
                 .filter(format!("{KEYED_STREAM}.#")),
@@ -354,12 +354,12 @@ fn sql(url: &str, dir: &Path) -> Result<(), String> {
         .map_err(|e| format!("opening the ledger: {e}"))?;
     let broker = jetstream_broker(url, "soak-sql")?;
     let _sub = broker
-        .subscribe_durable(
+        .subscribe(
             DurableSpec::new(SQL_STREAM)
                 .name("ledger")
                 .filter(format!("{SQL_STREAM}.#")),
             SubscribeOptions::default(),
-            ledger,
+            tidings::AnyHandler::from_sync(ledger),
         )
         .map_err(|e| format!("subscribing the SQL ledger: {e}"))?;
     while !told_to_stop(dir) {

@@ -21,7 +21,8 @@ use crate::{Inner, Settled, StoredFence, Transactional, millis, panic_text};
 /// opened again after it was lost.
 ///
 /// Its calls block the calling thread: use it with the thread, pool or manual driver, or
-/// subscribe it with `subscribe_async` under the tokio driver, which runs it on tokio's
+/// subscribe it as an async handler (`AnyHandler::from_async`) under the tokio driver,
+/// which runs it on tokio's
 /// blocking pool. Never call it on a runtime worker directly (the blocking client would
 /// panic there).
 ///
@@ -343,7 +344,8 @@ where
     }
 }
 
-/// Under the tokio driver (`subscribe_async`): the same delivery on tokio's blocking pool.
+/// Under the tokio driver (`subscribe(.., AnyHandler::from_async(h))`): the same delivery
+/// on tokio's blocking pool.
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 impl<F> tidings::AsyncHandler for Transactional<Postgres, F>
 where

@@ -194,8 +194,8 @@ where
     /// An async handler running `handler` in a transaction of the PostgreSQL database
     /// `conn` names (a connection string, see [`Postgres`](crate::Postgres)), recording the
     /// ids of `consumer` in `table` and its lease terms in `<table>_fence` (both created
-    /// if absent, in the current schema). Subscribe it with `Broker::subscribe_async`
-    /// under the tokio driver.
+    /// if absent, in the current schema). Subscribe it with `Broker::subscribe` (to
+    /// a pattern or a durable stream) under the tokio driver.
     ///
     /// Must be awaited inside a tokio runtime: the connection's I/O is spawned on it.
     ///

@@ -122,7 +122,7 @@ pub fn ledger_broker(dir: &Path) -> Broker {
 /// The one place the durable subscription is made (its API is changing on main).
 pub fn subscribe_ledger(broker: &Broker, handler: impl Handler) -> DurableSubscription {
     broker
-        .subscribe_durable(
+        .subscribe(
             DurableSpec::new(STREAM).name(DURABLE),
             SubscribeOptions::default(),
             handler,

@@ -26,7 +26,7 @@
 //! | file | what |
 //! |---|---|
 //! | `mod.rs` | `Broker`, `BrokerBuilder`, `WeakBroker`; request, the subscription registry |
-//! | `subscribe.rs` | the one `subscribe` (every target, every handler kind) and its older thin wrappers |
+//! | `subscribe.rs` | the one `subscribe` (every target, every handler kind): its targets, its handler check |
 //! | `publish.rs` | the publish path: validate, append to streams, route or schedule; dead-letter forwarding |
 //! | `durable.rs` | choosing the durable backend; streams, durable subscriptions, durable dedup stores |
 //! | `idle.rs` | the manual driver's drive-to-idle (`run_until_idle`, `settle`'s next wake-up) |
@@ -194,24 +194,22 @@ impl BrokerBuilder {
 /// # Methods by concern
 /// Every public method, by what it is for (a test, `tests/broker_map.rs`, keeps this
 /// table complete and fails on a method missing from it or a name it lists that does not
-/// exist). One verb has one name: [`subscribe`](Broker::subscribe) takes every target and
-/// every kind of handler; the methods marked *wrapper* are thin forms of it kept for
-/// existing code.
+/// exist). One verb has one name: [`subscribe`](Broker::subscribe) takes every target (a
+/// pattern or a durable stream) and every kind of handler (sync, async, typed, decorated).
 ///
 /// | concern | methods |
 /// |---|---|
 /// | making one, handles | [`builder`](Broker::builder), [`new`](Broker::new), [`downgrade`](Broker::downgrade), [`clock`](Broker::clock) |
 /// | publishing | [`publish`](Broker::publish), [`publish_async`](Broker::publish_async), [`scheduled`](Broker::scheduled) |
-/// | subscribing | [`subscribe`](Broker::subscribe), [`unsubscribe`](Broker::unsubscribe), [`subscriptions`](Broker::subscriptions); *wrappers:* [`subscribe_durable`](Broker::subscribe_durable), [`subscribe_async`](Broker::subscribe_async), [`subscribe_json`](Broker::subscribe_json), [`subscribe_durable_json`](Broker::subscribe_durable_json), [`subscribe_json_async`](Broker::subscribe_json_async) |
+/// | subscribing | [`subscribe`](Broker::subscribe), [`unsubscribe`](Broker::unsubscribe), [`subscriptions`](Broker::subscriptions) |
 /// | request–reply | [`request`](Broker::request), [`request_async`](Broker::request_async), [`pending_requests`](Broker::pending_requests), [`late_replies`](Broker::late_replies) |
 /// | durable streams | [`create_stream`](Broker::create_stream), [`stream`](Broker::stream), [`streams`](Broker::streams), [`durable_dedup_store`](Broker::durable_dedup_store), [`data_dir`](Broker::data_dir), [`embedded_backend`](Broker::embedded_backend), [`durable_backend_name`](Broker::durable_backend_name) |
 /// | driving and waiting (tests) | [`run_until_idle`](Broker::run_until_idle), [`settle`](Broker::settle), [`wait_idle`](Broker::wait_idle), [`next_wake`](Broker::next_wake) |
 /// | closing | [`close`](Broker::close), [`close_async`](Broker::close_async), [`is_closed`](Broker::is_closed) |
 /// | operating (snapshot, metrics, admin actions) | [`snapshot`](Broker::snapshot), [`export_metrics`](Broker::export_metrics), [`dead_letter_page`](Broker::dead_letter_page), [`redrive_dead_letters`](Broker::redrive_dead_letters), [`purge_dead_letters`](Broker::purge_dead_letters), [`seek_subscription`](Broker::seek_subscription) |
 ///
-/// `publish_async`, `request_async`, `close_async` and `subscribe_async` need the feature
-/// `tokio`; `export_metrics` the feature `metrics`; the `*_json*` wrappers the feature
-/// `serde`.
+/// `publish_async`, `request_async` and `close_async` need the feature `tokio` (as do async
+/// handlers); `export_metrics` the feature `metrics`.
 #[derive(Clone)]
 pub struct Broker {
     pub(crate) inner: Arc<BrokerInner>,

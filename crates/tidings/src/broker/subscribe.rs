@@ -8,15 +8,13 @@
 //! one under the tokio driver; on every target each gets the same guarantees, because both
 //! run in the one subscription core.
 //!
-//! The older per-cell methods (`subscribe_async`, `subscribe_json`, `subscribe_json_async`,
-//! `subscribe_durable`, `subscribe_durable_json`) are here too, each a thin wrapper over
-//! `subscribe`, kept so that existing code compiles; the typed ones still infer a
-//! closure's argument types, which `subscribe(.., json_handler(..))` asks the closure to
-//! annotate.
+//! One name per verb: there is no per-target or per-kind variant. A typed handler is
+//! `subscribe(target, options, json_handler(|order: Order, msg: &Message| ..))` (or
+//! [`Typed`](crate::Typed) with any codec); an async one is an async closure or an
+//! [`AsyncHandler`](crate::AsyncHandler).
 
 use crate::durable::{DurableSpec, DurableSubscription, StreamError};
 use crate::error::SubscribeError;
-use crate::handler::Handler;
 use crate::into_handler::{AnyHandler, IntoHandler};
 use crate::options::SubscribeOptions;
 use crate::subscription::Subscription;
@@ -72,8 +70,8 @@ impl Broker {
     ///   after this returns; returns a [`Subscription`]. Or a [`DurableSpec`] — a cursor
     ///   over a stream of the broker's durable backend (the embedded log, JetStream, …),
     ///   which resumes at its committed position; returns a [`DurableSubscription`] (see
-    ///   [`subscribe_durable`](Broker::subscribe_durable) for its contract).
-    /// * **Handler** ([`IntoHandler`]): a sync [`Handler`] (any driver), an
+    ///   [Durable targets](#durable-targets) below).
+    /// * **Handler** ([`IntoHandler`]): a sync [`Handler`](crate::Handler) (any driver), an
     ///   [`AsyncHandler`](crate::AsyncHandler) (the tokio driver), either of them typed
     ///   ([`Typed`](crate::Typed), [`json_handler`](crate::json_handler)) or decorated, or an
     ///   [`AnyHandler`]. Sync and async handlers get the same guarantees on every target —
@@ -120,42 +118,25 @@ impl Broker {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     ///
-    /// # Errors
-    /// The target's error type. For a pattern ([`SubscribeError`]): an invalid pattern or
-    /// options, too many subscriptions, the broker closed, an async handler under a driver
-    /// other than tokio ([`SubscribeError::AsyncHandlerNeedsTokio`]). For a durable spec
-    /// ([`StreamError`]): see [`subscribe_durable`](Broker::subscribe_durable); an async
-    /// handler under another driver is refused there too, of kind `Unsupported`, before
-    /// the cursor is opened.
-    pub fn subscribe<T, K>(
-        &self,
-        target: T,
-        options: SubscribeOptions,
-        handler: impl IntoHandler<K>,
-    ) -> Result<T::Subscription, T::Error>
-    where
-        T: SubscribeTarget,
-        K: ?Sized,
-    {
-        target.subscribe_to(self, options, handler.into_handler(), private::Token(()))
-    }
-
-    /// A thin wrapper: `subscribe(spec, options, handler)` (see
-    /// [`subscribe`](Broker::subscribe)), kept for existing callers. The contract of a
-    /// durable subscription is documented here.
+    /// # Durable targets
+    /// With a [`DurableSpec`], `handler` is subscribed durably to the messages of the stream
+    /// the spec names whose topic matches its filter (R-LOG-3, R-LOG-4); see [`DurableSpec`]
+    /// for the parts and their defaults, and [`DurableSubscription`] for delivery,
+    /// dead letters, backpressure and closing.
     ///
-    /// Subscribe `handler` durably to the messages of the stream `spec` names, whose topic
-    /// matches its filter (R-LOG-3, R-LOG-4); see [`DurableSpec`] for the parts and their
-    /// defaults.
-    ///
-    /// If the spec's name has a committed position on this stream (from an earlier run),
-    /// delivery resumes there and the spec's start is ignored (use
-    /// [`DurableSubscription::seek`] to move it); otherwise it starts there, and that
-    /// position is committed at once. A committed position beyond the stream's end is
-    /// clamped to the end, committed and logged ([`DurableSubscription::clamped_from`]
-    /// reports it). `options` apply as for a pattern (retry, DLQ, TTL, lanes, per-key,
-    /// filters); `capacity` is the window of outstanding messages, and `overflow` never
-    /// triggers because the feeder waits for room.
+    /// * **Where it starts.** If the spec's name has a committed position on this stream
+    ///   (from an earlier run, or an earlier subscription in this one), delivery resumes
+    ///   there and the spec's start is ignored (use [`DurableSubscription::seek`] to move
+    ///   it); otherwise it starts at the spec's start, and that position is committed at
+    ///   once.
+    /// * **Clamping.** A committed position beyond the stream's end is clamped to the end,
+    ///   committed and logged ([`DurableSubscription::clamped_from`] reports it).
+    /// * **Options.** `options` apply as for a pattern (retry, DLQ, TTL, lanes, per-key,
+    ///   filters); `capacity` is the window of outstanding messages, and `overflow` never
+    ///   triggers because the feeder waits for room (R-BP-2).
+    /// * **Typed handlers.** A payload that does not decode is dead-lettered `Rejected` in
+    ///   the durable dead-letter store and its offset committed, so it is not seen again
+    ///   after a restart.
     ///
     /// ```
     /// use tidings::{Broker, DurableSpec, Message, StreamConfig, SubscribeOptions};
@@ -167,22 +148,66 @@ impl Broker {
     ///     SubscribeOptions::default(),
     ///     |_: &Message| Ok(()),
     /// )?;
-    /// assert_eq!(billing.committed(), 0);
+    /// assert_eq!(billing.committed(), 0); // a new name: its start, committed at once
     /// # broker.close(std::time::Duration::from_secs(1));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     ///
+    /// A typed handler on a durable target (feature `serde`): the undecodable message is
+    /// dead-lettered durably and passed by the commit.
+    ///
+    /// ```
+    /// # #[cfg(feature = "serde")]
+    /// # {
+    /// use tidings::{Broker, Driver, DurableSpec, Message, StreamConfig, SubscribeOptions,
+    ///               json_handler};
+    /// #[derive(serde::Serialize, serde::Deserialize)]
+    /// struct Order { id: u64 }
+    /// # let dir = tempfile::tempdir()?;
+    /// let broker = Broker::builder().driver(Driver::Manual).data_dir(dir.path()).build()?;
+    /// broker.create_stream(StreamConfig::new("orders", ["orders.#"]))?;
+    /// let billing = broker.subscribe(
+    ///     DurableSpec::new("orders").name("billing"),
+    ///     SubscribeOptions::default(),
+    ///     json_handler(|order: Order, _msg: &Message| {
+    ///         println!("order {}", order.id);
+    ///         Ok(())
+    ///     }),
+    /// )?;
+    /// broker.publish(Message::to("orders.created").json(&Order { id: 7 })?)?;
+    /// broker.publish(Message::to("orders.created").payload("not json"))?;
+    /// broker.run_until_idle();
+    /// assert_eq!(billing.stats().delivered, 1);
+    /// assert_eq!(billing.durable_dead_letters()?.len(), 1); // Rejected, stored durably
+    /// assert_eq!(billing.committed(), 2); // both finished
+    /// # }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
     /// # Errors
-    /// Unknown stream, a missing or bad name ([`StreamError::InvalidName`]), a bad filter or
-    /// options, the name already active, an offset out of retention
-    /// ([`StreamError::OutOfRetention`]) or beyond the end, a foreign offset file.
-    pub fn subscribe_durable(
+    /// The target's error type. For a pattern ([`SubscribeError`]): an invalid pattern or
+    /// options, too many subscriptions, the broker closed, an async handler under a driver
+    /// other than tokio ([`SubscribeError::AsyncHandlerNeedsTokio`]).
+    ///
+    /// For a durable spec ([`StreamError`], match on [`StreamError::kind`]): no durable
+    /// backend, an unknown stream, a missing or bad name ([`StreamError::InvalidName`]), a
+    /// bad filter ([`StreamError::InvalidPattern`]) or options, the name already active
+    /// ([`StreamError::DurableInUse`]), a start offset out of retention
+    /// ([`StreamError::OutOfRetention`]) or beyond the end ([`StreamError::BeyondEnd`]), a
+    /// foreign offset file, the broker closed. An async handler under another driver is
+    /// refused too, of kind `Unsupported`, before the cursor is opened (the name stays
+    /// free).
+    pub fn subscribe<T, K>(
         &self,
-        spec: DurableSpec,
+        target: T,
         options: SubscribeOptions,
-        handler: impl Handler,
-    ) -> Result<DurableSubscription, StreamError> {
-        self.subscribe(spec, options, handler)
+        handler: impl IntoHandler<K>,
+    ) -> Result<T::Subscription, T::Error>
+    where
+        T: SubscribeTarget,
+        K: ?Sized,
+    {
+        target.subscribe_to(self, options, handler.into_handler(), private::Token(()))
     }
 }
 
@@ -248,178 +273,5 @@ impl SubscribeTarget for DurableSpec {
         _: private::Token,
     ) -> Result<DurableSubscription, StreamError> {
         broker.subscribe_spec(self, options, handler)
-    }
-}
-
-#[cfg(feature = "tokio")]
-impl Broker {
-    /// A thin wrapper: `subscribe(pattern, options, handler)` with an async handler (see
-    /// [`subscribe`](Broker::subscribe)), kept for existing callers.
-    ///
-    /// The handler's future is awaited by the subscription's dispatcher task(s) on the
-    /// tokio driver's runtime, with the same ordering, retry, dead-letter and panic
-    /// guarantees as a sync handler (R-EXE-3).
-    ///
-    /// # Errors
-    /// [`SubscribeError::AsyncHandlerNeedsTokio`] when the broker's driver is not
-    /// [`Driver::Tokio`](crate::Driver) (nothing else can await the handler), and every
-    /// error of [`subscribe`](Broker::subscribe) for a pattern.
-    #[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
-    pub fn subscribe_async(
-        &self,
-        pattern: &str,
-        options: SubscribeOptions,
-        handler: impl crate::async_handler::AsyncHandler,
-    ) -> Result<Subscription, SubscribeError> {
-        self.subscribe(pattern, options, handler)
-    }
-}
-
-#[cfg(feature = "serde")]
-mod typed {
-    use serde::de::DeserializeOwned;
-
-    use crate::durable::{DurableSpec, DurableSubscription, StreamError};
-    use crate::error::SubscribeError;
-    use crate::handler::HandlerError;
-    use crate::message::Message;
-    use crate::options::SubscribeOptions;
-    use crate::subscription::Subscription;
-    use crate::typed::json_handler;
-
-    use super::Broker;
-
-    impl Broker {
-        /// A thin wrapper: `subscribe(pattern, options, json_handler(handler))` (R-PAT-3),
-        /// kept for existing callers; unlike it, the closure's arguments and its `Ok(())`
-        /// are inferred (name `T` with `subscribe_json::<Order, _>` or by annotating the
-        /// first argument).
-        ///
-        /// `handler(order, &message)` runs for each message whose payload decodes as a `T`.
-        /// A payload that does not decode — empty, truncated, not JSON, not UTF-8, the
-        /// wrong shape, a number out of range, nested too deep, or a `content-type` header
-        /// of another format — is dead-lettered `Rejected` with the decoder's error as its
-        /// last error, at once, without calling `handler` and without retries (see
-        /// [`Typed`](crate::Typed)).
-        ///
-        /// ```
-        /// use serde::{Deserialize, Serialize};
-        /// use tidings::{Broker, Driver, Message, SubscribeOptions};
-        ///
-        /// #[derive(Serialize, Deserialize)]
-        /// struct Order { id: u64, cents: u64 }
-        ///
-        /// let broker = Broker::builder().driver(Driver::Manual).build()?;
-        /// let billing = broker.subscribe_json::<Order, _>("orders.*", SubscribeOptions::default(),
-        ///     |order, msg| {
-        ///         assert_eq!((order.id, order.cents), (7, 1250));
-        ///         assert_eq!(msg.topic().as_str(), "orders.created");
-        ///         Ok(())
-        ///     })?;
-        /// broker.publish(Message::to("orders.created").json(&Order { id: 7, cents: 1250 })?)?;
-        /// broker.publish(Message::to("orders.created").payload("{\"id\": 7"))?; // truncated
-        /// broker.run_until_idle();
-        /// assert_eq!(billing.stats().delivered, 1);
-        /// let dead = billing.dead_letters();
-        /// assert_eq!(dead[0].last_error(), Some(
-        ///     "cannot decode the application/json payload: EOF while parsing an object at line 1 column 8"));
-        /// # Ok::<(), Box<dyn std::error::Error>>(())
-        /// ```
-        ///
-        /// # Errors
-        /// Every error of [`subscribe`](Broker::subscribe) for a pattern.
-        #[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
-        pub fn subscribe_json<T, F>(
-            &self,
-            pattern: &str,
-            options: SubscribeOptions,
-            handler: F,
-        ) -> Result<Subscription, SubscribeError>
-        where
-            T: DeserializeOwned + 'static,
-            F: Fn(T, &Message) -> Result<(), HandlerError> + Send + Sync + 'static,
-        {
-            self.subscribe(pattern, options, json_handler(handler))
-        }
-
-        /// A thin wrapper: `subscribe(spec, options, json_handler(handler))` (R-PAT-3,
-        /// R-LOG-3), kept for existing callers; the closure's arguments are inferred. A
-        /// payload that does not decode is dead-lettered `Rejected` (in the durable
-        /// dead-letter queue) and its offset committed, so it is not seen again after a
-        /// restart.
-        ///
-        /// ```
-        /// use tidings::{Broker, DurableSpec, Message, StreamConfig, SubscribeOptions};
-        /// # #[derive(serde::Serialize, serde::Deserialize)] struct Order { id: u64 }
-        /// # let dir = tempfile::tempdir()?;
-        /// let broker = Broker::builder().data_dir(dir.path()).build()?;
-        /// broker.create_stream(StreamConfig::new("orders", ["orders.#"]))?;
-        /// let billing = broker.subscribe_durable_json(
-        ///     DurableSpec::new("orders").name("billing"),
-        ///     SubscribeOptions::default(),
-        ///     |order: Order, _msg: &Message| {
-        ///         println!("order {}", order.id);
-        ///         Ok(())
-        ///     },
-        /// )?;
-        /// # broker.close(std::time::Duration::from_secs(1));
-        /// # Ok::<(), Box<dyn std::error::Error>>(())
-        /// ```
-        ///
-        /// # Errors
-        /// Every error of [`subscribe_durable`](Broker::subscribe_durable).
-        #[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
-        pub fn subscribe_durable_json<T, F>(
-            &self,
-            spec: DurableSpec,
-            options: SubscribeOptions,
-            handler: F,
-        ) -> Result<DurableSubscription, StreamError>
-        where
-            T: DeserializeOwned + 'static,
-            F: Fn(T, &Message) -> Result<(), HandlerError> + Send + Sync + 'static,
-        {
-            self.subscribe(spec, options, json_handler(handler))
-        }
-
-        /// A thin wrapper: `subscribe(pattern, options, json_handler(handler))` with an
-        /// async function (R-PAT-3, R-EXE-3), kept for existing callers; the closure's
-        /// arguments are inferred. The payload is decoded before `handler` is called; one
-        /// that does not decode is dead-lettered `Rejected` and `handler` is not called.
-        ///
-        /// ```
-        /// use std::sync::Arc;
-        /// use tidings::{Broker, Driver, HandlerError, Message, SubscribeOptions};
-        /// # #[derive(serde::Serialize, serde::Deserialize)] struct Order { id: u64 }
-        /// let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-        /// let broker = Broker::builder().driver(Driver::Tokio(rt.handle().clone())).build()?;
-        /// let billing = broker.subscribe_json_async("orders.*", SubscribeOptions::default(),
-        ///     |order: Order, _msg: Arc<Message>| async move {
-        ///         assert_eq!(order.id, 7);
-        ///         Ok::<(), HandlerError>(())
-        ///     })?;
-        /// broker.publish(Message::to("orders.created").json(&Order { id: 7 })?)?;
-        /// assert!(broker.wait_idle(std::time::Duration::from_secs(10)));
-        /// assert_eq!(billing.stats().delivered, 1);
-        /// # Ok::<(), Box<dyn std::error::Error>>(())
-        /// ```
-        ///
-        /// # Errors
-        /// Every error of [`subscribe_async`](Broker::subscribe_async).
-        #[cfg(feature = "tokio")]
-        #[cfg_attr(docsrs, doc(cfg(all(feature = "serde", feature = "tokio"))))]
-        pub fn subscribe_json_async<T, F, Fut>(
-            &self,
-            pattern: &str,
-            options: SubscribeOptions,
-            handler: F,
-        ) -> Result<Subscription, SubscribeError>
-        where
-            T: DeserializeOwned + 'static,
-            F: Fn(T, std::sync::Arc<Message>) -> Fut + Send + Sync + 'static,
-            Fut: std::future::Future<Output = Result<(), HandlerError>> + Send + 'static,
-        {
-            self.subscribe(pattern, options, json_handler(handler))
-        }
     }
 }

@@ -52,8 +52,8 @@ pub enum Driver {
     },
     /// Dispatcher slots run as tokio tasks on this runtime, a slot's task existing only
     /// while the slot has work (so an idle subscription holds no task) (R-EXE-1). The only
-    /// driver that runs async handlers ([`Broker::subscribe_async`](crate::Broker::subscribe_async),
-    /// R-EXE-3). Sync handlers run inline on the runtime's worker threads and must not
+    /// driver that runs async handlers ([`Broker::subscribe`](crate::Broker::subscribe) with
+    /// an [`AsyncHandler`](crate::AsyncHandler), R-EXE-3). Sync handlers run inline on the runtime's worker threads and must not
     /// block. From inside the runtime, close with
     /// [`Broker::close_async`](crate::Broker::close_async) (the sync `close` cannot wait
     /// for the tasks there and reports them as unjoined).

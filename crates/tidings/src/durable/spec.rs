@@ -4,8 +4,9 @@
 use super::StartAt;
 
 /// Which stream a durable subscription reads, under which durable name, which of its
-/// messages and from where: the first argument of
-/// [`Broker::subscribe_durable`](crate::Broker::subscribe_durable).
+/// messages and from where: the target of [`Broker::subscribe`](crate::Broker::subscribe)
+/// for a durable subscription (its contract — where it resumes, clamping, the window — is
+/// in that method's *Durable targets* section).
 ///
 /// Built from the stream's name; the other parts are named by their methods, so two names
 /// cannot be swapped silently.
@@ -21,20 +22,20 @@ use super::StartAt;
 /// The durable name is the key of the subscription's committed position (R-LOG-3): a later
 /// subscription with the same stream and name resumes where this one stopped, and `start`
 /// applies only when no position is committed yet. A spec without a name (or with an empty
-/// one) is refused by `subscribe_durable` with [`StreamError::InvalidName`], as is any name
+/// one) is refused by `subscribe` with [`StreamError::InvalidName`], as is any name
 /// that is not 1 to 200 bytes of ASCII letters, digits, `-`, `_` and `.`.
 ///
 /// # Filter
 /// A [`Pattern`](crate::Pattern) over topics. Without one the subscription receives every
 /// message of the stream, whichever of the stream's patterns captured it. The filter is
-/// checked by `subscribe_durable` ([`StreamError::InvalidPattern`]).
+/// checked by `subscribe` ([`StreamError::InvalidPattern`]).
 ///
 /// ```
 /// use tidings::{Broker, DurableSpec, Message, StartAt, StreamConfig, SubscribeOptions};
 /// # let dir = tempfile::tempdir()?;
 /// let broker = Broker::builder().data_dir(dir.path()).build()?;
 /// broker.create_stream(StreamConfig::new("orders", ["orders.#"]))?;
-/// let billing = broker.subscribe_durable(
+/// let billing = broker.subscribe(
 ///     DurableSpec::new("orders")        // the stream
 ///         .name("billing")               // the durable name (required)
 ///         .filter("orders.created")      // optional; default: every message of the stream

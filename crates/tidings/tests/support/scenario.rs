@@ -54,7 +54,7 @@ pub fn start(dir: &Path) -> Scenario {
         )
         .unwrap();
     let ship = broker
-        .subscribe_durable(
+        .subscribe(
             DurableSpec::new("orders")
                 .name("ship")
                 .filter("orders.created"),
