@@ -23,6 +23,20 @@
 //! several, to any); while no server is reachable, operations fail with their
 //! `TimedOut`/`Unavailable` errors after the request timeout.
 //!
+//! # A connection that went silent
+//! A connection can stay open while nothing comes back: a half-open TCP connection (the
+//! server-to-client direction lost, a middlebox that dropped its state, a peer that froze).
+//! The socket reports nothing, so the client notices by its pings: whenever nothing has
+//! arrived from the server for one [ping interval](ConnectOptions::ping_interval) it sends
+//! a PING, and when the third interval passes with two of them unanswered and still nothing
+//! received it drops the connection and reconnects (async-nats 0.52 allows two outstanding
+//! pings). So a silent connection is reported down ([`JetStream::is_connected`],
+//! [`NatsConnection::is_connected`](crate::NatsConnection::is_connected)) at most **three
+//! ping intervals** after the last byte the server sent — 15 s with the default
+//! [`DEFAULT_PING_INTERVAL`] — and the client then reconnects by itself. Calls made
+//! meanwhile are bounded by their own timeouts, as ever. An idle healthy connection costs one
+//! PING and PONG per interval; a busy one none (anything received counts).
+//!
 //! # A second connection for what others wrote (issue 34)
 //! Bytes another producer wrote reach a client only as messages it receives: deliveries of
 //! durable consumers and the cursors' wake-up subscriptions. A header block the client
@@ -47,6 +61,13 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Default bound on each JetStream request and on waiting for a publish acknowledgement.
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Default [`ConnectOptions::ping_interval`]: a silent connection is noticed within three
+/// of them, 15 s (see the [module docs](self#a-connection-that-went-silent)).
+pub const DEFAULT_PING_INTERVAL: Duration = Duration::from_secs(5);
+
+/// The shortest ping interval taken (a shorter one is raised to it).
+pub const MIN_PING_INTERVAL: Duration = Duration::from_millis(100);
 
 /// The oldest server this crate accepts: 2.10 brought `filter_subjects` (several filters per
 /// consumer), which the pattern mapping needs.
@@ -174,6 +195,7 @@ pub struct ConnectOptions {
     require_tls: bool,
     connect_timeout: Duration,
     request_timeout: Duration,
+    ping_interval: Duration,
     name: Option<String>,
     /// This is the receiving connection of another one (see the module docs).
     receiving: bool,
@@ -196,6 +218,7 @@ impl fmt::Debug for ConnectOptions {
             .field("require_tls", &self.require_tls)
             .field("connect_timeout", &self.connect_timeout)
             .field("request_timeout", &self.request_timeout)
+            .field("ping_interval", &self.ping_interval)
             .field("name", &self.name)
             .finish_non_exhaustive()
     }
@@ -225,6 +248,7 @@ impl ConnectOptions {
             require_tls: false,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            ping_interval: DEFAULT_PING_INTERVAL,
             name: None,
             receiving: false,
         }
@@ -312,6 +336,19 @@ impl ConnectOptions {
         self
     }
 
+    /// How long the connection may stay silent before the client pings the server (default
+    /// [`DEFAULT_PING_INTERVAL`], at least [`MIN_PING_INTERVAL`]). A connection on which
+    /// nothing arrives from the server — half-open, or a server that froze — is dropped, and
+    /// reported down by `is_connected`, at most three intervals after the last byte the
+    /// server sent; the client then reconnects by itself (see the [module
+    /// docs](self#a-connection-that-went-silent)). Shorter notices sooner and costs one PING
+    /// and PONG per interval on an idle connection; a server stalled for longer than three
+    /// intervals (a long pause) costs a reconnect.
+    pub fn ping_interval(mut self, interval: Duration) -> Self {
+        self.ping_interval = interval.max(MIN_PING_INTERVAL);
+        self
+    }
+
     /// The connection's name, as the server's monitoring shows it.
     pub fn name(mut self, name: impl Into<String>) -> Self {
         self.name = Some(name.into());
@@ -385,7 +422,8 @@ impl ConnectOptions {
         options = options
             .require_tls(self.require_tls)
             .connection_timeout(self.connect_timeout / attempts)
-            .request_timeout(Some(self.request_timeout));
+            .request_timeout(Some(self.request_timeout))
+            .ping_interval(self.ping_interval);
         if self.keep_server_order {
             options = options.retain_servers_order();
         }
@@ -527,6 +565,9 @@ impl JetStream {
     }
 
     /// Whether the client is connected right now (it reconnects by itself after a loss).
+    /// A connection that went silent (half-open) counts as connected until the client's
+    /// pings notice it: at most three ping intervals after the last byte the server sent
+    /// (see the [module docs](self#a-connection-that-went-silent)). Never waits.
     #[must_use]
     pub fn is_connected(&self) -> bool {
         self.client.connection_state() == async_nats::connection::State::Connected
