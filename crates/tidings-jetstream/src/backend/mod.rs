@@ -93,6 +93,7 @@ mod dead_letters;
 pub(crate) mod dedup;
 mod group;
 mod keep_alive;
+mod positions;
 mod puller;
 pub(crate) use crate::connection::runtime;
 mod stream;
@@ -100,7 +101,6 @@ mod unreadable;
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tidings::durable::{BackendStream, Capabilities, DurableBackend};
@@ -155,23 +155,9 @@ pub(crate) struct Shared {
     pub(crate) rt: Runtime,
     pub(crate) js: JetStream,
     pub(crate) settings: Settings,
-    /// Bumped by every change this process makes to a stream or consumer (append, ack,
-    /// seek, redrive): a cursor's cached consumer info older than the last change is
-    /// read again.
-    pub(crate) changes: Arc<AtomicU64>,
 }
 
 impl Shared {
-    /// Something changed on the server (see `changes`).
-    pub(crate) fn changed(&self) {
-        self.changes.fetch_add(1, Ordering::AcqRel);
-    }
-
-    /// The change count now.
-    pub(crate) fn changes(&self) -> u64 {
-        self.changes.load(Ordering::Acquire)
-    }
-
     /// Runs `fut` on the backend's runtime, bounded by `bound`.
     pub(crate) fn call<F, T>(&self, bound: Duration, fut: F) -> Result<T, StreamError>
     where
@@ -393,7 +379,6 @@ impl JetStreamBackendBuilder {
                 rt: connection.runtime().clone(),
                 js: connection.jetstream().clone(),
                 settings: self.settings,
-                changes: Arc::new(AtomicU64::new(0)),
             }),
         }
     }
