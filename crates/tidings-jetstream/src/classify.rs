@@ -153,9 +153,29 @@ impl Classify for async_nats::jetstream::stream::RawMessageError {
             RawMessageErrorKind::NoMessageFound => (K::NotFound, None),
             RawMessageErrorKind::InvalidSubject => (K::InvalidInput, None),
             RawMessageErrorKind::JetStream(err) => api(&err),
-            RawMessageErrorKind::Other => request_cause(self),
+            // The request failed (a request error in the chain), or the server answered
+            // with a record the client cannot decode: a header block it refuses (written
+            // by a foreign producer, issue 34) or base64 that does not decode. The latter
+            // is the record, not the connection: `Corrupt`, so nobody retries it as a
+            // server away.
+            RawMessageErrorKind::Other if has_request_cause(self) => request_cause(self),
+            RawMessageErrorKind::Other => (K::Corrupt, None),
         }
     }
+}
+
+/// Whether a request error (JetStream or core) is in `e`'s source chain.
+fn has_request_cause(e: &(dyn StdError + 'static)) -> bool {
+    let mut cur = e.source();
+    while let Some(err) = cur {
+        if err.is::<async_nats::jetstream::context::RequestError>()
+            || err.is::<async_nats::RequestError>()
+        {
+            return true;
+        }
+        cur = err.source();
+    }
+    false
 }
 
 impl Classify for async_nats::jetstream::stream::DeleteMessageError {

@@ -61,8 +61,8 @@ pub use backend::{
 };
 pub use client::consumer::{DEFAULT_ACK_WAIT, DEFAULT_INACTIVE_THRESHOLD};
 pub use connect::{
-    ConnectOptions, DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT, MIN_SERVER_VERSION,
-    ServerVersion, check_server_version,
+    ConnectOptions, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PING_INTERVAL, DEFAULT_REQUEST_TIMEOUT,
+    MIN_PING_INTERVAL, MIN_SERVER_VERSION, ServerVersion, check_server_version,
 };
 pub use connection::NatsConnection;
 pub use error::{ConnectError, JetStreamError};

@@ -90,6 +90,8 @@ impl NatsTransportBuilder {
     /// The limits a received message must meet (default [`Limits::default`]): use the
     /// broker's own limits when they are larger. A message over them is dropped and counted
     /// in [`TransportStats::undecodable`].
+    ///
+    /// **Waits:** never.
     pub fn limits(mut self, limits: Limits) -> Self {
         self.limits = limits;
         self
@@ -97,6 +99,8 @@ impl NatsTransportBuilder {
 
     /// The transport on `connection` (share it with a
     /// [`JetStreamBackend`](crate::JetStreamBackend) built from the same one).
+    ///
+    /// **Waits:** never (it shares the connection's runtime).
     pub fn build(self, connection: &NatsConnection) -> NatsTransport {
         let rt = connection.runtime().clone();
         NatsTransport {
@@ -114,6 +118,9 @@ impl NatsTransportBuilder {
 
     /// Connects with `options` on a connection of the transport's own (no backend can
     /// share it: a broker refuses a JetStream backend alongside).
+    ///
+    /// **Waits:** on the network: at most the connect timeout plus one request timeout (the
+    /// JetStream check).
     ///
     /// # Errors
     /// As [`NatsConnection::connect`] (the server must have JetStream enabled, as for the
@@ -211,6 +218,8 @@ const CLOSED: TransportError = TransportError::Closed {
 
 impl NatsTransport {
     /// A builder with the default limits.
+    ///
+    /// **Waits:** never.
     pub fn builder() -> NatsTransportBuilder {
         NatsTransportBuilder {
             limits: Limits::default(),
@@ -218,11 +227,16 @@ impl NatsTransport {
     }
 
     /// The transport on `connection`, with the default limits.
+    ///
+    /// **Waits:** never.
     pub fn new(connection: &NatsConnection) -> Self {
         Self::builder().build(connection)
     }
 
     /// Connects with `options` on a connection of its own, with the default limits.
+    ///
+    /// **Waits:** on the network: at most the connect timeout plus one request timeout (the
+    /// JetStream check).
     ///
     /// # Errors
     /// As [`NatsTransportBuilder::connect`].
@@ -231,12 +245,16 @@ impl NatsTransport {
     }
 
     /// Whether the connection is up right now (it reconnects by itself after a loss).
+    ///
+    /// **Waits:** never.
     #[must_use]
     pub fn is_connected(&self) -> bool {
         self.inner.js.is_connected()
     }
 
     /// Counters of what was sent and received.
+    ///
+    /// **Waits:** never.
     #[must_use]
     pub fn stats(&self) -> TransportStats {
         let c = &self.inner.counters;

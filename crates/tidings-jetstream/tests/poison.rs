@@ -374,3 +374,145 @@ fn a_record_with_an_end_of_pull_status_is_handled() {
 fn a_record_with_a_status_that_is_no_number_is_handled() {
     check(&with_status(b"NATS/1.0 abc def\r\n\r\n"));
 }
+
+/// R-SEC-2 (issue 34's leftovers): the DLQ is listed through the stream's message-get API
+/// on the main connection, whose JSON answer never meets the client's header parser on
+/// the connection: a record a foreign producer wrote into a durable subscription's DLQ
+/// subject — a header block the client refuses (not UTF-8), or one it reads (a lone CR)
+/// that is no dead letter — makes listing and draining refuse with kind `Corrupt`, never
+/// `Unavailable` (which reads as "the server is away, retry"; it did before), and costs
+/// nothing else: publishes after it are stored and handled on the same connection, the
+/// subscription has no error.
+#[test]
+fn a_foreign_record_in_the_dlq_is_refused_as_corrupt_and_the_connection_goes_on() {
+    for header in [
+        &b"NATS/1.0\r\nx-foreign: \xff\xfe\r\n\r\n"[..],
+        &b"NATS/1.0\r\nx-foreign: a\rb\r\n\r\n"[..],
+    ] {
+        let Some(server) = NatsServer::for_test(NatsServerOptions::new()) else {
+            return;
+        };
+        let url = server.url();
+        let backend = JetStreamBackend::builder()
+            .connect(options(&url))
+            .expect("connects");
+        let b = Broker::builder()
+            .driver(Driver::Thread)
+            .durable_backend(Arc::new(backend) as Arc<dyn DurableBackend>)
+            .build()
+            .expect("valid configuration");
+        b.create_stream(StreamConfig::new(STREAM, ["foreign.#"]))
+            .expect("stream");
+        let got: Arc<Mutex<Vec<String>>> = Arc::default();
+        let g = Arc::clone(&got);
+        let sub = b
+            .subscribe(
+                DurableSpec::new(STREAM).name("d").filter("foreign.#"),
+                SubscribeOptions::default(),
+                move |m: &Message| {
+                    g.lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .push(text(m));
+                    Ok::<(), HandlerError>(())
+                },
+            )
+            .expect("subscribes");
+        let handled = || got.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        let mut raw = Raw::connect(&url);
+        // The DLQ of durable `d` on stream `foreign` (docs: "Names").
+        let at = raw.publish("$TIDINGS.dlq.foreign.d", header, b"poison");
+        for what in ["listing", "draining"] {
+            let err = if what == "listing" {
+                sub.durable_dead_letters()
+                    .expect_err("a foreign DLQ record")
+            } else {
+                sub.drain_durable_dead_letters()
+                    .expect_err("a foreign DLQ record")
+            };
+            assert_eq!(
+                err.kind(),
+                tidings::StreamErrorKind::Corrupt,
+                "{what} a DLQ holding a foreign record at {at}: {err}"
+            );
+        }
+        // The connection goes on: a publish is stored and handled.
+        b.publish(Message::to(TOPIC).payload("after"))
+            .expect("publish after listing");
+        until("a message published afterwards handled", || {
+            handled().iter().any(|p| p == "after")
+        });
+        assert_eq!(sub.error(), None, "the subscription goes on");
+        b.close(Duration::from_secs(10));
+    }
+}
+
+/// Fetches from `cursor` until a message comes (bounded by [`PATIENCE`]).
+fn fetch_one(cursor: &dyn tidings::durable::BackendCursor, what: &str) -> Message {
+    let mut got = Vec::new();
+    until(what, || {
+        got = cursor.fetch(1).expect("fetch");
+        !got.is_empty()
+    });
+    got.remove(0)
+}
+
+/// R-SEC-2, R-DEL-6 (issue 34's leftovers): a message that comes back unfinished is handed
+/// out only after its handler starts are read and counted on the main connection (the
+/// subject `$TIDINGS.start.<stream>.<durable>.<offset>`, docs: "Names"). A foreign record
+/// there whose header block the client refuses read as "server away" before, so the
+/// message was held back, and everything behind it, retried at every wake, forever. It now
+/// reads as no count (the next count written replaces it), and the message is handed out.
+#[test]
+fn a_foreign_record_on_a_start_count_does_not_hold_back_a_returned_message() {
+    use tidings::durable::{CursorSpec, CursorWaker};
+    let Some(server) = NatsServer::for_test(NatsServerOptions::new()) else {
+        return;
+    };
+    let url = server.url();
+    let backend = JetStreamBackend::connect(options(&url)).expect("connects");
+    let pattern = tidings::Pattern::new("foreign.#").expect("pattern");
+    let stream = backend
+        .open_stream(
+            &StreamConfig::new(STREAM, ["foreign.#"]),
+            std::slice::from_ref(&pattern),
+        )
+        .expect("stream");
+    let offset = stream
+        .append(
+            &Message::to(TOPIC)
+                .payload("returned")
+                .build_detached()
+                .expect("message"),
+        )
+        .expect("append")
+        .offset;
+    let open = || {
+        stream
+            .open_cursor(CursorSpec::new(
+                "d",
+                &pattern,
+                tidings::StartAt::Earliest,
+                16,
+                CursorWaker::new(|| {}),
+            ))
+            .expect("cursor opens")
+    };
+    // Handed out, never finished: the close gives it back, and it comes back returned.
+    let first = open();
+    assert_eq!(text(&fetch_one(&*first, "the first delivery")), "returned");
+    first.close();
+    let mut raw = Raw::connect(&url);
+    raw.publish(
+        &format!("$TIDINGS.start.{STREAM}.d.{offset}"),
+        b"NATS/1.0\r\nx-foreign: \xff\xfe\r\n\r\n",
+        b"7",
+    );
+    let second = open();
+    let again = fetch_one(&*second, "the returned message handed out again");
+    assert_eq!(
+        (text(&again), again.offset()),
+        ("returned".to_owned(), Some(offset))
+    );
+    assert_eq!(second.state().error, None, "the subscription goes on");
+    second.close();
+}

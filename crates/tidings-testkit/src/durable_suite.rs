@@ -830,7 +830,11 @@ pub fn lag_and_slow_consumer(b: &dyn DriverUnderTest, d: &dyn DurableTarget) -> 
             rig.publish_range(&broker, i..i + 1); // never refused, never blocks (R-BP-2)
             assert!(sub.outstanding() <= CAPACITY, "[{l}]"); // R-BP-2
         }
-        rig.settle(&broker, "still held", || sub.outstanding() >= CAPACITY);
+        // The lag is read from the cursor's snapshot, which a remote backend refreshes
+        // within its stated bound (`BackendCursor::state`): settled, not read at once.
+        rig.settle(&broker, "still held, the lag counting every append", || {
+            sub.outstanding() >= CAPACITY && sub.lag() == 52
+        });
         assert_eq!(sub.outstanding(), CAPACITY, "[{l}]"); // R-BP-2
         assert_eq!(sub.lag(), 52, "[{l}]"); // R-BP-2, R-BP-3: it only falls behind
         assert_eq!(seen.len(), 0, "[{l}]");
@@ -1004,6 +1008,10 @@ pub fn many_durables_progress(b: &dyn DriverUnderTest, d: &dyn DurableTarget) ->
         }
         // The held one has not moved past m0, and its window is its capacity (R-BP-2).
         assert_eq!(held.len(), 0, "[{l}]");
+        // Its lag from its cursor's snapshot, refreshed within the backend's stated bound.
+        rig.settle(&broker, "the held one's lag counts every append", || {
+            slow.lag() == N
+        });
         assert_eq!(slow.committed(), rig.off(0), "[{l}]");
         assert_eq!(slow.lag(), N, "[{l}]"); // R-BP-3
         assert!(slow.outstanding() <= 2, "[{l}]"); // R-BP-2

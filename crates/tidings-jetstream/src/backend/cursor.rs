@@ -25,8 +25,8 @@
 //! - before [`BackendCursor::close`] returns (its naks go the same way, confirmed last);
 //! - before [`BackendCursor::seek`] deletes the consumer (a late acknowledgement would
 //!   land on the consumer created in its place, which has the same name);
-//! - before [`BackendCursor::commit`] and [`BackendCursor::state`] read the ack floor
-//!   (`state` only when something is unconfirmed);
+//! - before [`BackendCursor::commit`] reads the ack floor (and before the snapshot's
+//!   refresh task reads it, see below);
 //! - for a dead letter: it is stored in the DLQ stream and that store is awaited, then the
 //!   original is terminated and that too is awaited before `finish` returns.
 //!
@@ -37,10 +37,11 @@
 //! `committed` is one past the consumer's ack floor (the stream's end once nothing is out
 //! and nothing the filter takes is left), `lag` the stored offsets from the commit on, as
 //! on the embedded log (messages acknowledged above the floor count until the floor
-//! passes them): what other processes sharing the durable did shows too. The
-//! consumer info behind them is read again after any change this process made (append,
-//! finish, skip, seek, redrive) and otherwise at most every 200 ms, so the feeder's
-//! per-step look at the state costs no round trip while nothing moves.
+//! passes them): what other processes sharing the durable did shows too.
+//! [`BackendCursor::state`] never waits on the network: it reads a snapshot that opening,
+//! `commit`, `seek` and a refresh task of the cursor keep fresh ([`positions`](super::positions):
+//! within 200 ms of a change this process made or saw published, within 1 s otherwise,
+//! each plus one read, while the server answers).
 //!
 //! # What is handed out
 //! A record whose topic no pattern of the stream matches (a producer writing into the
@@ -89,6 +90,7 @@ use tidings::{
 
 use super::acker::Acker;
 use super::dead_letters::DeadLetters;
+use super::positions::{self, Positions, Snapshot};
 use super::puller::{Puller, decode, reject};
 use super::stream::{bounds, check_offset};
 use super::{Settings, Shared, backend_error, keep_alive, keyed_prefix, subject_prefix};
@@ -137,6 +139,8 @@ pub(crate) struct CursorShared {
     /// Keep-alives only while this holds (the lease, active or handing over: running
     /// handlers finish here); unset: always.
     keeps: std::sync::OnceLock<Arc<dyn Fn() -> bool + Send + Sync>>,
+    /// Where the consumer stands, as last read: what `state` answers from.
+    positions: Snapshot,
 }
 
 impl CursorShared {
@@ -174,6 +178,7 @@ impl CursorShared {
     /// One more delivery finished here without being handed out (skipped by a filter).
     pub(crate) fn note_skipped(&self) {
         self.skipped_by_filter.fetch_add(1, Ordering::Relaxed);
+        self.note_change();
     }
 
     /// The durable name (a redrive copy's target is compared with it).
@@ -201,6 +206,17 @@ impl CursorShared {
         }
     }
 
+    /// The positions snapshot (see [`positions`](super::positions)).
+    pub(crate) fn positions(&self) -> &Snapshot {
+        &self.positions
+    }
+
+    /// Something changed on the server that moves the positions (a finish, an append, a
+    /// publish seen): the snapshot is read again soon.
+    pub(crate) fn note_change(&self) {
+        self.positions.changed();
+    }
+
     /// Wakes the standing pull (it looks whether the window has room).
     pub(crate) fn nudge(&self) {
         self.nudge.notify_one();
@@ -217,6 +233,7 @@ struct Tasks {
     keep_alive: tokio::task::JoinHandle<()>,
     puller: tokio::task::JoinHandle<()>,
     acker: tokio::task::JoinHandle<()>,
+    refresh: tokio::task::JoinHandle<()>,
 }
 
 /// A durable subscription's cursor on JetStream (see the [module docs](self)).
@@ -231,45 +248,7 @@ pub(crate) struct JsCursor {
     patterns: Arc<Vec<Pattern>>,
     dlq: DeadLetters,
     tasks: Mutex<Option<Tasks>>,
-    /// The last consumer info read, with the change count before it was read.
-    cached: Mutex<Option<(u64, Instant, Positions)>>,
 }
-
-/// Where a consumer stands in its stream, from the server.
-#[derive(Debug, Clone, Copy)]
-struct Positions {
-    /// Every offset below it is finished (acknowledged or terminated).
-    committed: u64,
-    /// The next offset the server would hand out.
-    position: u64,
-    /// One past the stream's last offset.
-    end: u64,
-}
-
-impl Positions {
-    fn new(info: &async_nats::jetstream::consumer::Info, end: u64) -> Self {
-        let floor = info.ack_floor.stream_sequence + 1;
-        let delivered = info.delivered.stream_sequence + 1;
-        let (committed, position) = match (info.num_ack_pending, info.num_pending) {
-            // Nothing out, nothing left that the filter takes: the whole stream is done
-            // for this consumer (the server keeps a filtered consumer's floor at the last
-            // message it delivered).
-            (0, 0) => (end.max(floor), end.max(delivered)),
-            // Nothing out: everything delivered is finished.
-            (0, _) => (floor.max(delivered), delivered),
-            _ => (floor, delivered),
-        };
-        Self {
-            committed,
-            position,
-            end,
-        }
-    }
-}
-
-/// How long a cached consumer info may answer [`BackendCursor::state`] when this process
-/// changed nothing since: what other processes sharing the stream do shows within it.
-const INFO_TTL: Duration = Duration::from_millis(200);
 
 /// How often the feeder is woken without a publish seen (redeliveries after an ack wait,
 /// publishes missed while reconnecting).
@@ -336,14 +315,23 @@ impl JsCursor {
     ) -> Result<Self, StreamError> {
         let dlq = DeadLetters::new(shared.js.clone(), stream, spec.name, shared.settings.limits);
         let js = shared.js.clone();
-        let (open_spec, d) = (cspec.clone().start(spec.start), dlq.clone());
-        let durable = shared.call(shared.bound(4), async move {
+        let (open_spec, d, nats) = (
+            cspec.clone().start(spec.start),
+            dlq.clone(),
+            stream.to_owned(),
+        );
+        let (durable, first) = shared.call(shared.bound(5), async move {
             if dlq_setup == Dlq::Ensure {
                 d.ensure().await?;
             }
-            js.durable(open_spec)
+            let durable = js
+                .durable(open_spec)
                 .await
-                .map_err(|e| seam("opening the durable consumer", e))
+                .map_err(|e| seam("opening the durable consumer", e))?;
+            // The first snapshot: the consumer's info from its creation, the stream's end.
+            let (_, end) = bounds(&js, &nats).await?;
+            let first = Positions::new(durable.consumer.cached_info(), end);
+            Ok((durable, first))
         })?;
         let cursor = Arc::new(CursorShared {
             inner: Mutex::new(Inner::default()),
@@ -355,7 +343,9 @@ impl JsCursor {
             closed: AtomicBool::new(false),
             admits: std::sync::OnceLock::new(),
             keeps: std::sync::OnceLock::new(),
+            positions: Snapshot::default(),
         });
+        cursor.positions.store(cursor.positions.begin(), first);
         let noted = Arc::downgrade(&cursor);
         let (acker, acker_task) = Acker::new(move |e| {
             if let Some(c) = noted.upgrade() {
@@ -371,7 +361,6 @@ impl JsCursor {
             Arc::clone(&patterns),
             acker.clone(),
             spec.window,
-            Arc::clone(&shared.changes),
             shared.js.clone(),
         ));
         let tasks = Tasks {
@@ -384,6 +373,13 @@ impl JsCursor {
                 Arc::clone(&cursor),
                 shared.settings.keep_alive,
             )),
+            refresh: shared.rt.spawn(positions::run(positions::Refresh {
+                cursor: Arc::clone(&cursor),
+                puller: Arc::clone(&puller),
+                acker: acker.clone(),
+                js: shared.js.clone(),
+                stream: stream.to_owned(),
+            })),
         };
         // Fill the buffer before the first fetch asks.
         cursor.nudge();
@@ -397,7 +393,6 @@ impl JsCursor {
             patterns,
             dlq,
             tasks: Mutex::new(Some(tasks)),
-            cached: Mutex::new(None),
         })
     }
 
@@ -478,6 +473,7 @@ impl JsCursor {
             old.keep_alive.abort();
             old.puller.abort();
             old.acker.abort();
+            old.refresh.abort();
         }
     }
 
@@ -492,40 +488,16 @@ impl JsCursor {
         })
     }
 
+    /// Reads the positions now (one round trip) and keeps them as the snapshot.
     fn info(&self) -> Result<Positions, StreamError> {
-        let before = self.shared.changes();
+        let ticket = self.cursor.positions.begin();
         let durable = self.puller.durable();
         let (js, stream) = (self.shared.js.clone(), self.stream.clone());
         let info = self.shared.call(self.shared.bound(1), async move {
-            let (info, bounds) = tokio::join!(durable.info(), bounds(&js, &stream));
-            let (_, end) = bounds?;
-            let info = info.map_err(|e| seam("reading the durable consumer's state", e))?;
-            Ok(Positions::new(&info, end))
+            Positions::read(&durable, &js, &stream).await
         })?;
-        *self
-            .cached
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) =
-            Some((before, Instant::now(), info));
+        self.cursor.positions.store(ticket, info);
         Ok(info)
-    }
-
-    /// The cached info when nothing changed since it was read and it is recent, else a
-    /// fresh one.
-    fn recent_info(&self) -> Result<Positions, StreamError> {
-        {
-            let cached = self
-                .cached
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            if let Some((at_change, read, info)) = &*cached
-                && *at_change == self.shared.changes()
-                && read.elapsed() < INFO_TTL
-            {
-                return Ok(*info);
-            }
-        }
-        self.info()
     }
 
     /// Dead-letters records that are not tidings messages (one bad record, a foreign
@@ -610,7 +582,6 @@ impl JsCursor {
         let counted = self.shared.call(self.shared.bound(4), async move {
             count_start(&dlq, &settings, &dd, &mm).await
         });
-        self.shared.changed();
         let mut g = self.cursor.lock();
         match counted {
             Ok(Some(before)) => {
@@ -657,6 +628,9 @@ async fn watch(js: crate::connect::JetStream, subjects: Vec<String>, cursor: Arc
             m = published.next(), if !published.is_empty() => {
                 if m.is_none() {
                     published = futures_util::stream::select_all(Vec::new());
+                } else {
+                    // The stream's end moved: the positions snapshot is read again soon.
+                    cursor.note_change();
                 }
             }
             _ = tick.tick() => {}
@@ -820,7 +794,7 @@ impl BackendCursor for JsCursor {
                 first_error.map_or(Ok(()), Err)
             });
         }
-        self.shared.changed();
+        self.cursor.note_change();
         if wake {
             // The next returned message may go out now.
             self.cursor.wake();
@@ -843,6 +817,8 @@ impl BackendCursor for JsCursor {
             Arc::clone(&self.cursor),
         );
         let start = at;
+        // Reads of the snapshot begun before are void from here on.
+        let _ = cursor.positions().next_epoch();
         let info = self.shared.call(self.shared.bound(7), async move {
             // No pull in flight while the consumer is replaced.
             let _pulling = puller.exclusive().await;
@@ -876,18 +852,16 @@ impl BackendCursor for JsCursor {
             // Read before a pull moves it (the lock is still held).
             let info = durable.info().await;
             puller.replace_durable(durable);
+            // A read begun before the new consumer is in place is void too.
+            let ticket = cursor.positions().next_epoch();
             let (_, end) = bounds(&js, &stream).await?;
             let info = info.map_err(|e| seam("reading the durable consumer's state", e))?;
-            Ok(Positions::new(&info, end))
+            Ok((ticket, Positions::new(&info, end)))
         });
-        self.shared.changed();
+        self.cursor.note_change();
         self.cursor.wake();
-        let info = info?;
-        *self
-            .cached
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) =
-            Some((self.shared.changes(), Instant::now(), info));
+        let (ticket, info) = info?;
+        self.cursor.positions().store(ticket, info);
         Ok(info.position)
     }
 
@@ -901,6 +875,9 @@ impl BackendCursor for JsCursor {
     }
 
     fn state(&self) -> CursorState {
+        // Local only (the seam's promise): the cursor's own state and the positions
+        // snapshot its network work keeps fresh (see `positions`). No lock here is ever
+        // held across a network call.
         let (outstanding, handed, error) = {
             let g = self.cursor.lock();
             (
@@ -913,35 +890,27 @@ impl BackendCursor for JsCursor {
         state.outstanding = outstanding;
         state.skipped_by_filter = self.cursor.skipped_by_filter.load(Ordering::Relaxed);
         state.error = error;
+        state.position = handed;
+        if let Some(info) = self.cursor.positions().get() {
+            state.committed = info.committed;
+            state.position = info.position.max(handed);
+            // As on the embedded log: every stored offset from the commit on, those
+            // finished above it included.
+            state.lag = info.end.saturating_sub(info.committed);
+        }
+        state
+    }
+
+    fn refresh(&self) {
+        // The feeder's, never an accessor's: reads only when something changed since the
+        // snapshot's read began. Server away: the snapshot keeps the last values.
+        if self.cursor.is_closed() || !self.cursor.positions().dirty() {
+            return;
+        }
         if self.acker.unconfirmed() {
-            // The ack floor read below counts only what the server applied. Server away:
-            // the read below fails too and says so.
             let _ = self.confirm_finishes();
         }
-        // Server away: the last positions read (the client reconnects by itself); the
-        // failure shows as the error only when nothing was ever read.
-        let info = self.recent_info().map_err(|e| {
-            let cached = self
-                .cached
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .map(|(_, _, info)| info);
-            (cached, e)
-        });
-        let info = match info {
-            Ok(info) | Err((Some(info), _)) => info,
-            Err((None, e)) => {
-                state.position = handed;
-                state.error.get_or_insert_with(|| e.to_string());
-                return state;
-            }
-        };
-        state.committed = info.committed;
-        state.position = info.position.max(handed);
-        // As on the embedded log: every stored offset from the commit on, those finished
-        // above it included.
-        state.lag = info.end.saturating_sub(info.committed);
-        state
+        let _ = self.info();
     }
 
     fn outstanding(&self) -> usize {
@@ -958,7 +927,7 @@ impl BackendCursor for JsCursor {
     }
 
     fn drain_dead_letters(&self) -> Result<Vec<DurableDeadLetter>, StreamError> {
-        self.shared.changed();
+        self.cursor.note_change();
         let dlq = self.dlq.clone();
         let entries = self.shared.call(self.shared.bound(66), async move {
             let entries = dlq.list().await?;
@@ -989,7 +958,7 @@ impl BackendCursor for JsCursor {
             done += 1;
         }
         if done > 0 {
-            self.shared.changed();
+            self.cursor.note_change();
             self.cursor.waker.wake();
         }
         Ok(done)

@@ -131,12 +131,16 @@ impl JetStreamDedupStore {
     }
 
     /// The store's name.
+    ///
+    /// **Waits:** never.
     #[must_use]
     pub fn name(&self) -> &str {
         &self.name
     }
 
     /// How many ids it remembers at most.
+    ///
+    /// **Waits:** never.
     #[must_use]
     pub fn capacity(&self) -> usize {
         self.capacity
@@ -145,18 +149,24 @@ impl JetStreamDedupStore {
     /// Records that failed (server away, no answer in time): those ids may be handled
     /// again when redelivered. (A record the client buffered while disconnected may still
     /// land once it reconnects.)
+    ///
+    /// **Waits:** never.
     #[must_use]
     pub fn failed_records(&self) -> u64 {
         self.failed_records.load(Ordering::Relaxed)
     }
 
     /// Lookups that failed and were answered "not seen" (the handler ran).
+    ///
+    /// **Waits:** never.
     #[must_use]
     pub fn failed_lookups(&self) -> u64 {
         self.failed_lookups.load(Ordering::Relaxed)
     }
 
     /// Whether `id` is recorded, as the server answers it.
+    ///
+    /// **Waits:** on the network: one round trip, at most one request timeout plus 0.5 s.
     ///
     /// # Errors
     /// The server is away, did not answer in time, or refused.
@@ -174,6 +184,9 @@ impl JetStreamDedupStore {
     }
 
     /// Records `id`, waiting for the server's acknowledgement.
+    ///
+    /// **Waits:** on the network: one round trip (the server's acknowledgement), at most
+    /// one request timeout plus 0.5 s.
     ///
     /// # Errors
     /// The server is away, did not answer in time, or refused.

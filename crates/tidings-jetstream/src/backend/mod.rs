@@ -40,9 +40,15 @@
 //! # Failure
 //! Every seam call is bounded: one request timeout ([`ConnectOptions::request_timeout`])
 //! per round trip it makes plus 0.5 s (an append, a fetch that finds the cursor's buffer
-//! empty, a state read: one; a finish of delivered messages: none, it only queues plain
-//! acknowledgements; a dead letter: two). A server that is away yields [`StreamError::Backend`] naming `jetstream`
-//! within that bound, never a hang: of kind `Unavailable` (not connected, no JetStream
+//! empty: one; a commit: two, confirming the queued acknowledgements, then the ack floor;
+//! a finish of delivered messages: none, it only queues plain acknowledgements; a dead
+//! letter: two; a seek: up to seven; opening a cursor: up to five; a DLQ listing: one per
+//! entry, 64 request timeouts in all). `state` and `outstanding` make none: they answer
+//! from what the cursor holds, its positions from a snapshot its own work refreshes
+//! (within 200 ms of a change this process made or saw published, every second otherwise;
+//! see [`BackendCursor::state`]), so no accessor of a durable subscription waits on the
+//! network. Nothing waits on the disk. A server that is away yields
+//! [`StreamError::Backend`] naming `jetstream` within that bound, never a hang: of kind `Unavailable` (not connected, no JetStream
 //! answering) or `TimedOut` (no answer in time), a refusal by the server `Refused` with its
 //! API error code kept in the [`JetStreamError`] source, a record
 //! that does not decode `Corrupt`. The client reconnects by itself; a cursor's background
@@ -86,6 +92,7 @@
 //! [`Capabilities`]: tidings::durable::Capabilities
 //! [`Capabilities::first_offset`]: tidings::durable::Capabilities
 //! [`BackendCursor`]: tidings::durable::BackendCursor
+//! [`BackendCursor::state`]: tidings::durable::BackendCursor::state
 
 mod acker;
 mod cursor;
@@ -93,6 +100,7 @@ mod dead_letters;
 pub(crate) mod dedup;
 mod group;
 mod keep_alive;
+mod positions;
 mod puller;
 pub(crate) use crate::connection::runtime;
 mod stream;
@@ -100,7 +108,6 @@ mod unreadable;
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tidings::durable::{BackendStream, Capabilities, DurableBackend};
@@ -155,23 +162,9 @@ pub(crate) struct Shared {
     pub(crate) rt: Runtime,
     pub(crate) js: JetStream,
     pub(crate) settings: Settings,
-    /// Bumped by every change this process makes to a stream or consumer (append, ack,
-    /// seek, redrive): a cursor's cached consumer info older than the last change is
-    /// read again.
-    pub(crate) changes: Arc<AtomicU64>,
 }
 
 impl Shared {
-    /// Something changed on the server (see `changes`).
-    pub(crate) fn changed(&self) {
-        self.changes.fetch_add(1, Ordering::AcqRel);
-    }
-
-    /// The change count now.
-    pub(crate) fn changes(&self) -> u64 {
-        self.changes.load(Ordering::Acquire)
-    }
-
     /// Runs `fut` on the backend's runtime, bounded by `bound`.
     pub(crate) fn call<F, T>(&self, bound: Duration, fut: F) -> Result<T, StreamError>
     where
@@ -253,6 +246,8 @@ pub(crate) use crate::names::{keyed_prefix, record_topic, strip_namespaces, subj
 
 /// The key partition of `key` among `partitions`: FNV-1a, 64 bits, modulo the count. Fixed
 /// forever: records already stored were placed by it.
+///
+/// **Waits:** never.
 #[must_use]
 pub fn key_partition(key: &[u8], partitions: u32) -> u32 {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
@@ -275,6 +270,8 @@ pub fn key_partition(key: &[u8], partitions: u32) -> u32 {
 ///     "$TIDINGS.s.orders_dv2.orders.eu"
 /// );
 /// ```
+///
+/// **Waits:** never.
 #[must_use]
 pub fn record_subject(stream: &str, topic: &str) -> String {
     format!("{}{topic}", subject_prefix(&nats_name(stream)))
@@ -325,6 +322,8 @@ impl JetStreamBackendBuilder {
     /// the server hands it out again (default [`DEFAULT_ACK_WAIT`]). Keep-alives are sent
     /// every third of it while the message is outstanding, so handlers and in-place
     /// retries may take longer.
+    ///
+    /// **Waits:** never.
     pub fn ack_wait(mut self, wait: Duration) -> Self {
         self.settings.ack_wait = wait.max(Duration::from_millis(100));
         self.settings.keep_alive = self.settings.ack_wait / 3;
@@ -335,6 +334,8 @@ impl JetStreamBackendBuilder {
     /// stopped) before the process receiving it dead-letters it with
     /// [`DeadLetterReason::RetriesExhausted`](tidings::DeadLetterReason) instead of
     /// handling it (default [`DEFAULT_MAX_DELIVERIES`], at least 1).
+    ///
+    /// **Waits:** never.
     pub fn max_deliveries(mut self, deliveries: u32) -> Self {
         self.settings.max_deliveries = deliveries.max(1);
         self
@@ -343,6 +344,8 @@ impl JetStreamBackendBuilder {
     /// The server deletes a durable consumer no process fetched from for this long
     /// (default [`DEFAULT_INACTIVE_THRESHOLD`]): renamed and abandoned durable
     /// subscriptions do not leak.
+    ///
+    /// **Waits:** never.
     pub fn inactive_threshold(mut self, threshold: Duration) -> Self {
         self.settings.inactive_threshold = threshold;
         self
@@ -355,6 +358,8 @@ impl JetStreamBackendBuilder {
     /// per-key order, R-DIST-6) hands whole partitions to its members, so this is the most
     /// processes that can share such a subscription's keyed records. Fixed when the stream
     /// is created and kept in its metadata: an existing stream keeps its own count.
+    ///
+    /// **Waits:** never.
     pub fn key_partitions(mut self, partitions: u32) -> Self {
         self.settings.key_partitions = partitions.clamp(1, MAX_KEY_PARTITIONS);
         self
@@ -362,6 +367,8 @@ impl JetStreamBackendBuilder {
 
     /// The limits a message read back must meet (default [`Limits::default`]): use the
     /// broker's own limits when they are larger.
+    ///
+    /// **Waits:** never.
     pub fn limits(mut self, limits: Limits) -> Self {
         self.settings.limits = limits;
         self
@@ -371,6 +378,8 @@ impl JetStreamBackendBuilder {
     /// [`DEFAULT_DEDUP_MAX_AGE`](crate::DEFAULT_DEDUP_MAX_AGE); zero means "no age limit":
     /// only the capacity bounds it). Reopening a store with another age is
     /// [`StreamError::ConfigMismatch`].
+    ///
+    /// **Waits:** never.
     pub fn dedup_max_age(mut self, age: Duration) -> Self {
         self.settings.dedup_max_age = age;
         self
@@ -380,6 +389,8 @@ impl JetStreamBackendBuilder {
     /// most 5: the server's limit; a count the cluster cannot place is refused when the
     /// store is opened). Reopening a store with another count is
     /// [`StreamError::ConfigMismatch`].
+    ///
+    /// **Waits:** never.
     pub fn dedup_replicas(mut self, replicas: usize) -> Self {
         self.settings.dedup_replicas = replicas.max(1);
         self
@@ -387,19 +398,23 @@ impl JetStreamBackendBuilder {
 
     /// The backend on `connection` (share it with a [`NatsTransport`](crate::NatsTransport)
     /// built from the same one).
+    ///
+    /// **Waits:** never (it shares the connection's runtime).
     pub fn build(self, connection: &NatsConnection) -> JetStreamBackend {
         JetStreamBackend {
             shared: Arc::new(Shared {
                 rt: connection.runtime().clone(),
                 js: connection.jetstream().clone(),
                 settings: self.settings,
-                changes: Arc::new(AtomicU64::new(0)),
             }),
         }
     }
 
     /// Connects with `options` on a connection of the backend's own (no transport can
     /// share it: a broker refuses a NATS transport alongside).
+    ///
+    /// **Waits:** on the network: at most the connect timeout plus one request timeout (the
+    /// JetStream check).
     ///
     /// # Errors
     /// As [`NatsConnection::connect`].
@@ -437,6 +452,8 @@ impl fmt::Debug for JetStreamBackend {
 
 impl JetStreamBackend {
     /// A builder with the default consumer settings.
+    ///
+    /// **Waits:** never.
     pub fn builder() -> JetStreamBackendBuilder {
         JetStreamBackendBuilder {
             settings: Settings {
@@ -453,11 +470,16 @@ impl JetStreamBackend {
     }
 
     /// The backend on `connection`, with the default settings.
+    ///
+    /// **Waits:** never.
     pub fn new(connection: &NatsConnection) -> Self {
         Self::builder().build(connection)
     }
 
     /// Connects with `options` on a connection of its own, with the default settings.
+    ///
+    /// **Waits:** on the network: at most the connect timeout plus one request timeout (the
+    /// JetStream check).
     ///
     /// # Errors
     /// As [`JetStreamBackendBuilder::connect`].
@@ -470,6 +492,9 @@ impl JetStreamBackend {
     /// at most [`JetStreamBackendBuilder::dedup_max_age`]. The same store as
     /// [`Broker::durable_dedup_store`](tidings::Broker::durable_dedup_store), with its
     /// failure counters. See [`JetStreamDedupStore`](crate::JetStreamDedupStore).
+    ///
+    /// **Waits:** on the network: creating or finding the bucket, at most three request
+    /// timeouts plus 0.5 s.
     ///
     /// # Errors
     /// A bad name ([`StreamError::InvalidName`]), the store existing with another capacity,
@@ -489,6 +514,9 @@ impl JetStreamBackend {
 
     /// Deletes the JetStream stream behind the tidings stream `name`, and the DLQ streams
     /// of its durable subscriptions (administration, tests). Returns whether it existed.
+    ///
+    /// **Waits:** on the network: at most eight request timeouts plus 0.5 s (the stream,
+    /// the list of streams, its DLQ streams).
     ///
     /// # Errors
     /// [`StreamError::Backend`] when the server refused or did not answer (its

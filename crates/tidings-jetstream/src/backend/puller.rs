@@ -52,7 +52,6 @@
 //! order.
 
 use std::collections::{BTreeMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
@@ -83,8 +82,6 @@ pub(crate) struct Puller {
     patterns: Arc<Vec<Pattern>>,
     acker: Acker,
     window: usize,
-    /// The backend's change count (a pull changes the consumer's state on the server).
-    changes: Arc<AtomicU64>,
     /// Held by whoever pulls (the task, a fetch that found the buffer empty) and by a seek
     /// or close that must know no pull is in flight.
     pulling: tokio::sync::Mutex<()>,
@@ -123,7 +120,6 @@ impl Puller {
         patterns: Arc<Vec<Pattern>>,
         acker: Acker,
         window: usize,
-        changes: Arc<AtomicU64>,
         main: JetStream,
     ) -> Self {
         Self {
@@ -134,7 +130,6 @@ impl Puller {
             patterns,
             acker,
             window: window.max(1),
-            changes,
             pulling: tokio::sync::Mutex::new(()),
             main,
             screened: Mutex::new(Screened::default()),
@@ -267,7 +262,6 @@ impl Puller {
             .messages()
             .await
             .map_err(|e| unavailable(e.to_string()))?;
-        self.changes.fetch_add(1, Ordering::AcqRel);
         // The server ends a no-wait request itself; the bound only guards against a
         // connection that went silent.
         let bound = durable.js.request_timeout;
@@ -404,7 +398,6 @@ impl Puller {
         match unreadable::terminate(&self.main, stream, &durable.spec.durable, seq, why).await {
             Ok(()) => {
                 self.cursor.note_skipped();
-                self.changes.fetch_add(1, Ordering::AcqRel);
                 Rejected::Done
             }
             Err(e) => {

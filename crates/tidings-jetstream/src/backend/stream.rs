@@ -72,13 +72,14 @@ impl std::fmt::Debug for JsStream {
 
 /// First retained and one-past-last sequence of a stream, from the server.
 pub(crate) async fn bounds(js: &JetStream, nats: &str) -> Result<(u64, u64), StreamError> {
-    let mut stream = js
+    // No info in the lookup: the one below is the only round trip.
+    let stream = js
         .context
-        .get_stream(nats)
+        .get_stream_no_info(nats)
         .await
         .map_err(|e| seam(format_args!("stream {nats}"), e))?;
     let info = stream
-        .info()
+        .get_info()
         .await
         .map_err(|e| seam(format_args!("stream {nats}"), e))?;
     Ok(state_bounds(
@@ -199,8 +200,8 @@ impl JsStream {
             return appended;
         }
         self.end.fetch_max(appended.offset + 1, Ordering::Relaxed);
-        self.shared.changed();
         for c in self.lock_cursors().iter().filter_map(Weak::upgrade) {
+            c.note_change();
             c.wake();
         }
         appended

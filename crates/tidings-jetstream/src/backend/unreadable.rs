@@ -47,6 +47,13 @@
 //!   handed out again after the ack wait (at-least-once, nothing lost).
 //! * The rules of [`unreadable`] are the client's as of async-nats 0.52; a later version
 //!   that refuses more must be mirrored there (tests/poison.rs names each shape).
+//! * The DLQ, handler-start counts and dedup stores are read through the message-get API
+//!   too (JSON, parsed in the calling task): a foreign record there refuses a DLQ listing
+//!   as `Corrupt` (see `classify`), reads as no handler start counted, or as an id not
+//!   seen; it never costs a connection. A `NatsTransport`'s subscriptions and a keyed
+//!   group's lease bucket (direct get: answers are messages) still receive on the main
+//!   connection: a header block the client refuses there costs it a reconnect
+//!   (docs/backends.md, "Foreign records on JetStream").
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 

@@ -23,6 +23,20 @@
 //! several, to any); while no server is reachable, operations fail with their
 //! `TimedOut`/`Unavailable` errors after the request timeout.
 //!
+//! # A connection that went silent
+//! A connection can stay open while nothing comes back: a half-open TCP connection (the
+//! server-to-client direction lost, a middlebox that dropped its state, a peer that froze).
+//! The socket reports nothing, so the client notices by its pings: whenever nothing has
+//! arrived from the server for one [ping interval](ConnectOptions::ping_interval) it sends
+//! a PING, and when the third interval passes with two of them unanswered and still nothing
+//! received it drops the connection and reconnects (async-nats 0.52 allows two outstanding
+//! pings). So a silent connection is reported down ([`JetStream::is_connected`],
+//! [`NatsConnection::is_connected`](crate::NatsConnection::is_connected)) at most **three
+//! ping intervals** after the last byte the server sent — 15 s with the default
+//! [`DEFAULT_PING_INTERVAL`] — and the client then reconnects by itself. Calls made
+//! meanwhile are bounded by their own timeouts, as ever. An idle healthy connection costs one
+//! PING and PONG per interval; a busy one none (anything received counts).
+//!
 //! # A second connection for what others wrote (issue 34)
 //! Bytes another producer wrote reach a client only as messages it receives: deliveries of
 //! durable consumers and the cursors' wake-up subscriptions. A header block the client
@@ -48,6 +62,13 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Default bound on each JetStream request and on waiting for a publish acknowledgement.
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Default [`ConnectOptions::ping_interval`]: a silent connection is noticed within three
+/// of them, 15 s.
+pub const DEFAULT_PING_INTERVAL: Duration = Duration::from_secs(5);
+
+/// The shortest ping interval taken (a shorter one is raised to it).
+pub const MIN_PING_INTERVAL: Duration = Duration::from_millis(100);
+
 /// The oldest server this crate accepts: 2.10 brought `filter_subjects` (several filters per
 /// consumer), which the pattern mapping needs.
 pub const MIN_SERVER_VERSION: ServerVersion = ServerVersion {
@@ -72,6 +93,8 @@ impl ServerVersion {
     /// missing patch counts as 0. `None` when the major or minor part is not a number.
     ///
     /// A pre-release or build suffix is ignored: `2.10.0-beta.1` is `2.10.0`.
+    ///
+    /// **Waits:** never.
     #[must_use]
     pub fn parse(s: &str) -> Option<Self> {
         // Hand-written on purpose, not the `semver` crate, which does something else:
@@ -109,6 +132,8 @@ impl fmt::Display for ServerVersion {
 }
 
 /// Checks a server's reported version against [`MIN_SERVER_VERSION`].
+///
+/// **Waits:** never.
 ///
 /// # Errors
 ///
@@ -174,6 +199,7 @@ pub struct ConnectOptions {
     require_tls: bool,
     connect_timeout: Duration,
     request_timeout: Duration,
+    ping_interval: Duration,
     name: Option<String>,
     /// This is the receiving connection of another one (see the module docs).
     receiving: bool,
@@ -196,6 +222,7 @@ impl fmt::Debug for ConnectOptions {
             .field("require_tls", &self.require_tls)
             .field("connect_timeout", &self.connect_timeout)
             .field("request_timeout", &self.request_timeout)
+            .field("ping_interval", &self.ping_interval)
             .field("name", &self.name)
             .finish_non_exhaustive()
     }
@@ -204,6 +231,8 @@ impl fmt::Debug for ConnectOptions {
 impl ConnectOptions {
     /// Options for the server at `url` (`nats://host:port`, `tls://host:port`, or
     /// `host:port`), without credentials or TLS requirements, with the default timeouts.
+    ///
+    /// **Waits:** never.
     pub fn new(url: impl Into<String>) -> Self {
         Self::servers([url])
     }
@@ -211,6 +240,8 @@ impl ConnectOptions {
     /// Options for a cluster whose nodes are at `urls` (each as for [`new`](Self::new)):
     /// the client connects to any of them and fails over between them. An empty list fails
     /// at [`connect`](Self::connect) with [`ConnectError::InvalidUrl`].
+    ///
+    /// **Waits:** never.
     pub fn servers<I, S>(urls: I) -> Self
     where
         I: IntoIterator<Item = S>,
@@ -225,6 +256,7 @@ impl ConnectOptions {
             require_tls: false,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            ping_interval: DEFAULT_PING_INTERVAL,
             name: None,
             receiving: false,
         }
@@ -232,12 +264,16 @@ impl ConnectOptions {
 
     /// Adds another server (a node of the same cluster) the client may connect and fail
     /// over to.
+    ///
+    /// **Waits:** never.
     pub fn server(mut self, url: impl Into<String>) -> Self {
         self.urls.push(url.into());
         self
     }
 
     /// The server URLs given, in order.
+    ///
+    /// **Waits:** never.
     #[must_use]
     pub fn server_urls(&self) -> &[String] {
         &self.urls
@@ -246,24 +282,32 @@ impl ConnectOptions {
     /// Tries the servers in the order given — at connect and at every reconnect — instead
     /// of in random order (default `false`): the first one that answers is used, so a
     /// process can prefer a node of its own.
+    ///
+    /// **Waits:** never.
     pub fn keep_server_order(mut self, keep: bool) -> Self {
         self.keep_server_order = keep;
         self
     }
 
     /// Authenticates with a token (replaces other credentials).
+    ///
+    /// **Waits:** never.
     pub fn token(mut self, token: impl Into<String>) -> Self {
         self.auth = Auth::Token(token.into());
         self
     }
 
     /// Authenticates with a user name and password (replaces other credentials).
+    ///
+    /// **Waits:** never.
     pub fn user_password(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
         self.auth = Auth::UserPassword(user.into(), password.into());
         self
     }
 
     /// Authenticates with an nkey seed (`SU...`; replaces other credentials).
+    ///
+    /// **Waits:** never.
     pub fn nkey_seed(mut self, seed: impl Into<String>) -> Self {
         self.auth = Auth::NkeySeed(seed.into());
         self
@@ -271,18 +315,24 @@ impl ConnectOptions {
 
     /// Authenticates with a `.creds` file (JWT and nkey seed; replaces other credentials).
     /// The file is read at [`connect`](Self::connect).
+    ///
+    /// **Waits:** never (the file is read by `connect`).
     pub fn credentials_file(mut self, path: impl Into<PathBuf>) -> Self {
         self.auth = Auth::CredentialsFile(path.into());
         self
     }
 
     /// Trusts the CA certificates in this PEM file (may be called several times).
+    ///
+    /// **Waits:** never.
     pub fn tls_root_certificates(mut self, path: impl Into<PathBuf>) -> Self {
         self.root_certificates.push(path.into());
         self
     }
 
     /// Presents this client certificate and key (PEM files) for mutual TLS.
+    ///
+    /// **Waits:** never.
     pub fn tls_client_certificate(
         mut self,
         cert: impl Into<PathBuf>,
@@ -293,6 +343,8 @@ impl ConnectOptions {
     }
 
     /// Refuses to connect without TLS.
+    ///
+    /// **Waits:** never.
     pub fn require_tls(mut self, required: bool) -> Self {
         self.require_tls = required;
         self
@@ -300,6 +352,8 @@ impl ConnectOptions {
 
     /// Bounds establishing the connection (default [`DEFAULT_CONNECT_TIMEOUT`]); with
     /// several servers, each attempt gets an equal share of it.
+    ///
+    /// **Waits:** never.
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
         self
@@ -307,12 +361,31 @@ impl ConnectOptions {
 
     /// Bounds each JetStream request and publish acknowledgement (default
     /// [`DEFAULT_REQUEST_TIMEOUT`]).
+    ///
+    /// **Waits:** never.
     pub fn request_timeout(mut self, timeout: Duration) -> Self {
         self.request_timeout = timeout;
         self
     }
 
+    /// How long the connection may stay silent before the client pings the server (default
+    /// [`DEFAULT_PING_INTERVAL`], at least [`MIN_PING_INTERVAL`]). A connection on which
+    /// nothing arrives from the server — half-open, or a server that froze — is dropped, and
+    /// reported down by `is_connected`, at most three intervals after the last byte the
+    /// server sent (the client pings after one silent interval and gives up at the third
+    /// with two pings unanswered); it then reconnects by itself. Shorter notices sooner and
+    /// costs one PING and PONG per interval on an idle connection; a server stalled for
+    /// longer than three intervals (a long pause) costs a reconnect.
+    ///
+    /// **Waits:** never.
+    pub fn ping_interval(mut self, interval: Duration) -> Self {
+        self.ping_interval = interval.max(MIN_PING_INTERVAL);
+        self
+    }
+
     /// The connection's name, as the server's monitoring shows it.
+    ///
+    /// **Waits:** never.
     pub fn name(mut self, name: impl Into<String>) -> Self {
         self.name = Some(name.into());
         self
@@ -323,6 +396,9 @@ impl ConnectOptions {
     ///
     /// Returns within the connect timeout plus one request timeout. Given several servers,
     /// it succeeds when any of them answers.
+    ///
+    /// **Waits:** (the future) on the network and on reading a credentials file: at most
+    /// the connect timeout plus one request timeout.
     ///
     /// # Errors
     ///
@@ -385,7 +461,8 @@ impl ConnectOptions {
         options = options
             .require_tls(self.require_tls)
             .connection_timeout(self.connect_timeout / attempts)
-            .request_timeout(Some(self.request_timeout));
+            .request_timeout(Some(self.request_timeout))
+            .ping_interval(self.ping_interval);
         if self.keep_server_order {
             options = options.retain_servers_order();
         }
@@ -515,18 +592,25 @@ impl fmt::Debug for JetStream {
 
 impl JetStream {
     /// The version the server reported at connect (at least [`MIN_SERVER_VERSION`]).
+    ///
+    /// **Waits:** never.
     #[must_use]
     pub fn server_version(&self) -> ServerVersion {
         self.version
     }
 
     /// The bound on each request and publish acknowledgement.
+    ///
+    /// **Waits:** never.
     #[must_use]
     pub fn request_timeout(&self) -> Duration {
         self.request_timeout
     }
 
     /// Whether the client is connected right now (it reconnects by itself after a loss).
+    /// A connection that went silent (half-open) counts as connected until the client's
+    /// pings notice it: at most three ping intervals after the last byte the server sent
+    /// (see the [module docs](self#a-connection-that-went-silent)). Never waits.
     #[must_use]
     pub fn is_connected(&self) -> bool {
         self.client.connection_state() == async_nats::connection::State::Connected

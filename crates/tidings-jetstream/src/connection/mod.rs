@@ -79,6 +79,9 @@ impl NatsConnection {
     ///
     /// Returns within the connect timeout plus one request timeout.
     ///
+    /// **Waits:** on the network: at most the connect timeout plus one request timeout (the
+    /// JetStream check).
+    ///
     /// # Errors
     /// What [`ConnectOptions::connect`] reports, or [`ConnectError::Runtime`] when the
     /// runtime thread could not be started.
@@ -95,18 +98,27 @@ impl NatsConnection {
 
     /// This connection's identity, which the backend and the transport built from it
     /// report to the broker.
+    ///
+    /// **Waits:** never.
     #[must_use]
     pub fn id(&self) -> ConnectionId {
         self.shared.id
     }
 
     /// The version the server reported at connect.
+    ///
+    /// **Waits:** never.
     #[must_use]
     pub fn server_version(&self) -> ServerVersion {
         self.shared.js.server_version()
     }
 
     /// Whether the client is connected right now (it reconnects by itself after a loss).
+    /// A connection that went silent (half-open) counts as connected until the client's
+    /// pings notice it: at most three [ping intervals](ConnectOptions::ping_interval) after
+    /// the last byte the server sent (15 s by default).
+    ///
+    /// **Waits:** never.
     #[must_use]
     pub fn is_connected(&self) -> bool {
         self.shared.js.is_connected()

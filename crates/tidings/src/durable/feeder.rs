@@ -441,14 +441,23 @@ impl Service for CursorFeeder {
         match self.pass() {
             Pass::Again => ServiceStep::Again,
             Pass::Stopped => ServiceStep::Stopped,
-            Pass::Dry => self.idle_store(now, handle),
+            Pass::Dry => {
+                let step = self.idle_store(now, handle);
+                if !handle.wakes_on_time() {
+                    // The caller looks next (see below); the others' cursors keep their
+                    // state fresh themselves.
+                    self.cursor.refresh();
+                }
+                step
+            }
             Pass::Waiting => {
                 // A driver that steps the feeder only when told (the manual driver) may
                 // not step it again before the caller looks at the position: store what
-                // was finished so far now. The others step it again as room is freed, and
-                // store when it runs dry.
+                // was finished so far now, and bring the cursor's state up to date. The
+                // others step it again as room is freed, and store when it runs dry.
                 if !handle.wakes_on_time() {
                     self.store(now);
+                    self.cursor.refresh();
                 }
                 ServiceStep::Idle
             }

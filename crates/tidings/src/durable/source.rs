@@ -20,12 +20,30 @@
 //! `tidings-jetstream`). The conformance suite in `tidings-testkit` runs the same durable
 //! cases against each.
 //!
+//! # Waiting
+//! Each method's docs say, in a line headed **Waits**, whether it may wait on the disk or
+//! the network and for how long. Three kinds:
+//! - *never*: answered from memory, under short locks that no one holds across I/O —
+//!   [`BackendCursor::state`], [`BackendCursor::outstanding`], the names, capabilities and
+//!   last-known offsets. An implementation must keep it so: these answer the accessors of
+//!   a durable subscription and the broker's snapshot (issue 35);
+//! - *bounded I/O*: a file write or read (the embedded log: a few syscalls, plus an fsync
+//!   where its fsync policy asks), or a request to a server
+//!   (bounded by the backend's own timeouts: JetStream, one request timeout per round trip
+//!   plus 0.5 s, as its docs list);
+//! - *proportional*: work that grows with what is stored (opening a stream recovers its
+//!   files; listing a DLQ reads every entry).
+//!
 //! # Threads
-//! Every method may block on file or network I/O. The broker never calls them on an async
-//! runtime's worker thread: under the tokio driver the feeder runs on the blocking pool and
-//! completions reached on a runtime worker are handed to the feeder's next step. A cursor
-//! signals "there may be more to fetch" through the [`CursorWaker`] it was opened with;
-//! waking is cheap and never blocks, so it may be called from any thread, under any lock.
+//! The feeder's calls (fetch, finish, idle) run, under the tokio driver, on the blocking
+//! pool, never on a runtime worker; under the manual driver, on the caller of
+//! `run_until_idle`. Calls made for a caller run on the caller's thread — an append for
+//! a sync `publish`, [`BackendStream::open_cursor`] for a subscribe, a seek, commit or
+//! DLQ call, and [`BackendCursor::close`] when a durable subscription is dropped — which is
+//! a runtime worker when the caller is async: such a call blocks it for the bounded time
+//! its **Waits** line states. A cursor signals "there may be more to fetch" through the
+//! [`CursorWaker`] it was opened with; waking is cheap and never blocks, so it may be
+//! called from any thread, under any lock.
 
 use std::any::Any;
 use std::fmt;
@@ -132,15 +150,23 @@ pub struct StorageInfo {
 /// calls [`DurableBackend::close`].
 pub trait DurableBackend: Any + Send + Sync + fmt::Debug {
     /// A short name used in errors and snapshots: `"embedded-log"`, `"jetstream"`.
+    ///
+    /// **Waits:** never.
     fn name(&self) -> &'static str;
 
     /// What it can do.
+    ///
+    /// **Waits:** never.
     fn capabilities(&self) -> Capabilities;
 
     /// Create the stream `config.name` capturing `patterns` (validated by the broker), or
     /// open it again after a restart (or from another process). Every setting of `config`
     /// is honoured or refused; an existing stream is opened only if it has the same
     /// patterns and retention, and is never changed (R-LOG-5).
+    ///
+    /// **Waits:** on the disk, in proportion to what the stream holds (the embedded log
+    /// recovers its files), or on the network (a few round trips, each bounded by the
+    /// backend's request timeout).
     ///
     /// # Errors
     /// The backend could not create or open it ([`StreamError::Open`] for a local log,
@@ -155,6 +181,9 @@ pub trait DurableBackend: Any + Send + Sync + fmt::Debug {
 
     /// Open (or create, or reopen after a restart) the durable dedup store `name` that
     /// remembers at least the `capacity` most recent ids (R-DEL-5 "durable").
+    ///
+    /// **Waits:** on the disk (reading the store back, in proportion to its size) or the
+    /// network (a few bounded round trips).
     ///
     /// # Errors
     /// [`StreamError::Unsupported`] unless [`Capabilities::dedup_store`]; otherwise what
@@ -172,11 +201,16 @@ pub trait DurableBackend: Any + Send + Sync + fmt::Debug {
     /// built from the same connection
     /// ([`Transport::connection`](crate::transport::Transport::connection)) already carries it.
     /// Default: `None`, appends are published nowhere else.
+    ///
+    /// **Waits:** never.
     fn appends_published_on(&self) -> Option<ConnectionId> {
         None
     }
 
     /// The broker closed: release what the backend holds (connections, locks).
+    ///
+    /// **Waits:** on releasing them (a flush, a connection's close), bounded by the
+    /// backend's timeouts.
     fn close(&self) {}
 }
 
@@ -190,6 +224,8 @@ pub type AppendFuture = Pin<Box<dyn Future<Output = Result<Appended, StreamError
 /// stored as durably as the stream's configuration promises.
 pub trait BackendStream: Send + Sync + fmt::Debug {
     /// The stream's name.
+    ///
+    /// **Waits:** never.
     fn name(&self) -> &str;
 
     /// Store `message` (its topic matched the stream's patterns); returns its offset.
@@ -200,6 +236,10 @@ pub trait BackendStream: Send + Sync + fmt::Debug {
     /// restart), nothing is stored: the result is the earlier copy's offset with
     /// [`Appended::duplicate`] set. A backend judges the window by its own clock and says
     /// which in its docs.
+    ///
+    /// **Waits:** on the disk (a write, and an fsync where the stream's policy asks) or the
+    /// network (one round trip: the server's acknowledgement, bounded by the backend's
+    /// request timeout).
     ///
     /// # Errors
     /// Not stored: publish fails with the error and offers the message to nobody.
@@ -216,19 +256,28 @@ pub trait BackendStream: Send + Sync + fmt::Debug {
     /// depend on the caller's (run its I/O on the backend's own, and only await the
     /// answer). Dropping it does not cancel an append already sent: the message may be
     /// stored, as when a caller of `append` gives up.
+    ///
+    /// **Waits:** never (the returned future waits, holding no thread, as `append` would).
     fn append_async(self: Arc<Self>, message: &Message) -> Option<AppendFuture> {
         let _ = message;
         None
     }
 
     /// The earliest retained offset, as last known.
+    ///
+    /// **Waits:** never.
     fn start_offset(&self) -> u64;
 
     /// One past the last stored offset, as last known.
+    ///
+    /// **Waits:** never.
     fn end_offset(&self) -> u64;
 
     /// Up to `max` stored messages from offset `from`, each carrying its
     /// [`Message::offset`]. Reading does not move any cursor.
+    ///
+    /// **Waits:** on the disk (reading up to `max` records) or the network (bounded round
+    /// trips, one per batch of records the server hands back).
     ///
     /// # Errors
     /// [`StreamError::OutOfRetention`], [`StreamError::BeyondEnd`], or a read failure.
@@ -236,6 +285,9 @@ pub trait BackendStream: Send + Sync + fmt::Debug {
 
     /// Open the cursor of durable subscription `spec.name`: at its committed position if it
     /// has one, else at `spec.start`, committed at once.
+    ///
+    /// **Waits:** on the disk (reading and writing the committed position, the DLQ's files)
+    /// or the network (a few bounded round trips: the consumer, the DLQ).
     ///
     /// # Errors
     /// The start is outside the stream, the stored position is unreadable, or the backend
@@ -246,12 +298,16 @@ pub trait BackendStream: Send + Sync + fmt::Debug {
     /// [`apply_retention`](Self::apply_retention) on this stream; `None` (the default):
     /// never — the backend applies the retention itself (a server), or the stream keeps
     /// everything.
+    ///
+    /// **Waits:** never.
     fn retention_interval(&self) -> Option<Duration> {
         None
     }
 
     /// Apply the stream's retention now, judging age against `now` (the broker clock's
     /// wall time); called by the broker's retention timer. The default does nothing.
+    ///
+    /// **Waits:** on the disk (removing whole segments).
     ///
     /// # Errors
     /// Removing failed (logged by the broker, tried again at the next interval).
@@ -260,13 +316,17 @@ pub trait BackendStream: Send + Sync + fmt::Debug {
         Ok(())
     }
 
-    /// Where and how the stream is stored, for snapshots (R-OPS-1). Must not block for
-    /// long: the default is empty.
+    /// Where and how the stream is stored, for snapshots (R-OPS-1). The default is empty.
+    ///
+    /// **Waits:** never on the network; at most on the file system's metadata (sizes the
+    /// embedded log reads from memory or a directory listing).
     fn storage_info(&self) -> StorageInfo {
         StorageInfo::default()
     }
 
     /// Stop accepting appends and release the stream (its cursors are closed first).
+    ///
+    /// **Waits:** on flushing what is written (an fsync), bounded; no network.
     ///
     /// # Errors
     /// Flushing or releasing failed (logged by the broker).
@@ -368,6 +428,9 @@ pub trait BackendCursor: Send + Sync {
     /// waker fires when there may be more). Messages the filter or a targeted redrive
     /// excludes are skipped here.
     ///
+    /// **Waits:** on the disk (reading records) or the network (JetStream: none while its
+    /// background pull has messages buffered, else one bounded round trip).
+    ///
     /// # Errors
     /// The cursor cannot go on (an unreadable record, a poisoned commit, a lost
     /// connection): the feeder stops fetching until a seek, and the error shows in
@@ -378,6 +441,8 @@ pub trait BackendCursor: Send + Sync {
     /// queue, hold and hand to the [`StartGate`]: the feeder fetches through this. The
     /// default wraps what `fetch` returned.
     ///
+    /// **Waits:** as [`BackendCursor::fetch`].
+    ///
     /// # Errors
     /// As [`BackendCursor::fetch`].
     fn fetch_shared(&self, max: usize) -> Result<Vec<Arc<Message>>, StreamError> {
@@ -386,6 +451,8 @@ pub trait BackendCursor: Send + Sync {
 
     /// The gate asked before every handler attempt of a message this cursor handed out;
     /// `None` (the default): every attempt may start.
+    ///
+    /// **Waits:** never.
     fn start_gate(&self) -> Option<Arc<dyn StartGate>> {
         None
     }
@@ -394,15 +461,35 @@ pub trait BackendCursor: Send + Sync {
     /// before its message counts as finished; one that could not be stored is not
     /// finished (it is redelivered after a restart) and the error is returned.
     ///
+    /// **Waits:** for a dead letter, on storing it (a disk write, or two bounded round
+    /// trips); otherwise the embedded log may write the position, and JetStream does not
+    /// wait (its acknowledgements are queued).
+    ///
     /// # Errors
     /// A dead letter or the commit could not be stored.
     fn finish(&self, done: &[Finished]) -> Result<(), StreamError>;
 
     /// The feeder found nothing to fetch: a moment to store the position if it moved.
+    ///
+    /// **Waits:** on the disk when it writes the position; no network.
     fn idle(&self) {}
+
+    /// The feeder's driver steps it only when told (the manual driver), so its caller may
+    /// look at the state before anything else runs: bring what [`state`](Self::state)
+    /// reports up to date now. Called by the feeder at the end of such a step, never by an
+    /// accessor. The default does nothing (a backend whose state is always current).
+    ///
+    /// **Waits:** on the network when the backend keeps a snapshot and something changed
+    /// since its last read (JetStream: confirming the queued acknowledgements, then one
+    /// round trip, each bounded by the request timeout).
+    fn refresh(&self) {}
 
     /// Move the position (R-LOG-4) and commit it; returns the new position. Clears a
     /// fetch error; a poisoned commit stays poisoned.
+    ///
+    /// **Waits:** on the disk (writing the position; a time-based start reads the index) or
+    /// the network (JetStream: deleting and creating the consumer, a few bounded round
+    /// trips).
     ///
     /// # Errors
     /// The target lies outside the stream, or the commit failed.
@@ -410,11 +497,31 @@ pub trait BackendCursor: Send + Sync {
 
     /// Store the position now; returns it.
     ///
+    /// **Waits:** on the disk (writing the position) or the network (JetStream: confirming
+    /// the queued acknowledgements and reading the ack floor, two bounded round trips).
+    ///
     /// # Errors
     /// [`StreamError::Poisoned`] after a failed commit, [`StreamError::Closed`] once closed.
     fn commit(&self) -> Result<u64, StreamError>;
 
-    /// Position, commit and lag, as of now.
+    /// Position, commit, lag, outstanding and halt state, from what the cursor holds.
+    ///
+    /// **Waits:** never — neither on the network nor on the disk, nor on a lock held across
+    /// either. It answers every accessor of a durable subscription (`state`, `error`,
+    /// `committed`, `lag`, …) and the broker's snapshot, which must answer while the
+    /// backend's server is unreachable. A backend whose positions live elsewhere keeps a
+    /// snapshot that its own work (fetches, finishes, commits, a periodic refresh of its
+    /// own) updates, never the caller of `state`.
+    ///
+    /// # How current
+    /// `outstanding`, `error`, `poisoned` and the skip counters are exact. `position`,
+    /// `committed` and `lag` are as of the backend's last look, and each backend states how
+    /// stale they may be: the embedded log's are exact (memory, and the log's visible end);
+    /// JetStream's are re-read at most 200 ms after a change this process made or saw
+    /// published, and at most 1 s after anything else (another process's acknowledgements,
+    /// the server's retention), each plus one round trip, while the server answers — while
+    /// it does not, they stay as last read. Under the manual driver the feeder brings them
+    /// up to date at the end of each step ([`refresh`](Self::refresh)).
     fn state(&self) -> CursorState;
 
     /// How many messages this cursor handed out and was not told are finished: the
@@ -423,11 +530,16 @@ pub trait BackendCursor: Send + Sync {
     /// [`state`](Self::state) may need one); always equal to `state().outstanding`. The
     /// default asks [`state`](Self::state): a backend whose state costs more should
     /// answer this itself.
+    ///
+    /// **Waits:** never.
     fn outstanding(&self) -> usize {
         self.state().outstanding
     }
 
     /// The entries of the durable DLQ, oldest first (R-DEL-4).
+    ///
+    /// **Waits:** on the disk or the network, in proportion to the DLQ's entries (one
+    /// bounded round trip each on JetStream).
     ///
     /// # Errors
     /// The DLQ could not be read.
@@ -435,12 +547,18 @@ pub trait BackendCursor: Send + Sync {
 
     /// Remove every DLQ entry and return them, oldest first; durable once `Ok`.
     ///
+    /// **Waits:** as [`BackendCursor::dead_letters`], then one write or round trip for the
+    /// removal.
+    ///
     /// # Errors
     /// Reading or recording the removal failed (then nothing was removed).
     fn drain_dead_letters(&self) -> Result<Vec<DurableDeadLetter>, StreamError>;
 
     /// Append the entries `select` picks to the stream again, reserved for this
     /// subscription, *then* remove them from the DLQ (loss-safe); returns how many.
+    ///
+    /// **Waits:** as [`BackendCursor::dead_letters`], then an append and a removal per
+    /// entry picked (disk writes and syncs, or bounded round trips).
     ///
     /// # Errors
     /// Reading, appending or recording failed; entries redriven before the failure left
@@ -452,10 +570,14 @@ pub trait BackendCursor: Send + Sync {
 
     /// Store the final position and release the name (it can be subscribed again at
     /// once). Idempotent.
+    ///
+    /// **Waits:** on the disk (writing the position) or the network (JetStream: giving back
+    /// what it holds and confirming it, bounded by a few request timeouts).
     fn close(&self);
 }
 
-/// Position, commit and lag of one cursor.
+/// Position, commit and lag of one cursor, as [`BackendCursor::state`] reads them from
+/// what the cursor holds (see there how current each field is).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct CursorState {

@@ -23,7 +23,9 @@
 //! completions go on while the disk works. What was finished meanwhile is committed by the
 //! next write. A completion that finds a write under way does not wait for it (the
 //! dispatcher's thread must not queue behind the feeder's store): its count stays due and
-//! the next completion, idle step or close writes. Lock order: `commit`, then `state`.
+//! the next completion, idle step or close writes. A seek writes its target the same way.
+//! So `state` (every accessor of the subscription) never waits for the disk. Lock order:
+//! `commit`, then `state`.
 //!
 //! A committed position beyond the stream's end (a foreign file, or a stream that lost its
 //! tail in a power cut) is clamped to the end at open, committed and logged, never trusted.
@@ -206,18 +208,6 @@ impl EmbeddedCursor {
         let mut st = self.state.lock();
         self.record_commit(&mut st, position, stored)?;
         Ok(position)
-    }
-
-    /// Write `position` with `state` held (seek); a failure poisons the cursor.
-    fn commit_locked(&self, st: &mut Position, position: u64) -> Result<(), StreamError> {
-        if let Some(p) = &st.poisoned {
-            return Err(p.clone().into());
-        }
-        let stored = self.store.store(position);
-        self.record_commit(st, position, stored)?;
-        st.since_commit = 0;
-        st.counting_since = Instant::now();
-        Ok(())
     }
 
     /// Record the outcome of writing `position`: committed, or the cursor poisoned (never
@@ -483,11 +473,23 @@ impl BackendCursor for EmbeddedCursor {
     fn seek(&self, at: StartAt) -> Result<u64, StreamError> {
         let _commit = self.commit.lock();
         let target = self.stream.resolve(at)?;
-        let mut st = self.state.lock();
-        if st.retired {
-            return Err(StreamError::Closed);
+        {
+            let st = self.state.lock();
+            if st.retired {
+                return Err(StreamError::Closed);
+            }
+            if let Some(p) = &st.poisoned {
+                return Err(p.clone().into());
+            }
         }
-        self.commit_locked(&mut st, target)?;
+        // Written with `state` unlocked (see "Locks"): `state()` never waits for the disk.
+        // `commit` keeps the cursor from retiring meanwhile; fetches and completions made
+        // meanwhile count as made before the seek (it moves the cursor and drops them).
+        let stored = self.store.store(target);
+        let mut st = self.state.lock();
+        self.record_commit(&mut st, target, stored)?;
+        st.since_commit = 0;
+        st.counting_since = Instant::now();
         st.cursor = target;
         st.pending.clear();
         st.error = None;

@@ -41,7 +41,6 @@ mod sim;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
 
 use async_nats::jetstream::kv;
 use tidings::durable::{BackendCursor, CursorSpec, CursorWaker, Finished, StartGate};
@@ -120,15 +119,10 @@ pub(crate) struct GroupCursor {
     rounds: Mutex<Option<tokio::task::JoinHandle<()>>>,
     closed: AtomicBool,
     rotate: AtomicUsize,
-    /// The combined positions, read at most every [`POSITIONS_TTL`].
-    positions: Mutex<Option<(Instant, u64, CursorState)>>,
     /// The last partition failure, shown in the state.
     error: Mutex<Option<String>>,
 }
 
-/// How long the combined positions of the group's consumers answer `state` while this
-/// process changed nothing (as each consumer's own cache).
-const POSITIONS_TTL: Duration = Duration::from_millis(200);
 /// How many partitions one reconcile opens at once (one thread each, for their round trips).
 const OPENS_AT_ONCE: usize = 8;
 
@@ -232,7 +226,6 @@ impl GroupCursor {
             rounds: Mutex::new(Some(task)),
             closed: AtomicBool::new(false),
             rotate: AtomicUsize::new(0),
-            positions: Mutex::new(None),
             error: Mutex::new(None),
         };
         // The partitions the first round took are opened now: the position a subscriber
@@ -422,14 +415,9 @@ impl GroupCursor {
             .collect()
     }
 
+    /// The positions of every consumer this member reads, combined: each from its
+    /// cursor's snapshot, so without a round trip (see `positions`).
     fn combined_positions(&self) -> CursorState {
-        let changes = self.shared.changes();
-        if let Some((at, seen, s)) = &*lock(&self.positions)
-            && *seen == changes
-            && at.elapsed() < POSITIONS_TTL
-        {
-            return s.clone();
-        }
         let mut s = self.unkeyed.state();
         for c in self.open_cursors() {
             let ps = c.state();
@@ -441,7 +429,6 @@ impl GroupCursor {
                 s.error = ps.error;
             }
         }
-        *lock(&self.positions) = Some((Instant::now(), changes, s.clone()));
         s
     }
 
@@ -578,6 +565,13 @@ impl BackendCursor for GroupCursor {
             committed = committed.min(c.state().committed);
         }
         Ok(committed)
+    }
+
+    fn refresh(&self) {
+        self.unkeyed.refresh();
+        for c in self.open_cursors() {
+            c.refresh();
+        }
     }
 
     fn outstanding(&self) -> usize {

@@ -75,6 +75,11 @@ impl PartitionCursor {
         self.inner.state()
     }
 
+    /// Brings the state's snapshot up to date if something changed (the feeder's call).
+    pub(crate) fn refresh(&self) {
+        self.inner.refresh();
+    }
+
     /// A clean hand-over's end: what is held goes back to the server at once, in stream
     /// order (nak).
     pub(crate) fn give_back(&self) {
