@@ -102,7 +102,13 @@ pub(crate) fn jetstream_broker(url: &str, name: &str) -> Result<Broker, String> 
 
 /// Starts a worker; its standard error goes to `<dir>/<label>.err`.
 pub(crate) fn spawn(dir: &Path, label: &str, args: &[String]) -> Result<TestChild, String> {
-    let exe = std::env::current_exe().map_err(|e| format!("this program's path: {e}"))?;
+    // This very program, even when its file was replaced meanwhile (a rebuild during an
+    // hour-long run made a restart fail with "No such file or directory" at 395 s): on
+    // Linux `/proc/self/exe` opens the running image, whatever its path now holds.
+    let exe = match Path::new("/proc/self/exe") {
+        p if p.exists() => p.to_path_buf(),
+        _ => std::env::current_exe().map_err(|e| format!("this program's path: {e}"))?,
+    };
     let err =
         File::create(dir.join(format!("{label}.err"))).map_err(|e| format!("{label}.err: {e}"))?;
     let child = Command::new(exe)
