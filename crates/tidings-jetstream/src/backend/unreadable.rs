@@ -304,7 +304,17 @@ mod tests {
         );
         let deadline = std::time::Instant::now() + PATIENCE;
         while receiving.connects() < 2 {
-            assert!(std::time::Instant::now() < deadline, "the client read it");
+            let stats = receiving.client.statistics();
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the receiving connection did not reconnect within {PATIENCE:?} of the record \
+                 (connection state {:?}; it received {} messages, {} bytes; main connection: \
+                 {} connects)",
+                receiving.client.connection_state(),
+                stats.in_messages.load(std::sync::atomic::Ordering::Relaxed),
+                stats.in_bytes.load(std::sync::atomic::Ordering::Relaxed),
+                main.connects(),
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         assert_eq!(main.connects(), 1, "the main connection never dropped");
