@@ -314,10 +314,24 @@ impl RawPair {
         let mut messages = runtime
             .block_on(subscriber.subscribe(RAW_SUBJECT))
             .map_err(|e| format!("async-nats could not subscribe: {e}"))?;
-        // A round trip on the subscriber's connection: the server has the subscription.
-        runtime
-            .block_on(subscriber.flush())
-            .map_err(|e| format!("async-nats could not flush: {e}"))?;
+        // A round trip on the subscriber's connection, so the server has the subscription
+        // before the publisher's first message (`flush` only writes the buffer out): a
+        // message to an inbox of its own, which the server handles after the subscribe.
+        runtime.block_on(async {
+            let inbox = subscriber.new_inbox();
+            let mut probe = subscriber
+                .subscribe(inbox.clone())
+                .await
+                .map_err(|e| format!("async-nats could not subscribe: {e}"))?;
+            subscriber
+                .publish(inbox, bytes::Bytes::new())
+                .await
+                .map_err(|e| format!("async-nats could not publish: {e}"))?;
+            probe
+                .next()
+                .await
+                .ok_or_else(|| "the round trip to the server ended".to_owned())
+        })?;
         let arrivals = Arc::new(Arrivals::new());
         let a = Arc::clone(&arrivals);
         let counter = runtime.spawn(async move {

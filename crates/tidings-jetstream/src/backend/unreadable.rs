@@ -294,7 +294,15 @@ mod tests {
             .subscribe("raw.>")
             .await
             .expect("subscribes");
-        receiving.client.flush().await.expect("flush");
+        // A round trip on the same connection, so the server has the subscription before
+        // the record is published over another connection (a flush only writes it out:
+        // under load the server took the record first, delivered it to nobody, and the
+        // test waited for a reconnect that had no reason to happen).
+        receiving
+            .client
+            .request("$JS.API.INFO", "".into())
+            .await
+            .expect("the server answers on the receiving connection");
         assert_eq!((main.connects(), receiving.connects()), (1, 1));
         publish_raw(
             &server.url(),
