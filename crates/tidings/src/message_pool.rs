@@ -15,7 +15,8 @@
 //! [`recycle`]. If it is indeed the only reference (`Arc::get_mut`: no other strong or weak
 //! reference), the parts that may own user memory are dropped at once (payload, key, headers,
 //! reply topic, correlation id: a recycled message never keeps a payload alive) and the
-//! allocation goes into a per-thread stash. A full stash moves to a small shared pool in one
+//! allocation goes into a per-thread stash, where a publish finds it ([`recycled`]) and
+//! writes its next message into it in place. A full stash moves to a small shared pool in one
 //! lock; a publisher whose stash is empty takes a whole batch from it in one lock. So the
 //! shared lock is taken once per [`BATCH`] messages on each side, not once per message.
 //!
@@ -89,7 +90,7 @@ static POOL: Mutex<Pool> = Mutex::new(Pool {
 });
 
 std::thread_local! {
-    /// This thread's recycled messages: filled by [`recycle`], emptied by [`allocate`].
+    /// This thread's recycled messages: filled by [`recycle`], emptied by [`recycled`].
     static STASH: RefCell<Vec<Arc<Message>>> = const { RefCell::new(Vec::new()) };
 }
 
@@ -101,9 +102,12 @@ pub(crate) fn expect_queue(capacity: usize) {
     POOL_BATCHES.fetch_max(batches, Ordering::Relaxed);
 }
 
-/// `message` in a shared allocation: a recycled one when there is one, else a new one.
-pub(crate) fn allocate(message: Message) -> Arc<Message> {
-    let reused = STASH
+/// A recycled allocation for the next message, when this thread's stash (or the shared
+/// pool) has one. Only unique messages are stashed and nothing else can see them, so
+/// `Arc::get_mut` gives the caller the whole message, to overwrite in place (publish writes
+/// it field by field: src/broker/publish.rs).
+pub(crate) fn recycled() -> Option<Arc<Message>> {
+    STASH
         .try_with(|stash| {
             let mut stash = stash.try_borrow_mut().ok()?;
             if stash.is_empty() {
@@ -116,21 +120,25 @@ pub(crate) fn allocate(message: Message) -> Arc<Message> {
             stash.pop()
         })
         .ok()
-        .flatten();
-    match reused {
+        .flatten()
+}
+
+/// `message` in a shared allocation: a recycled one when there is one, else a new one.
+#[cfg(test)]
+pub(crate) fn allocate(message: Message) -> Arc<Message> {
+    match recycled() {
         Some(mut arc) => match Arc::get_mut(&mut arc) {
             Some(slot) => {
                 *slot = message;
                 arc
             }
-            // Unreachable: only unique messages are stashed, and nothing else can see them.
             None => Arc::new(message),
         },
         None => Arc::new(message),
     }
 }
 
-/// Drops `message`, keeping its allocation for a later [`allocate`] when this was its last
+/// Drops `message`, keeping its allocation for a later publish ([`recycled`]) when this was its last
 /// reference.
 pub(crate) fn recycle(mut message: Arc<Message>) {
     // A cheap first look: most references dropped in a fan-out are not the last one.

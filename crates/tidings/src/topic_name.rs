@@ -125,10 +125,10 @@ impl TopicName {
         }
     }
 
-    /// The checked topic: the one given, or the string validated ([`Topic::new`]).
-    pub(crate) fn into_topic(self) -> Result<Topic, crate::topic::TopicError> {
-        match self.0 {
-            Repr::Checked(t) => Ok(t),
+    /// The checked topic: the one given (shared), or the string validated ([`Topic::new`]).
+    pub(crate) fn to_topic(&self) -> Result<Topic, crate::topic::TopicError> {
+        match &self.0 {
+            Repr::Checked(t) => Ok(t.clone()),
             _ => Topic::new(self.as_str()),
         }
     }

@@ -69,7 +69,8 @@ impl Broker {
     ) -> Result<PublishReport, PublishError> {
         let (inner, message) = (self.inner.clone(), message.into());
         let Ok(handle) = ::tokio::runtime::Handle::try_current() else {
-            return inner.publish_builder(message);
+            let mut message = message;
+            return inner.publish_builder(&mut message);
         };
         // A task, not this future: dropping the future must not cancel a publish halfway.
         let task = handle.spawn(async move { inner.publish_builder_async(message).await });
@@ -142,7 +143,9 @@ impl BrokerInner {
         let span = crate::telemetry::trace::publish_span(&b.topic);
         let mut prepared = {
             let _entered = span.enter();
-            self.prepare(b, &span, &Now::new(self.clock.as_ref()))?
+            // The builder's parts move into the message; its husk ends with this block.
+            let mut b = b;
+            self.prepare(&mut b, &span, &Now::new(self.clock.as_ref()))?
         };
         let appends = self
             .durables

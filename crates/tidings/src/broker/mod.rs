@@ -314,9 +314,9 @@ impl Broker {
         &self,
         message: impl Into<MessageBuilder>,
     ) -> Result<PublishReport, PublishError> {
-        let message = message.into();
+        let mut message = message.into();
         refuse_reserved_headers(&message)?;
-        self.inner.publish_builder(message)
+        self.inner.publish_builder(&mut message)
     }
 
     /// Send a request and wait for its reply (R-PAT-1).
@@ -355,11 +355,11 @@ impl Broker {
         }
         let inbox = inner.inbox()?;
         let id = inbox.register();
-        let request = message
+        let mut request = message
             .reply_to(inner.reply_topic(&inbox, &id))
             .correlation_id(id.clone());
         let deadline = deadline_after(inner.clock.now(), timeout);
-        let report = match inner.publish_builder(request) {
+        let report = match inner.publish_builder(&mut request) {
             Ok(r) => r,
             Err(e) => {
                 inbox.forget(&id);

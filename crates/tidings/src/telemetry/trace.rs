@@ -296,11 +296,11 @@ fn span_id(seed: u128) -> u64 {
 }
 
 /// Feature `otel`: give `message` a `traceparent` header unless it has one or the header
-/// would break `limits`. Without the feature, returns `message` unchanged.
-pub(crate) fn stamped(message: Message, limits: &crate::limits::Limits) -> Message {
+/// would break `limits`. Without the feature, does nothing. In place: publish calls it on
+/// the message it wrote into its allocation.
+pub(crate) fn stamp(message: &mut Message, limits: &crate::limits::Limits) {
     #[cfg(feature = "otel")]
     {
-        let mut message = message;
         if message.header(TRACEPARENT).is_none() {
             let value = traceparent_for(message.id());
             let fits = message.headers.len() < limits.max_headers
@@ -310,13 +310,9 @@ pub(crate) fn stamped(message: Message, limits: &crate::limits::Limits) -> Messa
                 message.headers.insert(TRACEPARENT, value);
             }
         }
-        message
     }
     #[cfg(not(feature = "otel"))]
-    {
-        let _ = limits;
-        message
-    }
+    let _ = (message, limits);
 }
 
 /// Feature `otel`: the `traceparent` a message stamped with `id` gets at publish, unless
