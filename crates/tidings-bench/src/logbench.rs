@@ -1,5 +1,6 @@
-//! `log/append/{never,interval,always}`, `log/append/always/publishers=64`, `log/read`:
-//! 256-byte records through `tidings-log`, against plain file I/O.
+//! `log/append/{never,interval,always}`, `log/append/always/publishers=64`, `log/read`
+//! (the lending reader), `log/read/batches` (owned records): 256-byte records through
+//! `tidings-log`, against plain file I/O.
 //!
 //! `log/durable/publishers=64`: end to end through the broker: 64 publisher threads publish
 //! to a stream with `Fsync::Always`, a durable subscription's handler receives every record
@@ -39,9 +40,13 @@ pub(crate) fn case_names() -> Vec<String> {
     let mut v: Vec<String> = POLICIES.iter().map(|p| format!("log/append/{p}")).collect();
     v.push(format!("log/append/always/publishers={PUBLISHERS}"));
     v.push("log/read".into());
+    v.push(READ_BATCHES_CASE.into());
     v.push(DURABLE_CASE.into());
     v
 }
+
+/// The read case through owned batches (`Log::read`) instead of the lending reader.
+const READ_BATCHES_CASE: &str = "log/read/batches";
 
 /// The end-to-end durable case.
 const DURABLE_CASE: &str = "log/durable/publishers=64";
@@ -252,7 +257,27 @@ mod tlog {
         Ok(Filled { log, n, _dir: sub })
     }
 
+    /// Front to back through the lending reader (`Log::reader`): each record borrows the
+    /// reader's chunk, as the raw reader's record borrows its buffer.
     pub(super) fn read(f: &Filled) -> Result<f64, String> {
+        let start = Instant::now();
+        let mut reader = f.log.reader(0);
+        let mut count = 0u64;
+        let mut sum = 0u64;
+        while let Some(r) = reader.next().map_err(|e| format!("read: {e}"))? {
+            count += 1;
+            sum = sum.wrapping_add(u64::from(r.payload[0]));
+        }
+        std::hint::black_box(sum);
+        if count != f.n {
+            return Err(format!("read {count} of {} records", f.n));
+        }
+        Ok(f.n as f64 / start.elapsed().as_secs_f64())
+    }
+
+    /// Front to back in owned batches (`Log::read(from, 1024)`: each record holds a
+    /// reference to its chunk).
+    pub(super) fn read_batches(f: &Filled) -> Result<f64, String> {
         let start = Instant::now();
         let mut from = 0u64;
         let mut count = 0u64;
@@ -291,6 +316,9 @@ mod tlog {
         Err(AVAILABLE.unwrap_or_default().into())
     }
     pub(super) fn read(_: &Filled) -> Result<f64, String> {
+        Err(AVAILABLE.unwrap_or_default().into())
+    }
+    pub(super) fn read_batches(_: &Filled) -> Result<f64, String> {
         Err(AVAILABLE.unwrap_or_default().into())
     }
 }
@@ -435,14 +463,28 @@ pub(crate) fn run(plan: &Plan, filter: &Filter) -> Vec<Case> {
         cases.push(case_from(&name, &out, &notes));
     }
 
-    if filter.wants("log/read") {
+    for (name, how) in [
+        (
+            "log/read",
+            "tidings: Log::reader, each record borrowed from the reader's chunk",
+        ),
+        (
+            READ_BATCHES_CASE,
+            "tidings: Log::read(from, 1024) batches of owned records",
+        ),
+    ] {
+        if !filter.wants(name) {
+            continue;
+        }
         let n = plan.log_read_records;
         let raw_path = d.join("read.dat");
         let raw_ok = write_raw_file(&raw_path, n);
         let filled = tlog::fill(&d, n);
+        let lending = name == "log/read";
         let mut cs = vec![
             Contender::new("tidings", || match &filled {
-                Ok(f) => tlog::read(f),
+                Ok(f) if lending => tlog::read(f),
+                Ok(f) => tlog::read_batches(f),
                 Err(e) => Err(e.clone()),
             }),
             Contender::new("raw-sequential-read", || match &raw_ok {
@@ -454,12 +496,12 @@ pub(crate) fn run(plan: &Plan, filter: &Filter) -> Vec<Case> {
         drop(cs);
         let notes = vec![
             format!(
-                "{n} records read front to back (tidings: Log::read(from, 1024) batches; raw: 64 KiB BufReader over \
-                 the same record bytes); page cache warm"
+                "{n} records read front to back ({how}; raw: 64 KiB BufReader over the same record \
+                 bytes, each record copied into one reused buffer); page cache warm"
             ),
             common.clone(),
         ];
-        cases.push(case_from("log/read", &out, &notes));
+        cases.push(case_from(name, &out, &notes));
     }
 
     if filter.wants(DURABLE_CASE) {
