@@ -207,10 +207,11 @@ fn read_segment(
     Ok(())
 }
 
-/// A walk over one segment's frames, shared by every read: where it stands ([`Walk`]), the
-/// chunk it reads from, and the run of frames of that chunk already checksummed (three at a
-/// time, [`Chunk::verified_run`]). A frame the run stops at (not complete in the chunk, or a
-/// failed checksum) goes through [`Chunk::frame`], which reads more or says what is wrong.
+/// A walk over one segment's frames, for the lending reader and the time lookups
+/// ([`read_segment`] is the same loop, specialised): where it stands ([`Walk`]), the chunk it
+/// reads from, and the run of frames of that chunk already checksummed (three at a time,
+/// [`Chunk::verified_run`]). A frame the run stops at (not complete in the chunk, or a failed
+/// checksum) goes through [`Chunk::frame`], which reads more or says what is wrong.
 #[derive(Default)]
 pub(crate) struct Cursor {
     walk: Walk,
