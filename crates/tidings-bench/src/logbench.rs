@@ -38,12 +38,18 @@ const POLICIES: [&str; 3] = ["never", "interval", "always"];
 
 pub(crate) fn case_names() -> Vec<String> {
     let mut v: Vec<String> = POLICIES.iter().map(|p| format!("log/append/{p}")).collect();
+    v.push(BATCH_CASE.into());
     v.push(format!("log/append/always/publishers={PUBLISHERS}"));
     v.push("log/read".into());
     v.push(READ_BATCHES_CASE.into());
     v.push(DURABLE_CASE.into());
     v
 }
+
+/// Records per `Log::append_batch` in the batch case.
+const BATCH: u64 = 64;
+/// The append case through `Log::append_batch`.
+const BATCH_CASE: &str = "log/append/never/batch=64";
 
 /// The read case through owned batches (`Log::read`) instead of the lending reader.
 const READ_BATCHES_CASE: &str = "log/read/batches";
@@ -239,6 +245,33 @@ mod tlog {
         Ok(rate)
     }
 
+    /// Append `n` records to a fresh log from one thread, `batch` at a time through
+    /// `Log::append_batch` (one writer-lock round trip per batch).
+    pub(super) fn append_batches(
+        dir: &Path,
+        policy: &str,
+        n: u64,
+        batch: u64,
+    ) -> Result<f64, String> {
+        let sub = tempfile::tempdir_in(dir).map_err(|e| e.to_string())?;
+        let log = open(sub.path(), policy)?;
+        let p = payload();
+        let start = Instant::now();
+        let mut records = Vec::with_capacity(batch as usize);
+        let mut done = 0;
+        while done < n {
+            let k = batch.min(n - done);
+            records.clear();
+            records.extend((0..k).map(|_| record(&p)));
+            log.append_batch(&records)
+                .map_err(|e| format!("append_batch: {e}"))?;
+            done += k;
+        }
+        let rate = n as f64 / start.elapsed().as_secs_f64();
+        drop(log);
+        Ok(rate)
+    }
+
     /// A log holding `n` records, for the read case.
     pub(super) struct Filled {
         log: Log,
@@ -309,6 +342,9 @@ mod tlog {
     );
 
     pub(super) fn append(_: &Path, _: &str, _: u64, _: u64) -> Result<f64, String> {
+        Err(AVAILABLE.unwrap_or_default().into())
+    }
+    pub(super) fn append_batches(_: &Path, _: &str, _: u64, _: u64) -> Result<f64, String> {
         Err(AVAILABLE.unwrap_or_default().into())
     }
     pub(super) struct Filled;
@@ -411,6 +447,24 @@ pub(crate) fn run(plan: &Plan, filter: &Filter) -> Vec<Case> {
         }
         notes.push(common.clone());
         cases.push(case_from(&name, &out, &notes));
+    }
+
+    if filter.wants(BATCH_CASE) {
+        let n = plan.log_records;
+        let mut cs = vec![
+            Contender::new("tidings", || tlog::append_batches(&d, "never", n, BATCH)),
+            Contender::new("raw-write", || raw_write(&d, n)),
+        ];
+        let out = interleave(plan.rounds, &mut cs);
+        drop(cs);
+        let notes = vec![
+            format!(
+                "{n} records per round, 1 publisher, Fsync::Never, Log::append_batch of {BATCH} records \
+                 (the records built per batch, as log/append/never builds one per append)"
+            ),
+            common.clone(),
+        ];
+        cases.push(case_from(BATCH_CASE, &out, &notes));
     }
 
     let name = format!("log/append/always/publishers={PUBLISHERS}");
