@@ -1,5 +1,6 @@
-//! `log/append/{never,interval,always}`, `log/append/always/publishers=64`, `log/read`:
-//! 256-byte records through `tidings-log`, against plain file I/O.
+//! `log/append/{never,interval,always}`, `log/append/always/publishers=64`, `log/read`
+//! (the lending reader), `log/read/batches` (owned records): 256-byte records through
+//! `tidings-log`, against plain file I/O.
 //!
 //! `log/durable/publishers=64`: end to end through the broker: 64 publisher threads publish
 //! to a stream with `Fsync::Always`, a durable subscription's handler receives every record
@@ -37,11 +38,21 @@ const POLICIES: [&str; 3] = ["never", "interval", "always"];
 
 pub(crate) fn case_names() -> Vec<String> {
     let mut v: Vec<String> = POLICIES.iter().map(|p| format!("log/append/{p}")).collect();
+    v.push(BATCH_CASE.into());
     v.push(format!("log/append/always/publishers={PUBLISHERS}"));
     v.push("log/read".into());
+    v.push(READ_BATCHES_CASE.into());
     v.push(DURABLE_CASE.into());
     v
 }
+
+/// Records per `Log::append_batch` in the batch case.
+const BATCH: u64 = 64;
+/// The append case through `Log::append_batch`.
+const BATCH_CASE: &str = "log/append/never/batch=64";
+
+/// The read case through owned batches (`Log::read`) instead of the lending reader.
+const READ_BATCHES_CASE: &str = "log/read/batches";
 
 /// The end-to-end durable case.
 const DURABLE_CASE: &str = "log/durable/publishers=64";
@@ -234,6 +245,33 @@ mod tlog {
         Ok(rate)
     }
 
+    /// Append `n` records to a fresh log from one thread, `batch` at a time through
+    /// `Log::append_batch` (one writer-lock round trip per batch).
+    pub(super) fn append_batches(
+        dir: &Path,
+        policy: &str,
+        n: u64,
+        batch: u64,
+    ) -> Result<f64, String> {
+        let sub = tempfile::tempdir_in(dir).map_err(|e| e.to_string())?;
+        let log = open(sub.path(), policy)?;
+        let p = payload();
+        let start = Instant::now();
+        let mut records = Vec::with_capacity(batch as usize);
+        let mut done = 0;
+        while done < n {
+            let k = batch.min(n - done);
+            records.clear();
+            records.extend((0..k).map(|_| record(&p)));
+            log.append_batch(&records)
+                .map_err(|e| format!("append_batch: {e}"))?;
+            done += k;
+        }
+        let rate = n as f64 / start.elapsed().as_secs_f64();
+        drop(log);
+        Ok(rate)
+    }
+
     /// A log holding `n` records, for the read case.
     pub(super) struct Filled {
         log: Log,
@@ -252,7 +290,27 @@ mod tlog {
         Ok(Filled { log, n, _dir: sub })
     }
 
+    /// Front to back through the lending reader (`Log::reader`): each record borrows the
+    /// reader's chunk, as the raw reader's record borrows its buffer.
     pub(super) fn read(f: &Filled) -> Result<f64, String> {
+        let start = Instant::now();
+        let mut reader = f.log.reader(0);
+        let mut count = 0u64;
+        let mut sum = 0u64;
+        while let Some(r) = reader.next().map_err(|e| format!("read: {e}"))? {
+            count += 1;
+            sum = sum.wrapping_add(u64::from(r.payload[0]));
+        }
+        std::hint::black_box(sum);
+        if count != f.n {
+            return Err(format!("read {count} of {} records", f.n));
+        }
+        Ok(f.n as f64 / start.elapsed().as_secs_f64())
+    }
+
+    /// Front to back in owned batches (`Log::read(from, 1024)`: each record holds a
+    /// reference to its chunk).
+    pub(super) fn read_batches(f: &Filled) -> Result<f64, String> {
         let start = Instant::now();
         let mut from = 0u64;
         let mut count = 0u64;
@@ -286,11 +344,17 @@ mod tlog {
     pub(super) fn append(_: &Path, _: &str, _: u64, _: u64) -> Result<f64, String> {
         Err(AVAILABLE.unwrap_or_default().into())
     }
+    pub(super) fn append_batches(_: &Path, _: &str, _: u64, _: u64) -> Result<f64, String> {
+        Err(AVAILABLE.unwrap_or_default().into())
+    }
     pub(super) struct Filled;
     pub(super) fn fill(_: &Path, _: u64) -> Result<Filled, String> {
         Err(AVAILABLE.unwrap_or_default().into())
     }
     pub(super) fn read(_: &Filled) -> Result<f64, String> {
+        Err(AVAILABLE.unwrap_or_default().into())
+    }
+    pub(super) fn read_batches(_: &Filled) -> Result<f64, String> {
         Err(AVAILABLE.unwrap_or_default().into())
     }
 }
@@ -385,6 +449,24 @@ pub(crate) fn run(plan: &Plan, filter: &Filter) -> Vec<Case> {
         cases.push(case_from(&name, &out, &notes));
     }
 
+    if filter.wants(BATCH_CASE) {
+        let n = plan.log_records;
+        let mut cs = vec![
+            Contender::new("tidings", || tlog::append_batches(&d, "never", n, BATCH)),
+            Contender::new("raw-write", || raw_write(&d, n)),
+        ];
+        let out = interleave(plan.rounds, &mut cs);
+        drop(cs);
+        let notes = vec![
+            format!(
+                "{n} records per round, 1 publisher, Fsync::Never, Log::append_batch of {BATCH} records \
+                 (the records built per batch, as log/append/never builds one per append)"
+            ),
+            common.clone(),
+        ];
+        cases.push(case_from(BATCH_CASE, &out, &notes));
+    }
+
     let name = format!("log/append/always/publishers={PUBLISHERS}");
     if filter.wants(&name) {
         let per = plan.log_records_per_publisher;
@@ -435,14 +517,28 @@ pub(crate) fn run(plan: &Plan, filter: &Filter) -> Vec<Case> {
         cases.push(case_from(&name, &out, &notes));
     }
 
-    if filter.wants("log/read") {
+    for (name, how) in [
+        (
+            "log/read",
+            "tidings: Log::reader, each record borrowed from the reader's chunk",
+        ),
+        (
+            READ_BATCHES_CASE,
+            "tidings: Log::read(from, 1024) batches of owned records",
+        ),
+    ] {
+        if !filter.wants(name) {
+            continue;
+        }
         let n = plan.log_read_records;
         let raw_path = d.join("read.dat");
         let raw_ok = write_raw_file(&raw_path, n);
         let filled = tlog::fill(&d, n);
+        let lending = name == "log/read";
         let mut cs = vec![
             Contender::new("tidings", || match &filled {
-                Ok(f) => tlog::read(f),
+                Ok(f) if lending => tlog::read(f),
+                Ok(f) => tlog::read_batches(f),
                 Err(e) => Err(e.clone()),
             }),
             Contender::new("raw-sequential-read", || match &raw_ok {
@@ -454,12 +550,12 @@ pub(crate) fn run(plan: &Plan, filter: &Filter) -> Vec<Case> {
         drop(cs);
         let notes = vec![
             format!(
-                "{n} records read front to back (tidings: Log::read(from, 1024) batches; raw: 64 KiB BufReader over \
-                 the same record bytes); page cache warm"
+                "{n} records read front to back ({how}; raw: 64 KiB BufReader over the same record \
+                 bytes, each record copied into one reused buffer); page cache warm"
             ),
             common.clone(),
         ];
-        cases.push(case_from("log/read", &out, &notes));
+        cases.push(case_from(name, &out, &notes));
     }
 
     if filter.wants(DURABLE_CASE) {

@@ -27,6 +27,7 @@ pub(crate) fn frame_crc(len_bytes: [u8; 4], body: &[u8]) -> u32 {
 }
 
 /// [`frame_crc`] of three frames at once.
+#[inline]
 pub(crate) fn frame_crc3(frames: [([u8; 4], &[u8]); 3]) -> [u32; 3] {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("sse4.2") {

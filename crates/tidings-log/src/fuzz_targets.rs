@@ -286,6 +286,7 @@ fn fuzz_log_dir() {
             let (start, end) = (log.start_offset(), log.end_offset());
             assert!(start <= end, "start {start} after end {end}");
             let mut at = start;
+            let mut read_failed = false;
             let mut outcome = Outcome::of(("read all", (end - start).min(4), recovered));
             while at < end {
                 match log.read(at, 64) {
@@ -298,6 +299,30 @@ fn fuzz_log_dir() {
                     }
                     Err(e) => {
                         outcome = Outcome::of(("read", kind(&e), recovered));
+                        read_failed = true;
+                        break;
+                    }
+                }
+            }
+            // The lending reader agrees with `read`: the same records, and a failure at the
+            // same record with the same error.
+            let mut reader = log.reader(start);
+            let mut lent = start;
+            loop {
+                match reader.next() {
+                    Ok(Some(r)) => {
+                        assert_eq!(r.offset, lent, "lent records out of order");
+                        lent += 1;
+                    }
+                    Ok(None) => {
+                        assert!(!read_failed, "the reader read what read could not");
+                        assert_eq!(lent, at, "the reader ended elsewhere than read");
+                        break;
+                    }
+                    Err(e) => {
+                        assert_eq!(lent, at, "the reader failed elsewhere than read");
+                        let read_err = log.read(at, 1).map(|_| ()).unwrap_err();
+                        assert_eq!(e.to_string(), read_err.to_string());
                         break;
                     }
                 }

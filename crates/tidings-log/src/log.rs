@@ -11,6 +11,7 @@ use parking_lot::{Mutex, RwLock};
 use crate::commit::{Commit, Flusher};
 use crate::config::{Fsync, LogConfig};
 use crate::error::{AppendError, CloseError, OpenError, ReadError, RetentionError};
+use crate::log_reader::LogReader;
 use crate::reader;
 use crate::record::{MAX_HEADER_NAME, Record, StoredRecord};
 use crate::recovery::{RecoveryReport, recover};
@@ -324,6 +325,15 @@ impl Log {
     /// [`ReadError::BeyondEnd`] if `from > end_offset()`.
     pub fn read(&self, from: u64, max_records: usize) -> Result<Vec<StoredRecord>, ReadError> {
         reader::read(&self.shared, from, max_records)
+    }
+
+    /// A reader from offset `from` that lends each record ([`crate::RecordRef`], borrowed until
+    /// its next call) instead of returning owned ones: the same checks as [`Log::read`],
+    /// without a reference count, allocation or copy per record. See [`LogReader`] for its
+    /// ordering and failures (a position out of range is reported by its first `next`).
+    #[must_use]
+    pub fn reader(&self, from: u64) -> LogReader<'_> {
+        LogReader::new(&self.shared, from)
     }
 
     /// The first offset at or after `from` from which [`Log::read`] can go on: `from` itself

@@ -344,13 +344,13 @@ fn decode_walked(buf: &Bytes, start: usize, end: usize) -> Result<StoredRecord, 
     })
 }
 
-struct Layout {
-    key: Option<Range<usize>>,
-    payload: Range<usize>,
+pub(crate) struct Layout {
+    pub(crate) key: Option<Range<usize>>,
+    pub(crate) payload: Range<usize>,
 }
 
 /// Walks a body, checking every length against the body size; calls `on_header(name, value)`.
-fn walk(
+pub(crate) fn walk(
     body: &[u8],
     mut on_header: impl FnMut(Range<usize>, Range<usize>),
 ) -> Result<Layout, &'static str> {

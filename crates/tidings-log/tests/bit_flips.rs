@@ -8,7 +8,8 @@
 //! * in any other record: open fails with `Corrupt { path, byte_offset }` naming the file and the
 //!   start of the damaged record (with `verify_on_open`; without it, the open succeeds, the
 //!   read of that record fails with the same path and offset, every record before it is read,
-//!   and `next_readable` goes on past exactly that record) and no file is modified;
+//!   and `next_readable` goes on past exactly that record, through `Log::read` and through
+//!   the lending `Log::reader` alike) and no file is modified;
 //!
 //! and `tools::verify` reports every flip with its file (and record offset for records).
 
@@ -17,7 +18,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use common::{DIR, assert_intact, fill, frame_bounds, read_all, sim_open, small_config};
+use common::{DIR, assert_intact, fill, frame_bounds, lend_all, read_all, sim_open, small_config};
 use tidings_log::testing::{SimStorage, TestRng};
 use tidings_log::tools::{ProblemKind, verify_with_storage};
 use tidings_log::{Fsync, LogConfig, OpenError, ReadError, StoredRecord};
@@ -65,6 +66,32 @@ fn read_past_damage(log: &tidings_log::Log, batch: usize) -> (Vec<StoredRecord>,
                 next = after;
             }
             Err(e) => panic!("read: {e}"),
+        }
+    }
+}
+
+/// [`read_past_damage`] through the lending reader: on a damaged record it fails at that
+/// record (and again if asked again), and `next_readable` then `seek` go on past it.
+fn lend_past_damage(log: &tidings_log::Log) -> (Vec<StoredRecord>, Vec<u64>) {
+    let (mut out, mut skipped) = (Vec::new(), Vec::new());
+    let mut reader = log.reader(log.start_offset());
+    loop {
+        let at = reader.position();
+        match reader.next() {
+            Ok(None) => return (out, skipped),
+            Ok(Some(r)) => out.push(r.to_stored()),
+            Err(ReadError::Corrupt { offset, .. }) => {
+                assert_eq!(offset, at, "the reader fails at the record it stands at");
+                assert!(
+                    matches!(reader.next(), Err(ReadError::Corrupt { offset: o, .. }) if o == at),
+                    "the reader stays at the damaged record"
+                );
+                let after = log.next_readable(at).unwrap();
+                assert!(after > at, "next_readable moves past the damage");
+                skipped.extend(at..after);
+                reader.seek(after);
+            }
+            Err(e) => panic!("reader: {e}"),
         }
     }
 }
@@ -140,6 +167,7 @@ fn ten_thousand_bit_flips_are_all_detected() {
             let (log, rep) = opened.unwrap_or_else(|e| panic!("{what}: {e}"));
             assert!(rep.rebuilt_indexes.contains(path), "{what}: {rep}");
             assert_eq!(read_all(&log), original, "{what}");
+            assert_eq!(lend_all(&log), original, "{what}");
             assert!(
                 report
                     .problems
@@ -195,6 +223,7 @@ fn ten_thousand_bit_flips_are_all_detected() {
                 "{what}"
             );
             assert_eq!(read_all(&log), original[..original.len() - 1], "{what}");
+            assert_eq!(lend_all(&log), original[..original.len() - 1], "{what}");
             *counts.entry("torn tail").or_default() += 1;
             continue;
         }
@@ -243,6 +272,10 @@ fn ten_thousand_bit_flips_are_all_detected() {
                     .cloned()
                     .collect();
                 assert_eq!(read, others, "{what}");
+                // The same through the lending reader.
+                let (lent, lent_skipped) = lend_past_damage(&log);
+                assert_eq!(lent_skipped, vec![bad], "{what}");
+                assert_eq!(lent, others, "{what}");
                 drop(log);
                 *counts.entry("corrupt on read").or_default() += 1;
             }

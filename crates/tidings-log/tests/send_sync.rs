@@ -12,6 +12,8 @@ fn public_types_are_send_and_sync() {
     assert_send_sync::<LogConfig>();
     assert_send_sync::<Record>();
     assert_send_sync::<StoredRecord>();
+    assert_send_sync::<RecordRef<'static>>();
+    assert_send_sync::<LogReader<'static>>();
     assert_send_sync::<RecoveryReport>();
     assert_send_sync::<RetentionReport>();
     assert_send_sync::<FsStorage>();

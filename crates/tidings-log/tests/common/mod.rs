@@ -70,6 +70,20 @@ pub fn read_all(log: &Log) -> Vec<StoredRecord> {
     out
 }
 
+/// [`read_all`] through the lending reader (`Log::reader`), each record copied out.
+pub fn lend_all(log: &Log) -> Vec<StoredRecord> {
+    let mut out = Vec::new();
+    let mut next = log.start_offset();
+    let mut reader = log.reader(next);
+    while let Some(r) = reader.next().unwrap() {
+        assert_eq!(r.offset, next, "offsets must be contiguous");
+        out.push(r.to_stored());
+        next += 1;
+    }
+    assert_eq!((next, reader.position()), (log.end_offset(), next));
+    out
+}
+
 pub fn sim_open(sim: &SimStorage, cfg: LogConfig) -> Result<(Log, RecoveryReport), OpenError> {
     Log::open_with_storage(Arc::new(sim.clone()), Path::new(DIR), cfg)
 }
