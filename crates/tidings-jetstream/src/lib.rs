@@ -51,7 +51,7 @@ mod names;
 pub mod subject;
 pub mod transport;
 
-use client::{consumer, stream_spec};
+use client::stream_spec;
 use connection::connect;
 
 pub use backend::dedup::{DEFAULT_DEDUP_MAX_AGE, JetStreamDedupStore};

@@ -36,9 +36,9 @@ use tidings::{Pattern, StartAt, StreamErrorKind};
 use super::consumer_settings::ConsumerSettings;
 use super::durable::Durable;
 use crate::classify::Classify;
-use crate::connect::JetStream;
+use crate::client::stream_spec::check_nats_name;
+use crate::connection::connect::JetStream;
 use crate::error::ConsumerError;
-use crate::stream_spec::check_nats_name;
 use crate::subject::filter_subjects;
 
 /// Default time a delivery may stay unacknowledged before it is redelivered.

@@ -18,7 +18,7 @@ use super::consumer_settings::ConsumerSettings;
 #[cfg(test)]
 use super::delivery::Delivery;
 use crate::classify::Classify;
-use crate::connect::JetStream;
+use crate::connection::connect::JetStream;
 use crate::error::{FetchError, InfoError};
 
 /// What one [`Durable::fetch`] returned.
