@@ -50,7 +50,7 @@
 //! network. Nothing waits on the disk. A server that is away yields
 //! [`StreamError::Backend`] naming `jetstream` within that bound, never a hang: of kind `Unavailable` (not connected, no JetStream
 //! answering) or `TimedOut` (no answer in time), a refusal by the server `Refused` with its
-//! API error code kept in the [`JetStreamError`] source, a record
+//! API error code kept in the [`JetStreamError`](crate::JetStreamError) source, a record
 //! that does not decode `Corrupt`. The client reconnects by itself; a cursor's background
 //! fetch retries until then.
 //!

@@ -14,7 +14,7 @@
 //! - [`refresh`](tidings::durable::BackendCursor::refresh), which the feeder calls at the
 //!   end of a step under the manual driver (whose caller looks at the state before any
 //!   background task could run), reads it when something changed since the last read;
-//! - a refresh task on the backend's runtime ([`run`]) reads it again [`AFTER_CHANGE`] after
+//! - a refresh task on the backend's runtime ([`run`](super::refresh::run)) reads it again [`AFTER_CHANGE`] after
 //!   this process changed something (a finish, an append, a publish seen on the stream's
 //!   subjects, a redrive) and otherwise every [`IDLE_REFRESH`] (what other processes sharing
 //!   the durable, or the server's retention, did), confirming this cursor's acknowledgements
