@@ -52,7 +52,8 @@
 //! - `backend/positions.rs`, `dead_letters.rs`, `dedup.rs`: positions snapshot, DLQs, dedup
 //! - `backend/records.rs`, `shared.rs`, `acker.rs`, `unreadable.rs`, `keys.rs`: the low level
 //! - `transport.rs` (and the test-only `fuzz_targets.rs`)
-//! - `client/`: `mod`; `tests`; `durable`; `consumer`; `stream_spec`, `delivery`, `consumer_settings`
+//! - `client/`: `mod`; `tests`; `durable`; `consumer`; `stream_spec`, `delivery`,
+//!   `consumer_settings`
 //! - `connection/`: `mod`; `runtime`; `connect`
 //! - `codec.rs`; `classify.rs`
 //! - `error.rs`
