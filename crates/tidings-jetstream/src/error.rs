@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use tidings::StreamErrorKind;
 
-use crate::connect::ServerVersion;
+use crate::connection::version::ServerVersion;
 
 /// The JetStream backend's error at tidings' durable seam: the source of a
 /// [`tidings::StreamError::Backend`] raised by [`JetStreamBackend`](crate::JetStreamBackend).
@@ -109,7 +109,7 @@ impl std::error::Error for JetStreamError {
 
 impl From<JetStreamError> for tidings::StreamError {
     fn from(e: JetStreamError) -> Self {
-        tidings::StreamError::backend(crate::BACKEND_NAME, e.kind, e)
+        tidings::StreamError::backend(crate::names::BACKEND_NAME, e.kind, e)
     }
 }
 

@@ -35,6 +35,29 @@
 //! # Offsets and time
 //! Offsets are JetStream stream sequences (the first record is 1). `StartAt::Time` uses
 //! the server's store time, not the tidings message timestamp.
+//!
+//! # Layers
+//! Module imports point down (issue 33), top to bottom: a module imports only modules on
+//! the lines below its own, or after a `;` that follows it on its line; nothing imports the
+//! crate root. `tests/layering.rs` reads `src/` and fails on an import loop, and when
+//! `client/` imports `backend/`.
+//! - `lib.rs`: the public re-exports
+//! - `backend/mod.rs`: [`JetStreamBackend`] and its builder, wiring what is below
+//! - `backend/stream.rs`: a stream: appends, reads, opening cursors
+//! - `backend/group/`: `mod`; `partition`, `lease`; `state`, `sim`; `machine`; `rendezvous`
+//! - `backend/cursor.rs`: one durable subscription's cursor
+//! - `backend/refresh.rs`: the task keeping the positions snapshot fresh
+//! - `backend/keep_alive.rs`, `backend/puller.rs`: the cursor's other background tasks
+//! - `backend/cursor_state.rs`: what a cursor and its tasks share
+//! - `backend/positions.rs`, `dead_letters.rs`, `dedup.rs`: positions snapshot, DLQs, dedup
+//! - `backend/records.rs`, `shared.rs`, `acker.rs`, `unreadable.rs`, `keys.rs`: the low level
+//! - `transport.rs` (and the test-only `fuzz_targets.rs`)
+//! - `client/`: `mod`; `tests`; `durable`; `consumer`; `stream_spec`, `delivery`,
+//!   `consumer_settings`
+//! - `connection/`: `mod`; `runtime`; `connect`
+//! - `codec.rs`; `classify.rs`
+//! - `error.rs`
+//! - `connection/version.rs`, `names.rs`, `subject.rs`: leaves
 #![forbid(unsafe_code)]
 
 pub mod backend;
@@ -51,7 +74,7 @@ mod names;
 pub mod subject;
 pub mod transport;
 
-use client::{consumer, stream_spec};
+use client::stream_spec;
 use connection::connect;
 
 pub use backend::dedup::{DEFAULT_DEDUP_MAX_AGE, JetStreamDedupStore};

@@ -27,6 +27,9 @@
 
 use tidings::StreamError;
 
+/// The name this backend reports in errors and snapshots.
+pub const BACKEND_NAME: &str = "jetstream";
+
 /// The longest tidings stream, durable-subscription or dedup-store name the JetStream backend
 /// accepts, in bytes: escaped and composed, the longest server-side name derived from two of
 /// them is exactly the server's limit, 255 bytes.
@@ -382,5 +385,12 @@ mod tests {
         }
         assert!(check_server_name("orders_v2-eu").is_ok());
         assert_eq!(escape("orders.v2_eu"), "orders_dv2__eu");
+    }
+
+    #[test]
+    fn a_record_topic_is_read_from_either_namespace() {
+        assert_eq!(record_topic("$TIDINGS.s.o.a.b", "o"), "a.b");
+        assert_eq!(record_topic("$TIDINGS.k.o.7.a.b", "o"), "a.b");
+        assert_eq!(record_topic("other.a", "o"), "other.a");
     }
 }

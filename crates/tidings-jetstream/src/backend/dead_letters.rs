@@ -31,11 +31,11 @@ use async_nats::HeaderMap;
 use futures_util::StreamExt;
 use tidings::{DeadLetterReason, DurableDeadLetter, Limits, Message, StreamError, StreamErrorKind};
 
-use super::backend_error;
-use super::stream::{create_or_find, headers_with_id, publish};
+use super::records::{bounds, create_or_find, headers_with_id, is_no_message, publish};
+use super::shared::backend_error;
 use crate::classify::seam;
 use crate::codec::{self, DLQ_ATTEMPTS, DLQ_ERROR, DLQ_OFFSET, DLQ_REASON, Stored, TARGET};
-use crate::connect::JetStream;
+use crate::connection::connect::JetStream;
 use crate::names::DurableNames;
 
 /// The header carrying a dead letter's topic (the DLQ subject is the DLQ's own).
@@ -55,16 +55,6 @@ fn header_bytes(h: &HeaderMap) -> usize {
         }
     }
     n
-}
-
-/// Whether a raw-message error means "no message at that sequence" (deleted or purged).
-pub(crate) fn is_no_message(e: &async_nats::jetstream::stream::RawMessageError) -> bool {
-    use async_nats::jetstream::stream::RawMessageErrorKind as K;
-    match e.kind() {
-        K::NoMessageFound => true,
-        K::JetStream(err) => err.error_code() == async_nats::jetstream::ErrorCode::NO_MESSAGE_FOUND,
-        _ => false,
-    }
 }
 
 /// Whether a last-by-subject lookup found no message.
@@ -123,7 +113,7 @@ impl DeadLetters {
             durable: durable.to_owned(),
             limits,
             source: nats.to_owned(),
-            prefix: super::subject_prefix(nats),
+            prefix: crate::names::subject_prefix(nats),
             starts: names.starts_stream(),
             starts_subject: names.starts_subject(),
         }
@@ -278,7 +268,7 @@ impl DeadLetters {
 
     /// Every entry with its DLQ sequence, oldest first.
     pub(crate) async fn list(&self) -> Result<Vec<(u64, DurableDeadLetter)>, StreamError> {
-        let (first, end) = super::stream::bounds(&self.js, &self.stream).await?;
+        let (first, end) = bounds(&self.js, &self.stream).await?;
         let stream = self.dlq_stream().await?;
         let mut out = Vec::new();
         for seq in first..end {
@@ -362,7 +352,7 @@ impl DeadLetters {
         };
         let header = |n: &str| codec::lookup(&raw.headers, n);
         let stored = Stored {
-            subject: super::record_topic(raw.subject.as_str(), &self.source),
+            subject: crate::names::record_topic(raw.subject.as_str(), &self.source),
             payload: raw.payload.clone(),
             sequence: offset,
             published: SystemTime::from(raw.time),

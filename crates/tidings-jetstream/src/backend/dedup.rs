@@ -10,9 +10,10 @@ use async_nats::jetstream::stream::{
 };
 use tidings::{DedupStore, MessageId, StreamError};
 
-use super::stream::{create_or_find, publish};
-use super::{Shared, check_name};
+use super::records::{create_or_find, publish};
+use super::shared::Shared;
 use crate::classify::seam;
+use crate::names::check_name;
 
 /// How long a dedup store remembers an id by default: one day.
 pub const DEFAULT_DEDUP_MAX_AGE: Duration = Duration::from_secs(24 * 3600);

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::cursor::CursorShared;
+use super::cursor_state::CursorShared;
 
 /// Runs until the cursor closes (its task is aborted).
 pub(crate) async fn run(cursor: Arc<CursorShared>, interval: Duration) {

@@ -50,7 +50,7 @@
 //! network. Nothing waits on the disk. A server that is away yields
 //! [`StreamError::Backend`] naming `jetstream` within that bound, never a hang: of kind `Unavailable` (not connected, no JetStream
 //! answering) or `TimedOut` (no answer in time), a refusal by the server `Refused` with its
-//! API error code kept in the [`JetStreamError`] source, a record
+//! API error code kept in the [`JetStreamError`](crate::JetStreamError) source, a record
 //! that does not decode `Corrupt`. The client reconnects by itself; a cursor's background
 //! fetch retries until then.
 //!
@@ -96,13 +96,17 @@
 
 mod acker;
 mod cursor;
+mod cursor_state;
 mod dead_letters;
 pub(crate) mod dedup;
 mod group;
 mod keep_alive;
+mod keys;
 mod positions;
 mod puller;
-pub(crate) use crate::connection::runtime;
+mod records;
+mod refresh;
+mod shared;
 mod stream;
 mod unreadable;
 
@@ -112,17 +116,13 @@ use std::time::Duration;
 
 use tidings::durable::{BackendStream, Capabilities, DurableBackend};
 use tidings::transport::ConnectionId;
-use tidings::{Limits, Pattern, StreamConfig, StreamError, StreamErrorKind};
+use tidings::{Limits, Pattern, StreamConfig, StreamError};
 
 use crate::classify::seam;
-use crate::connect::{ConnectOptions, JetStream};
+use crate::client::consumer::{DEFAULT_ACK_WAIT, DEFAULT_INACTIVE_THRESHOLD};
 use crate::connection::NatsConnection;
-use crate::consumer::{DEFAULT_ACK_WAIT, DEFAULT_INACTIVE_THRESHOLD};
-use crate::error::{ConnectError, JetStreamError};
-use runtime::Runtime;
-
-/// The name this backend reports in errors and snapshots.
-pub const BACKEND_NAME: &str = "jetstream";
+use crate::connection::connect::ConnectOptions;
+use crate::error::ConnectError;
 
 /// What this backend can do: no priority, stored messages stamped with the server's clock
 /// (no replay on a manual clock), each message acknowledged on its own (no low-watermark
@@ -138,126 +138,18 @@ pub const CAPABILITIES: Capabilities = Capabilities::all()
 /// before the next process dead-letters it instead of handling it.
 pub const DEFAULT_MAX_DELIVERIES: u32 = 5;
 
-#[derive(Debug, Clone)]
-pub(crate) struct Settings {
-    pub(crate) ack_wait: Duration,
-    pub(crate) keep_alive: Duration,
-    pub(crate) max_deliveries: u32,
-    pub(crate) inactive_threshold: Duration,
-    pub(crate) limits: Limits,
-    pub(crate) dedup_max_age: Duration,
-    pub(crate) dedup_replicas: usize,
-    /// Key partitions of a stream this backend creates (an existing one keeps its own).
-    pub(crate) key_partitions: u32,
-}
-
 /// Default number of key partitions of a new stream ([`JetStreamBackendBuilder::key_partitions`]).
 pub const DEFAULT_KEY_PARTITIONS: u32 = 16;
 
 /// Most key partitions a stream may have.
 pub const MAX_KEY_PARTITIONS: u32 = 1024;
 
-/// What every stream and cursor of one backend share.
-pub(crate) struct Shared {
-    pub(crate) rt: Runtime,
-    pub(crate) js: JetStream,
-    pub(crate) settings: Settings,
-}
-
-impl Shared {
-    /// Runs `fut` on the backend's runtime, bounded by `bound`.
-    pub(crate) fn call<F, T>(&self, bound: Duration, fut: F) -> Result<T, StreamError>
-    where
-        F: Future<Output = Result<T, StreamError>> + Send + 'static,
-        T: Send + 'static,
-    {
-        self.rt.call(bounded(bound, fut)).map_err(|_| {
-            StreamError::from(JetStreamError::new(
-                StreamErrorKind::Closed,
-                "the backend is closed (or was called on its own runtime thread)",
-            ))
-        })?
-    }
-
-    /// As [`Self::call`], but `fut` runs on the calling thread inside the runtime's
-    /// context ([`Runtime::call_here`](crate::connection::runtime::Runtime::call_here)):
-    /// no task on the runtime thread, no hop there and back. Refused on the runtime's own
-    /// thread.
-    pub(crate) fn call_here<F, T>(&self, bound: Duration, fut: F) -> Result<T, StreamError>
-    where
-        F: Future<Output = Result<T, StreamError>>,
-    {
-        self.rt.call_here(bounded(bound, fut)).map_err(|_| {
-            StreamError::from(JetStreamError::new(
-                StreamErrorKind::Closed,
-                "the backend was called on its own runtime thread",
-            ))
-        })?
-    }
-
-    /// As [`Self::call`], for an async caller: `fut` is polled by whoever polls the
-    /// returned future (any runtime), inside the backend runtime's context
-    /// ([`Runtime::in_context`](crate::connection::runtime::Runtime::in_context)), so it
-    /// holds no thread while it waits and costs the runtime thread only the connection's
-    /// I/O. Dropping it drops `fut`.
-    pub(crate) fn call_async<F, T>(
-        &self,
-        bound: Duration,
-        fut: F,
-    ) -> impl Future<Output = Result<T, StreamError>> + Send + 'static
-    where
-        F: Future<Output = Result<T, StreamError>> + Send + 'static,
-        T: Send + 'static,
-    {
-        self.rt.in_context(bounded(bound, fut))
-    }
-
-    /// A bound for one step of `requests` round trips.
-    pub(crate) fn bound(&self, requests: u32) -> Duration {
-        self.js.request_timeout() * requests.max(1) + Duration::from_millis(500)
-    }
-}
-
-/// `fut`, or [`StreamErrorKind::TimedOut`] when it has no answer within `bound`.
-async fn bounded<F, T>(bound: Duration, fut: F) -> Result<T, StreamError>
-where
-    F: Future<Output = Result<T, StreamError>>,
-{
-    match tokio::time::timeout(bound, fut).await {
-        Ok(r) => r,
-        Err(_) => Err(JetStreamError::new(
-            StreamErrorKind::TimedOut,
-            format_args!("no answer within {bound:?}"),
-        )
-        .into()),
-    }
-}
-
-/// A [`StreamError::Backend`] of this backend, of `kind`, without a cause of its own
-/// (a record that does not decode, say).
-pub(crate) fn backend_error(kind: StreamErrorKind, what: impl fmt::Display) -> StreamError {
-    JetStreamError::new(kind, what).into()
-}
-
-pub use crate::names::MAX_NAME_BYTES;
+pub use crate::names::{BACKEND_NAME, MAX_NAME_BYTES};
 pub(crate) use crate::names::{check_name, escape as nats_name};
+pub use keys::key_partition;
+use shared::{Settings, Shared};
 
-pub(crate) use crate::names::{keyed_prefix, record_topic, strip_namespaces, subject_prefix};
-
-/// The key partition of `key` among `partitions`: FNV-1a, 64 bits, modulo the count. Fixed
-/// forever: records already stored were placed by it.
-///
-/// **Waits:** never.
-#[must_use]
-pub fn key_partition(key: &[u8], partitions: u32) -> u32 {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in key {
-        hash ^= u64::from(*b);
-        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    // The remainder is below `partitions`, a u32.
-    u32::try_from(hash % u64::from(partitions.max(1))).unwrap_or(0)
-}
+use crate::names::subject_prefix;
 
 /// The NATS subject a record of topic `topic` is stored on in the tidings stream `stream`
 /// on this backend: what a producer that is not tidings publishes to when it wants its
@@ -276,40 +168,6 @@ pub fn key_partition(key: &[u8], partitions: u32) -> u32 {
 pub fn record_subject(stream: &str, topic: &str) -> String {
     format!("{}{topic}", subject_prefix(&nats_name(stream)))
 }
-
-#[cfg(test)]
-mod key_partition_tests {
-    use super::*;
-
-    /// The hash places stored records: it must never change. FNV-1a-64 test vectors (the
-    /// empty key, "a", "foobar") and where they land among 16 partitions.
-    #[test]
-    fn the_key_hash_is_fnv1a_64() {
-        assert_eq!(
-            key_partition(b"", u32::MAX),
-            (0xcbf2_9ce4_8422_2325u64 % u64::from(u32::MAX)) as u32
-        );
-        assert_eq!(
-            key_partition(b"a", u32::MAX),
-            (0xaf63_dc4c_8601_ec8cu64 % u64::from(u32::MAX)) as u32
-        );
-        assert_eq!(
-            key_partition(b"foobar", u32::MAX),
-            (0x8594_4171_f739_67e8u64 % u64::from(u32::MAX)) as u32
-        );
-        assert_eq!(key_partition(b"a", 16), 0xc);
-        assert_eq!(key_partition(b"foobar", 16), 8);
-        assert_eq!(key_partition(b"anything", 1), 0);
-    }
-
-    #[test]
-    fn a_record_topic_is_read_from_either_namespace() {
-        assert_eq!(record_topic("$TIDINGS.s.o.a.b", "o"), "a.b");
-        assert_eq!(record_topic("$TIDINGS.k.o.7.a.b", "o"), "a.b");
-        assert_eq!(record_topic("other.a", "o"), "other.a");
-    }
-}
-
 /// Builds a [`JetStreamBackend`]: consumer settings, then the connection it runs on.
 #[derive(Debug, Clone)]
 #[must_use]

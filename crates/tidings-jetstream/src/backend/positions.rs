@@ -14,7 +14,7 @@
 //! - [`refresh`](tidings::durable::BackendCursor::refresh), which the feeder calls at the
 //!   end of a step under the manual driver (whose caller looks at the state before any
 //!   background task could run), reads it when something changed since the last read;
-//! - a refresh task on the backend's runtime ([`run`]) reads it again [`AFTER_CHANGE`] after
+//! - a refresh task on the backend's runtime ([`run`](super::refresh::run)) reads it again [`AFTER_CHANGE`] after
 //!   this process changed something (a finish, an append, a publish seen on the stream's
 //!   subjects, a redrive) and otherwise every [`IDLE_REFRESH`] (what other processes sharing
 //!   the durable, or the server's retention, did), confirming this cursor's acknowledgements
@@ -30,19 +30,16 @@
 //! No lock is held across a read: the task reads, then stores under a short lock. A read
 //! begun before a seek is not stored after it (the seek's epoch).
 
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tidings::StreamError;
 
-use super::acker::Acker;
-use super::cursor::CursorShared;
-use super::puller::Puller;
-use super::stream::bounds;
+use super::records::bounds;
 use crate::classify::seam;
 use crate::client::durable::Durable;
-use crate::connect::JetStream;
+use crate::connection::connect::JetStream;
 
 /// How soon after a change the snapshot is read again.
 pub(crate) const AFTER_CHANGE: Duration = Duration::from_millis(200);
@@ -162,52 +159,5 @@ impl Snapshot {
     pub(crate) fn dirty(&self) -> bool {
         let now = self.changes.load(Ordering::Acquire);
         self.lock().is_none_or(|(changes, _)| changes < now)
-    }
-}
-
-/// What the refresh task reads with.
-pub(crate) struct Refresh {
-    pub(crate) cursor: Arc<CursorShared>,
-    pub(crate) puller: Arc<Puller>,
-    pub(crate) acker: Acker,
-    pub(crate) js: JetStream,
-    /// The stream's JetStream name.
-    pub(crate) stream: String,
-}
-
-/// Keeps the cursor's snapshot fresh (see the [module docs](self)); runs until the cursor
-/// closes (its task is aborted).
-pub(crate) async fn run(r: Refresh) {
-    let snapshot = r.cursor.positions();
-    let bound = r.js.request_timeout();
-    let mut tick = tokio::time::interval(AFTER_CHANGE);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut last_read = Instant::now();
-    loop {
-        tick.tick().await;
-        if r.cursor.is_closed() {
-            return;
-        }
-        if !snapshot.dirty() && last_read.elapsed() < IDLE_REFRESH {
-            continue;
-        }
-        last_read = Instant::now();
-        // Taken before the read: a change during it leaves the snapshot dirty.
-        let ticket = snapshot.begin();
-        if r.acker.unconfirmed() {
-            // The ack floor counts only what the server applied. Unanswered: read anyway.
-            let _ = tokio::time::timeout(bound, r.acker.flush()).await;
-        }
-        let durable = r.puller.durable();
-        match tokio::time::timeout(bound, Positions::read(&durable, &r.js, &r.stream)).await {
-            Ok(Ok(p)) => snapshot.store(ticket, p),
-            // The last values stay; tried again at the next tick that is due.
-            Ok(Err(e)) => r.cursor.lock().transient = Some(e.to_string()),
-            Err(_) => {
-                r.cursor.lock().transient = Some(format!(
-                    "reading the durable consumer's state: no answer within {bound:?}"
-                ));
-            }
-        }
     }
 }

@@ -58,17 +58,17 @@ use std::time::SystemTime;
 use futures_util::StreamExt;
 use tidings::{DeadLetterReason, Message, MessageId, MessageParts, Pattern, Topic};
 
-use super::Settings;
 use super::acker::Acker;
-use super::cursor::CursorShared;
+use super::cursor_state::CursorShared;
 use super::dead_letters::DeadLetters;
-use super::strip_namespaces;
+use super::shared::Settings;
 use super::unreadable::{self, RawRecord, SCREEN_BATCH, subject_matches};
 use crate::client::delivery::{Delivery, Finish};
 use crate::client::durable::Durable;
 use crate::codec::{self, Stored, TARGET};
-use crate::connect::JetStream;
+use crate::connection::connect::JetStream;
 use crate::error::FetchError;
+use crate::names::strip_namespaces;
 
 /// Most messages asked for in one pull request.
 pub(crate) const MAX_PULL: usize = 512;

@@ -22,13 +22,19 @@ use tidings::StorageInfo;
 use tidings::durable::{AppendFuture, Appended, BackendCursor, BackendStream, CursorSpec};
 use tidings::{Message, Pattern, Retention, StartAt, StreamConfig, StreamError, StreamErrorKind};
 
-use super::cursor::{CursorShared, JsCursor};
+use super::cursor::JsCursor;
+use super::cursor_state::CursorShared;
 use super::group::GroupCursor;
-use super::{Shared, check_name, key_partition, keyed_prefix, nats_name, subject_prefix};
+use super::keys::key_partition;
+use super::records::{
+    bounds, check_offset, headers_with_id, is_no_message, publish_acked, state_bounds,
+};
+use super::shared::Shared;
 use crate::classify::{Classify, seam};
+use crate::client::stream_spec::{StreamSpec, StreamState, verify_answer};
 use crate::codec::{self, Stored};
-use crate::connect::JetStream;
-use crate::stream_spec::{StreamSpec, StreamState, verify_answer};
+use crate::connection::connect::JetStream;
+use crate::names::{check_name, escape as nats_name, keyed_prefix, subject_prefix};
 
 /// The stream metadata key holding the tidings patterns a stream was created with, one
 /// per line.
@@ -68,110 +74,6 @@ impl std::fmt::Debug for JsStream {
             .field("jetstream_name", &self.nats)
             .finish_non_exhaustive()
     }
-}
-
-/// First retained and one-past-last sequence of a stream, from the server.
-pub(crate) async fn bounds(js: &JetStream, nats: &str) -> Result<(u64, u64), StreamError> {
-    // No info in the lookup: the one below is the only round trip.
-    let stream = js
-        .context
-        .get_stream_no_info(nats)
-        .await
-        .map_err(|e| seam(format_args!("stream {nats}"), e))?;
-    let info = stream
-        .get_info()
-        .await
-        .map_err(|e| seam(format_args!("stream {nats}"), e))?;
-    Ok(state_bounds(
-        info.state.messages,
-        info.state.first_sequence,
-        info.state.last_sequence,
-    ))
-}
-
-fn state_bounds(messages: u64, first: u64, last: u64) -> (u64, u64) {
-    let end = last + 1;
-    if messages == 0 {
-        (end, end)
-    } else {
-        (first.max(1), end)
-    }
-}
-
-/// Publishes `headers` + `payload` to `subject` and waits for the server's ack; the
-/// stored sequence.
-pub(crate) async fn publish(
-    js: &JetStream,
-    subject: String,
-    headers: HeaderMap,
-    payload: bytes::Bytes,
-) -> Result<u64, StreamError> {
-    publish_acked(js, subject, headers, payload)
-        .await
-        .map(|a| a.offset)
-}
-
-/// [`publish`], saying whether the server found the `Nats-Msg-Id` within the stream's
-/// duplicate window (R-DEL-7: then nothing was stored and the sequence is the first copy's).
-pub(crate) async fn publish_acked(
-    js: &JetStream,
-    subject: String,
-    headers: HeaderMap,
-    payload: bytes::Bytes,
-) -> Result<Appended, StreamError> {
-    let map = |e: async_nats::jetstream::context::PublishError| {
-        seam(format_args!("appending to subject {subject:?}"), e)
-    };
-    let ack = js
-        .context
-        .publish_with_headers(subject.clone(), headers, payload)
-        .await
-        .map_err(map)?
-        .await
-        .map_err(map)?;
-    Ok(if ack.duplicate {
-        Appended::duplicate_of(ack.sequence)
-    } else {
-        Appended::stored(ack.sequence)
-    })
-}
-
-/// Creates the JetStream stream `config` describes, or finds it: create first, because on a
-/// cluster the server may leave a lookup unanswered (until the request times out) while
-/// another client creates the same stream, whereas it answers a create at once: with the
-/// stream when it exists with these settings, `STREAM_NAME_EXIST` when with others (then
-/// the existing one is read and returned as it is; the caller compares what it needs).
-pub(crate) async fn create_or_find(
-    js: &JetStream,
-    config: js_stream::Config,
-) -> Result<js_stream::Info, StreamError> {
-    let name = config.name.clone();
-    match js.context.create_stream(config).await {
-        Ok(created) => Ok(created.cached_info().clone()),
-        Err(e)
-            if matches!(e.kind(), CreateStreamErrorKind::JetStream(err)
-                if err.error_code() == ErrorCode::STREAM_NAME_EXIST) =>
-        {
-            let mut existing = js
-                .context
-                .get_stream(&name)
-                .await
-                .map_err(|e| seam(format_args!("stream {name}"), e))?;
-            let info = existing
-                .info()
-                .await
-                .map_err(|e| seam(format_args!("stream {name}"), e))?;
-            Ok(info.clone())
-        }
-        Err(e) => Err(seam(format_args!("creating stream {name}"), e)),
-    }
-}
-
-/// The headers of `m` plus its `Nats-Msg-Id`.
-pub(crate) fn headers_with_id(m: &Message, msg_id: &str) -> HeaderMap {
-    let mut h = codec::encode(m);
-    h.insert(async_nats::header::NATS_MESSAGE_ID, msg_id);
-    h
 }
 
 impl JsStream {
@@ -451,7 +353,7 @@ fn duplicate_window(config: &StreamConfig) -> Result<Duration, StreamError> {
     let window = config.duplicate_window_duration();
     let unsupported = |feature| StreamError::Unsupported {
         feature,
-        backend: super::BACKEND_NAME,
+        backend: crate::names::BACKEND_NAME,
     };
     if window.is_zero() {
         return Err(unsupported(
@@ -686,20 +588,6 @@ async fn check_existing(
     Ok(StreamState::of(&updated))
 }
 
-/// An offset a cursor may start at: retained, and at most the end.
-pub(crate) fn check_offset(n: u64, start: u64, end: u64) -> Result<(), StreamError> {
-    if n > end {
-        return Err(StreamError::BeyondEnd { requested: n, end });
-    }
-    if n < start {
-        return Err(StreamError::OutOfRetention {
-            requested: n,
-            earliest: start,
-        });
-    }
-    Ok(())
-}
-
 /// Up to `max` stored messages from `from` (deleted sequences skipped).
 async fn read_range(
     js: &JetStream,
@@ -722,7 +610,7 @@ async fn read_range(
             Ok(raw) => {
                 let header = |n: &str| codec::lookup(&raw.headers, n);
                 let stored = Stored {
-                    subject: super::strip_namespaces(raw.subject.as_str(), &prefix, &keyed),
+                    subject: crate::names::strip_namespaces(raw.subject.as_str(), &prefix, &keyed),
                     payload: raw.payload.clone(),
                     sequence: raw.sequence,
                     published: SystemTime::from(raw.time),
@@ -735,7 +623,7 @@ async fn read_range(
                 );
             }
             Err(e) => {
-                if !super::dead_letters::is_no_message(&e) {
+                if !is_no_message(&e) {
                     return Err(seam(format_args!("reading {nats} at {seq}"), e));
                 }
             }

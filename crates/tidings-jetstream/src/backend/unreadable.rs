@@ -59,7 +59,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 
-use crate::connect::JetStream;
+use crate::connection::connect::JetStream;
 
 /// Most records one screen reads (one request each); the rest wait for the next.
 pub(crate) const SCREEN_BATCH: u64 = 1024;
@@ -276,7 +276,7 @@ mod tests {
         let Some(server) = NatsServer::for_test(NatsServerOptions::new()) else {
             return;
         };
-        let main = crate::connect::ConnectOptions::new(server.url())
+        let main = crate::connection::connect::ConnectOptions::new(server.url())
             .connect()
             .await
             .expect("connects");

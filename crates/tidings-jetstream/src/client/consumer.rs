@@ -2,9 +2,10 @@
 //!
 //! # Filtering
 //! The consumer's `filter_subjects` are the [superset](crate::subject::filter_subjects) of
-//! its tidings pattern; [`Durable::fetch`] re-checks every delivered topic with
-//! [`Pattern::matches`] (RabbitMQ-exact semantics, R-RT-1), acknowledges what does not match
-//! (it is not this subscription's) and counts it as skipped.
+//! its tidings pattern; [`Durable::fetch`](super::durable::Durable::fetch) re-checks every
+//! delivered topic with [`Pattern::matches`] (RabbitMQ-exact semantics, R-RT-1),
+//! acknowledges what does not match (it is not this subscription's) and counts it as
+//! skipped.
 //!
 //! # Acknowledgement
 //! Explicit ack: a [`Delivery`] is finished by [`ack`](Delivery::ack) (handled or
@@ -24,8 +25,6 @@
 //! ([`ConsumerSpec::inactive_threshold`], default [`DEFAULT_INACTIVE_THRESHOLD`]) is deleted
 //! by the server, so renamed or abandoned durable subscriptions do not leak.
 
-#[cfg(test)]
-use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use async_nats::jetstream::ErrorCode;
@@ -34,11 +33,10 @@ use async_nats::jetstream::stream::{ConsumerCreateStrictError, ConsumerCreateStr
 use tidings::{Pattern, StartAt, StreamErrorKind};
 
 use super::consumer_settings::ConsumerSettings;
-use super::durable::Durable;
 use crate::classify::Classify;
-use crate::connect::JetStream;
+use crate::client::stream_spec::check_nats_name;
+use crate::connection::connect::JetStream;
 use crate::error::ConsumerError;
-use crate::stream_spec::check_nats_name;
 use crate::subject::filter_subjects;
 
 /// Default time a delivery may stay unacknowledged before it is redelivered.
@@ -90,7 +88,7 @@ impl ConsumerSpec {
     }
 
     /// Where a *new* consumer starts; an existing durable resumes where it was (use
-    /// [`Durable::seek`] to move it). Offsets are stream sequences (the first is 1;
+    /// [`Durable::seek`](super::durable::Durable::seek) to move it). Offsets are stream sequences (the first is 1;
     /// `Offset(0)` means the earliest); `Time` is the server's store time.
     pub fn start(mut self, start: StartAt) -> Self {
         self.start = start;
@@ -183,7 +181,7 @@ impl ConsumerSpec {
         }
     }
 
-    fn validate(&self) -> Result<(), ConsumerError> {
+    pub(crate) fn validate(&self) -> Result<(), ConsumerError> {
         for name in [&self.stream, &self.durable] {
             check_nats_name(name).map_err(|reason| ConsumerError::InvalidName {
                 name: name.clone(),
@@ -239,7 +237,7 @@ impl ConsumerSpec {
         Ok(())
     }
 
-    fn to_config(&self, deliver_policy: DeliverPolicy) -> pull::Config {
+    pub(crate) fn to_config(&self, deliver_policy: DeliverPolicy) -> pull::Config {
         let settings = self.settings();
         let (filter_subject, filter_subjects) = match settings.filter_subjects.as_slice() {
             [one] => (one.clone(), Vec::new()),
@@ -297,7 +295,7 @@ pub(crate) fn map_consumer_error(
 }
 
 /// A failed strict create as a [`ConsumerError`], by its kind.
-fn map_create_error(
+pub(crate) fn map_create_error(
     js: &JetStream,
     spec: &ConsumerSpec,
     e: &ConsumerCreateStrictError,
@@ -333,108 +331,6 @@ fn consumer_error(
             detail: e.to_string(),
             code,
         },
-    }
-}
-
-impl JetStream {
-    /// Opens the durable consumer `spec` describes, creating it when it does not exist
-    /// (starting at [`ConsumerSpec::start`]) and updating its settings when it does (its
-    /// position is kept). The server's answer is read back and verified (R-DIST-4).
-    ///
-    /// # Errors
-    ///
-    /// [`ConsumerError`]: bad name or option, no such stream, a setting the server dropped,
-    /// refused, or no answer in time.
-    ///
-    /// The consumer is used (pulled, acknowledged) over the connection's receiving
-    /// connection ([`JetStream::receiving`]): a delivery the client library cannot parse
-    /// costs that one a reconnect, never this one's publishes and requests.
-    pub async fn durable(&self, spec: ConsumerSpec) -> Result<Durable, ConsumerError> {
-        spec.validate()?;
-        let js = self
-            .receiving()
-            .await
-            .map_err(|e| ConsumerError::Unavailable {
-                detail: format!("opening the connection deliveries come over: {e}"),
-            })?;
-        js.durable_here(spec).await
-    }
-
-    /// [`JetStream::durable`] on this connection.
-    async fn durable_here(&self, spec: ConsumerSpec) -> Result<Durable, ConsumerError> {
-        // Create first: the server answers a create with the settings of an existing
-        // consumer at once, while on a cluster it may leave a lookup unanswered (until the
-        // request times out) as long as another client is creating the same consumer, so
-        // several processes opening one new durable at the same moment all succeed.
-        let created = self
-            .context
-            .create_consumer_strict_on_stream(
-                spec.to_config(deliver_policy(&spec.start)?),
-                &spec.stream,
-            )
-            .await;
-        let refused = match created {
-            Ok(consumer) => return self.bind(spec, consumer),
-            Err(e) => e,
-        };
-        // Only the server saying no (it exists with other settings, typically) goes on to
-        // the existing consumer; a timeout or a connection failure is the answer.
-        if !matches!(
-            refused.kind(),
-            ConsumerCreateStrictErrorKind::JetStream(_)
-                | ConsumerCreateStrictErrorKind::AlreadyExists
-        ) {
-            return Err(map_create_error(self, &spec, &refused));
-        }
-        let existing = match self
-            .context
-            .get_consumer_from_stream::<pull::Config, _, _>(&spec.durable, &spec.stream)
-            .await
-        {
-            Ok(c) => c,
-            // Not there after all: the refusal was about the settings themselves.
-            Err(e)
-                if matches!(e.kind(), async_nats::jetstream::stream::ConsumerErrorKind::JetStream(err)
-                    if err.error_code() == ErrorCode::CONSUMER_NOT_FOUND) =>
-            {
-                return Err(map_create_error(self, &spec, &refused));
-            }
-            Err(e) => return Err(map_consumer_error(self, &spec, &e)),
-        };
-        // It exists: its position is kept (its start policy), its settings updated.
-        let policy = existing.cached_info().config.deliver_policy;
-        self.open(spec, policy).await
-    }
-
-    pub(crate) async fn open(
-        &self,
-        spec: ConsumerSpec,
-        policy: DeliverPolicy,
-    ) -> Result<Durable, ConsumerError> {
-        let consumer: consumer::PullConsumer = self
-            .context
-            .create_consumer_on_stream(spec.to_config(policy), &spec.stream)
-            .await
-            .map_err(|e| map_consumer_error(self, &spec, &e))?;
-        self.bind(spec, consumer)
-    }
-
-    /// The opened `consumer`, its settings as the server answered them verified (R-DIST-4).
-    fn bind(
-        &self,
-        spec: ConsumerSpec,
-        consumer: consumer::PullConsumer,
-    ) -> Result<Durable, ConsumerError> {
-        let answered = ConsumerSettings::from_config(&consumer.cached_info().config);
-        spec.settings().verify(&answered)?;
-        Ok(Durable {
-            js: self.clone(),
-            spec,
-            consumer,
-            settings: answered,
-            #[cfg(test)]
-            skipped: AtomicU64::new(0),
-        })
     }
 }
 

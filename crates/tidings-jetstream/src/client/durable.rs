@@ -6,20 +6,21 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_nats::jetstream::ErrorCode;
-use async_nats::jetstream::consumer::{self};
+use async_nats::jetstream::consumer::{self, DeliverPolicy, pull};
+use async_nats::jetstream::stream::ConsumerCreateStrictErrorKind;
 #[cfg(test)]
 use futures_util::StreamExt;
 use tidings::StreamErrorKind;
 #[cfg(test)]
 use tidings::Topic;
 
-use super::consumer::ConsumerSpec;
+use super::consumer::{ConsumerSpec, deliver_policy, map_consumer_error, map_create_error};
 use super::consumer_settings::ConsumerSettings;
 #[cfg(test)]
 use super::delivery::Delivery;
 use crate::classify::Classify;
-use crate::connect::JetStream;
-use crate::error::{FetchError, InfoError};
+use crate::connection::connect::JetStream;
+use crate::error::{ConsumerError, FetchError, InfoError};
 
 /// What one [`Durable::fetch`] returned.
 #[cfg(test)]
@@ -231,5 +232,107 @@ impl Durable {
             .await
             .cloned()
             .map_err(|e| self.info_error(&e))
+    }
+}
+
+impl JetStream {
+    /// Opens the durable consumer `spec` describes, creating it when it does not exist
+    /// (starting at [`ConsumerSpec::start`]) and updating its settings when it does (its
+    /// position is kept). The server's answer is read back and verified (R-DIST-4).
+    ///
+    /// # Errors
+    ///
+    /// [`ConsumerError`]: bad name or option, no such stream, a setting the server dropped,
+    /// refused, or no answer in time.
+    ///
+    /// The consumer is used (pulled, acknowledged) over the connection's receiving
+    /// connection ([`JetStream::receiving`]): a delivery the client library cannot parse
+    /// costs that one a reconnect, never this one's publishes and requests.
+    pub async fn durable(&self, spec: ConsumerSpec) -> Result<Durable, ConsumerError> {
+        spec.validate()?;
+        let js = self
+            .receiving()
+            .await
+            .map_err(|e| ConsumerError::Unavailable {
+                detail: format!("opening the connection deliveries come over: {e}"),
+            })?;
+        js.durable_here(spec).await
+    }
+
+    /// [`JetStream::durable`] on this connection.
+    async fn durable_here(&self, spec: ConsumerSpec) -> Result<Durable, ConsumerError> {
+        // Create first: the server answers a create with the settings of an existing
+        // consumer at once, while on a cluster it may leave a lookup unanswered (until the
+        // request times out) as long as another client is creating the same consumer, so
+        // several processes opening one new durable at the same moment all succeed.
+        let created = self
+            .context
+            .create_consumer_strict_on_stream(
+                spec.to_config(deliver_policy(&spec.start)?),
+                &spec.stream,
+            )
+            .await;
+        let refused = match created {
+            Ok(consumer) => return self.bind(spec, consumer),
+            Err(e) => e,
+        };
+        // Only the server saying no (it exists with other settings, typically) goes on to
+        // the existing consumer; a timeout or a connection failure is the answer.
+        if !matches!(
+            refused.kind(),
+            ConsumerCreateStrictErrorKind::JetStream(_)
+                | ConsumerCreateStrictErrorKind::AlreadyExists
+        ) {
+            return Err(map_create_error(self, &spec, &refused));
+        }
+        let existing = match self
+            .context
+            .get_consumer_from_stream::<pull::Config, _, _>(&spec.durable, &spec.stream)
+            .await
+        {
+            Ok(c) => c,
+            // Not there after all: the refusal was about the settings themselves.
+            Err(e)
+                if matches!(e.kind(), async_nats::jetstream::stream::ConsumerErrorKind::JetStream(err)
+                    if err.error_code() == ErrorCode::CONSUMER_NOT_FOUND) =>
+            {
+                return Err(map_create_error(self, &spec, &refused));
+            }
+            Err(e) => return Err(map_consumer_error(self, &spec, &e)),
+        };
+        // It exists: its position is kept (its start policy), its settings updated.
+        let policy = existing.cached_info().config.deliver_policy;
+        self.open(spec, policy).await
+    }
+
+    pub(crate) async fn open(
+        &self,
+        spec: ConsumerSpec,
+        policy: DeliverPolicy,
+    ) -> Result<Durable, ConsumerError> {
+        let consumer: consumer::PullConsumer = self
+            .context
+            .create_consumer_on_stream(spec.to_config(policy), &spec.stream)
+            .await
+            .map_err(|e| map_consumer_error(self, &spec, &e))?;
+        self.bind(spec, consumer)
+    }
+
+    /// The opened `consumer`, its settings as the server answered them verified (R-DIST-4).
+    fn bind(
+        &self,
+        spec: ConsumerSpec,
+        consumer: consumer::PullConsumer,
+    ) -> Result<Durable, ConsumerError> {
+        let answered = ConsumerSettings::from_config(&consumer.cached_info().config);
+        spec.settings().verify(&answered)?;
+        Ok(Durable {
+            js: self.clone(),
+            spec,
+            consumer,
+            settings: answered,
+            #[cfg(test)]
+            skipped: AtomicU64::new(0),
+        })
     }
 }

@@ -24,7 +24,7 @@ use async_nats::jetstream::stream;
 use tidings::{Headers, MessageId, Pattern, StreamErrorKind as K, Topic};
 
 use crate::classify::Classify;
-use crate::connect::JetStream;
+use crate::connection::connect::JetStream;
 use crate::error::{AppendError, StreamSpecError};
 use crate::subject::{filter_subjects, stream_subjects};
 

@@ -10,7 +10,7 @@ use super::consumer::ConsumerSpec;
 use super::delivery::Delivery;
 use super::durable::Durable;
 use super::stream_spec::{Record, StreamSpec};
-use crate::connect::{ConnectOptions, JetStream, MIN_SERVER_VERSION};
+use crate::connection::connect::{ConnectOptions, JetStream, MIN_SERVER_VERSION};
 use crate::error::{
     AppendError, ConnectError, ConsumerError, FetchError, InfoError, StreamSpecError,
 };

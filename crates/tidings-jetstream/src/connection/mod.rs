@@ -24,6 +24,7 @@
 
 pub(crate) mod connect;
 pub(crate) mod runtime;
+pub(crate) mod version;
 
 use std::fmt;
 use std::sync::Arc;

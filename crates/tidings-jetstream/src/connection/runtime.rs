@@ -17,7 +17,7 @@ use std::thread::{self, JoinHandle, Thread, ThreadId};
 use tokio::runtime::Handle;
 use tokio::sync::oneshot;
 
-use crate::connect::{ConnectOptions, JetStream};
+use crate::connection::connect::{ConnectOptions, JetStream};
 use crate::error::ConnectError;
 
 /// The runtime is gone (the backend closed) or the call was made on its own thread.

@@ -65,7 +65,7 @@ use tidings::Fence;
 
 #[cfg(test)]
 use super::super::puller::room;
-use super::lease::rendezvous;
+use super::rendezvous::rendezvous;
 
 /// Beyond the lease (the ack wait), how long a new owner waits for the last owner's
 /// deliveries.

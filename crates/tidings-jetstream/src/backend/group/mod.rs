@@ -35,40 +35,30 @@
 pub(crate) mod lease;
 pub(crate) mod machine;
 pub(crate) mod partition;
+mod rendezvous;
 #[cfg(test)]
 mod sim;
+mod state;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 use async_nats::jetstream::kv;
 use tidings::durable::{BackendCursor, CursorSpec, CursorWaker, Finished, StartGate};
 use tidings::{CursorState, DurableDeadLetter, Fence, Message, Pattern, StartAt, StreamError};
 
 use super::cursor::{Dlq, JsCursor, consumer_spec};
-use super::{BACKEND_NAME, Shared, keyed_prefix, subject_prefix};
+use super::shared::Shared;
 use crate::classify::seam;
-use crate::names::DurableNames;
+use crate::names::{BACKEND_NAME, DurableNames, keyed_prefix, subject_prefix};
 use lease::Rounds;
 use machine::{Action, DeliveryId, Machine, Now, Route, Source};
 use partition::PartitionCursor;
-
-/// What the gate, the cursor and the round task share (see the [module
-/// docs](self#locks)).
-pub(crate) struct State {
-    pub(crate) machine: Machine,
-    /// The allocations the machine tracks, held so that their addresses (the machine's
-    /// delivery ids) are not reused meanwhile.
-    held: HashMap<DeliveryId, Arc<Message>>,
-}
+use state::{State, lock};
 
 fn address(m: &Arc<Message>) -> DeliveryId {
     Arc::as_ptr(m) as usize
-}
-
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// The group's start gate (see the [module docs](self#the-start-gate)).
@@ -235,7 +225,7 @@ impl GroupCursor {
     }
 
     /// What wakes the stream's append path (the unkeyed consumer's watch).
-    pub(crate) fn shared_state(&self) -> Arc<super::cursor::CursorShared> {
+    pub(crate) fn shared_state(&self) -> Arc<super::cursor_state::CursorShared> {
         self.unkeyed.shared_state()
     }
 
@@ -444,7 +434,7 @@ fn partition_spec(
     stream: &str,
     spec: &CursorSpec<'_>,
     p: u32,
-) -> crate::consumer::ConsumerSpec {
+) -> crate::client::consumer::ConsumerSpec {
     let keyed = keyed_prefix(stream);
     consumer_spec(&shared.settings, stream, spec.name, spec.filter)
         .renamed(DurableNames::new(stream, spec.name).partition_consumer(p))

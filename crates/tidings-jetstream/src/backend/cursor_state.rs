@@ -1,0 +1,143 @@
+//! What a cursor and its background tasks (puller, keep-alive, refresh, acknowledgements)
+//! share: the deliveries held, the wake-ups, the positions snapshot.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use tidings::Message;
+use tidings::durable::CursorWaker;
+
+use super::positions::Snapshot;
+use crate::client::delivery::Delivery;
+use crate::error::JetStreamError;
+
+#[derive(Default)]
+pub(crate) struct Inner {
+    /// Handed out and not finished, by sequence.
+    pub(crate) outstanding: HashMap<u64, Arc<Delivery>>,
+    /// Why fetching stopped (a deleted consumer).
+    pub(crate) error: Option<JetStreamError>,
+    /// The last failed pull or acknowledgement batch (cleared by a successful pull).
+    pub(crate) transient: Option<String>,
+    /// The sequence after the last one handed out.
+    pub(crate) handed: u64,
+    /// Pulled and not handed out yet, in the order the server sent them: a returned
+    /// message (`true`, decoded already) goes out alone, the others (decoded when handed
+    /// out) once no returned one is out.
+    pub(crate) buffer: VecDeque<(Arc<Delivery>, Option<Message>, bool)>,
+    /// The returned message handed out alone and not finished: its sequence and the
+    /// handler starts counted before it.
+    pub(crate) alone: Option<(u64, u32)>,
+    /// Since when the consumer is missing on the server (a seek elsewhere recreates it).
+    pub(crate) gone_since: Option<Instant>,
+    /// A keyed group's new partition owner collects what the last owner left before
+    /// handing anything out: pulls only fill the buffer (see `group::partition`).
+    pub(crate) gathering: bool,
+}
+
+/// What the cursor and its background tasks share.
+pub(crate) struct CursorShared {
+    pub(crate) inner: Mutex<Inner>,
+    pub(crate) waker: CursorWaker,
+    /// Wakes the standing pull (room freed, something published).
+    pub(crate) nudge: tokio::sync::Notify,
+    pub(crate) name: String,
+    pub(crate) skipped_by_filter: AtomicU64,
+    pub(crate) keep_alives: AtomicU64,
+    pub(crate) closed: AtomicBool,
+    /// Background pulls only while this admits (a keyed group's partition lease, active);
+    /// unset: always.
+    pub(crate) admits: std::sync::OnceLock<Arc<dyn Fn() -> bool + Send + Sync>>,
+    /// Keep-alives only while this holds (the lease, active or handing over: running
+    /// handlers finish here); unset: always.
+    pub(crate) keeps: std::sync::OnceLock<Arc<dyn Fn() -> bool + Send + Sync>>,
+    /// Where the consumer stands, as last read: what `state` answers from.
+    pub(crate) positions: Snapshot,
+}
+
+impl CursorShared {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic while holding the lock leaves plain data: keep going.
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Every delivery held: handed out and not finished, or pulled and waiting.
+    pub(crate) fn held(&self) -> Vec<Arc<Delivery>> {
+        let g = self.lock();
+        g.outstanding
+            .values()
+            .cloned()
+            .chain(g.buffer.iter().map(|(d, _, _)| Arc::clone(d)))
+            .collect()
+    }
+
+    /// Whether the standing pull may pull now (always, unless a lease says otherwise).
+    pub(crate) fn admitted(&self) -> bool {
+        self.admits.get().is_none_or(|admits| admits())
+    }
+
+    /// Whether keep-alives may be sent now (always, unless a lease says otherwise).
+    pub(crate) fn keeps_alive(&self) -> bool {
+        self.keeps.get().is_none_or(|keeps| keeps())
+    }
+
+    pub(crate) fn note_keep_alive(&self, n: usize) {
+        self.keep_alives.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    /// One more delivery finished here without being handed out (skipped by a filter).
+    pub(crate) fn note_skipped(&self) {
+        self.skipped_by_filter.fetch_add(1, Ordering::Relaxed);
+        self.note_change();
+    }
+
+    /// The durable name (a redrive copy's target is compared with it).
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    /// There may be more on the server (an append through this backend, a publish seen,
+    /// the idle tick): wakes the feeder and the standing pull.
+    pub(crate) fn wake(&self) {
+        if !self.is_closed() {
+            self.nudge();
+            self.waker.wake();
+        }
+    }
+
+    /// Something landed in the buffer: wakes the feeder only.
+    pub(crate) fn wake_feeder(&self) {
+        if !self.is_closed() {
+            self.waker.wake();
+        }
+    }
+
+    /// The positions snapshot (see [`positions`](super::positions)).
+    pub(crate) fn positions(&self) -> &Snapshot {
+        &self.positions
+    }
+
+    /// Something changed on the server that moves the positions (a finish, an append, a
+    /// publish seen): the snapshot is read again soon.
+    pub(crate) fn note_change(&self) {
+        self.positions.changed();
+    }
+
+    /// Wakes the standing pull (it looks whether the window has room).
+    pub(crate) fn nudge(&self) {
+        self.nudge.notify_one();
+    }
+
+    /// Until the next [`nudge`](Self::nudge) (one given before counts).
+    pub(crate) async fn nudged(&self) {
+        self.nudge.notified().await;
+    }
+}
