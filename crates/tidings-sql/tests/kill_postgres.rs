@@ -12,55 +12,13 @@
 
 mod common;
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
-use common::{Ledger, TABLE};
+use common::TABLE;
+use common::pg::{PgLedger, create_accounts};
 use tidings::{HandlerError, Message};
 use tidings_sql::{PgTx, Postgres, Transactional};
 use tidings_testkit::postgres::PostgresServer;
-
-struct PgLedger(String);
-
-impl PgLedger {
-    fn client(&self) -> postgres::Client {
-        postgres::Client::connect(&self.0, postgres::NoTls).expect("connect")
-    }
-}
-
-impl Ledger for PgLedger {
-    fn balances(&self) -> BTreeMap<String, i64> {
-        self.client()
-            .query("SELECT id, balance FROM accounts", &[])
-            .unwrap()
-            .iter()
-            .map(|r| (r.get(0), r.get(1)))
-            .collect()
-    }
-    fn processed(&self) -> BTreeSet<String> {
-        self.client()
-            .query(&format!("SELECT message_id FROM {TABLE}"), &[])
-            .unwrap()
-            .iter()
-            .map(|r| r.get(0))
-            .collect()
-    }
-}
-
-fn create_accounts(conn: &str) {
-    let mut client = postgres::Client::connect(conn, postgres::NoTls).unwrap();
-    client
-        .batch_execute("CREATE TABLE accounts (id text PRIMARY KEY, balance bigint NOT NULL)")
-        .unwrap();
-    for i in 0..common::ACCOUNTS {
-        client
-            .execute(
-                "INSERT INTO accounts VALUES ($1, 0)",
-                &[&common::account_name(i)],
-            )
-            .unwrap();
-    }
-}
 
 type Ledgers = Transactional<Postgres, fn(&mut PgTx<'_>, &Message) -> Result<(), HandlerError>>;
 

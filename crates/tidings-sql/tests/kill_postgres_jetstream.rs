@@ -22,11 +22,11 @@
 
 mod common;
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::pg::{PgLedger, create_accounts};
 use common::{Ledger, TABLE};
 use tidings::{Broker, Driver, DurableSpec, HandlerError, Message, StreamConfig, SubscribeOptions};
 use tidings_jetstream::{ConnectOptions, JetStreamBackend};
@@ -41,48 +41,6 @@ const URL_ENV: &str = "TIDINGS_SQL_KILL_URL";
 const ACK_WAIT: Duration = Duration::from_secs(2);
 /// Generous bound on every wait (never asserted as a speed).
 const PATIENCE: Duration = Duration::from_secs(120);
-
-struct PgLedger(String);
-
-impl PgLedger {
-    fn client(&self) -> postgres::Client {
-        postgres::Client::connect(&self.0, postgres::NoTls).expect("connect")
-    }
-}
-
-impl Ledger for PgLedger {
-    fn balances(&self) -> BTreeMap<String, i64> {
-        self.client()
-            .query("SELECT id, balance FROM accounts", &[])
-            .unwrap()
-            .iter()
-            .map(|r| (r.get(0), r.get(1)))
-            .collect()
-    }
-    fn processed(&self) -> BTreeSet<String> {
-        self.client()
-            .query(&format!("SELECT message_id FROM {TABLE}"), &[])
-            .unwrap()
-            .iter()
-            .map(|r| r.get(0))
-            .collect()
-    }
-}
-
-fn create_accounts(conn: &str) {
-    let mut client = postgres::Client::connect(conn, postgres::NoTls).unwrap();
-    client
-        .batch_execute("CREATE TABLE accounts (id text PRIMARY KEY, balance bigint NOT NULL)")
-        .unwrap();
-    for i in 0..common::ACCOUNTS {
-        client
-            .execute(
-                "INSERT INTO accounts VALUES ($1, 0)",
-                &[&common::account_name(i)],
-            )
-            .unwrap();
-    }
-}
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()

@@ -8,6 +8,8 @@
 //! <skipped>` whenever its counters change.
 #![allow(dead_code)] // each test binary uses its part
 
+pub mod pg;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
