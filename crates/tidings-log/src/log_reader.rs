@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 
 use crate::error::ReadError;
 use crate::log::Shared;
-use crate::reader::{Cursor, segments_from};
+use crate::reader::{Cursor, readable_end, segments_from};
 use crate::record_ref::RecordRef;
 use crate::segment::Segment;
 
@@ -124,20 +124,7 @@ impl<'a> LogReader<'a> {
     fn position_at_next(&mut self) -> Result<bool, ReadError> {
         let sh = self.sh;
         let from = self.next;
-        let earliest = sh.start.load(Ordering::Acquire);
-        if from < earliest {
-            return Err(ReadError::OutOfRetention {
-                requested: from,
-                earliest,
-            });
-        }
-        let end = sh.visible.load(Ordering::SeqCst);
-        if from > end {
-            return Err(ReadError::BeyondEnd {
-                requested: from,
-                end,
-            });
-        }
+        let end = readable_end(sh, from)?;
         if from == end {
             return Ok(false);
         }

@@ -39,7 +39,9 @@ pub(crate) fn segments_from(sh: &Shared, from: u64) -> Vec<Arc<Segment>> {
     }
 }
 
-pub(crate) fn read(sh: &Shared, from: u64, max: usize) -> Result<Vec<StoredRecord>, ReadError> {
+/// The visible end of the log, once `from` is checked to lie within what is kept and
+/// visible: every read starts here (`Log::read`, `Log::next_readable`, a `LogReader`).
+pub(crate) fn readable_end(sh: &Shared, from: u64) -> Result<u64, ReadError> {
     let earliest = sh.start.load(Ordering::Acquire);
     if from < earliest {
         return Err(ReadError::OutOfRetention {
@@ -54,6 +56,11 @@ pub(crate) fn read(sh: &Shared, from: u64, max: usize) -> Result<Vec<StoredRecor
             end,
         });
     }
+    Ok(end)
+}
+
+pub(crate) fn read(sh: &Shared, from: u64, max: usize) -> Result<Vec<StoredRecord>, ReadError> {
+    let end = readable_end(sh, from)?;
     let mut out = Vec::new();
     if from == end || max == 0 {
         return Ok(out);
@@ -88,20 +95,7 @@ pub(crate) fn read(sh: &Shared, from: u64, max: usize) -> Result<Vec<StoredRecor
 
 /// The first offset at or after `from` that a read can start at (see [`crate::Log::next_readable`]).
 pub(crate) fn next_readable(sh: &Shared, from: u64) -> Result<u64, ReadError> {
-    let earliest = sh.start.load(Ordering::Acquire);
-    if from < earliest {
-        return Err(ReadError::OutOfRetention {
-            requested: from,
-            earliest,
-        });
-    }
-    let end = sh.visible.load(Ordering::SeqCst);
-    if from > end {
-        return Err(ReadError::BeyondEnd {
-            requested: from,
-            end,
-        });
-    }
+    let end = readable_end(sh, from)?;
     let Some(seg) = segments_from(sh, from).into_iter().next() else {
         return Err(ReadError::OutOfRetention {
             requested: from,
