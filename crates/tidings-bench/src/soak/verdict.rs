@@ -6,16 +6,44 @@
 //! as 37 MiB/hour), so the absolute rise keeps the two-minute CI run from failing on an
 //! allocator's step; on an hour's run the window is long enough that the slope bound is the
 //! one that binds (8 MiB/hour over 48 minutes is a 6.4 MiB rise).
+//!
+//! A series that is a high-water mark by nature (a Go program's OS threads: its runtime
+//! starts one when every thread is blocked in a system call and never ends it) steps up
+//! once in a while and never down, so a slope says nothing about it; it is held to a
+//! ceiling instead, which a leak crosses and a runtime's pool does not.
 
 use serde::Serialize;
 
-/// A series' bounds: growth over both fails it.
+/// A series' bounds: growth over both `per_hour` and `rise` fails it, and so does any
+/// sample after the warm-up over `ceiling`.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub(crate) struct Bound {
     /// Largest least-squares slope, in the series' unit per hour.
     pub per_hour: f64,
     /// Largest rise of the fitted line over the measured window, in the series' unit.
     pub rise: f64,
+    /// Largest value after the warm-up (infinite for series judged by their trend).
+    pub ceiling: f64,
+}
+
+impl Bound {
+    /// Judged by its trend: a slope over `per_hour` together with a rise over `rise`.
+    pub(crate) const fn trend(per_hour: f64, rise: f64) -> Self {
+        Self {
+            per_hour,
+            rise,
+            ceiling: f64::INFINITY,
+        }
+    }
+
+    /// Judged by a ceiling only (a high-water mark; see the module docs).
+    pub(crate) const fn ceiling(ceiling: f64) -> Self {
+        Self {
+            per_hour: f64::INFINITY,
+            rise: f64::INFINITY,
+            ceiling,
+        }
+    }
 }
 
 /// What one series did after the warm-up.
@@ -32,7 +60,8 @@ pub(crate) struct Flatness {
     pub samples: usize,
     /// The bound it was held to.
     pub bound: Bound,
-    /// False when both the slope and the rise were over their bounds.
+    /// False when both the slope and the rise were over their bounds, or a sample was
+    /// over the ceiling.
     pub flat: bool,
 }
 
@@ -66,12 +95,13 @@ pub(crate) fn judge(points: &[(f64, f64)], warmup_secs: f64, bound: Bound) -> Op
     let window = kept.last()?.0 - kept.first()?.0;
     let slope_per_hour = per_sec * 3600.0;
     let rise = per_sec * window;
-    let flat = !(slope_per_hour > bound.per_hour && rise > bound.rise);
+    let max = kept.iter().map(|p| p.1).fold(f64::NEG_INFINITY, f64::max);
+    let flat = !(slope_per_hour > bound.per_hour && rise > bound.rise) && max <= bound.ceiling;
     Some(Flatness {
         slope_per_hour,
         rise,
         min: kept.iter().map(|p| p.1).fold(f64::INFINITY, f64::min),
-        max: kept.iter().map(|p| p.1).fold(f64::NEG_INFINITY, f64::max),
+        max,
         samples: kept.len(),
         bound,
         flat,
@@ -82,10 +112,7 @@ pub(crate) fn judge(points: &[(f64, f64)], warmup_secs: f64, bound: Bound) -> Op
 mod tests {
     use super::*;
 
-    const RSS: Bound = Bound {
-        per_hour: 8.0,
-        rise: 4.0,
-    };
+    const RSS: Bound = Bound::trend(8.0, 4.0);
 
     /// One sample every 5 s for `secs`, `f(t)` at each.
     fn series(secs: u32, f: impl Fn(f64) -> f64) -> Vec<(f64, f64)> {
@@ -151,15 +178,28 @@ mod tests {
         assert!(!judge(&leak, 24.0, RSS).unwrap().flat);
         // Counts that must not move: one object more in the last two samples (a member
         // joining) is a fitted rise of about half an object, under one.
-        let objects = Bound {
-            per_hour: 1.0,
-            rise: 1.0,
-        };
+        let objects = Bound::trend(1.0, 1.0);
         let one_more = series(120, |t| if t < 115.0 { 3.0 } else { 4.0 });
         let v = judge(&one_more, 24.0, objects).unwrap();
         assert!(v.rise < 1.0 && v.flat, "{v:?}");
         let climbing = series(120, |t| 3.0 + (t / 30.0).floor());
         assert!(!judge(&climbing, 24.0, objects).unwrap().flat);
+    }
+
+    // R-LIM-3: a Go server's threads in a two-minute CI run stepped 11 → 19 at 90 s (its
+    // runtime starting threads for a burst of blocking calls) and stayed: a fitted rise
+    // of 10.8 that the trend bound called a leak. Held to a ceiling, that step is flat; a
+    // count that keeps climbing crosses it.
+    #[test]
+    fn a_high_water_mark_is_held_to_its_ceiling() {
+        let threads = Bound::ceiling(64.0);
+        let step = series(120, |t| if t < 90.0 { 11.0 } else { 19.0 });
+        let v = judge(&step, 24.0, threads).unwrap();
+        assert!(v.rise > 2.0 && v.flat, "{v:?}");
+        assert!(!judge(&step, 24.0, Bound::trend(2.0, 2.0)).unwrap().flat);
+        let leak = series(3600, |t| 20.0 + (t / 60.0).floor());
+        let v = judge(&leak, 720.0, threads).unwrap();
+        assert!(!v.flat && v.max > 64.0, "{v:?}");
     }
 
     // R-LIM-3: too few samples is no verdict, never a pass.
