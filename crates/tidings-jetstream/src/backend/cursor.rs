@@ -94,6 +94,7 @@ use super::positions::{Positions, Snapshot};
 use super::puller::{Puller, decode, reject};
 use super::records::{bounds, check_offset};
 use super::shared::{Settings, Shared, backend_error};
+use super::strays::Strays;
 use super::{keep_alive, refresh};
 use crate::classify::seam;
 use crate::client::consumer::ConsumerSpec;
@@ -152,14 +153,23 @@ pub(crate) fn consumer_spec(
     .namespaces_of(keyed, filters)
 }
 
-/// Whether opening a cursor creates (or finds) its DLQ and handler-start streams.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(crate) enum Dlq {
-    /// Create or find them: three to five round trips.
-    Ensure,
-    /// Another cursor of the same durable name did, just before (a keyed group's unkeyed
-    /// cursor, opened first, for its partitions' cursors).
-    Ready,
+/// What a cursor is opened as.
+pub(crate) enum Role {
+    /// A durable subscription's own cursor (or a keyed group's unkeyed one): it creates
+    /// (or finds) its DLQ and handler-start streams, three to five round trips.
+    Own,
+    /// A keyed group's partition cursor: the group's unkeyed cursor, opened first, made
+    /// the DLQ streams.
+    Partition(Hold),
+}
+
+/// How a keyed group's lease holds a partition cursor, set before its first pull.
+pub(crate) struct Hold {
+    /// Background pulls only while this admits (the lease, active).
+    pub(crate) admits: Arc<dyn Fn() -> bool + Send + Sync>,
+    /// Keep-alives only while this holds (the lease, active or handing over: running
+    /// handlers finish here).
+    pub(crate) keeps: Arc<dyn Fn() -> bool + Send + Sync>,
 }
 
 impl JsCursor {
@@ -172,11 +182,15 @@ impl JsCursor {
         spec: CursorSpec<'_>,
     ) -> Result<Self, StreamError> {
         let cspec = consumer_spec(&shared.settings, stream, spec.name, spec.filter);
-        Self::open_as(shared, stream, subjects, patterns, spec, cspec, Dlq::Ensure)
+        Self::open_as(shared, stream, subjects, patterns, spec, cspec, Role::Own)
     }
 
     /// [`JsCursor::open`] on the consumer `cspec` (a keyed group's partition or unkeyed
     /// consumer); the DLQ and redrive target stay `spec.name`'s. `subjects`: what wakes it.
+    ///
+    /// A partition cursor is held by its lease from its first pull on (`Hold`), and
+    /// counts the deliveries out elsewhere from the consumer's state in the open's answer
+    /// ([`Strays`]): it gathers while the last owner left some unfinished.
     pub(crate) fn open_as(
         shared: Arc<Shared>,
         stream: &str,
@@ -184,17 +198,18 @@ impl JsCursor {
         patterns: Vec<Pattern>,
         spec: CursorSpec<'_>,
         cspec: ConsumerSpec,
-        dlq_setup: Dlq,
+        role: Role,
     ) -> Result<Self, StreamError> {
         let dlq = DeadLetters::new(shared.js.clone(), stream, spec.name, shared.settings.limits);
         let js = shared.js.clone();
+        let role_ensures = matches!(role, Role::Own);
         let (open_spec, d, nats) = (
             cspec.clone().start(spec.start),
             dlq.clone(),
             stream.to_owned(),
         );
         let (durable, first) = shared.call(shared.bound(5), async move {
-            if dlq_setup == Dlq::Ensure {
+            if role_ensures {
                 d.ensure().await?;
             }
             let durable = js
@@ -218,6 +233,20 @@ impl JsCursor {
             keeps: std::sync::OnceLock::new(),
             positions: Snapshot::default(),
         });
+        if let Role::Partition(hold) = role {
+            let _ = cursor.admits.set(hold.admits);
+            let _ = cursor.keeps.set(hold.keeps);
+            let at = durable.when_opened();
+            let unfinished = usize::try_from(at.unfinished).unwrap_or(usize::MAX);
+            let mut g = cursor.lock();
+            g.strays = Some(Strays::at_open(
+                at.deliveries,
+                unfinished,
+                at.floor,
+                at.through,
+            ));
+            g.gathering = unfinished > 0;
+        }
         cursor.positions.store(cursor.positions.begin(), first);
         let noted = Arc::downgrade(&cursor);
         let (acker, acker_task) = Acker::new(move |e| {
@@ -274,20 +303,6 @@ impl JsCursor {
         Arc::clone(&self.cursor)
     }
 
-    /// Pull in the background only while `admits`, and send keep-alives only while
-    /// `keeps` (a keyed group's partition lease, active; held): a process whose lease
-    /// lapsed neither takes the partition's messages from the new owner nor keeps its old
-    /// deliveries from coming back, and one handing over keeps its running handlers'
-    /// deliveries alive until they finish.
-    pub(crate) fn hold_while(
-        &self,
-        admits: Arc<dyn Fn() -> bool + Send + Sync>,
-        keeps: Arc<dyn Fn() -> bool + Send + Sync>,
-    ) {
-        let _ = self.cursor.admits.set(admits);
-        let _ = self.cursor.keeps.set(keeps);
-    }
-
     /// Waits out a background pull in flight (see [`Puller::quiesce`]): a keyed group's
     /// retired partition cursor, before the partition's next cursor reads what is
     /// unfinished — a delivery landing here after that reading would be missed by the new
@@ -300,22 +315,35 @@ impl JsCursor {
         });
     }
 
-    /// Collect (`true`): the buffer fills, in stream order, and nothing is handed out;
-    /// `false`: hand the buffer out as usual.
-    pub(crate) fn set_gathering(&self, on: bool) {
-        self.cursor.lock().gathering = on;
-        if on {
-            self.cursor.nudge();
-        }
+    /// Deliveries out elsewhere (see [`Strays`]): how many, and whether more were found
+    /// since the last call. `(0, false)` for a cursor that does not count them.
+    pub(crate) fn strays(&self) -> (usize, bool) {
+        let mut g = self.cursor.lock();
+        g.strays
+            .as_mut()
+            .map_or((0, false), |s| (s.out(), s.take_fresh()))
     }
 
-    /// How many buffered deliveries have a sequence of at most `seq`.
-    pub(crate) fn waiting_through(&self, seq: u64) -> usize {
-        let g = self.cursor.lock();
-        g.buffer
-            .iter()
-            .filter(|(d, _, _)| d.sequence() <= seq)
-            .count()
+    /// The gathering ended (nothing out elsewhere, or the wait's bound passed): hand the
+    /// buffer out again, in stream order, and wait no more for what is still out. False,
+    /// and still gathering, when more deliveries were found out elsewhere since
+    /// [`JsCursor::strays`] looked.
+    pub(crate) fn end_gathering(&self) -> bool {
+        let mut g = self.cursor.lock();
+        let inner = &mut *g;
+        if let Some(s) = &mut inner.strays {
+            if s.take_fresh() {
+                return false;
+            }
+            s.forgive();
+        }
+        inner.gathering = false;
+        true
+    }
+
+    /// Whether the buffer is held back (a keyed partition's new owner gathering).
+    pub(crate) fn gathering(&self) -> bool {
+        self.cursor.lock().gathering
     }
 
     /// Drop what this process holds without telling the server (a lease that lapsed:
@@ -328,11 +356,10 @@ impl JsCursor {
         g.alone = None;
     }
 
-    /// The consumer's unfinished deliveries and the last stream sequence it delivered, as
-    /// the server answered the open (no round trip: the open's answer came after every
-    /// step that had to precede this reading).
-    pub(crate) fn unfinished_at_open(&self) -> (u64, u64) {
-        self.puller.durable().unfinished_when_opened()
+    /// The consumer's unfinished deliveries as the server answered the open (no round
+    /// trip).
+    pub(crate) fn unfinished_at_open(&self) -> u64 {
+        self.puller.durable().when_opened().unfinished
     }
 
     fn stop_tasks(&self) {

@@ -10,6 +10,7 @@ use tidings::Message;
 use tidings::durable::CursorWaker;
 
 use super::positions::Snapshot;
+use super::strays::Strays;
 use crate::client::delivery::Delivery;
 use crate::error::JetStreamError;
 
@@ -32,9 +33,12 @@ pub(crate) struct Inner {
     pub(crate) alone: Option<(u64, u32)>,
     /// Since when the consumer is missing on the server (a seek elsewhere recreates it).
     pub(crate) gone_since: Option<Instant>,
-    /// A keyed group's new partition owner collects what the last owner left before
-    /// handing anything out: pulls only fill the buffer (see `group::partition`).
+    /// A keyed group's partition owner collects what is out elsewhere (the last owner's
+    /// unfinished deliveries, a late pull's) before handing anything out: pulls only fill
+    /// the buffer (see `group::partition`).
     pub(crate) gathering: bool,
+    /// A keyed group's partition cursor counts the deliveries out elsewhere.
+    pub(crate) strays: Option<Strays>,
 }
 
 /// What the cursor and its background tasks share.

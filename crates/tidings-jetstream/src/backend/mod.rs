@@ -107,6 +107,7 @@ mod puller;
 mod records;
 mod refresh;
 mod shared;
+mod strays;
 mod stream;
 mod unreadable;
 

@@ -59,7 +59,7 @@ use futures_util::StreamExt;
 use tidings::{DeadLetterReason, Message, MessageId, MessageParts, Pattern, Topic};
 
 use super::acker::Acker;
-use super::cursor_state::CursorShared;
+use super::cursor_state::{CursorShared, Inner};
 use super::dead_letters::DeadLetters;
 use super::shared::Settings;
 use super::unreadable::{self, RawRecord, SCREEN_BATCH, subject_matches};
@@ -397,6 +397,9 @@ impl Puller {
         let stream = &durable.spec.stream;
         match unreadable::terminate(&self.main, stream, &durable.spec.durable, seq, why).await {
             Ok(()) => {
+                if let Some(strays) = &mut self.cursor.lock().strays {
+                    strays.terminated(seq);
+                }
                 self.cursor.note_skipped();
                 Rejected::Done
             }
@@ -408,6 +411,30 @@ impl Puller {
         }
     }
 
+    /// A keyed partition cursor: whether `d`'s delivery sequence shows deliveries that went
+    /// elsewhere, or `d` is one of them back (see [`Strays`](super::strays::Strays)). One found stops the hand-out
+    /// at once, before `d` is in the buffer: no fetch hands out `d` or what follows it
+    /// until the machine ends the gathering.
+    fn count_strays(&self, d: &Delivery) {
+        let mut g = self.cursor.lock();
+        let Inner {
+            strays: Some(strays),
+            outstanding,
+            buffer,
+            gathering,
+            ..
+        } = &mut *g
+        else {
+            return;
+        };
+        let seq = d.sequence();
+        let held =
+            || outstanding.contains_key(&seq) || buffer.iter().any(|(b, _, _)| b.sequence() == seq);
+        if strays.received(d.delivery_sequence, seq, d.delivered, held) {
+            *gathering = true;
+        }
+    }
+
     /// One delivery into the buffer, or finished here (see [`Taken`]).
     async fn receive(&self, durable: &Durable, m: async_nats::jetstream::Message) {
         let Ok(d) = Delivery::new(m, durable.js.request_timeout, durable.spec.namespaces()) else {
@@ -415,6 +442,7 @@ impl Puller {
             // acknowledged either).
             return;
         };
+        self.count_strays(&d);
         match Topic::new(d.topic()) {
             Err(e) => {
                 // In the subscription's subject namespace, but not a tidings topic: a

@@ -37,6 +37,8 @@ pub struct Delivery {
     pub(crate) id: Option<MessageId>,
     pub(crate) sequence: u64,
     pub(crate) delivered: u64,
+    /// The consumer's number for this delivery: one more for every delivery, to anyone.
+    pub(crate) delivery_sequence: u64,
     published: SystemTime,
     pub(crate) request_timeout: Duration,
 }
@@ -61,6 +63,7 @@ impl Delivery {
         let info = message.info().map_err(|e| FetchError::Unavailable {
             detail: format!("delivery without JetStream metadata: {e}"),
         })?;
+        let delivery_sequence = info.consumer_sequence;
         let (sequence, delivered, published) = (
             info.stream_sequence,
             u64::try_from(info.delivered).unwrap_or(0),
@@ -91,6 +94,7 @@ impl Delivery {
             id,
             sequence,
             delivered,
+            delivery_sequence,
             published,
             request_timeout,
         })

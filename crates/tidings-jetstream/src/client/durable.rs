@@ -49,13 +49,30 @@ pub struct Durable {
 }
 
 impl Durable {
-    /// The consumer's unfinished deliveries (acknowledgements pending) and the last stream
-    /// sequence it delivered, as the server answered when this handle was opened: no round
-    /// trip.
-    pub(crate) fn unfinished_when_opened(&self) -> (u64, u64) {
+    /// Where the consumer stood when this handle was opened, as the server answered: no
+    /// round trip.
+    pub(crate) fn when_opened(&self) -> WhenOpened {
         let info = self.consumer.cached_info();
-        (info.num_ack_pending as u64, info.delivered.stream_sequence)
+        WhenOpened {
+            unfinished: info.num_ack_pending as u64,
+            floor: info.ack_floor.stream_sequence,
+            through: info.delivered.stream_sequence,
+            deliveries: info.delivered.consumer_sequence,
+        }
     }
+}
+
+/// Where a consumer stood when a handle to it was opened ([`Durable::when_opened`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct WhenOpened {
+    /// Deliveries not finished (acknowledgements pending).
+    pub(crate) unfinished: u64,
+    /// The acknowledgement floor: every stream sequence up to it is finished.
+    pub(crate) floor: u64,
+    /// The last stream sequence delivered.
+    pub(crate) through: u64,
+    /// Deliveries made, to anyone (the last delivery sequence).
+    pub(crate) deliveries: u64,
 }
 
 impl std::fmt::Debug for Durable {

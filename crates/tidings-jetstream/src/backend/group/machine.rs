@@ -34,8 +34,10 @@
 //!   ([`tidings::Fence`]), so an effect store can refuse a stale owner.
 //! - **Admission is fail-closed.** A start is admitted only for a delivery this machine
 //!   handed out, whose term is the partition's current term, while the partition is held,
-//!   `Active`, not gathering, its cursor open under that term, and its lease valid *now*
-//!   on both clocks. Anything else — unknown, stale, lapsed, handing — is released.
+//!   `Active`, its cursor open under that term, and its lease valid *now* on both clocks.
+//!   Anything else — unknown, stale, lapsed, handing — is released. (A gathering cursor
+//!   hands nothing out, so nothing of a gathering term reaches the gate but what was
+//!   handed out before deliveries were found out elsewhere — which precede them.)
 //! - **Validity.** A lease written by a request sent at `t` is valid here until
 //!   `t + lease − lease/10` on the monotonic clock *and* on the wall clock: the server
 //!   cannot expire the entry before `t + lease`, so this member stops starting a tenth of a
@@ -51,7 +53,8 @@
 //!   cursor is *retired* — it pulls, keeps alive and starts nothing more, and stays only
 //!   to acknowledge handlers that were already running when they succeed (a true success
 //!   is not redone needlessly). The new owner waits for the old owner's deliveries to come
-//!   back before it hands anything out ([`Gather`]).
+//!   back before it hands anything out ([`Gather`]) — those unfinished at its open, and
+//!   those a late pull of the old owner took after it ([`strays`](super::super::strays)).
 //!
 //! # Bounds
 //! A key moves within `1.25 × lease` of its owner's death or cut; a clean hand-over waits
@@ -118,13 +121,10 @@ pub(crate) enum Phase {
     HandedBack,
 }
 
-/// Waiting, after a take, for the last owner's unfinished deliveries to come back.
+/// Waiting for deliveries out elsewhere to come back: the last owner's unfinished ones
+/// after a take, or ones a late pull of another process took since ([`strays`](super::super::strays)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Gather {
-    /// Those delivered before the take: sequences up to this.
-    pub(crate) through: u64,
-    /// How many were unfinished.
-    pub(crate) count: usize,
     /// When to stop waiting.
     pub(crate) until: Instant,
 }
@@ -382,17 +382,26 @@ impl Machine {
     }
 
     /// Partition `p`'s cursor opened under `term`, with `unfinished` deliveries of the
-    /// last owner out, the last delivered through sequence `through`.
-    pub(crate) fn opened(&mut self, p: u32, term: u64, unfinished: usize, through: u64, now: Now) {
+    /// last owner out.
+    pub(crate) fn opened(&mut self, p: u32, term: u64, unfinished: usize, now: Now) {
         if self.open[p as usize] != Some(term) {
             return;
         }
+        if unfinished > 0 {
+            self.strayed(p, term, now);
+        }
+    }
+
+    /// Partition `p`'s cursor of `term` found deliveries out elsewhere (the last owner's
+    /// at the open, or a late pull's since): it hands nothing out until they are back or
+    /// `lease + GATHER_SLACK` from now passed — by then the server has delivered again
+    /// whatever another process took and let lapse.
+    pub(crate) fn strayed(&mut self, p: u32, term: u64, now: Now) {
         if let Some(h) = &mut self.parts[p as usize]
             && h.term == term
+            && self.open[p as usize] == Some(term)
         {
-            h.gather = (unfinished > 0).then(|| Gather {
-                through,
-                count: unfinished,
+            h.gather = Some(Gather {
                 until: now.mono + self.lease + GATHER_SLACK,
             });
         }
@@ -422,9 +431,9 @@ impl Machine {
     }
 
     /// Whether partition `p`'s cursor of `term` may hand out what it buffered, given how
-    /// many of the last owner's deliveries are back (`back`); ends the gathering when all
-    /// are back or it waited long enough.
-    pub(crate) fn may_hand_out(&mut self, p: u32, term: u64, back: usize, now: Now) -> bool {
+    /// many deliveries are still out elsewhere (`out`, see [`strays`](super::super::strays)); ends the
+    /// gathering when none is or it waited long enough.
+    pub(crate) fn may_hand_out(&mut self, p: u32, term: u64, out: usize, now: Now) -> bool {
         if self.may_pull(p, now) != Some(term) {
             return false;
         }
@@ -432,7 +441,7 @@ impl Machine {
             return false;
         };
         match h.gather {
-            Some(g) if back < g.count && now.mono < g.until => false,
+            Some(g) if out > 0 && now.mono < g.until => false,
             _ => {
                 h.gather = None;
                 true
@@ -458,6 +467,7 @@ impl Machine {
     }
 
     /// The gathering of partition `p`, if it waits.
+    #[cfg(test)]
     pub(crate) fn gathering(&self, p: u32) -> Option<Gather> {
         self.parts[p as usize].and_then(|h| h.gather)
     }
@@ -481,10 +491,10 @@ impl Machine {
         let admitted = match self.tracked.get(&id).map(|t| t.source) {
             None => false,
             Some(Source::Unkeyed) => !self.closed,
-            Some(Source::Partition(f)) => {
-                self.may_pull(f.partition(), now) == Some(f.term())
-                    && self.parts[f.partition() as usize].is_some_and(|h| h.gather.is_none())
-            }
+            // Not refused while gathering: what was handed out before deliveries were
+            // found out elsewhere precedes them in the stream (see `backend::strays`), and a
+            // release here would leave it held by this cursor, never handed out again.
+            Some(Source::Partition(f)) => self.may_pull(f.partition(), now) == Some(f.term()),
         };
         if admitted {
             if let Some(t) = self.tracked.get_mut(&id) {
@@ -614,7 +624,7 @@ mod tests {
             m.reconcile(at(base, 2)),
             vec![Action::Open { p: 0, term: 7 }]
         );
-        m.opened(0, 7, 0, 0, at(base, 3));
+        m.opened(0, 7, 0, at(base, 3));
         m
     }
 

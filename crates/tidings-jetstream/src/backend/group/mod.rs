@@ -48,7 +48,7 @@ use async_nats::jetstream::kv;
 use tidings::durable::{BackendCursor, CursorSpec, CursorWaker, Finished, StartGate};
 use tidings::{CursorState, DurableDeadLetter, Fence, Message, Pattern, StartAt, StreamError};
 
-use super::cursor::{Dlq, JsCursor, consumer_spec};
+use super::cursor::{Hold, JsCursor, Role, consumer_spec};
 use super::shared::Shared;
 use crate::classify::seam;
 use crate::names::{BACKEND_NAME, DurableNames, keyed_prefix, subject_prefix};
@@ -160,7 +160,7 @@ impl GroupCursor {
             spec.clone(),
             unkeyed_spec,
             // Ensured here, once: the partitions' cursors share it.
-            Dlq::Ensure,
+            Role::Own,
         )?;
         let me = format!(
             "{}-{:x}-{}",
@@ -308,6 +308,11 @@ impl GroupCursor {
         let spec = CursorSpec::new(&o.name, &o.filter, o.start, o.window, o.waker.clone());
         let cspec = partition_spec(&self.shared, &self.stream, &spec, p);
         let prefix = format!("{}{p}.", keyed_prefix(&self.stream));
+        let (pulls, keeps) = (Arc::clone(&self.state), Arc::clone(&self.state));
+        let hold = Hold {
+            admits: Arc::new(move || lock(&pulls).machine.may_pull(p, Now::read()) == Some(term)),
+            keeps: Arc::new(move || lock(&keeps).machine.keeps_alive(p, term, Now::read())),
+        };
         let opened = JsCursor::open_as(
             Arc::clone(&self.shared),
             &self.stream,
@@ -315,7 +320,7 @@ impl GroupCursor {
             o.patterns.clone(),
             spec,
             cspec,
-            Dlq::Ready,
+            Role::Partition(hold),
         );
         let inner = match opened {
             Ok(inner) => inner,
@@ -325,16 +330,8 @@ impl GroupCursor {
                 return;
             }
         };
-        let (pulls, keeps) = (Arc::clone(&self.state), Arc::clone(&self.state));
-        let cursor = PartitionCursor::new(
-            inner,
-            Arc::new(move || lock(&pulls).machine.may_pull(p, Now::read()) == Some(term)),
-            Arc::new(move || lock(&keeps).machine.keeps_alive(p, term, Now::read())),
-        );
-        let (unfinished, through) = cursor.unfinished();
-        if unfinished > 0 {
-            cursor.set_gathering(true);
-        }
+        let cursor = PartitionCursor::new(inner);
+        let unfinished = cursor.unfinished();
         {
             let mut cursors = lock(&self.cursors);
             // `close` sets the flag, then drains the map: one of the two sees the other.
@@ -347,33 +344,29 @@ impl GroupCursor {
         }
         lock(&self.state)
             .machine
-            .opened(p, term, unfinished, through, Now::read());
+            .opened(p, term, unfinished, Now::read());
     }
 
     /// Hands out up to `max` of partition `p`'s messages, if the machine lets it.
     fn fetch_partition(&self, p: u32, max: usize, out: &mut Vec<Arc<Message>>) {
-        let now = Now::read();
-        let (term, gather) = {
-            let state = lock(&self.state);
-            match state.machine.may_pull(p, now) {
-                Some(term) => (term, state.machine.gathering(p)),
-                None => return,
-            }
+        let Some(term) = lock(&self.state).machine.may_pull(p, Now::read()) else {
+            return;
         };
         let Some(c) = lock(&self.cursors).get(&term).cloned() else {
             return;
         };
-        let back = gather.map_or(0, |g| c.waiting_through(g.through));
-        if !lock(&self.state)
-            .machine
-            .may_hand_out(p, term, back, Now::read())
-        {
+        let (elsewhere, fresh) = c.strays();
+        let may = {
+            let mut state = lock(&self.state);
+            if fresh {
+                state.machine.strayed(p, term, Now::read());
+            }
+            state.machine.may_hand_out(p, term, elsewhere, Now::read())
+        };
+        if !may || (c.gathering() && !c.end_gathering()) {
             // Gathering: nudges the standing pull, hands out nothing.
             let _ = c.fetch(max);
             return;
-        }
-        if gather.is_some() {
-            c.set_gathering(false);
         }
         match c.fetch(max) {
             Ok(messages) => {

@@ -11,14 +11,16 @@
 //! they are all back or its deadline passed, and what was gathered goes out **in stream
 //! order** (the server redelivers in its own order, which is not the stream's). Without
 //! this a later message of a key, never delivered before, could start ahead of an earlier
-//! one still on its way back.
-
-use std::sync::Arc;
+//! one still on its way back. The same holds for deliveries a late pull of the last owner
+//! took after the take: the cursor finds them by the consumer's delivery sequence and
+//! gathers again ([`strays`](super::super::strays)).
 
 use tidings::durable::BackendCursor;
 use tidings::{CursorState, Message, StreamError};
 
 use super::super::cursor::JsCursor;
+#[cfg(doc)]
+use super::super::cursor::Role;
 
 /// One partition's cursor (see the [module docs](self)).
 pub(crate) struct PartitionCursor {
@@ -26,22 +28,15 @@ pub(crate) struct PartitionCursor {
 }
 
 impl PartitionCursor {
-    /// Wraps `inner`, just opened for a partition: it pulls only while `admits` and keeps
-    /// its deliveries alive only while `keeps`.
-    pub(crate) fn new(
-        inner: JsCursor,
-        admits: Arc<dyn Fn() -> bool + Send + Sync>,
-        keeps: Arc<dyn Fn() -> bool + Send + Sync>,
-    ) -> Self {
-        inner.hold_while(admits, keeps);
+    /// Wraps `inner`, just opened for a partition (with [`Role::Partition`]).
+    pub(crate) fn new(inner: JsCursor) -> Self {
         Self { inner }
     }
 
-    /// The consumer's unfinished deliveries (the last owner's) and the last stream
-    /// sequence it delivered, as the server answered the open.
-    pub(crate) fn unfinished(&self) -> (usize, u64) {
-        let (n, through) = self.inner.unfinished_at_open();
-        (usize::try_from(n).unwrap_or(usize::MAX), through)
+    /// The consumer's unfinished deliveries (the last owner's), as the server answered
+    /// the open.
+    pub(crate) fn unfinished(&self) -> usize {
+        usize::try_from(self.inner.unfinished_at_open()).unwrap_or(usize::MAX)
     }
 
     /// Retired: waits out a pull in flight, so nothing lands here after the partition's
@@ -50,14 +45,21 @@ impl PartitionCursor {
         self.inner.quiesce_pulls();
     }
 
-    /// Collect without handing out (`true`), or hand out again (`false`).
-    pub(crate) fn set_gathering(&self, on: bool) {
-        self.inner.set_gathering(on);
+    /// Deliveries out elsewhere: how many, and whether more were found since the last
+    /// call (see [`strays`](super::super::strays)).
+    pub(crate) fn strays(&self) -> (usize, bool) {
+        self.inner.strays()
     }
 
-    /// How many gathered deliveries have a sequence of at most `seq`.
-    pub(crate) fn waiting_through(&self, seq: u64) -> usize {
-        self.inner.waiting_through(seq)
+    /// Whether it holds its buffer back.
+    pub(crate) fn gathering(&self) -> bool {
+        self.inner.gathering()
+    }
+
+    /// Hand the buffer out again; false (still gathering) when more deliveries were found
+    /// out elsewhere meanwhile.
+    pub(crate) fn end_gathering(&self) -> bool {
+        self.inner.end_gathering()
     }
 
     /// Up to `max` messages (none while gathering: the call nudges the standing pull).

@@ -3,7 +3,9 @@
 //! redelivery in the server's own order, naks; a key-value bucket with max-age expiry and
 //! compare-and-set) and simulated members (slow and failing handlers, SIGKILL, SIGSTOP, a
 //! frozen VM whose monotonic clock stops, a network cut whose writes may land while their
-//! answers are lost, joins and clean leaves), all from one seed on virtual time.
+//! answers are lost, a pull request that reaches the server late — sent just before a
+//! freeze or a cut, it lands after the member's lease lapsed and takes what the new owner
+//! was to get next — joins and clean leaves), all from one seed on virtual time.
 //!
 //! After every step it checks:
 //! - a handler starts only in the member the server shows holding the key's partition,
@@ -26,6 +28,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use tidings::Fence;
 
+use super::super::strays::Strays;
 use super::machine::{Action, LeaseAnswer, LeaseOp, Machine, Now, Route, Source};
 
 /// Seeds a plain `cargo test` runs.
@@ -79,6 +82,22 @@ struct Consumer {
     ready: BTreeSet<u64>,
     acked: BTreeSet<u64>,
     delivered_through: u64,
+    /// The consumer's delivery sequence: one more for every delivery, to anyone.
+    dseq: u64,
+    /// How often each sequence was delivered.
+    deliveries: HashMap<u64, u64>,
+}
+
+/// One delivery: (stream sequence, message, delivery sequence, times delivered).
+type Delivered = (u64, usize, u64, u64);
+
+/// A pull request on its way to the server: handled at `at`.
+#[derive(Debug, Clone, Copy)]
+struct LatePull {
+    p: u32,
+    term: u64,
+    max: usize,
+    at: u64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -96,6 +115,10 @@ struct Cursor {
     buffer: Vec<(u64, usize)>,
     /// Sequences pulled and not finished here.
     outstanding: BTreeSet<u64>,
+    /// Deliveries out elsewhere (the real cursor's bookkeeping).
+    strays: Strays,
+    /// Hands nothing out: set by a skipped delivery, cleared when the machine says.
+    gathering: bool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -131,6 +154,7 @@ struct Member {
     cursors: HashMap<u64, Cursor>,
     queue: Vec<Queued>,
     running: Vec<Running>,
+    late_pulls: Vec<LatePull>,
 }
 
 impl Member {
@@ -148,6 +172,7 @@ impl Member {
             cursors: HashMap::new(),
             queue: Vec::new(),
             running: Vec::new(),
+            late_pulls: Vec::new(),
         }
     }
 }
@@ -362,7 +387,7 @@ impl World {
         }
     }
 
-    fn pull(&mut self, p: u32, who: &str, max: usize) -> Vec<(u64, usize)> {
+    fn pull(&mut self, p: u32, who: &str, max: usize) -> Vec<Delivered> {
         let t = self.t;
         let mut out = Vec::new();
         let mut ready: Vec<u64> = self.consumers[p as usize].ready.iter().copied().collect();
@@ -372,20 +397,25 @@ impl World {
             ready.swap(i, j);
         }
         let c = &mut self.consumers[p as usize];
+        let deliver = |c: &mut Consumer, s: u64| {
+            c.pending.insert(s, (who.to_owned(), t + LEASE));
+            c.dseq += 1;
+            let n = c.deliveries.entry(s).or_insert(0);
+            *n += 1;
+            (s, c.messages[(s - 1) as usize], c.dseq, *n)
+        };
         for s in ready {
             if out.len() >= max {
                 break;
             }
             c.ready.remove(&s);
-            c.pending.insert(s, (who.to_owned(), t + LEASE));
-            out.push((s, c.messages[(s - 1) as usize]));
+            out.push(deliver(c, s));
         }
         while out.len() < max && c.next_new < c.messages.len() {
             let s = c.next_new as u64 + 1;
             c.next_new += 1;
             c.delivered_through = s;
-            c.pending.insert(s, (who.to_owned(), t + LEASE));
-            out.push((s, c.messages[(s - 1) as usize]));
+            out.push(deliver(c, s));
         }
         out
     }
@@ -459,18 +489,23 @@ impl World {
                     if self.reachable(m) {
                         let c = &self.consumers[p as usize];
                         let unfinished = c.pending.len() + c.ready.len();
-                        let through = c.delivered_through;
+                        let floor = (1..=c.messages.len() as u64)
+                            .take_while(|s| c.acked.contains(s))
+                            .last()
+                            .unwrap_or(0);
+                        let strays =
+                            Strays::at_open(c.dseq, unfinished, floor, c.delivered_through);
                         self.members[m].cursors.insert(
                             term,
                             Cursor {
                                 p,
                                 buffer: Vec::new(),
                                 outstanding: BTreeSet::new(),
+                                strays,
+                                gathering: unfinished > 0,
                             },
                         );
-                        self.members[m]
-                            .machine
-                            .opened(p, term, unfinished, through, now);
+                        self.members[m].machine.opened(p, term, unfinished, now);
                     } else {
                         self.members[m].machine.open_failed(p, term);
                     }
@@ -504,29 +539,38 @@ impl World {
                     self.members[m]
                         .machine
                         .pull_room(p, term, outstanding, self.window, now);
-                let got = self.pull(p, &me, room);
-                let c = self.members[m].cursors.get_mut(&term).expect("open");
-                for (s, msg) in got {
-                    c.outstanding.insert(s);
-                    c.buffer.push((s, msg));
+                if self.t < FAULTS_UNTIL && room > 0 && self.rng.chance(25) {
+                    // Sent now, handled later: the member may be stopped, frozen or cut
+                    // off meanwhile, its lease lapsed and the partition another's.
+                    let at = self.t + self.rng.below(3 * LEASE);
+                    self.note(|| {
+                        format!("{me}'s pull of partition {p} under term {term} lands at {at}")
+                    });
+                    self.members[m].late_pulls.push(LatePull {
+                        p,
+                        term,
+                        max: room,
+                        at,
+                    });
+                } else {
+                    let got = self.pull(p, &me, room);
+                    self.receive(m, term, got);
                 }
             }
-            let gathering = self.members[m].machine.gathering(p);
-            let back = gathering.map_or(0, |g| {
-                self.members[m].cursors[&term]
-                    .buffer
-                    .iter()
-                    .filter(|(s, _)| *s <= g.through)
-                    .count()
-            });
-            if self.members[m].machine.may_hand_out(p, term, back, now) {
-                let mut buffer = std::mem::take(
-                    &mut self.members[m].cursors.get_mut(&term).expect("open").buffer,
-                );
-                if gathering.is_some() {
-                    // What was gathered goes out in stream order.
-                    buffer.sort_unstable();
+            let c = self.members[m].cursors.get_mut(&term).expect("open");
+            let (fresh, out) = (c.strays.take_fresh(), c.strays.out());
+            if fresh {
+                self.members[m].machine.strayed(p, term, now);
+            }
+            if self.members[m].machine.may_hand_out(p, term, out, now) {
+                let c = self.members[m].cursors.get_mut(&term).expect("open");
+                if c.gathering {
+                    c.gathering = false;
+                    c.strays.forgive();
                 }
+                // In stream order, as the real cursor's buffer is kept.
+                let mut buffer = std::mem::take(&mut c.buffer);
+                buffer.sort_unstable();
                 for (seq, msg) in buffer {
                     let id = self.next_id;
                     self.next_id += 1;
@@ -568,6 +612,46 @@ impl World {
             }
         }
         self.start_handlers(m)
+    }
+
+    /// Deliveries reaching member `m`'s cursor of `term`; lost when that cursor is gone
+    /// (they come back after the ack wait).
+    fn receive(&mut self, m: usize, term: u64, got: Vec<Delivered>) {
+        let Some(c) = self.members[m].cursors.get_mut(&term) else {
+            return;
+        };
+        for (s, msg, dseq, times) in got {
+            let held = c.outstanding.contains(&s);
+            if c.strays.received(dseq, s, times, || held) {
+                c.gathering = true;
+            }
+            c.outstanding.insert(s);
+            c.buffer.push((s, msg));
+        }
+    }
+
+    /// The pull requests of member `m` that reach the server now.
+    fn land_late_pulls(&mut self, m: usize) {
+        if !self.reachable(m) {
+            return;
+        }
+        let t = self.t;
+        let (now, later): (Vec<LatePull>, Vec<LatePull>) =
+            std::mem::take(&mut self.members[m].late_pulls)
+                .into_iter()
+                .partition(|l| l.at <= t);
+        self.members[m].late_pulls = later;
+        let me = self.members[m].machine.me().to_owned();
+        for l in now {
+            let got = self.pull(l.p, &me, l.max);
+            self.note(|| {
+                format!(
+                    "{me}'s late pull of partition {} under term {} takes {got:?}",
+                    l.p, l.term
+                )
+            });
+            self.receive(m, l.term, got);
+        }
     }
 
     fn start_handlers(&mut self, m: usize) -> Result<(), String> {
@@ -824,6 +908,7 @@ impl World {
                 self.members[m].next_round = self.t + LEASE / 4;
                 self.round(m);
             }
+            self.land_late_pulls(m);
             self.feed(m)?;
             self.run_handlers(m)?;
         }
