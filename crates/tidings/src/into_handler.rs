@@ -11,7 +11,10 @@
 use std::fmt;
 use std::sync::Arc;
 
+use crate::error::ConfigError;
 use crate::handler::Handler;
+use crate::options::SubscribeOptions;
+use crate::rate_limit::{RateLimit, RateLimited};
 use crate::subscription::shell::HandlerKind;
 
 /// A sync or async handler, its concrete type erased: what every handler becomes when it
@@ -37,14 +40,25 @@ use crate::subscription::shell::HandlerKind;
 /// [`SubscribeError::AsyncHandlerNeedsTokio`](crate::SubscribeError::AsyncHandlerNeedsTokio)
 /// (for a durable target, a [`StreamError`](crate::StreamError) of kind `Unsupported`
 /// wrapping it).
-pub struct AnyHandler(pub(crate) HandlerKind);
+pub struct AnyHandler {
+    pub(crate) kind: HandlerKind,
+    /// What [`RateLimited`] decorators carry, for the subscription to keep (R-PAT-2).
+    rate_limits: Vec<RateLimit>,
+}
 
 impl AnyHandler {
+    fn of(kind: HandlerKind) -> Self {
+        Self {
+            kind,
+            rate_limits: Vec::new(),
+        }
+    }
+
     /// `handler` as a sync handler: for a type that is both a [`Handler`] and an
     /// [`AsyncHandler`](crate::AsyncHandler) (tidings-sql's blocking `Transactional`, say),
     /// whose kind [`IntoHandler`] cannot infer.
     pub fn from_sync(handler: impl Handler) -> Self {
-        Self(HandlerKind::Sync(Arc::new(handler)))
+        Self::of(HandlerKind::Sync(Arc::new(handler)))
     }
 
     /// `handler` as an async handler (feature `tokio`): for a type that is both a
@@ -53,16 +67,44 @@ impl AnyHandler {
     #[cfg(feature = "tokio")]
     #[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
     pub fn from_async(handler: impl crate::async_handler::AsyncHandler) -> Self {
-        Self(HandlerKind::Async(Arc::new(handler)))
+        Self::of(HandlerKind::Async(Arc::new(handler)))
     }
 
     /// True when the handler is async (awaited by the tokio driver).
     #[must_use]
     pub fn is_async(&self) -> bool {
-        match self.0 {
+        match self.kind {
             HandlerKind::Sync(_) => false,
             #[cfg(feature = "tokio")]
             HandlerKind::Async(_) => true,
+        }
+    }
+}
+
+impl AnyHandler {
+    /// The options the subscription runs with: `options`, and the rate limit a
+    /// [`RateLimited`] decorator carries. One limit per subscription: a second — from the
+    /// options and a decorator, or two decorators — is refused, naming both.
+    pub(crate) fn options(
+        &self,
+        options: SubscribeOptions,
+    ) -> Result<SubscribeOptions, ConfigError> {
+        if self.rate_limits.is_empty() {
+            return Ok(options);
+        }
+        match (options.rate_limit, self.rate_limits.as_slice()) {
+            (None, [one]) => Ok(options.rate_limit(*one)),
+            (from_options, decorators) => Err(ConfigError::invalid(
+                "rate_limit",
+                from_options
+                    .iter()
+                    .chain(decorators)
+                    .map(|l| format!("{} per {:?}", l.limit(), l.per()))
+                    .collect::<Vec<_>>()
+                    .join(" and "),
+                "one rate limit per subscription (SubscribeOptions::rate_limit or one \
+                 RateLimited decorator)",
+            )),
         }
     }
 }
@@ -104,6 +146,7 @@ mod sealed {
     #[cfg(feature = "tokio")]
     impl<H: crate::async_handler::AsyncHandler> Sealed<dyn crate::async_handler::AsyncHandler> for H {}
     impl Sealed<super::AnyHandler> for super::AnyHandler {}
+    impl<K: ?Sized, H: super::IntoHandler<K>> Sealed<crate::RateLimited<K>> for crate::RateLimited<H> {}
 }
 
 impl<H: Handler> IntoHandler<dyn Handler> for H {
@@ -124,5 +167,14 @@ impl<H: crate::async_handler::AsyncHandler> IntoHandler<dyn crate::async_handler
 impl IntoHandler<AnyHandler> for AnyHandler {
     fn into_handler(self) -> AnyHandler {
         self
+    }
+}
+
+impl<K: ?Sized, H: IntoHandler<K>> IntoHandler<RateLimited<K>> for RateLimited<H> {
+    fn into_handler(self) -> AnyHandler {
+        let (handler, limit) = self.into_parts();
+        let mut any = handler.into_handler();
+        any.rate_limits.push(limit);
+        any
     }
 }

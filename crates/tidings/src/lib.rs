@@ -236,7 +236,7 @@ pub use options::{
     Concurrency, DeadLetterOptions, DeliveryMode, MAX_NAME_LEN, MAX_WORKERS_PER_SUBSCRIPTION,
     Overflow, Predicate, SubscribeOptions,
 };
-pub use rate_limit::{MAX_RATE_LIMIT, MAX_RATE_PERIOD, RateLimit};
+pub use rate_limit::{MAX_RATE_LIMIT, MAX_RATE_PERIOD, RateLimit, RateLimited};
 pub use report::{CloseReport, PublishReport, Undelivered};
 pub use request::RequestError;
 pub use retry::{InconsistentRetry, Retry, RetryPolicy};

@@ -2,15 +2,19 @@
 //! of one period, on the broker's own clock.
 //!
 //! The contract is on [`RateLimit`]; a subscription gets one with
-//! [`SubscribeOptions::rate_limit`](crate::SubscribeOptions::rate_limit).
+//! [`SubscribeOptions::rate_limit`](crate::SubscribeOptions::rate_limit), or from a handler
+//! wrapped in [`RateLimited`].
 //!
-//! # Why a subscription option, not a handler decorator
+//! # Where the limit lives: the subscription, also when a decorator sets it
 //! A limit is a schedule, and a schedule is only right on the clock the subscription wakes
-//! by. A decorator wrapping the handler had to be handed a clock, and a clock other than the
-//! broker's silently missed the schedule. The subscription already holds the broker's
-//! clock and decides when each start happens, so it keeps the limit itself: there is no
+//! by. A decorator that kept the limit itself had to be handed a clock, and a clock other
+//! than the broker's silently missed the schedule. The subscription already holds the
+//! broker's clock and decides when each start happens, so it keeps the limit: there is no
 //! clock to pass, and the same limit serves sync and async handlers, every driver, and
-//! durable subscriptions alike.
+//! durable subscriptions alike. It is set either way:
+//! [`SubscribeOptions::rate_limit`](crate::SubscribeOptions::rate_limit), or the [`RateLimited`] decorator, which wraps a
+//! handler like the other decorators and hands its limit to the subscription it is
+//! subscribed with (R-PAT-2: the decorator shape, the subscription's guarantee).
 //!
 //! # Why a log of start instants, not a token bucket
 //! A token bucket (full at the start, refilled one token per `per / limit`) admits its
@@ -254,5 +258,50 @@ mod tests {
         assert_eq!(log.admit(t0 + ns(800)), Err(t0 + per));
         assert_eq!(log.admit(t0 + per), Ok(()));
         assert_eq!(log.admit(t0 + per), Err(t0 + per + ns(700)));
+    }
+}
+
+/// A handler under a [`RateLimit`] (R-PAT-2): the decorator form of
+/// [`SubscribeOptions::rate_limit`](crate::SubscribeOptions::rate_limit). Subscribed, it is
+/// the handler it wraps — sync or async, typed or decorated — and the subscription keeps
+/// the limit, with [`RateLimit`]'s whole contract: at most `limit` handler starts in any
+/// window of one period, on the broker's own clock.
+///
+/// One limit per subscription: subscribing a `RateLimited` handler with options that set
+/// a rate limit too, or one wrapped in two, is refused
+/// ([`SubscribeError::InvalidOptions`](crate::SubscribeError::InvalidOptions); for a
+/// durable target, the [`StreamError`](crate::StreamError) that wraps it), naming both.
+///
+/// ```
+/// use std::time::Duration;
+/// use tidings::{Broker, Driver, Message, RateLimit, RateLimited, SubscribeOptions};
+///
+/// let broker = Broker::builder().driver(Driver::Manual).build()?;
+/// let three_a_second = RateLimit::new(3, Duration::from_secs(1))?;
+/// let handler = RateLimited::new(|m: &Message| println!("{:?}", m.payload()), three_a_second);
+/// let sub = broker.subscribe("mail.send", SubscribeOptions::default(), handler)?;
+/// # drop(sub);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct RateLimited<H: ?Sized> {
+    limit: RateLimit,
+    handler: H,
+}
+
+impl<H> RateLimited<H> {
+    /// `handler`, started at most `limit.limit()` times in any window of `limit.per()`.
+    pub fn new(handler: H, limit: RateLimit) -> Self {
+        Self { limit, handler }
+    }
+
+    /// The limit it carries.
+    #[must_use]
+    pub fn limit(&self) -> RateLimit {
+        self.limit
+    }
+
+    pub(crate) fn into_parts(self) -> (H, RateLimit) {
+        (self.handler, self.limit)
     }
 }

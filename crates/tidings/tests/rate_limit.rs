@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use tidings::{
     Broker, Concurrency, DeadLetterReason, Deduplicating, Driver, HandlerError, ManualClock,
-    Message, MessageId, RateLimit, Retry, SubscribeOptions, Subscription,
+    Message, MessageId, RateLimit, RateLimited, Retry, SubscribeOptions, Subscription,
 };
 
 const SEC: Duration = Duration::from_secs(1);
@@ -154,6 +154,131 @@ fn ten_messages_at_three_per_second_start_exactly_on_the_schedule() {
     assert_eq!((s.delivered, s.attempts, s.failures), (10, 10, 0));
     assert_eq!(s.dead_lettered.total(), 0);
     assert!(s.is_conserved());
+}
+
+/// The start instants of 10 messages on `broker`'s manual clock, one per second stepped
+/// until all started, through the subscription `subscribe` makes with `handler`.
+fn starts_of(
+    subscribe: impl FnOnce(&Broker, Box<dyn Fn(&Message) + Send + Sync>) -> Subscription,
+) -> Vec<(String, Duration)> {
+    let (clock, broker) = manual();
+    let starts = Starts::default();
+    let sub = subscribe(&broker, Box::new(recording(&clock, &starts)));
+    for i in 0..10 {
+        broker
+            .publish(Message::to("limited.x").payload(i.to_string()))
+            .unwrap();
+    }
+    broker.run_until_idle();
+    while sub.stats().delivered < 10 {
+        let next = broker.next_wake().expect("a start is due");
+        clock.advance(next - broker.clock().now());
+        broker.run_until_idle();
+    }
+    starts.lock().clone()
+}
+
+// R-PAT-2: the decorator form keeps the same schedule as the option — it hands its limit
+// to the subscription, which keeps it on the broker's clock.
+#[test]
+fn the_rate_limited_decorator_keeps_the_options_schedule() {
+    let by_option = starts_of(|broker, handler| {
+        broker
+            .subscribe("limited.*", limit(3, SEC), handler)
+            .unwrap()
+    });
+    let by_decorator = starts_of(|broker, handler| {
+        let three = RateLimit::new(3, SEC).unwrap();
+        broker
+            .subscribe(
+                "limited.*",
+                SubscribeOptions::new(),
+                RateLimited::new(handler, three),
+            )
+            .unwrap()
+    });
+    let expected: Vec<(String, Duration)> =
+        (0..10u32).map(|i| (i.to_string(), SEC * (i / 3))).collect();
+    assert_eq!(by_option, expected);
+    assert_eq!(by_decorator, expected);
+}
+
+// R-PAT-2, R-LIM-1: one rate limit per subscription. A decorator's limit beside the
+// options' one, or two decorators, is refused with the setting named — never one of
+// them silently dropped; on a durable target too. A decorator alone on a durable target
+// limits it.
+#[test]
+fn two_rate_limits_on_one_subscription_are_refused() {
+    use tidings::embedded::{EmbeddedBackend, EmbeddedStreamOptions, Fsync};
+    use tidings::{ConfigError, DurableSpec, StreamConfig, SubscribeError};
+
+    let (clock, broker) = manual();
+    let two = RateLimit::new(2, SEC).unwrap();
+    let noop = |_: &Message| {};
+    let refused = |e: SubscribeError| match e {
+        SubscribeError::InvalidOptions(ConfigError::Invalid { setting, value, .. }) => {
+            assert_eq!(setting, "rate_limit");
+            value
+        }
+        other => panic!("{other:?}"),
+    };
+    let both = broker
+        .subscribe("a", limit(3, SEC), RateLimited::new(noop, two))
+        .unwrap_err();
+    assert_eq!(refused(both), "3 per 1s and 2 per 1s");
+    let nested = broker
+        .subscribe(
+            "a",
+            SubscribeOptions::new(),
+            RateLimited::new(RateLimited::new(noop, two), RateLimit::new(5, SEC).unwrap()),
+        )
+        .unwrap_err();
+    assert_eq!(refused(nested), "2 per 1s and 5 per 1s");
+    assert!(broker.subscriptions().is_empty());
+
+    let dir = tempfile::tempdir().unwrap();
+    let backend = EmbeddedBackend::new(dir.path())
+        .stream_defaults(EmbeddedStreamOptions::new().fsync(Fsync::Never));
+    let durable = Broker::builder()
+        .driver(Driver::Manual)
+        .clock(clock.clone())
+        .durable_backend(Arc::new(backend))
+        .build()
+        .unwrap();
+    durable
+        .create_stream(StreamConfig::new("jobs", ["jobs.#"]))
+        .unwrap();
+    let e = durable
+        .subscribe(
+            DurableSpec::new("jobs").name("w"),
+            limit(1, SEC),
+            RateLimited::new(noop, two),
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("rate_limit"), "{e}");
+    for i in 0..5 {
+        durable
+            .publish(Message::to("jobs.x").payload(i.to_string()))
+            .unwrap();
+    }
+    let starts = Starts::default();
+    let sub = durable
+        .subscribe(
+            DurableSpec::new("jobs").name("w"),
+            SubscribeOptions::new(),
+            RateLimited::new(recording(&clock, &starts), two),
+        )
+        .unwrap();
+    durable.run_until_idle();
+    assert_eq!(
+        started(&starts),
+        2,
+        "the burst of 2, the name free after the refusal"
+    );
+    clock.advance(SEC);
+    durable.run_until_idle();
+    assert_eq!(started(&starts), 4);
+    drop(sub);
 }
 
 /// One run of `messages` keyed messages (keys `k0`..`k4`) through a subscription of
@@ -596,6 +721,7 @@ mod tokio_driver {
     use tokio::time::Instant;
 
     use super::{SEC, Steps, most_in_any_window};
+    use tidings::RateLimited;
 
     /// The broker's clock read from tokio's, so the rate limit's schedule (broker clock),
     /// the waits and the timeout (tokio timers) share paused time (as in `tests/timeout.rs`).
@@ -614,7 +740,8 @@ mod tokio_driver {
         }
     }
 
-    // R-PAT-2: `Deduplicating(Timeout(async))` under the tokio driver, 1 start per second:
+    // R-PAT-2: `RateLimited(Deduplicating(Timeout(async)))` under the tokio driver, 1 start
+    // per second:
     // the attempt that hangs is cancelled at the limit and its retry waits for room (2 s),
     // the duplicate is a start of its own (3 s, skipped by `Deduplicating`), and every
     // start is on the schedule.
@@ -646,13 +773,12 @@ mod tokio_driver {
             },
             Duration::from_millis(500),
         )));
+        // The limit as a decorator around the others: RateLimited(Deduplicating(Timeout)).
         let sub = broker
             .subscribe(
                 "jobs",
-                SubscribeOptions::new()
-                    .retry(Retry::fixed(Duration::from_millis(100), 3))
-                    .rate_limit(RateLimit::new(1, SEC).unwrap()),
-                handler.clone(),
+                SubscribeOptions::new().retry(Retry::fixed(Duration::from_millis(100), 3)),
+                RateLimited::new(handler.clone(), RateLimit::new(1, SEC).unwrap()),
             )
             .unwrap();
         let first = MessageId::new();

@@ -232,6 +232,7 @@ impl Broker {
             pattern: filter.to_owned(),
             error,
         })?;
+        let options = handler.options(options).map_err(SubscribeError::from)?;
         options.validate().map_err(SubscribeError::from)?;
         // Before the cursor opens: a handler the driver cannot run changes nothing.
         self.inner.can_run(&handler)?;
@@ -260,7 +261,10 @@ impl Broker {
         options
             .name
             .get_or_insert_with(|| format!("durable:{stream}/{name}"));
-        let sub = match self.inner.subscribe_with(filter, options, handler.0, false) {
+        let sub = match self
+            .inner
+            .subscribe_with(filter, options, handler.kind, false)
+        {
             Ok(sub) => sub,
             Err(e) => {
                 cursor.close(); // releases the name; nothing new was committed

@@ -230,7 +230,8 @@ impl BrokerInner {
         handler: AnyHandler,
     ) -> Result<Subscription, SubscribeError> {
         self.can_run(&handler)?;
-        self.subscribe(pattern, options, handler.0)
+        let options = handler.options(options)?;
+        self.subscribe(pattern, options, handler.kind)
     }
 }
 
