@@ -315,13 +315,19 @@ impl JsCursor {
         });
     }
 
-    /// Deliveries out elsewhere (see [`Strays`]): how many, and whether more were found
-    /// since the last call. `(0, false)` for a cursor that does not count them.
-    pub(crate) fn strays(&self) -> (usize, bool) {
+    /// Deliveries out elsewhere (see [`Strays`]): how many, whether more were found since
+    /// the last call (`(0, false)` for a cursor that does not count them), and when the
+    /// last answered pull was sent, once a reading of the server's delivery count sent
+    /// after it was taken in (`None` before).
+    pub(crate) fn strays(&self) -> (usize, bool, Option<Instant>) {
         let mut g = self.cursor.lock();
-        g.strays
+        // Confirmed by a count read after a pull answered (see `Machine::may_hand_out`).
+        let pulled = g.pulled.filter(|&p| g.counted.is_some_and(|c| c >= p));
+        let (out, fresh) = g
+            .strays
             .as_mut()
-            .map_or((0, false), |s| (s.out(), s.take_fresh()))
+            .map_or((0, false), |s| (s.out(), s.take_fresh()));
+        (out, fresh, pulled)
     }
 
     /// The gathering ended (nothing out elsewhere, or the wait's bound passed): hand the
@@ -343,7 +349,7 @@ impl JsCursor {
 
     /// Whether the buffer is held back (a keyed partition's new owner gathering).
     pub(crate) fn gathering(&self) -> bool {
-        self.cursor.lock().gathering
+        self.cursor.gathering()
     }
 
     /// Drop what this process holds without telling the server (a lease that lapsed:

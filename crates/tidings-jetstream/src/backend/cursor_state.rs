@@ -39,6 +39,11 @@ pub(crate) struct Inner {
     pub(crate) gathering: bool,
     /// A keyed group's partition cursor counts the deliveries out elsewhere.
     pub(crate) strays: Option<Strays>,
+    /// When the last pull that was answered was sent.
+    pub(crate) pulled: Option<Instant>,
+    /// When the last reading of the server's delivery count that `strays` took in was
+    /// sent (taken while no pull was in flight).
+    pub(crate) counted: Option<Instant>,
 }
 
 /// What the cursor and its background tasks share.
@@ -82,6 +87,26 @@ impl CursorShared {
     /// Whether the standing pull may pull now (always, unless a lease says otherwise).
     pub(crate) fn admitted(&self) -> bool {
         self.admits.get().is_none_or(|admits| admits())
+    }
+
+    /// The server counted `deliveries` of the consumer in a reading sent at `sent`, while
+    /// no pull was in flight: a keyed partition cursor counts those beyond what reached it
+    /// as out elsewhere (see [`Strays::server_count`]), and gathers if there are any.
+    pub(crate) fn server_count(&self, deliveries: u64, sent: Instant) {
+        let mut g = self.lock();
+        let inner = &mut *g;
+        let Some(strays) = &mut inner.strays else {
+            return;
+        };
+        if strays.server_count(deliveries) {
+            inner.gathering = true;
+        }
+        inner.counted = inner.counted.max(Some(sent));
+    }
+
+    /// Whether the buffer is held back (a keyed partition gathering).
+    pub(crate) fn gathering(&self) -> bool {
+        self.lock().gathering
     }
 
     /// Whether keep-alives may be sent now (always, unless a lease says otherwise).

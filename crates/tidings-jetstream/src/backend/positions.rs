@@ -56,6 +56,8 @@ pub(crate) struct Positions {
     pub(crate) position: u64,
     /// One past the stream's last offset.
     pub(crate) end: u64,
+    /// The consumer's deliveries so far, to anyone (its last delivery sequence).
+    pub(crate) deliveries: u64,
 }
 
 impl Positions {
@@ -75,6 +77,7 @@ impl Positions {
             committed,
             position,
             end,
+            deliveries: info.delivered.consumer_sequence,
         }
     }
 

@@ -255,6 +255,7 @@ impl Puller {
         // A change says the receiving connection dropped during the pull: perhaps on a
         // record the client cannot read (module docs).
         let connects = durable.js.connects();
+        let sent = std::time::Instant::now();
         let mut batch = durable
             .consumer
             .fetch()
@@ -301,6 +302,7 @@ impl Puller {
         {
             let mut g = self.cursor.lock();
             g.transient = None;
+            g.pulled = g.pulled.max(Some(sent));
             // The server redelivers in its own order, not the stream's: what waits goes
             // out in stream order (a keyed partition's new owner relies on it). Nearly
             // sorted already, so this is a linear pass.

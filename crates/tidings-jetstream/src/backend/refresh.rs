@@ -44,8 +44,22 @@ pub(crate) async fn run(r: Refresh) {
             let _ = tokio::time::timeout(bound, r.acker.flush()).await;
         }
         let durable = r.puller.durable();
+        // A keyed partition that gathers reads while no pull is in flight: the server's
+        // delivery count is then compared with what reached this cursor (see `strays`).
+        let exclusive = if r.cursor.gathering() {
+            Some(r.puller.exclusive().await)
+        } else {
+            None
+        };
+        let sent = Instant::now();
         match tokio::time::timeout(bound, Positions::read(&durable, &r.js, &r.stream)).await {
-            Ok(Ok(p)) => snapshot.store(ticket, p),
+            Ok(Ok(p)) => {
+                if exclusive.is_some() {
+                    r.cursor.server_count(p.deliveries, sent);
+                }
+                drop(exclusive);
+                snapshot.store(ticket, p);
+            }
             // The last values stay; tried again at the next tick that is due.
             Ok(Err(e)) => r.cursor.lock().transient = Some(e.to_string()),
             Err(_) => {

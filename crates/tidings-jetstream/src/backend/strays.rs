@@ -89,16 +89,7 @@ impl Strays {
             } else {
                 u64::MAX
             };
-            if self.out == 0 {
-                (self.above, self.through) = (self.first_through, through);
-            } else {
-                self.above = self.above.min(self.first_through);
-                self.through = self.through.max(through);
-            }
-            self.out = self
-                .out
-                .saturating_add(usize::try_from(dseq - self.next).unwrap_or(usize::MAX));
-            self.fresh = true;
+            self.skipped(dseq - self.next, through);
         }
         self.next = self.next.max(dseq.saturating_add(1));
         // Back: a redelivery, in the range, of a sequence this cursor never received.
@@ -120,6 +111,33 @@ impl Strays {
             self.seen.clear();
         }
         skipped
+    }
+
+    /// The server counted `delivered` deliveries of the consumer so far (its info), read
+    /// while no pull of this cursor was in flight: any beyond those that reached this
+    /// cursor went elsewhere — a late pull that took a delivery and left no later one to
+    /// show the gap. True when some did.
+    pub(crate) fn server_count(&mut self, delivered: u64) -> bool {
+        if delivered < self.next {
+            return false;
+        }
+        self.skipped(delivered + 1 - self.next, u64::MAX);
+        self.next = delivered + 1;
+        true
+    }
+
+    /// `n` deliveries went elsewhere, of stream sequences up to `through`.
+    fn skipped(&mut self, n: u64, through: u64) {
+        if self.out == 0 {
+            (self.above, self.through) = (self.first_through, through);
+        } else {
+            self.above = self.above.min(self.first_through);
+            self.through = self.through.max(through);
+        }
+        self.out = self
+            .out
+            .saturating_add(usize::try_from(n).unwrap_or(usize::MAX));
+        self.fresh = true;
     }
 
     /// Stream sequence `seq` was terminated without this cursor receiving it (a record the
@@ -208,6 +226,30 @@ mod tests {
         assert_eq!(s.out(), 0);
         s.forgive();
         assert_eq!(s.out(), 0);
+    }
+
+    // R-DIST-8: a late pull took a delivery and this cursor received nothing after it: the
+    // server's count shows it (the simulation's seed 24515 handed out key 2 #4 while #3
+    // was taken a second time by the old owner's late pull).
+    #[test]
+    fn the_servers_count_shows_a_delivery_no_later_one_revealed() {
+        let mut s = Strays::at_open(8, 1, 5, 12);
+        assert!(!s.received(9, 6, 2, || false));
+        assert_eq!(s.out(), 0);
+        assert!(!s.server_count(9), "every delivery reached this cursor");
+        assert!(s.server_count(10), "delivery 10 went elsewhere");
+        assert_eq!((s.out(), s.through), (1, u64::MAX));
+        assert!(s.take_fresh());
+        assert!(!s.received(11, 13, 1, || false), "10 was counted already");
+        // Delivery 10 was a redelivery of 8 (below every first delivery seen): not told
+        // apart from this cursor's own when it comes back; the wait's bound ends it.
+        assert!(!s.received(12, 8, 3, || false));
+        assert_eq!(s.out(), 1);
+        // A first delivery taken elsewhere (14, of sequence 14) is recognised when back.
+        assert!(s.server_count(13));
+        assert_eq!(s.out(), 2);
+        assert!(!s.received(14, 14, 2, || false));
+        assert_eq!(s.out(), 1);
     }
 
     // R-SEC-2, R-DIST-8: a record the client library drops skips a delivery sequence; the

@@ -431,9 +431,25 @@ impl Machine {
     }
 
     /// Whether partition `p`'s cursor of `term` may hand out what it buffered, given how
-    /// many deliveries are still out elsewhere (`out`, see [`strays`](super::super::strays)); ends the
-    /// gathering when none is or it waited long enough.
-    pub(crate) fn may_hand_out(&mut self, p: u32, term: u64, out: usize, now: Now) -> bool {
+    /// many deliveries are still out elsewhere (`out`, see
+    /// [`strays`](super::super::strays)) and when the cursor's last answered pull was sent
+    /// (`pulled`, counted only once a reading of the server's delivery count sent after
+    /// it showed nothing more out). Ends the gathering when none is out, or when the
+    /// wait's bound passed *and* such a pull was sent after it: by the bound the server
+    /// has made ready again whatever another process took and let lapse, only a pull sent
+    /// after it can have brought it, and the count after that pull shows that no late pull
+    /// took it again. A member that could not pull meanwhile (cut off) keeps waiting.
+    /// (Seeds 12014 and 24515 of the simulation handed out a key's next message while
+    /// the one before was ready on the server and the member cut off, or taken a second
+    /// time by the old owner's late pull.)
+    pub(crate) fn may_hand_out(
+        &mut self,
+        p: u32,
+        term: u64,
+        out: usize,
+        pulled: Option<Instant>,
+        now: Now,
+    ) -> bool {
         if self.may_pull(p, now) != Some(term) {
             return false;
         }
@@ -441,7 +457,9 @@ impl Machine {
             return false;
         };
         match h.gather {
-            Some(g) if out > 0 && now.mono < g.until => false,
+            Some(g) if out > 0 && (now.mono < g.until || pulled.is_none_or(|t| t < g.until)) => {
+                false
+            }
             _ => {
                 h.gather = None;
                 true

@@ -355,13 +355,15 @@ impl GroupCursor {
         let Some(c) = lock(&self.cursors).get(&term).cloned() else {
             return;
         };
-        let (elsewhere, fresh) = c.strays();
+        let (elsewhere, fresh, pulled) = c.strays();
         let may = {
             let mut state = lock(&self.state);
             if fresh {
                 state.machine.strayed(p, term, Now::read());
             }
-            state.machine.may_hand_out(p, term, elsewhere, Now::read())
+            state
+                .machine
+                .may_hand_out(p, term, elsewhere, pulled, Now::read())
         };
         if !may || (c.gathering() && !c.end_gathering()) {
             // Gathering: nudges the standing pull, hands out nothing.

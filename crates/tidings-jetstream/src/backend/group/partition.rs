@@ -45,9 +45,9 @@ impl PartitionCursor {
         self.inner.quiesce_pulls();
     }
 
-    /// Deliveries out elsewhere: how many, and whether more were found since the last
-    /// call (see [`strays`](super::super::strays)).
-    pub(crate) fn strays(&self) -> (usize, bool) {
+    /// Deliveries out elsewhere: how many, whether more were found since the last call
+    /// (see [`strays`](super::super::strays)), and when the last answered pull was sent.
+    pub(crate) fn strays(&self) -> (usize, bool, Option<std::time::Instant>) {
         self.inner.strays()
     }
 

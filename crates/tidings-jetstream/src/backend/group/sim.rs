@@ -98,6 +98,8 @@ struct LatePull {
     term: u64,
     max: usize,
     at: u64,
+    /// When it was sent, on the member's monotonic clock.
+    sent: Instant,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -119,6 +121,10 @@ struct Cursor {
     strays: Strays,
     /// Hands nothing out: set by a skipped delivery, cleared when the machine says.
     gathering: bool,
+    /// When the last answered pull was sent (monotonic, the member's clock).
+    pulled: Option<Instant>,
+    /// When the server's delivery count was last read (while gathering).
+    counted: Option<Instant>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -503,6 +509,8 @@ impl World {
                                 outstanding: BTreeSet::new(),
                                 strays,
                                 gathering: unfinished > 0,
+                                pulled: None,
+                                counted: None,
                             },
                         );
                         self.members[m].machine.opened(p, term, unfinished, now);
@@ -551,18 +559,32 @@ impl World {
                         term,
                         max: room,
                         at,
+                        sent: now.mono,
                     });
                 } else {
                     let got = self.pull(p, &me, room);
-                    self.receive(m, term, got);
+                    self.receive(m, term, got, now.mono);
                 }
             }
+            let reachable = self.reachable(m);
+            let deliveries = self.consumers[p as usize].dseq;
             let c = self.members[m].cursors.get_mut(&term).expect("open");
+            if c.gathering && reachable {
+                // The refresh task's reading of the consumer's info (no pull in flight).
+                if c.strays.server_count(deliveries) {
+                    c.gathering = true;
+                }
+                c.counted = Some(now.mono);
+            }
+            let pulled = c.pulled.filter(|&p| c.counted.is_some_and(|k| k >= p));
             let (fresh, out) = (c.strays.take_fresh(), c.strays.out());
             if fresh {
                 self.members[m].machine.strayed(p, term, now);
             }
-            if self.members[m].machine.may_hand_out(p, term, out, now) {
+            if self.members[m]
+                .machine
+                .may_hand_out(p, term, out, pulled, now)
+            {
                 let c = self.members[m].cursors.get_mut(&term).expect("open");
                 if c.gathering {
                     c.gathering = false;
@@ -616,10 +638,12 @@ impl World {
 
     /// Deliveries reaching member `m`'s cursor of `term`; lost when that cursor is gone
     /// (they come back after the ack wait).
-    fn receive(&mut self, m: usize, term: u64, got: Vec<Delivered>) {
+    fn receive(&mut self, m: usize, term: u64, got: Vec<Delivered>, sent: Instant) {
         let Some(c) = self.members[m].cursors.get_mut(&term) else {
             return;
         };
+        c.pulled = c.pulled.max(Some(sent));
+        let mut seen = Vec::new();
         for (s, msg, dseq, times) in got {
             let held = c.outstanding.contains(&s);
             if c.strays.received(dseq, s, times, || held) {
@@ -627,7 +651,10 @@ impl World {
             }
             c.outstanding.insert(s);
             c.buffer.push((s, msg));
+            seen.push((s, dseq, times, c.strays.out()));
         }
+        let me = self.members[m].machine.me().to_owned();
+        self.note(|| format!("{me} term {term} receives (seq, dseq, times, out after) {seen:?}"));
     }
 
     /// The pull requests of member `m` that reach the server now.
@@ -650,7 +677,7 @@ impl World {
                     l.p, l.term
                 )
             });
-            self.receive(m, l.term, got);
+            self.receive(m, l.term, got, l.sent);
         }
     }
 
