@@ -175,14 +175,21 @@ impl Rounds {
             }
             Err(LastError::Unanswered) => None,
             Err(LastError::Unsupported) => {
-                let mut keys = self.store.keys().await.ok()?;
-                let mut members = Vec::new();
-                while let Some(k) = keys.next().await {
-                    let k = k.ok()?;
-                    if let Some(m) = k.strip_prefix("m.") {
-                        members.push(m.to_owned());
+                let listed = async {
+                    let mut keys = self.store.keys().await.ok()?;
+                    let mut members = Vec::new();
+                    while let Some(k) = keys.next().await {
+                        let k = k.ok()?;
+                        if let Some(m) = k.strip_prefix("m.") {
+                            members.push(m.to_owned());
+                        }
                     }
-                }
+                    Some(members)
+                };
+                // Bounded like every other request of the round.
+                let members = tokio::time::timeout(self.js.request_timeout(), listed)
+                    .await
+                    .ok()??;
                 Some(Listing {
                     members,
                     parts: None,
