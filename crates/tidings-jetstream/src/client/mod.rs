@@ -6,6 +6,7 @@ pub(crate) mod consumer;
 pub(crate) mod consumer_settings;
 pub(crate) mod delivery;
 pub(crate) mod durable;
+pub(crate) mod kv_last;
 pub(crate) mod stream_spec;
 #[cfg(test)]
 mod tests;

@@ -656,3 +656,104 @@ async fn two_connections_share_one_durable_and_unacked_work_moves_over() {
         "both members got work"
     );
 }
+
+/// R-DIST-6 (the lease bucket's read, `kv_last`): the last entry of every key in one
+/// request — delete and purge markers marked, revisions as a compare-and-set needs them
+/// (the same as a get of each key) — and no consumer left on the bucket's stream; an empty
+/// bucket is an empty listing. A bucket without direct get, and more keys than one batch
+/// answers, are `Unsupported` (the caller lists the old way).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_last_entry_of_every_key_is_read_without_a_consumer() {
+    use super::kv_last::{LastError, MAX_KEYS, last_per_key};
+    use async_nats::jetstream::{kv, stream};
+    let Some(server) = NatsServer::for_test(NatsServerOptions::new()) else {
+        return;
+    };
+    let js = connect(&server).await;
+    let bucket = |name: &str| kv::Config {
+        bucket: name.to_owned(),
+        history: 1,
+        max_age: Duration::from_secs(600),
+        ..Default::default()
+    };
+    let store = js
+        .context
+        .create_key_value(bucket("lease"))
+        .await
+        .expect("bucket");
+    assert_eq!(last_per_key(&js, &store).await, Ok(Vec::new()));
+
+    store.put("m.a", "".into()).await.expect("put");
+    store.put("m.b", "".into()).await.expect("put");
+    store.purge("m.b").await.expect("purge");
+    let p0 = store.create("p.0", "a".into()).await.expect("create");
+    store
+        .update("p.0", "free".into(), p0)
+        .await
+        .expect("update");
+    store.put("p.1", "b".into()).await.expect("put");
+    store.delete("p.1").await.expect("delete");
+    let listed = last_per_key(&js, &store).await.expect("listing");
+    let keys: BTreeSet<&str> = listed.iter().map(|e| e.key.as_str()).collect();
+    assert_eq!(keys, BTreeSet::from(["m.a", "m.b", "p.0", "p.1"]));
+    for e in &listed {
+        let got = store.entry(&e.key).await.expect("entry").expect("present");
+        assert_eq!(
+            (e.revision, e.put, &e.value),
+            (
+                got.revision,
+                got.operation == kv::Operation::Put,
+                &got.value
+            ),
+            "{}",
+            e.key
+        );
+    }
+    let put: BTreeSet<&str> = listed
+        .iter()
+        .filter(|e| e.put)
+        .map(|e| e.key.as_str())
+        .collect();
+    assert_eq!(put, BTreeSet::from(["m.a", "p.0"]));
+    let mut s = js.context.get_stream("KV_lease").await.expect("stream");
+    assert_eq!(s.info().await.expect("info").state.consumer_count, 0);
+
+    // A bucket made without direct get.
+    js.context
+        .create_stream(stream::Config {
+            name: "KV_plain".to_owned(),
+            subjects: vec!["$KV.plain.>".to_owned()],
+            max_messages_per_subject: 1,
+            allow_direct: false,
+            ..Default::default()
+        })
+        .await
+        .expect("stream");
+    let plain = js.context.get_key_value("plain").await.expect("bucket");
+    plain.put("m.a", "".into()).await.expect("put");
+    assert_eq!(last_per_key(&js, &plain).await, Err(LastError::Unsupported));
+
+    // One key more than a batch answers.
+    let many = js
+        .context
+        .create_key_value(bucket("many"))
+        .await
+        .expect("bucket");
+    let acks = futures_util::future::join_all(
+        (0..=MAX_KEYS).map(|k| many.put(format!("m.{k}"), "".into())),
+    )
+    .await;
+    assert!(acks.iter().all(Result::is_ok));
+    assert_eq!(last_per_key(&js, &many).await, Err(LastError::Unsupported));
+    // Exactly a batch: every message of one key removed from the stream.
+    js.context
+        .get_stream("KV_many")
+        .await
+        .expect("stream")
+        .purge()
+        .filter("$KV.many.m.0")
+        .await
+        .expect("purge");
+    let listed = last_per_key(&js, &many).await.expect("listing");
+    assert_eq!(listed.len(), MAX_KEYS);
+}

@@ -175,6 +175,7 @@ impl GroupCursor {
             held: HashMap::new(),
         }));
         let rounds = Rounds {
+            js: shared.js.clone(),
             store: store.clone(),
             state: Arc::clone(&state),
             me: me.clone(),
