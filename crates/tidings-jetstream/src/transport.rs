@@ -323,6 +323,45 @@ impl Transport for NatsTransport {
         pattern: &Pattern,
         deliver: Deliver,
     ) -> Result<Box<dyn TransportSubscription>, TransportError> {
+        self.open(pattern, deliver, Receive::Separately)
+    }
+
+    fn subscribe_replies(
+        &self,
+        pattern: &Pattern,
+        deliver: Deliver,
+    ) -> Result<Box<dyn TransportSubscription>, TransportError> {
+        self.open(pattern, deliver, Receive::WherePublished)
+    }
+
+    fn connection(&self) -> Option<ConnectionId> {
+        Some(self.inner.connection)
+    }
+
+    fn close(&self) {
+        self.inner.closed.store(true, Ordering::Release);
+    }
+}
+
+/// Which connection a subscription receives on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Receive {
+    /// The receiving connection: what others publish arrives there, so a header block the
+    /// client cannot parse costs that one a reconnect, never the publishes and requests of
+    /// the first (see `connection::connect`, issue 34).
+    Separately,
+    /// The publishing connection: the broker's reply inbox, where the server reports a
+    /// request that reached nobody (it tells only the connection that published it).
+    WherePublished,
+}
+
+impl NatsTransport {
+    fn open(
+        &self,
+        pattern: &Pattern,
+        deliver: Deliver,
+        on: Receive,
+    ) -> Result<Box<dyn TransportSubscription>, TransportError> {
         if self.inner.closed.load(Ordering::Acquire) {
             return Err(CLOSED);
         }
@@ -330,12 +369,16 @@ impl Transport for NatsTransport {
             return Err(unavailable("not connected to the NATS server"));
         }
         let gate = Arc::new(Gate::default());
-        let client = self.inner.js.client.clone();
-        let context = self.inner.js.context.clone();
+        let js = self.inner.js.clone();
         let subjects = filter_subjects(pattern);
         let inner = Arc::clone(&self.inner);
         let task_gate = Arc::clone(&gate);
         let tasks = self.call(async move {
+            let receiving = match on {
+                Receive::Separately => js.receiving().await.map_err(unavailable)?,
+                Receive::WherePublished => js,
+            };
+            let (client, context) = (receiving.client, receiving.context);
             let mut subscribers = Vec::with_capacity(subjects.len());
             for s in subjects {
                 subscribers.push(client.subscribe(s).await.map_err(unavailable)?);
@@ -362,14 +405,6 @@ impl Transport for NatsTransport {
             tasks,
             runtime_thread: self.inner.runtime_thread,
         }))
-    }
-
-    fn connection(&self) -> Option<ConnectionId> {
-        Some(self.inner.connection)
-    }
-
-    fn close(&self) {
-        self.inner.closed.store(true, Ordering::Release);
     }
 }
 
@@ -504,4 +539,124 @@ fn decode(m: &async_nats::Message, inner: &Inner) -> Option<Received> {
     codec::decode(&stored, &inner.limits)
         .ok()
         .map(Received::Message)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{BufRead, BufReader, Write};
+    use std::net::TcpStream;
+    use std::sync::Mutex;
+    use std::time::{Duration, Instant};
+
+    use tidings::{Broker, Message, SubscribeOptions};
+    use tidings_testkit::nats::{NatsServer, NatsServerOptions};
+
+    use super::NatsTransport;
+    use crate::ConnectOptions;
+
+    /// Publishes `payload` on `subject` with the header block `header`, as raw protocol
+    /// bytes no client library would send, and waits until the server processed it.
+    fn raw_publish(url: &str, subject: &str, header: &[u8], payload: &[u8]) {
+        let addr = url.trim_start_matches("nats://");
+        let mut out = TcpStream::connect(addr).expect("connects");
+        let mut input = BufReader::new(out.try_clone().expect("clone the socket"));
+        let mut line = String::new();
+        input.read_line(&mut line).expect("INFO");
+        let mut frame = b"CONNECT {\"verbose\":false,\"headers\":true}\r\n".to_vec();
+        frame.extend(
+            format!(
+                "HPUB {subject} {} {}\r\n",
+                header.len(),
+                header.len() + payload.len()
+            )
+            .as_bytes(),
+        );
+        frame.extend(header);
+        frame.extend(payload);
+        frame.extend(b"\r\nPING\r\n");
+        out.write_all(&frame).expect("writes");
+        loop {
+            line.clear();
+            input.read_line(&mut line).expect("reads");
+            if line.starts_with("PONG") {
+                return;
+            }
+            assert!(!line.starts_with("-ERR"), "{line}");
+        }
+    }
+
+    // R-SEC-2: a core-NATS message on a subscribed topic whose header block the client
+    // library cannot parse (a line without a colon) costs the receiving connection a
+    // reconnect — and never the connection that carries the transport's publishes and
+    // requests. Before, subscriptions were on that one, and it reconnected (README,
+    // "Known limitations", until this change).
+    #[test]
+    fn a_header_the_client_cannot_parse_never_costs_the_publishing_connection() {
+        let Some(server) = NatsServer::for_test(NatsServerOptions::new()) else {
+            return;
+        };
+        let transport = NatsTransport::connect(
+            ConnectOptions::new(server.url()).request_timeout(Duration::from_secs(2)),
+        )
+        .expect("connects");
+        let broker = Broker::builder()
+            .transport(std::sync::Arc::new(transport.clone()))
+            .build()
+            .expect("builds");
+        let got: std::sync::Arc<Mutex<Vec<String>>> = std::sync::Arc::default();
+        let g = std::sync::Arc::clone(&got);
+        let _sub = broker
+            .subscribe("t.*", SubscribeOptions::new(), move |m: &Message| {
+                let text = String::from_utf8_lossy(m.payload()).into_owned();
+                g.lock().unwrap_or_else(|e| e.into_inner()).push(text);
+            })
+            .expect("subscribes");
+        let js = transport.inner.js.clone();
+        let receiving = transport
+            .call(async move { js.receiving().await.map_err(super::unavailable) })
+            .expect("the receiving connection");
+        assert_eq!(
+            (transport.inner.js.connects(), receiving.connects()),
+            (1, 1)
+        );
+        raw_publish(
+            &server.url(),
+            "t.x",
+            b"NATS/1.0\r\nno colon here\r\n\r\n",
+            b"poison",
+        );
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut n = 0;
+        while !got
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .any(|p| p.starts_with("after"))
+        {
+            assert!(
+                Instant::now() < deadline,
+                "nothing arrived after the record"
+            );
+            broker
+                .publish(Message::to("t.y").payload(format!("after {n}")))
+                .expect("publishes");
+            n += 1;
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert!(
+            receiving.connects() >= 2,
+            "the record reached the receiving connection and cost it a reconnect"
+        );
+        assert_eq!(
+            transport.inner.js.connects(),
+            1,
+            "the publishing connection never dropped"
+        );
+        assert!(
+            !got.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .iter()
+                .any(|p| p == "poison")
+        );
+    }
 }

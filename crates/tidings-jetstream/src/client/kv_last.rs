@@ -77,12 +77,15 @@ pub(crate) async fn last_per_key(
     })
     .to_string();
     let read = async {
-        let mut answers = js
+        // On the receiving connection: the answers are records of the bucket, which
+        // anyone with publish rights can write (see `connection::connect`, issue 34).
+        let rx = js.receiving().await.map_err(|_| LastError::Unanswered)?;
+        let mut answers = rx
             .client
             .subscribe(inbox.clone())
             .await
             .map_err(|_| LastError::Unanswered)?;
-        js.client
+        rx.client
             .publish_with_reply(
                 format!("$JS.API.DIRECT.GET.{}", store.stream_name),
                 inbox,

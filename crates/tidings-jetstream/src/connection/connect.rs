@@ -39,7 +39,8 @@
 //!
 //! # A second connection for what others wrote (issue 34)
 //! Bytes another producer wrote reach a client only as messages it receives: deliveries of
-//! durable consumers and the cursors' wake-up subscriptions. A header block the client
+//! durable consumers, the cursors' wake-up subscriptions, a `NatsTransport`'s
+//! subscriptions and the lease bucket's entries a keyed group reads. A header block the client
 //! library cannot parse (not UTF-8, a line without a colon, a lone LF, a version other than
 //! `NATS/1.0`, ...) makes it drop and re-establish the connection it arrived on, and
 //! everything in flight on that connection with it. So those go over a connection of their
@@ -556,7 +557,7 @@ impl JetStream {
     }
 
     /// The connection over which messages others wrote are received (durable consumers'
-    /// deliveries, wake-up subscriptions): a second one, opened with the same options on
+    /// deliveries, wake-up subscriptions, transport subscriptions, lease reads): a second one, opened with the same options on
     /// the first call and shared by every clone after (see the module docs).
     ///
     /// # Errors

@@ -642,7 +642,8 @@ impl BrokerInner {
         }
         drop(evicted);
         if remote {
-            self.open_remote(&shared)?;
+            // The one internal subscription is the reply inbox.
+            self.open_remote(&shared, internal)?;
         }
         Ok(Subscription {
             shared,

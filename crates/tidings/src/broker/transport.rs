@@ -124,19 +124,27 @@ impl BrokerInner {
         self.transport.is_some()
     }
 
-    /// Open `shared`'s own transport subscription (after it is registered and started).
+    /// Open `shared`'s own transport subscription (after it is registered and started);
+    /// `replies`: it is the reply inbox
+    /// ([`Transport::subscribe_replies`](crate::transport::Transport::subscribe_replies)).
     /// On failure the subscription is removed and closed again.
     pub(super) fn open_remote(
         &self,
         shared: &Arc<SubscriptionShell>,
+        replies: bool,
     ) -> Result<(), SubscribeError> {
         let Some(attached) = &self.transport else {
             return Ok(());
         };
-        match attached
-            .transport
-            .subscribe(&shared.pattern, self.deliver_to(shared))
-        {
+        let deliver = self.deliver_to(shared);
+        let opened = if replies {
+            attached
+                .transport
+                .subscribe_replies(&shared.pattern, deliver)
+        } else {
+            attached.transport.subscribe(&shared.pattern, deliver)
+        };
+        match opened {
             Ok(remote) => {
                 let mut reg = self.registry.write();
                 let live =

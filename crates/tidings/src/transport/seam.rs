@@ -55,6 +55,23 @@ pub trait Transport: Send + Sync + fmt::Debug + 'static {
         deliver: Deliver,
     ) -> Result<Box<dyn TransportSubscription>, TransportError>;
 
+    /// [`subscribe`](Self::subscribe) for the broker's reply inbox: the replies to the
+    /// requests this transport [publishes](Self::publish). A transport that receives
+    /// other messages on a connection of its own (away from bytes others write) keeps this
+    /// one on the connection it publishes on, where its engine reports a request that
+    /// reached nobody (a NATS server tells only the publishing connection, and only when
+    /// it holds the reply subscription). Default: `subscribe`.
+    ///
+    /// # Errors
+    /// As [`subscribe`](Self::subscribe).
+    fn subscribe_replies(
+        &self,
+        pattern: &Pattern,
+        deliver: Deliver,
+    ) -> Result<Box<dyn TransportSubscription>, TransportError> {
+        self.subscribe(pattern, deliver)
+    }
+
     /// The connection this transport sends and receives on, when a durable backend may be
     /// built from the same one and publish its appends there too (see
     /// [`DurableBackend::appends_published_on`](crate::durable::DurableBackend::appends_published_on)).
