@@ -30,6 +30,26 @@ fn manual() -> (ManualClock, Broker) {
     (clock, broker)
 }
 
+/// A manual-driver broker on `clock` with the embedded log in `dir` (no fsync) and the
+/// stream `jobs` (`jobs.#`).
+fn durable_broker(dir: &std::path::Path, clock: &ManualClock) -> Broker {
+    use tidings::StreamConfig;
+    use tidings::embedded::{EmbeddedBackend, EmbeddedStreamOptions, Fsync};
+
+    let backend =
+        EmbeddedBackend::new(dir).stream_defaults(EmbeddedStreamOptions::new().fsync(Fsync::Never));
+    let broker = Broker::builder()
+        .driver(Driver::Manual)
+        .clock(clock.clone())
+        .durable_backend(Arc::new(backend))
+        .build()
+        .unwrap();
+    broker
+        .create_stream(StreamConfig::new("jobs", ["jobs.#"]))
+        .unwrap();
+    broker
+}
+
 fn limit(n: u32, per: Duration) -> SubscribeOptions {
     SubscribeOptions::new().rate_limit(RateLimit::new(n, per).unwrap())
 }
@@ -209,8 +229,7 @@ fn the_rate_limited_decorator_keeps_the_options_schedule() {
 // limits it.
 #[test]
 fn two_rate_limits_on_one_subscription_are_refused() {
-    use tidings::embedded::{EmbeddedBackend, EmbeddedStreamOptions, Fsync};
-    use tidings::{ConfigError, DurableSpec, StreamConfig, SubscribeError};
+    use tidings::{ConfigError, DurableSpec, SubscribeError};
 
     let (clock, broker) = manual();
     let two = RateLimit::new(2, SEC).unwrap();
@@ -237,17 +256,7 @@ fn two_rate_limits_on_one_subscription_are_refused() {
     assert!(broker.subscriptions().is_empty());
 
     let dir = tempfile::tempdir().unwrap();
-    let backend = EmbeddedBackend::new(dir.path())
-        .stream_defaults(EmbeddedStreamOptions::new().fsync(Fsync::Never));
-    let durable = Broker::builder()
-        .driver(Driver::Manual)
-        .clock(clock.clone())
-        .durable_backend(Arc::new(backend))
-        .build()
-        .unwrap();
-    durable
-        .create_stream(StreamConfig::new("jobs", ["jobs.#"]))
-        .unwrap();
+    let durable = durable_broker(dir.path(), &clock);
     let e = durable
         .subscribe(
             DurableSpec::new("jobs").name("w"),
@@ -647,25 +656,10 @@ fn a_live_pool_worker_is_not_held_by_waiting_messages() {
 // before close are not handled again.
 #[test]
 fn a_durable_message_waiting_for_room_at_close_is_read_again_after_restart() {
-    use tidings::embedded::Fsync;
-    use tidings::embedded::{EmbeddedBackend, EmbeddedStreamOptions};
-    use tidings::{DurableSpec, StreamConfig};
+    use tidings::DurableSpec;
 
     let dir = tempfile::tempdir().unwrap();
-    let open = |clock: &ManualClock| {
-        let backend = EmbeddedBackend::new(dir.path())
-            .stream_defaults(EmbeddedStreamOptions::new().fsync(Fsync::Never));
-        let broker = Broker::builder()
-            .driver(Driver::Manual)
-            .clock(clock.clone())
-            .durable_backend(Arc::new(backend))
-            .build()
-            .unwrap();
-        broker
-            .create_stream(StreamConfig::new("jobs", ["jobs.#"]))
-            .unwrap();
-        broker
-    };
+    let open = |clock: &ManualClock| durable_broker(dir.path(), clock);
 
     let clock = ManualClock::new();
     let broker = open(&clock);
