@@ -316,7 +316,7 @@ fn close_racing_a_batch_delivers_or_abandons_each_message_once() {
     });
 }
 
-/// A high-priority offer and a stats read racing a dispatcher's batch (R-ORD-3, R-DEL-6,
+/// A high-priority offer and a stats read racing a dispatcher's batch (R-ORD-1, R-DEL-6,
 /// R-BP-3): the high-priority message overtakes every message not started when it was
 /// accepted, exactly as without batches, and the counters read meanwhile are exact — at
 /// most the one running message in flight, everything else queued or delivered.
