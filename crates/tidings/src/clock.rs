@@ -31,6 +31,9 @@ use parking_lot::Mutex;
 pub(crate) struct EnqueueStamp(i64);
 
 impl EnqueueStamp {
+    /// The UNIX epoch: for an entry whose stamp is never read (a batch's started message).
+    pub(crate) const EPOCH: Self = Self(0);
+
     pub(crate) fn of(t: SystemTime) -> Self {
         let nanos = |d: Duration| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX);
         match t.duration_since(SystemTime::UNIX_EPOCH) {

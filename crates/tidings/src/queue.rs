@@ -110,7 +110,11 @@ struct Inner {
     /// Each waiting key by the rank of its head (the head message names the key).
     heads: BTreeMap<Rank, Arc<Message>>,
     seq: u64,
+    /// Messages waiting in `levels` and `keys` (not `held`).
     len: usize,
+    /// Messages taken out for a dispatcher's batch (see [`PriorityQueue::hold_plain`]),
+    /// oldest first, with their sequence numbers so they can go back in place.
+    held: VecDeque<(u64, Queued)>,
 }
 
 fn rank(seq: u64, q: &Queued) -> Rank {
@@ -160,7 +164,72 @@ impl PriorityQueue {
         self.inner.as_ref().is_some_and(|q| q.has_below(p))
     }
 
-    /// Remove everything, in delivery order.
+    /// Take the head out for a dispatcher's batch and hold it (`held`), if nothing could
+    /// overtake it or any message after it: no keyed message waits, every waiting message
+    /// has the default priority, and the head has no expiry of its own. Returns the message
+    /// for the dispatcher; the queue keeps it until [`Self::unhold_last`] or
+    /// [`Self::release_held`].
+    pub(crate) fn hold_plain(&mut self) -> Option<Arc<Message>> {
+        let q = self.inner.as_mut()?;
+        let normal = Priority::Normal.index();
+        if !q.heads.is_empty() || q.occupied != 1 << normal {
+            return None;
+        }
+        let level = &mut q.levels[normal];
+        if level.front()?.1.message.expires_at.is_some() {
+            return None;
+        }
+        let entry = level.pop_front()?;
+        if level.is_empty() {
+            q.occupied = 0;
+        }
+        q.len -= 1;
+        let message = entry.1.message.clone();
+        q.held.push_back(entry);
+        Some(message)
+    }
+
+    /// Hold a message already started (a batch's first) ahead of the others, so it is
+    /// settled like them; it never goes back to the queue (it is oldest: `unhold_last`
+    /// takes newer ones first, and only those not started).
+    pub(crate) fn hold_started(&mut self, message: Arc<Message>) {
+        let item = Queued {
+            message,
+            enqueued: crate::clock::EnqueueStamp::EPOCH,
+        };
+        self.inner
+            .get_or_insert_default()
+            .held
+            .push_front((0, item));
+    }
+
+    /// Messages held for a batch.
+    pub(crate) fn held(&self) -> usize {
+        self.inner.as_ref().map_or(0, |q| q.held.len())
+    }
+
+    /// Put the newest held message back at the head of its level, in its place (its own
+    /// sequence number): false when none is held.
+    pub(crate) fn unhold_last(&mut self) -> bool {
+        let Some(q) = self.inner.as_mut() else {
+            return false;
+        };
+        let Some(entry) = q.held.pop_back() else {
+            return false;
+        };
+        let level = entry.1.message.priority().index();
+        q.levels[level].push_front(entry);
+        q.occupied |= 1 << level;
+        q.len += 1;
+        true
+    }
+
+    /// The oldest held message, no longer held.
+    pub(crate) fn release_held(&mut self) -> Option<Queued> {
+        self.inner.as_mut()?.held.pop_front().map(|(_, q)| q)
+    }
+
+    /// Remove everything waiting (not what is held), in delivery order.
     pub(crate) fn drain(&mut self) -> Vec<Queued> {
         self.inner.as_mut().map(|q| q.drain()).unwrap_or_default()
     }

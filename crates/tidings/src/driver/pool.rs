@@ -444,8 +444,10 @@ fn run_slot(pool: &Arc<Shared>, weak: Weak<SubscriptionShell>, worker: usize) {
     let occupied = mailbox.enter();
     // Dropping `locked` releases the lock and applies the steps' effects.
     let mut locked = sub.lock();
-    for _ in 0..BATCH {
-        match locked.step(worker, true) {
+    // Deliveries, not steps: a step may deliver several messages (a batch).
+    let mut budget = BATCH;
+    while budget > 0 {
+        match locked.step_within(worker, true, &mut budget) {
             Step::Delivered => {}
             Step::Idle => {
                 mailbox.leave(occupied);

@@ -491,6 +491,122 @@ impl Core {
         }
     }
 
+    /// Start a batch (see `shell::Locked::step`): `first` was just started by a poll of
+    /// the one slot of a single-lane subscription; hold up to `out.len()` more messages to
+    /// run after it without taking the lock again. Only where no per-start decision is
+    /// left to make: open, no rate limit, no default TTL, no start gate or completion hook,
+    /// a first attempt, and only messages nothing could overtake
+    /// ([`crate::queue::PriorityQueue::hold_plain`]). Each held message is counted started
+    /// (in flight, one attempt) now; [`Core::settle_batch`] undoes that for those that never
+    /// start. `first` is held too, ahead of them, so it is settled like them. Returns how
+    /// many more were held (0: no batch, `first` completes as usual).
+    pub(crate) fn hold_batch(
+        &mut self,
+        first: &Delivery,
+        out: &mut [Option<Arc<Message>>],
+    ) -> usize {
+        if first.attempt != 1
+            || self.state != State::Open
+            || self.settings.rate_limit.is_some()
+            || self.settings.ttl.is_some()
+            || self
+                .ledger
+                .as_ref()
+                .is_some_and(|l| l.completions.is_some())
+        {
+            return 0;
+        }
+        let Flavor::Lanes(lanes) = &mut self.flavor else {
+            return 0;
+        };
+        let mut held = 0;
+        for slot in out.iter_mut() {
+            let Some(message) = lanes.hold_plain() else {
+                break;
+            };
+            self.queued -= 1;
+            self.counts.in_flight += 1;
+            self.counts.attempts += 1;
+            *slot = Some(message);
+            held += 1;
+        }
+        if held > 0 {
+            lanes.hold_started(first.message.clone());
+        }
+        held
+    }
+
+    /// Messages held for a dispatcher's batch and not yet settled.
+    pub(crate) fn held(&self) -> usize {
+        match &self.flavor {
+            Flavor::Lanes(l) => l.held(),
+            Flavor::PerKey(_) => 0,
+        }
+    }
+
+    /// Settle a batch (the caller holds the lock and took both counts from the batch's
+    /// atomics): the last `unstarted` held messages go back to the head of the queue, in
+    /// place, as never taken; the first `delivered` are finished as delivered. What stays
+    /// held is at most the one message whose handler is running, or whose failure the
+    /// dispatcher reports through [`Core::end_batch`].
+    pub(crate) fn settle_batch(&mut self, unstarted: usize, delivered: usize) {
+        let Flavor::Lanes(lanes) = &mut self.flavor else {
+            return;
+        };
+        for _ in 0..unstarted {
+            if lanes.unhold_last() {
+                self.queued += 1;
+                self.counts.in_flight -= 1;
+                self.counts.attempts -= 1;
+            }
+        }
+        for _ in 0..delivered {
+            let Some(q) = lanes.release_held() else {
+                break;
+            };
+            self.counts.finished();
+            self.counts.delivered += 1;
+            if let Some(ledger) = &mut self.ledger {
+                ledger.completed(&q.message);
+            }
+            crate::message_pool::recycle(q.message);
+        }
+        // As a start does in `poll`: wake blocked publishers once a quarter is free.
+        let capacity = self.settings.capacity;
+        if self.blocked_publishers > 0 && capacity - self.queued >= (capacity / 4).max(1) {
+            self.space_freed = true;
+        }
+    }
+
+    /// The dispatcher's batch is over and settled: free its slot, reporting the one
+    /// message left held — the batch's failed one (`failed`) — through the ordinary
+    /// completion (retries parked in place, dead letters counted).
+    pub(crate) fn end_batch(
+        &mut self,
+        worker: usize,
+        failed: Option<Result<(), HandlerError>>,
+        now: &Now<'_>,
+    ) -> Effects {
+        let Flavor::Lanes(lanes) = &mut self.flavor else {
+            return self.effects();
+        };
+        match (failed, lanes.release_held()) {
+            (Some(outcome), Some(q)) => {
+                let delivery = Delivery {
+                    message: q.message,
+                    attempt: 1,
+                    worker,
+                };
+                self.handle_completion(delivery, outcome, now)
+            }
+            _ => {
+                self.running -= 1;
+                lanes.finish(worker, None);
+                self.effects()
+            }
+        }
+    }
+
     /// Report the outcome of a delivery. Retries are parked in place (R-ORD-1).
     pub(crate) fn handle_completion(
         &mut self,

@@ -75,6 +75,35 @@ impl Lanes {
         }
     }
 
+    /// Hold the next message of a single-lane subscription for its dispatcher's batch
+    /// (see [`PriorityQueue::hold_plain`]); `None` with several lanes.
+    pub(crate) fn hold_plain(&mut self) -> Option<std::sync::Arc<crate::message::Message>> {
+        if self.lanes.len() != 1 {
+            return None;
+        }
+        self.lanes[0].queue.hold_plain()
+    }
+
+    /// Hold the started first message of a batch ahead of the others.
+    pub(crate) fn hold_started(&mut self, message: std::sync::Arc<crate::message::Message>) {
+        self.lanes[0].queue.hold_started(message);
+    }
+
+    /// Messages held for a batch.
+    pub(crate) fn held(&self) -> usize {
+        self.lanes[0].queue.held()
+    }
+
+    /// Put the newest held message back in place.
+    pub(crate) fn unhold_last(&mut self) -> bool {
+        self.lanes[0].queue.unhold_last()
+    }
+
+    /// The oldest held message, no longer held.
+    pub(crate) fn release_held(&mut self) -> Option<Queued> {
+        self.lanes[0].queue.release_held()
+    }
+
     pub(crate) fn finish(&mut self, worker: usize, parked: Option<Parked>) {
         let lane = &mut self.lanes[worker];
         lane.running = false;

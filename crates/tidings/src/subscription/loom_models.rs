@@ -95,6 +95,11 @@ impl Tally {
     pub(crate) fn len(&self) -> usize {
         self.seen.lock().len()
     }
+
+    /// The events counted so far, in the order they were counted.
+    pub(crate) fn in_order(&self) -> Vec<usize> {
+        self.seen.lock().clone()
+    }
 }
 
 /// `Overflow::Block` without a deadline: loom has no time, so a wait ends only by a
@@ -249,5 +254,114 @@ fn redrive_racing_delivery_keeps_each_dead_letter_once() {
         in_dlq.sort_unstable();
         assert_eq!(done.accepted, 1);
         assert_eq!(in_dlq, vec![0, 1], "each message dead-lettered once");
+    });
+}
+
+/// Messages a batch model queues before its dispatcher runs: the one its poll starts and
+/// the held ones after it (3, or 4 with `TIDINGS_LONG=1`).
+fn batch_messages() -> usize {
+    messages() + 1
+}
+
+/// A serial subscription whose handler counts each message it starts, with `n` messages
+/// queued: the dispatcher's first step starts one and holds the others as its batch.
+fn batched(n: usize) -> (Arc<SubscriptionShell>, Arc<Tally>) {
+    let started = Arc::new(Tally::default());
+    let sub = {
+        let started = started.clone();
+        shell(&SubscribeOptions::default(), move |m| {
+            started.add(number(m));
+            Ok(())
+        })
+    };
+    for i in 0..n {
+        sub.offer(&message(i)).expect("room");
+    }
+    (sub, started)
+}
+
+/// `close()` racing a dispatcher in the middle of its batch (R-CORE-6, R-DEL-6): every
+/// message is either delivered or abandoned by close, never both and never neither, in
+/// order; nothing held for the batch starts after close took it back, and the counters
+/// add up.
+///
+/// Guards against: a batch whose held messages close does not take back (they would run
+/// after close, or be reported abandoned and delivered too), and a settle that loses or
+/// double-counts a delivered one.
+#[test]
+fn close_racing_a_batch_delivers_or_abandons_each_message_once() {
+    check(|| {
+        let n = batch_messages();
+        let (sub, started) = batched(n);
+        let dispatcher = {
+            let sub = sub.clone();
+            thread::spawn(move || while sub.step(0) {})
+        };
+        let abandoned: Vec<usize> = sub.close().iter().map(|m| number(m)).collect();
+        // At most the one delivery started before close took the batch back starts late.
+        let late = started.len();
+        dispatcher.join().expect("the dispatcher returns");
+        let delivered = started.in_order();
+        assert!(
+            delivered.len() <= late + 1,
+            "nothing starts after close but the one started"
+        );
+        let all: Vec<usize> = delivered.iter().chain(&abandoned).copied().collect();
+        assert_eq!(all, (0..n).collect::<Vec<_>>(), "in order, each once");
+        let stats = sub.stats();
+        assert_eq!(stats.delivered, delivered.len() as u64);
+        assert_eq!(stats.dead_lettered.shutdown, abandoned.len() as u64);
+        assert_eq!((stats.queued, stats.in_flight), (0, 0));
+        assert_eq!(stats.attempts, delivered.len() as u64);
+    });
+}
+
+/// A high-priority offer and a stats read racing a dispatcher's batch (R-ORD-1, R-DEL-6,
+/// R-BP-3): the high-priority message overtakes every message not started when it was
+/// accepted, exactly as without batches, and the counters read meanwhile are exact — at
+/// most the one running message in flight, everything else queued or delivered.
+///
+/// Guards against: held messages that keep their place against a later higher-priority
+/// message, and counters that show a batch's held messages in flight.
+#[test]
+fn a_priority_offer_and_stats_racing_a_batch_see_it_as_unbatched() {
+    check(|| {
+        let n = batch_messages();
+        let (sub, started) = batched(n);
+        let dispatcher = {
+            let sub = sub.clone();
+            thread::spawn(move || while sub.step(0) {})
+        };
+        let high = Arc::new(
+            MessageBuilder::new("t")
+                .payload(n.to_string())
+                .priority(crate::message::Priority::High)
+                .build_detached()
+                .expect("a valid message"),
+        );
+        sub.offer(&high).expect("room");
+        let before = started.len();
+        let stats = sub.stats();
+        assert!(
+            stats.in_flight <= 1,
+            "one message in flight at most: {stats:?}"
+        );
+        assert_eq!(
+            stats.accepted,
+            stats.delivered + stats.queued + stats.in_flight
+        );
+        dispatcher.join().expect("the dispatcher returns");
+        while sub.step(0) {}
+        let order = started.in_order();
+        assert_eq!(order.len(), n + 1);
+        let at = order.iter().position(|&m| m == n).expect("delivered");
+        // Started by then, plus at most the one whose start was under way.
+        assert!(
+            at <= before + 1,
+            "the high-priority message waited: {order:?}"
+        );
+        let normal: Vec<usize> = order.iter().copied().filter(|&m| m != n).collect();
+        assert_eq!(normal, (0..n).collect::<Vec<_>>());
+        assert_eq!(sub.stats().delivered, n as u64 + 1);
     });
 }

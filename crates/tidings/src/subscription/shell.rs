@@ -24,7 +24,9 @@ use crate::handler::{Handler, HandlerError, invoke, panic_text};
 use crate::message::Message;
 use crate::options::{Overflow, Predicate, Settings, SubscribeOptions};
 use crate::stats::SubscriptionStats;
-use crate::sync::{Condvar, Mutex, MutexGuard, protocol_thread_local, wait_until};
+use crate::sync::{
+    AtomicU8, Condvar, Mutex, MutexGuard, Ordering, protocol_thread_local, wait_until,
+};
 use crate::telemetry::ProcessMetric;
 use crate::topic::Pattern;
 
@@ -36,6 +38,11 @@ use super::ledger::Completions;
 use super::run_flags::{OtherRunFlags, RunFlags};
 use crate::message::Priority;
 use crate::queue::Queued;
+
+/// Most messages a dispatcher delivers per acquisition of the subscription's lock: the one
+/// its poll started and up to `BATCH - 1` held with it (see [`Locked::step`]). Fits the
+/// batch's `u8` counters.
+const BATCH: usize = 16;
 
 /// What [`SubscriptionShell::redrive`] did with the entries it took.
 #[derive(Debug, Default)]
@@ -183,6 +190,12 @@ pub(crate) struct SubscriptionShell {
     fast: bool,
     /// Slot 0's run flags (see `super::run_flags`), beside `fast`: no byte of its own.
     first_run_flags: RunFlags,
+    /// The dispatcher's batch (see [`Locked::step`]), beside them in what was padding:
+    /// held messages it may still start (it takes one before each start; whoever takes
+    /// the lock takes the rest, and they go back to the queue) ...
+    batch_unstarted: AtomicU8,
+    /// ... and held messages it delivered (their handlers returned `Ok`) not yet counted.
+    batch_delivered: AtomicU8,
     /// The other slots' run flags.
     other_run_flags: OtherRunFlags,
     /// Publishers blocked under `Overflow::Block` wait here for room.
@@ -250,6 +263,8 @@ impl<'a> Locked<'a> {
     /// announces on its last poll before waiting.
     pub(crate) fn poll(&mut self, worker: usize, announce: bool) -> Poll {
         let now = self.shell.now();
+        let shell = self.shell;
+        shell.settle(self.core());
         loop {
             let shell = self.shell;
             if self.core().wants_ingress() {
@@ -280,13 +295,58 @@ impl<'a> Locked<'a> {
     /// The one "deliver one message" step every driver runs: poll slot `worker`
     /// (`announce` as in [`Locked::poll`]); if a message is due, run the handler with the
     /// lock released (applying the effects so far first), take the lock again and report
-    /// the outcome — so the report and the next poll share one lock acquisition.
+    /// the outcome — so the report and the next poll share one lock acquisition. Where the
+    /// subscription allows it, the step delivers a batch of up to [`BATCH`] messages per
+    /// lock acquisition (see below).
     pub(crate) fn step(&mut self, worker: usize, announce: bool) -> Step {
+        let mut budget = BATCH;
+        self.step_within(worker, announce, &mut budget)
+    }
+
+    /// [`Locked::step`], delivering at most `budget` messages (at least one), and taking
+    /// the ones delivered off it: a driver that bounds a slot's deliveries per turn (the
+    /// pool, for fairness) counts messages, not steps.
+    pub(crate) fn step_within(
+        &mut self,
+        worker: usize,
+        announce: bool,
+        budget: &mut usize,
+    ) -> Step {
         match self.poll(worker, announce) {
             Poll::Deliver(delivery) => {
                 let shell = self.shell;
-                let outcome = self.unlocked(|| shell.run(&delivery));
-                self.complete(delivery, outcome);
+                // N messages per lock: hold more where nothing could overtake them or stop
+                // them from starting (see `Core::hold_batch`), and run them after this one
+                // with the lock released. Each start first takes one from
+                // `batch_unstarted`, and each `Ok` adds one to `batch_delivered`; anyone who
+                // takes the lock meanwhile settles the batch (`SubscriptionShell::settle`),
+                // so they see the queue, the order and the counters exactly as if each
+                // message had been polled on its own, and the dispatcher starts nothing
+                // more.
+                let mut extras: [Option<Arc<Message>>; BATCH - 1] = Default::default();
+                let room = (*budget).clamp(1, BATCH) - 1;
+                let held = if shell.fast && room > 0 {
+                    self.core().hold_batch(&delivery, &mut extras[..room])
+                } else {
+                    0
+                };
+                if held == 0 {
+                    *budget = budget.saturating_sub(1);
+                    let outcome = self.unlocked(|| shell.run(&delivery));
+                    self.complete(delivery, outcome);
+                    return Step::Delivered;
+                }
+                // Under the lock, like every settle: `held` < `BATCH` fits.
+                shell.batch_unstarted.store(held as u8, Ordering::Release);
+                let worker = delivery.worker;
+                let (failed, started) =
+                    self.unlocked(|| shell.run_batch(delivery, &mut extras[..held]));
+                *budget = budget.saturating_sub(started);
+                drop(extras);
+                shell.settle(self.core());
+                let now = shell.now();
+                let effects = self.core().end_batch(worker, failed, &now);
+                self.effects.absorb(effects);
                 Step::Delivered
             }
             Poll::WakeAt(t) => Step::WakeAt(t),
@@ -368,6 +428,8 @@ impl SubscriptionShell {
         Self {
             me,
             first_run_flags: RunFlags::default(),
+            batch_unstarted: AtomicU8::new(0),
+            batch_delivered: AtomicU8::new(0),
             other_run_flags,
             fast,
             ingress,
@@ -389,7 +451,7 @@ impl SubscriptionShell {
     pub(crate) fn lock(&self) -> Locked<'_> {
         Locked {
             shell: self,
-            core: Some(self.core.lock()),
+            core: Some(self.core_locked()),
             effects: Effects::default(),
         }
     }
@@ -460,7 +522,7 @@ impl SubscriptionShell {
         match self.passes_filter(message) {
             Ok(true) => self.offer_unfiltered_at(message, now),
             Ok(false) => {
-                self.core.lock().handle_filtered();
+                self.core_locked().handle_filtered();
                 Err(Refusal::Filtered)
             }
             Err(error) => {
@@ -498,7 +560,7 @@ impl SubscriptionShell {
                 return Ok(());
             }
         }
-        let mut core = self.core.lock();
+        let mut core = self.core_locked();
         // The decision is the core's, with everything offered so far in it and no room
         // reserved for fast offers meanwhile (see `super::ingress`).
         self.move_ingress_in(&mut core, true);
@@ -531,7 +593,7 @@ impl SubscriptionShell {
         match self.passes_filter(message) {
             Ok(true) => {}
             Ok(false) => {
-                self.core.lock().handle_filtered();
+                self.core_locked().handle_filtered();
                 return FeedOffer::Filtered;
             }
             Err(error) => {
@@ -577,7 +639,7 @@ impl SubscriptionShell {
         }
         done.returned = keep.len();
         if !keep.is_empty() {
-            self.core.lock().ledger_mut().dlq.restore(keep);
+            self.core_locked().ledger_mut().dlq.restore(keep);
         }
         done
     }
@@ -627,6 +689,7 @@ impl SubscriptionShell {
         core.set_blocked(true);
         let outcome = loop {
             let timed_out = wait_until(self.env.clock.as_ref(), &self.space, core, deadline);
+            self.settle(core);
             self.move_ingress_in(core, true);
             let now = self.now();
             let in_time = !timed_out && deadline.is_none_or(|d| now.mono() < d);
@@ -693,7 +756,7 @@ impl SubscriptionShell {
     /// Wake every slot and every blocked publisher (close, clock jumps). Takes the lock
     /// first so a waiter between its check and its wait cannot miss the wake-up.
     pub(crate) fn wake_all(&self) {
-        drop(self.core.lock());
+        drop(self.core_locked());
         self.space.notify_all();
         if let Some(w) = self.waker.get() {
             w.wake_all(self);
@@ -725,12 +788,12 @@ impl SubscriptionShell {
 
     /// Earliest retry due time, for the manual driver's "jump to next wake-up".
     pub(crate) fn next_wake(&self) -> Option<Instant> {
-        self.core.lock().next_wake()
+        self.core_locked().next_wake()
     }
 
     /// Read the dead-letter queue under the lock (snapshots and admin pages).
     pub(crate) fn with_dead_letters<R>(&self, f: impl FnOnce(&DeadLetterQueue) -> R) -> R {
-        f(&self.core.lock().ledger_mut().dlq)
+        f(&self.core_locked().ledger_mut().dlq)
     }
 
     /// The dead-letter entries, oldest first (R-DEL-4).
@@ -743,18 +806,18 @@ impl SubscriptionShell {
         &self,
         select: impl FnMut(&DeadLetter) -> bool,
     ) -> Vec<DeadLetter> {
-        self.core.lock().ledger_mut().dlq.take_where(select)
+        self.core_locked().ledger_mut().dlq.take_where(select)
     }
 
     /// Remove and return every dead-letter entry.
     pub(crate) fn drain_dead_letters(&self) -> Vec<DeadLetter> {
-        self.core.lock().ledger_mut().dlq.drain()
+        self.core_locked().ledger_mut().dlq.drain()
     }
 
     /// Messages abandoned (dead-lettered as `Shutdown`) since the last `close`/`take`:
     /// handlers that were running at close and then failed retryably.
     pub(crate) fn take_shutdown(&self) -> Vec<Arc<Message>> {
-        std::mem::take(&mut self.core.lock().ledger_mut().shutdown)
+        std::mem::take(&mut self.core_locked().ledger_mut().shutdown)
     }
 
     /// Close: refuse offers, abandon what is queued. Returns what was abandoned.
@@ -765,9 +828,78 @@ impl SubscriptionShell {
         abandoned
     }
 
+    /// Lock the core, settling the dispatcher's batch first (see [`Locked::step`]).
+    fn core_locked(&self) -> MutexGuard<'_, Core> {
+        let mut core = self.core.lock();
+        self.settle(&mut core);
+        core
+    }
+
+    /// With the core's lock held: end the dispatcher's batch, if one is out. The messages
+    /// it has not started go back to the queue in place and it starts no more; those it
+    /// delivered are counted. What stays held is the one whose handler is running (or
+    /// whose failure the dispatcher reports). Costs one branch when no batch is out.
+    fn settle(&self, core: &mut Core) {
+        if core.held() == 0 {
+            return;
+        }
+        let unstarted = self.batch_unstarted.swap(0, Ordering::AcqRel);
+        let delivered = self.batch_delivered.swap(0, Ordering::AcqRel);
+        core.settle_batch(usize::from(unstarted), usize::from(delivered));
+    }
+
+    /// Run a batch with the lock released (see [`Locked::step`]): `first`, then each held
+    /// message while the batch is not settled, stopping at the first failure, which is
+    /// returned (the message stays held for the dispatcher to report), with how many
+    /// handlers ran. Each reference is dropped before its `Ok` is counted, so the settle
+    /// recycles the message.
+    fn run_batch(
+        &self,
+        first: Delivery,
+        held: &mut [Option<Arc<Message>>],
+    ) -> (Option<Result<(), HandlerError>>, usize) {
+        let worker = first.worker;
+        let outcome = self.run(&first);
+        drop(first);
+        if outcome.is_err() {
+            return (Some(outcome), 1);
+        }
+        let mut started = 1;
+        self.batch_delivered.fetch_add(1, Ordering::AcqRel);
+        for slot in held {
+            let Some(message) = slot.take() else {
+                break;
+            };
+            if !self.start_held() {
+                break;
+            }
+            started += 1;
+            let delivery = Delivery {
+                message,
+                attempt: 1,
+                worker,
+            };
+            let outcome = self.run(&delivery);
+            drop(delivery);
+            if outcome.is_err() {
+                return (Some(outcome), started);
+            }
+            self.batch_delivered.fetch_add(1, Ordering::AcqRel);
+        }
+        (None, started)
+    }
+
+    /// The dispatcher may start its next held message: true when one was left to take
+    /// (none is once the batch was settled).
+    fn start_held(&self) -> bool {
+        self.batch_unstarted
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+            .is_ok()
+    }
+
     /// Lock the core with every fast offer moved in (see `super::ingress`).
     fn core_synced(&self) -> MutexGuard<'_, Core> {
-        let mut core = self.core.lock();
+        let mut core = self.core_locked();
         self.move_ingress_in(&mut core, false);
         core
     }
@@ -775,7 +907,7 @@ impl SubscriptionShell {
     /// Lock the core to stop accepting: the ingress is moved in and takes no more offers
     /// (they go through the core, which refuses them).
     fn core_closing(&self) -> MutexGuard<'_, Core> {
-        let mut core = self.core.lock();
+        let mut core = self.core_locked();
         self.move_ingress_in(&mut core, true);
         self.ingress.lock().open = false;
         core
@@ -824,7 +956,7 @@ impl SubscriptionShell {
     /// core's lock held and keeps holding it until it waits (or, in the pool, gives its
     /// slot up), so taking the lock once here orders this wake after that wait.
     fn wake_from_ingress(&self) {
-        drop(self.core.lock());
+        drop(self.core_locked());
         self.wake(0);
     }
 
@@ -870,7 +1002,7 @@ impl SubscriptionShell {
             }
         }
         if failed > 0 {
-            self.core.lock().ledger_mut().forward_failures += failed;
+            self.core_locked().ledger_mut().forward_failures += failed;
         }
     }
 }
