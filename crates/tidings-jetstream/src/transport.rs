@@ -552,7 +552,7 @@ mod tests {
     use tidings_testkit::nats::{NatsServer, NatsServerOptions};
 
     use super::NatsTransport;
-    use crate::ConnectOptions;
+    use crate::connection::connect::ConnectOptions;
 
     /// Publishes `payload` on `subject` with the header block `header`, as raw protocol
     /// bytes no client library would send, and waits until the server processed it.
