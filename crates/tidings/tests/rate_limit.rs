@@ -264,7 +264,10 @@ fn two_rate_limits_on_one_subscription_are_refused() {
             RateLimited::new(noop, two),
         )
         .unwrap_err();
-    assert!(e.to_string().contains("rate_limit"), "{e}");
+    let tidings::StreamError::Subscribe(e) = e else {
+        panic!("{e:?}");
+    };
+    assert_eq!(refused(e), "1 per 1s and 2 per 1s");
     for i in 0..5 {
         durable
             .publish(Message::to("jobs.x").payload(i.to_string()))
