@@ -59,7 +59,10 @@
 //! # Bounds
 //! A key moves within `1.25 × lease` of its owner's death or cut; a clean hand-over waits
 //! for the longest running handler of the partition; a taken partition hands nothing out
-//! for at most `lease + GATHER_SLACK` while the last owner's deliveries come back.
+//! for at most `lease + GATHER_SLACK` while the last owner's deliveries come back — plus,
+//! when some never came back, one pull and one reading of the server's delivery count
+//! after that bound (see [`Machine::may_hand_out`]); a stray found later (a late pull)
+//! restarts the wait from its discovery.
 
 use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant, SystemTime};
