@@ -232,6 +232,7 @@ impl JsCursor {
             admits: std::sync::OnceLock::new(),
             keeps: std::sync::OnceLock::new(),
             positions: Snapshot::default(),
+            pull_epoch: AtomicU64::new(0),
         });
         if let Role::Partition(hold) = role {
             let _ = cursor.admits.set(hold.admits);

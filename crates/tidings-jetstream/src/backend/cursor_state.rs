@@ -64,6 +64,18 @@ pub(crate) struct CursorShared {
     pub(crate) keeps: std::sync::OnceLock<Arc<dyn Fn() -> bool + Send + Sync>>,
     /// Where the consumer stands, as last read: what `state` answers from.
     pub(crate) positions: Snapshot,
+    /// One more when a pull begins and when it ends (odd: one is in flight), so a reading
+    /// of the server's delivery count can tell that no pull overlapped it.
+    pub(crate) pull_epoch: AtomicU64,
+}
+
+/// A pull in flight (see [`CursorShared::pull_begins`]): its end moves the pull epoch on.
+pub(crate) struct PullInFlight<'a>(&'a CursorShared);
+
+impl Drop for PullInFlight<'_> {
+    fn drop(&mut self) {
+        self.0.pull_epoch.fetch_add(1, Ordering::AcqRel);
+    }
 }
 
 impl CursorShared {
@@ -89,8 +101,8 @@ impl CursorShared {
         self.admits.get().is_none_or(|admits| admits())
     }
 
-    /// The server counted `deliveries` of the consumer in a reading sent at `sent`, while
-    /// no pull was in flight: a keyed partition cursor counts those beyond what reached it
+    /// The server counted `deliveries` of the consumer in a reading sent at `sent`, which
+    /// no pull overlapped: a keyed partition cursor counts those beyond what reached it
     /// as out elsewhere (see [`Strays::server_count`]), and gathers if there are any.
     pub(crate) fn server_count(&self, deliveries: u64, sent: Instant) {
         let mut g = self.lock();
@@ -102,6 +114,18 @@ impl CursorShared {
             inner.gathering = true;
         }
         inner.counted = inner.counted.max(Some(sent));
+    }
+
+    /// A pull begins: the pull epoch is odd until the returned mark is dropped, after the
+    /// pull's last delivery is in the buffer.
+    pub(crate) fn pull_begins(&self) -> PullInFlight<'_> {
+        self.pull_epoch.fetch_add(1, Ordering::AcqRel);
+        PullInFlight(self)
+    }
+
+    /// The pull epoch (see [`CursorShared::pull_begins`]).
+    pub(crate) fn pull_epoch(&self) -> u64 {
+        self.pull_epoch.load(Ordering::Acquire)
     }
 
     /// Whether the buffer is held back (a keyed partition gathering).

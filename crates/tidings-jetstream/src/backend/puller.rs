@@ -250,6 +250,8 @@ impl Puller {
         if self.cursor.is_closed() {
             return Ok(pulled);
         }
+        // Until every delivery of this pull is in the buffer (dropped on return).
+        let _in_flight = self.cursor.pull_begins();
         let durable = self.durable();
         let unavailable = |detail: String| FetchError::Unavailable { detail };
         // A change says the receiving connection dropped during the pull: perhaps on a

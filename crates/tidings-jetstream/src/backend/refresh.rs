@@ -44,20 +44,20 @@ pub(crate) async fn run(r: Refresh) {
             let _ = tokio::time::timeout(bound, r.acker.flush()).await;
         }
         let durable = r.puller.durable();
-        // A keyed partition that gathers reads while no pull is in flight: the server's
-        // delivery count is then compared with what reached this cursor (see `strays`).
-        let exclusive = if r.cursor.gathering() {
-            Some(r.puller.exclusive().await)
-        } else {
-            None
-        };
+        // A keyed partition that gathers compares the server's delivery count with what
+        // reached this cursor (see `strays`), when no pull was in flight or made during
+        // the reading: the pull epoch was even and did not move. No lock is held across
+        // the read.
+        let epoch = r.cursor.gathering().then(|| r.cursor.pull_epoch());
         let sent = Instant::now();
         match tokio::time::timeout(bound, Positions::read(&durable, &r.js, &r.stream)).await {
             Ok(Ok(p)) => {
-                if exclusive.is_some() {
+                if let Some(before) = epoch
+                    && before % 2 == 0
+                    && r.cursor.pull_epoch() == before
+                {
                     r.cursor.server_count(p.deliveries, sent);
                 }
-                drop(exclusive);
                 snapshot.store(ticket, p);
             }
             // The last values stay; tried again at the next tick that is due.
