@@ -17,10 +17,13 @@
 //! skipped went elsewhere. Those, and the last owner's unfinished deliveries counted at the
 //! open, are *out*: the cursor hands nothing out while any is (it gathers, as after a
 //! take), and each comes back as a redelivery of a stream sequence this cursor never
-//! received, in the range where the skipped ones must lie. The machine
-//! bounds the wait ([`Machine::strayed`](super::group::machine::Machine::strayed)): a delivery
+//! received, in the range where the skipped ones must lie. A late pull that leaves no later
+//! delivery to show its gap is found by the server's count of deliveries
+//! ([`Strays::server_count`]). The machine bounds the wait
+//! ([`Machine::strayed`](super::group::machine::Machine::strayed),
+//! [`Machine::may_hand_out`](super::group::machine::Machine::may_hand_out)): a delivery
 //! that never comes back (acknowledged by the process that took it, say) holds the
-//! partition up for at most a lease and the gathering slack. A record the client library
+//! partition up for about a lease and the gathering slack. A record the client library
 //! drops skips a number too; the screen that terminates it ends the wait for it.
 //!
 //! # What it cannot see
