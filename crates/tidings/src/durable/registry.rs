@@ -280,7 +280,19 @@ impl Durables {
     /// Append `message` to every matching stream; the names of those that hold it, and of
     /// those among them that already held it (R-DEL-7: nothing stored there).
     /// Returns at once (no allocation, no lock) when the broker has no stream.
+    #[inline]
     pub(crate) fn append(&self, message: &Message) -> Result<Appends, PublishError> {
+        // Checked here, inlined into the publish, so a broker without streams pays one load
+        // instead of a call that builds and returns an empty result (~90 instructions of a
+        // ~1,950-instruction publish, callgrind `hot_path 100000 manual 1`).
+        if !self.any.load(Ordering::Acquire) {
+            return Ok((Vec::new(), Vec::new()));
+        }
+        self.append_to_streams(message)
+    }
+
+    /// [`Self::append`] once the broker has a stream.
+    fn append_to_streams(&self, message: &Message) -> Result<Appends, PublishError> {
         let mut appends = (Vec::new(), Vec::new());
         for s in self.append_targets(message)? {
             let outcome = s.backend.append(message);
