@@ -6,6 +6,7 @@
 //! | `Nats-Msg-Id` | dedup key | the message id (a redrive copy: id, durable and DLQ sequence) |
 //! | `tidings-id` | id | 32 hex digits |
 //! | `tidings-ts` | timestamp | nanoseconds since the UNIX epoch |
+//! | `tidings-stamp` | id and timestamp, core-NATS transport only | `{32 hex digits}.{nanoseconds}` |
 //! | `tidings-exp` | expiry (TTL, R-TIME-1) | ns since the epoch; checked by tidings on receipt |
 //! | `tidings-at` | delivery time (delay, R-TIME-2) | ns since the epoch |
 //! | `tidings-key` | ordering key | hex |
@@ -20,12 +21,19 @@
 //! `!`..=`~` and for `%`, `&` and `=` (the `percent-encoding` crate, which every JetStream
 //! build has anyway through async-nats; decoding is strict, see [`unescape`]).
 //!
+//! The core-NATS transport sends the id and the timestamp as one `tidings-stamp` header
+//! instead of two: the client parses every header of every message it receives into a map
+//! of allocated names and values, and a transport message carries no more than these two
+//! fields most of the time. Stored records keep the two headers (other tools read them),
+//! and the decoder reads either form.
+//!
 //! A record without `tidings-id` (published by another NATS client) still becomes a message:
 //! its id is derived from its stream sequence and its timestamp is the server's store time.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_nats::HeaderMap;
+use async_nats::header::HeaderName;
 use bytes::Bytes;
 use percent_encoding::{AsciiSet, CONTROLS, percent_decode_str, utf8_percent_encode};
 use tidings::{Headers, Limits, Message, MessageId, MessageParts, Priority, Topic};
@@ -34,6 +42,7 @@ use tidings::{Headers, Limits, Message, MessageId, MessageParts, Priority, Topic
 pub(crate) const TARGET: &str = "tidings-to";
 const ID: &str = "tidings-id";
 const TS: &str = "tidings-ts";
+const STAMP: &str = "tidings-stamp";
 const EXPIRES: &str = "tidings-exp";
 const AT: &str = "tidings-at";
 const KEY: &str = "tidings-key";
@@ -92,14 +101,7 @@ fn hex(bytes: &[u8]) -> String {
 /// The bytes `s` spells in hex. Works on bytes, never on `str` slices: a foreign record's
 /// value may hold a multi-byte character anywhere, and slicing inside one panics (R-SEC-2).
 fn unhex(s: &str) -> Result<Vec<u8>, &'static str> {
-    fn digit(b: u8) -> Result<u8, &'static str> {
-        match b {
-            b'0'..=b'9' => Ok(b - b'0'),
-            b'a'..=b'f' => Ok(b - b'a' + 10),
-            b'A'..=b'F' => Ok(b - b'A' + 10),
-            _ => Err("bad hex"),
-        }
-    }
+    let digit = |b: u8| hex_digit(b).ok_or("bad hex");
     let bytes = s.as_bytes();
     if !bytes.len().is_multiple_of(2) {
         return Err("odd hex length");
@@ -110,35 +112,53 @@ fn unhex(s: &str) -> Result<Vec<u8>, &'static str> {
         .collect()
 }
 
-fn put(map: &mut HeaderMap, name: &'static str, value: &str) {
-    // Every value written here is escaped, hex or decimal: never CR or LF.
-    if let Ok(v) = value.parse::<async_nats::header::HeaderValue>() {
-        map.insert(name, v);
-    }
+fn put(map: &mut HeaderMap, name: &'static str, value: String) {
+    // Every value written here is escaped, hex or decimal: never CR or LF. So the value is
+    // handed over as it is (no validating parse and second copy), and the static name
+    // needs no check or allocation either.
+    debug_assert!(!value.contains(['\r', '\n']), "{name}: {value:?}");
+    map.insert(HeaderName::from_static(name), value);
 }
 
-/// The headers carrying `m` (without `Nats-Msg-Id`).
+/// The headers carrying `m` as a stored record (without `Nats-Msg-Id`).
 pub(crate) fn encode(m: &Message) -> HeaderMap {
     let mut map = HeaderMap::new();
-    put(&mut map, ID, &m.id().to_string());
-    put(&mut map, TS, &nanos(m.timestamp()).to_string());
+    put(&mut map, ID, m.id().to_string());
+    put(&mut map, TS, nanos(m.timestamp()).to_string());
+    encode_rest(m, map)
+}
+
+/// The headers carrying `m` on the core-NATS transport: [`encode`]'s, with the id and the
+/// timestamp in one `tidings-stamp` header.
+pub(crate) fn encode_for_transport(m: &Message) -> HeaderMap {
+    let mut map = HeaderMap::new();
+    put(
+        &mut map,
+        STAMP,
+        format!("{}.{}", m.id(), nanos(m.timestamp())),
+    );
+    encode_rest(m, map)
+}
+
+/// The optional fields' headers, added to `map`.
+fn encode_rest(m: &Message, mut map: HeaderMap) -> HeaderMap {
     if let Some(t) = m.expires_at() {
-        put(&mut map, EXPIRES, &nanos(t).to_string());
+        put(&mut map, EXPIRES, nanos(t).to_string());
     }
     if let Some(t) = m.deliver_at() {
-        put(&mut map, AT, &nanos(t).to_string());
+        put(&mut map, AT, nanos(t).to_string());
     }
     if let Some(k) = m.key() {
-        put(&mut map, KEY, &hex(k));
+        put(&mut map, KEY, hex(k));
     }
     if m.priority() != Priority::Normal {
-        put(&mut map, PRIORITY, &m.priority().index().to_string());
+        put(&mut map, PRIORITY, m.priority().index().to_string());
     }
     if let Some(r) = m.reply_to() {
-        put(&mut map, REPLY, r.as_str());
+        put(&mut map, REPLY, r.as_str().to_owned());
     }
     if let Some(c) = m.correlation_id() {
-        put(&mut map, CORRELATION, &escape(c));
+        put(&mut map, CORRELATION, escape(c));
     }
     if !m.headers().is_empty() {
         let list: Vec<String> = m
@@ -146,7 +166,7 @@ pub(crate) fn encode(m: &Message) -> HeaderMap {
             .iter()
             .map(|(n, v)| format!("{}={}", escape(n), escape(v)))
             .collect();
-        put(&mut map, USER, &list.join("&"));
+        put(&mut map, USER, list.join("&"));
     }
     map
 }
@@ -157,7 +177,9 @@ pub(crate) struct Stored<'a> {
     pub(crate) payload: Bytes,
     pub(crate) sequence: u64,
     pub(crate) published: SystemTime,
-    pub(crate) header: &'a dyn Fn(&str) -> Option<String>,
+    /// The first value of a header, borrowed from the record: a decode looks up about ten
+    /// names per message, and an owned copy of each found value was an allocation each.
+    pub(crate) header: &'a dyn Fn(&str) -> Option<&'a str>,
 }
 
 /// Why a record is not a tidings message.
@@ -187,6 +209,36 @@ impl std::fmt::Display for DecodeError {
     }
 }
 
+/// Whether a record carries its own id and timestamp (a tidings message does), so its
+/// `published` time is never read: a receiver may then skip reading a clock for it.
+pub(crate) fn carries_own_time<'a>(header: &dyn Fn(&str) -> Option<&'a str>) -> bool {
+    header(STAMP).is_some() || (header(ID).is_some() && header(TS).is_some())
+}
+
+/// A `tidings-stamp` value: exactly 32 hex digits, `.`, decimal nanoseconds.
+fn parse_stamp(v: &str) -> Option<(MessageId, SystemTime)> {
+    let (id, ts) = v.split_once('.')?;
+    if id.len() != 32 || !ts.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    // Digit by digit: `u128::from_str_radix` checks for overflow at each of the 32 steps,
+    // which cannot happen here, and costs several times this loop.
+    let mut bits = 0u128;
+    for b in id.bytes() {
+        bits = (bits << 4) | u128::from(hex_digit(b)?);
+    }
+    Some((MessageId::from_u128(bits), from_nanos(ts.parse().ok()?)))
+}
+
+fn hex_digit(b: u8) -> Option<u8> {
+    match b {
+        b'0'..=b'9' => Some(b - b'0'),
+        b'a'..=b'f' => Some(b - b'a' + 10),
+        b'A'..=b'F' => Some(b - b'A' + 10),
+        _ => None,
+    }
+}
+
 /// Rebuilds the message a record carries, with its offset set to the record's sequence.
 pub(crate) fn decode(r: &Stored<'_>, limits: &Limits) -> Result<Message, DecodeError> {
     let fail = |reason: String| DecodeError {
@@ -204,22 +256,29 @@ pub(crate) fn decode(r: &Stored<'_>, limits: &Limits) -> Result<Message, DecodeE
             .transpose()
     };
     let topic = Topic::new(r.subject).map_err(|e| fail(format!("subject: {e}")))?;
-    let id = match (r.header)(ID) {
-        Some(v) => MessageId::from_u128(
-            u128::from_str_radix(&v, 16).map_err(|_| bad(ID, "not 32 hex digits"))?,
+    let stamp = (r.header)(STAMP)
+        .map(|v| parse_stamp(v).ok_or_else(|| bad(STAMP, "not {32 hex digits}.{nanoseconds}")))
+        .transpose()?;
+    let id = match (stamp, (r.header)(ID)) {
+        (Some((id, _)), _) => id,
+        (None, Some(v)) => MessageId::from_u128(
+            u128::from_str_radix(v, 16).map_err(|_| bad(ID, "not 32 hex digits"))?,
         ),
         // A record from another client: an id unique within the stream, ordered by time.
-        None => MessageId::from_u128(
+        (None, None) => MessageId::from_u128(
             (u128::from(nanos(r.published) / 1_000_000) << 80) | u128::from(r.sequence),
         ),
     };
-    let timestamp = number(TS)?.map_or(r.published, from_nanos);
+    let timestamp = match stamp {
+        Some((_, ts)) => ts,
+        None => number(TS)?.map_or(r.published, from_nanos),
+    };
     let mut parts = MessageParts::new(id, topic, timestamp);
     parts.payload = r.payload.clone();
     parts.expires_at = number(EXPIRES)?.map(from_nanos);
     parts.deliver_at = number(AT)?.map(from_nanos);
     parts.key = (r.header)(KEY)
-        .map(|k| unhex(&k).map(Bytes::from).map_err(|e| bad(KEY, e)))
+        .map(|k| unhex(k).map(Bytes::from).map_err(|e| bad(KEY, e)))
         .transpose()?;
     parts.priority = match number(PRIORITY)? {
         None | Some(1) => Priority::Normal,
@@ -229,10 +288,10 @@ pub(crate) fn decode(r: &Stored<'_>, limits: &Limits) -> Result<Message, DecodeE
         Some(_) => return Err(bad(PRIORITY, "not 0..=3")),
     };
     parts.reply_to = (r.header)(REPLY)
-        .map(|t| Topic::new(&t).map_err(|e| bad(REPLY, &e.to_string())))
+        .map(|t| Topic::new(t).map_err(|e| bad(REPLY, &e.to_string())))
         .transpose()?;
     parts.correlation_id = (r.header)(CORRELATION)
-        .map(|c| unescape(&c).map_err(|e| bad(CORRELATION, e)))
+        .map(|c| unescape(c).map_err(|e| bad(CORRELATION, e)))
         .transpose()?;
     if let Some(list) = (r.header)(USER) {
         let mut headers = Headers::new();
@@ -250,8 +309,8 @@ pub(crate) fn decode(r: &Stored<'_>, limits: &Limits) -> Result<Message, DecodeE
 }
 
 /// The first value of `name` in `map`.
-pub(crate) fn lookup(map: &HeaderMap, name: &str) -> Option<String> {
-    map.get(name).map(|v| v.as_str().to_owned())
+pub(crate) fn lookup<'m>(map: &'m HeaderMap, name: &str) -> Option<&'m str> {
+    map.get(name).map(|v| v.as_str())
 }
 
 /// Every header name this codec writes begins with this.
@@ -281,11 +340,8 @@ impl<'a> TidingsHeaders<'a> {
     }
 
     /// The first value of `name`, as [`lookup`] gives it.
-    pub(crate) fn get(&self, name: &str) -> Option<String> {
-        self.0
-            .iter()
-            .find(|(n, _)| *n == name)
-            .map(|(_, v)| (*v).to_owned())
+    pub(crate) fn get(&self, name: &str) -> Option<&'a str> {
+        self.0.iter().find(|(n, _)| *n == name).map(|(_, v)| *v)
     }
 }
 
@@ -309,6 +365,7 @@ mod tests {
         for name in [
             ID,
             TS,
+            STAMP,
             EXPIRES,
             AT,
             KEY,
@@ -415,19 +472,80 @@ mod tests {
             .correlation_id("c 1\n")
             .build_detached()
             .expect("valid");
-        let map = encode(&m);
-        let header = |n: &str| lookup(&map, n);
+        // Both forms: the stored record's, and the transport's with its one stamp header.
+        for (map, stamped) in [(encode(&m), false), (encode_for_transport(&m), true)] {
+            assert_eq!(lookup(&map, STAMP).is_some(), stamped);
+            assert_eq!(lookup(&map, ID).is_some(), !stamped);
+            let header = |n: &str| lookup(&map, n);
+            assert!(carries_own_time(&header));
+            let stored = Stored {
+                subject: "a.b",
+                payload: m.payload().clone(),
+                sequence: 9,
+                // Never read for either form: the record says its own time.
+                published: SystemTime::UNIX_EPOCH,
+                header: &header,
+            };
+            let back = decode(&stored, &Limits::default()).expect("decodes");
+            let mut want = m.to_parts();
+            want.offset = Some(9);
+            assert_eq!(back.to_parts(), want);
+        }
+    }
+
+    // R-SEC-2, R-LIM-2: a stamp header that is not exactly `{32 hex}.{decimal}` is a typed
+    // error naming it, never a panic nor a guess; a well-formed one wins over the two
+    // per-field headers.
+    #[test]
+    fn a_malformed_stamp_is_refused_by_name() {
+        let id = "0123456789abcdef0123456789ABCDEF";
+        let bad = [
+            String::new(),
+            "x".to_owned(),
+            id.to_owned(),
+            format!("{id}."),
+            format!("{id}.-1"),
+            format!("{id}.+1"),
+            format!("{id}.1e3"),
+            format!("{id}.18446744073709551616"),
+            format!("{}.1", &id[1..]),
+            format!("+{}.1", &id[1..]),
+            format!("{id}0.1"),
+            format!("✓{}.1", &id[3..]),
+            format!("{id}.1.2"),
+        ];
+        for value in &bad {
+            let header = |n: &str| (n == STAMP).then_some(value.as_str());
+            let stored = Stored {
+                subject: "a",
+                payload: Bytes::new(),
+                sequence: 1,
+                published: SystemTime::UNIX_EPOCH,
+                header: &header,
+            };
+            let err = decode(&stored, &Limits::default()).expect_err(value);
+            assert_eq!(err.header.as_deref(), Some(STAMP), "{value:?}");
+        }
+        let good = format!("{id}.1500");
+        let header = |n: &str| match n {
+            STAMP => Some(good.as_str()),
+            ID => Some("ffffffffffffffffffffffffffffffff"),
+            TS => Some("9"),
+            _ => None,
+        };
         let stored = Stored {
-            subject: "a.b",
-            payload: m.payload().clone(),
-            sequence: 9,
-            published: SystemTime::now(),
+            subject: "a",
+            payload: Bytes::new(),
+            sequence: 1,
+            published: SystemTime::UNIX_EPOCH,
             header: &header,
         };
-        let back = decode(&stored, &Limits::default()).expect("decodes");
-        let mut want = m.to_parts();
-        want.offset = Some(9);
-        assert_eq!(back.to_parts(), want);
+        let m = decode(&stored, &Limits::default()).expect("decodes");
+        assert_eq!(
+            m.id(),
+            MessageId::from_u128(u128::from_str_radix(id, 16).expect("hex"))
+        );
+        assert_eq!(m.timestamp(), from_nanos(1500));
     }
 
     // R-SEC-2: any text is hex or refused, never a panic: a multi-byte character at an
@@ -463,7 +581,7 @@ mod tests {
         };
         let m = decode(&stored, &Limits::default()).expect("a foreign record is a message");
         assert_eq!(m.offset(), Some(3));
-        let bad = |n: &str| (n == TS).then(|| "soon".to_owned());
+        let bad = |n: &str| (n == TS).then_some("soon");
         let stored = Stored {
             header: &bad,
             ..stored

@@ -417,7 +417,7 @@ fn send(
     let client = client.clone();
     let subject = message.topic().as_str().to_owned();
     let reply = message.reply_to().map(|t| t.as_str().to_owned());
-    let headers = codec::encode(message);
+    let headers = codec::encode_for_transport(message);
     let payload = message.payload().clone();
     async move {
         let sent = match reply {
@@ -533,7 +533,12 @@ fn decode(m: &async_nats::Message, inner: &Inner) -> Option<Received> {
         subject: m.subject.as_str(),
         payload: m.payload.clone(),
         sequence,
-        published: SystemTime::now(),
+        // Read only for a foreign message (a clock reading per message otherwise).
+        published: if codec::carries_own_time(&header) {
+            SystemTime::UNIX_EPOCH
+        } else {
+            SystemTime::now()
+        },
         header: &header,
     };
     codec::decode(&stored, &inner.limits)

@@ -304,7 +304,7 @@ impl DeadLetters {
             .and_then(|o| o.parse().ok())
             .ok_or_else(|| bad("no offset"))?;
         let stored = Stored {
-            subject: &topic,
+            subject: topic,
             payload: raw.payload.clone(),
             sequence: offset,
             published: SystemTime::from(raw.time),
@@ -319,10 +319,10 @@ impl DeadLetters {
             .and_then(|a| a.parse().ok())
             .ok_or_else(|| bad("no attempts"))?;
         let error = header(DLQ_ERROR)
-            .map(|e| codec::unescape(&e).map_err(bad))
+            .map(|e| codec::unescape(e).map_err(bad))
             .transpose()?
             .unwrap_or_default();
-        let reason = match header(DLQ_REASON).as_deref() {
+        let reason = match header(DLQ_REASON) {
             Some("retries_exhausted") => DeadLetterReason::RetriesExhausted {
                 attempts,
                 last_error: error,

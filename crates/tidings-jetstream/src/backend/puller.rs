@@ -647,7 +647,7 @@ pub(crate) fn room(gathering: bool, window: usize, held: usize) -> usize {
 
 /// The tidings message a delivery carries.
 pub(crate) fn decode(d: &Delivery, settings: &Settings) -> Result<Message, codec::DecodeError> {
-    let header = |n: &str| d.headers().get(n).map(str::to_owned);
+    let header = |n: &str| d.headers().get(n);
     let stored = Stored {
         subject: d.topic(),
         payload: d.payload_bytes(),
