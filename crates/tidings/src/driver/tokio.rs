@@ -393,20 +393,21 @@ async fn run_slot(sub: Arc<SubscriptionShell>, worker: usize, guard: TaskGuard, 
         let step = match sub.async_handler() {
             // The shell's delivery step (`Locked::step`), the slot marked in a handler call
             // from the poll that hands the delivery out to its report (see `join`).
+            // The shell's step delivers a batch where the subscription allows one (N
+            // messages per lock, as on the other drivers), within what is left of this
+            // turn's `BATCH` deliveries.
             None => {
                 let mut locked = sub.lock();
-                let step = in_slot(shared, key, || match locked.poll(worker, announce) {
-                    Poll::Deliver(delivery) => {
-                        flags.enter_handler();
-                        let outcome = locked.unlocked(|| sub.run(&delivery));
-                        locked.complete(delivery, outcome);
-                        flags.leave_handler();
-                        Step::Delivered
-                    }
-                    Poll::WakeAt(t) => Step::WakeAt(t),
-                    Poll::Idle => Step::Idle,
-                    Poll::Stopped => Step::Stopped,
+                let left = (BATCH - batch) as usize;
+                let mut budget = left;
+                let step = in_slot(shared, key, || {
+                    locked.step_marked(worker, announce, &mut budget, || flags.enter_handler())
                 });
+                if step == Step::Delivered {
+                    // Reported (every message of the batch settled) under this lock.
+                    flags.leave_handler();
+                    batch += (left - budget).saturating_sub(1) as u32;
+                }
                 if step == Step::Idle && announce {
                     flags.leave();
                     return;

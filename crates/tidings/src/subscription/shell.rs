@@ -312,8 +312,22 @@ impl<'a> Locked<'a> {
         announce: bool,
         budget: &mut usize,
     ) -> Step {
+        self.step_marked(worker, announce, budget, || {})
+    }
+
+    /// [`Locked::step_within`], calling `handed_out` under the lock when the poll hands a
+    /// delivery out, before any handler runs (the tokio driver marks its slot as in a
+    /// handler call there, so a close that takes the lock after the poll sees the mark).
+    pub(crate) fn step_marked(
+        &mut self,
+        worker: usize,
+        announce: bool,
+        budget: &mut usize,
+        handed_out: impl FnOnce(),
+    ) -> Step {
         match self.poll(worker, announce) {
             Poll::Deliver(delivery) => {
+                handed_out();
                 let shell = self.shell;
                 // N messages per lock: hold more where nothing could overtake them or stop
                 // them from starting (see `Core::hold_batch`), and run them after this one
