@@ -8,8 +8,7 @@
 //! finished messages; the service threads' wake-up; the scheduler and retention state) and
 //! the request inbox — comes from here, so a model checker can swap them in:
 //!
-//! * normal builds: `parking_lot`'s `Mutex`/`Condvar`, `std`'s atomics and threads,
-//!   `crossbeam-utils`' `AtomicCell`;
+//! * normal builds: `parking_lot`'s `Mutex`/`Condvar`, `std`'s atomics and threads;
 //! * model-checking builds (`RUSTFLAGS="--cfg tidings_loom"`): `loom`'s, behind the same
 //!   `parking_lot`-shaped API, so the models (`*/loom_models.rs`) run the production code
 //!   under every interleaving loom explores.
@@ -36,10 +35,6 @@
 //! deadlock to loom, so the models use untimed waits (no retries, `Duration::MAX` `Block`
 //! timeouts).
 
-/// A value read and written whole, atomically and without a lock where the platform has an
-/// atomic of its size (a subscription's ingress slots: a pointer, a stamp).
-#[cfg(not(tidings_loom))]
-pub(crate) use crossbeam_utils::atomic::AtomicCell;
 #[cfg(not(tidings_loom))]
 pub(crate) use parking_lot::{Condvar, Mutex, MutexGuard};
 #[cfg(not(tidings_loom))]
@@ -47,8 +42,6 @@ pub(crate) use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize}
 #[cfg(not(tidings_loom))]
 pub(crate) use std::thread;
 
-#[cfg(tidings_loom)]
-pub(crate) use model::AtomicCell;
 #[cfg(tidings_loom)]
 pub(crate) use model::thread;
 #[cfg(tidings_loom)]
@@ -217,44 +210,6 @@ mod model {
         #[track_caller]
         pub(crate) fn notify_all(&self) {
             self.0.notify_all();
-        }
-    }
-
-    /// crossbeam's `AtomicCell` as loom sees it: the value behind a loom mutex, so each
-    /// read and write is one step loom interleaves, with the acquire/release ordering of
-    /// the real cell's atomic.
-    #[derive(Debug, Default)]
-    pub(crate) struct AtomicCell<T>(loom::sync::Mutex<T>);
-
-    impl<T> AtomicCell<T> {
-        pub(crate) fn new(value: T) -> Self {
-            Self(loom::sync::Mutex::new(value))
-        }
-
-        fn cell(&self) -> loom::sync::MutexGuard<'_, T> {
-            self.0.lock().unwrap_or_else(PoisonError::into_inner)
-        }
-
-        pub(crate) fn swap(&self, value: T) -> T {
-            std::mem::replace(&mut *self.cell(), value)
-        }
-
-        pub(crate) fn store(&self, value: T) {
-            drop(self.swap(value));
-        }
-
-        pub(crate) fn take(&self) -> T
-        where
-            T: Default,
-        {
-            self.swap(T::default())
-        }
-
-        pub(crate) fn load(&self) -> T
-        where
-            T: Copy,
-        {
-            *self.cell()
         }
     }
 }

@@ -423,16 +423,17 @@ fn with_dispatcher(primer: usize) -> (Arc<SubscriptionShell>, Arc<Tally>, thread
     (sub, delivered, dispatcher)
 }
 
-/// Fast offers from two publishers racing a dispatcher that moves the ingress in, goes
-/// idle and parks (R-EXE-1, R-ORD-1, R-DEL-6): every message is delivered exactly once,
-/// each publisher's in its offer order, and the counters book each once. More messages
-/// than the ingress has slots under the model (2), so offers also find it full and go
-/// through the core, which moves it in first.
+/// Fast offers (`super::ingress`) from two publishers racing a dispatcher that moves the
+/// ingress in, goes idle and parks (R-EXE-1, R-ORD-1, R-DEL-6): every message is
+/// delivered exactly once, each publisher's in its offer order, and the counters book
+/// each once.
 ///
-/// Guards against: a dispatcher that announces idle while a publisher has reserved a slot
-/// but not yet filled it (the publisher saw no idle flag, so no wake: the message waits
-/// for ever — a deadlock here); a move that skips a reserved slot not yet filled, or
-/// takes one twice.
+/// Guards against: a dispatcher that looks at the ingress and announces idle in two steps
+/// — a fast offer between them sees no flag and wakes nobody, and its message waits for
+/// ever (a deadlock here, at the default bound); a move that loses, repeats or reorders
+/// an offer. (A lock-free ingress was tried against it — BENCHMARKS.md, issue 36 — where
+/// the same deadlock is an idle check that misses a slot taken but not yet filled; that
+/// window takes `LOOM_MAX_PREEMPTIONS=3`.)
 #[test]
 fn fast_offers_racing_the_dispatcher_are_delivered_once_in_order_and_wake_it() {
     check(|| {
@@ -478,9 +479,11 @@ fn fast_offers_racing_the_dispatcher_are_delivered_once_in_order_and_wake_it() {
 /// message ends exactly once — delivered, abandoned and reported by close, or refused
 /// `Closed` — in the publisher's order among those accepted, and the counters add up.
 ///
-/// Guards against: a close (or any move) that does not wait for an offer that reserved
-/// room but has not yet filled its slot — the offer returns `Ok` and the message is
-/// neither delivered nor abandoned (lost), or is counted after close reported.
+/// Guards against: a close that stops fast offers without first moving in what the
+/// ingress took (each offer returned `Ok`; the message is neither delivered nor
+/// abandoned), or that leaves room reserved so an offer lands after it; for a lock-free
+/// ingress, a close that does not wait for an offer that took its slot but has not filled
+/// it yet.
 #[test]
 fn close_racing_fast_offers_loses_and_double_counts_nothing() {
     check(|| {

@@ -33,10 +33,11 @@ use crate::topic::Pattern;
 use super::core::{Core, Delivery, Offered, Poll, Refusal};
 use super::effects::{Effects, FinishedHook, Lists};
 use super::handle::SubscriptionId;
-use super::ingress::Ingress;
+use super::ingress::{Ingress, room_for};
 use super::ledger::Completions;
 use super::run_flags::{OtherRunFlags, RunFlags};
 use crate::message::Priority;
+use crate::queue::Queued;
 
 /// Most messages a dispatcher delivers per acquisition of the subscription's lock: the one
 /// its poll started and up to `BATCH - 1` held with it (see [`Locked::step`]). Fits the
@@ -274,9 +275,11 @@ impl<'a> Locked<'a> {
             if !matches!(poll, Poll::Idle) || !shell.fast {
                 return poll;
             }
-            // Idle only if the ingress is empty too; announced in the same atomic step as
-            // that look, so a fast offer either takes its slot before it or sees the flag.
-            if shell.ingress.is_idle(announce) {
+            // Idle only if the ingress is empty too; announced under the ingress's lock, so
+            // a fast offer either lands before this look or sees the flag.
+            let mut ingress = shell.ingress.lock();
+            if ingress.items.is_empty() {
+                ingress.idle |= announce;
                 return poll;
             }
         }
@@ -419,7 +422,8 @@ impl SubscriptionShell {
                 options.concurrency,
                 crate::options::Concurrency::PerKey { .. }
             );
-        let ingress = Ingress::new(fast);
+        let ingress = Ingress::default();
+        ingress.lock().open = fast;
         let other_run_flags = OtherRunFlags::new(core.workers());
         Self {
             me,
@@ -465,7 +469,7 @@ impl SubscriptionShell {
         if ledger.completions.is_none() {
             // A durable subscription's offers come from its feeder, one at a time, through
             // the core (which checks room for it): no fast path.
-            self.ingress.shut();
+            self.ingress.lock().open = false;
             ledger.completions = Some(Completions {
                 items: Vec::new(),
                 hook,
@@ -544,14 +548,17 @@ impl SubscriptionShell {
     }
 
     fn offer_unfiltered_at(&self, message: &Arc<Message>, now: &Now<'_>) -> Result<(), Refusal> {
-        if self.fast
-            && message.priority() == Priority::Normal
-            && let Some(wake) = self.ingress.offer(message, now.stamp())
-        {
-            if wake {
-                self.wake_from_ingress();
+        if self.fast && message.priority() == Priority::Normal {
+            let item = Queued {
+                message: message.clone(),
+                enqueued: now.stamp(),
+            };
+            if let Some(wake) = self.ingress.offer(item) {
+                if wake {
+                    self.wake_from_ingress();
+                }
+                return Ok(());
             }
-            return Ok(());
         }
         let mut core = self.core_locked();
         // The decision is the core's, with everything offered so far in it and no room
@@ -902,7 +909,7 @@ impl SubscriptionShell {
     fn core_closing(&self) -> MutexGuard<'_, Core> {
         let mut core = self.core_locked();
         self.move_ingress_in(&mut core, true);
-        self.ingress.shut();
+        self.ingress.lock().open = false;
         core
     }
 
@@ -913,11 +920,25 @@ impl SubscriptionShell {
         if !self.fast {
             return;
         }
-        let free = if pause { 0 } else { core.ingress_room() };
-        // Nothing to move (an idle dispatcher's every poll): the spare buffer is not
-        // taken, so an idle subscription never makes one.
         let mut spare = core.take_ingress_spare();
-        match self.ingress.move_out(free, &mut spare) {
+        let moved = {
+            let mut ingress = self.ingress.lock();
+            // Nothing to move (an idle dispatcher's every poll): swap nothing, so an idle
+            // subscription never makes the spare buffer.
+            let moved = (!ingress.items.is_empty()).then(|| {
+                let mut items = spare.take().unwrap_or_default();
+                std::mem::swap(&mut *items, &mut ingress.items);
+                items
+            });
+            let held = moved.as_ref().map_or(0, |items| items.len());
+            ingress.room = if pause {
+                0
+            } else {
+                room_for(core.ingress_room().saturating_sub(held))
+            };
+            moved
+        };
+        match moved {
             Some(items) => core.accept_ingress(items),
             None => core.keep_ingress_spare(spare),
         }
@@ -926,7 +947,8 @@ impl SubscriptionShell {
     /// After an offer through the core: reserve what room is left for fast offers.
     fn reserve_ingress_room(&self, core: &Core) {
         if self.fast {
-            self.ingress.reserve(core.ingress_room());
+            let mut ingress = self.ingress.lock();
+            ingress.room = room_for(core.ingress_room().saturating_sub(ingress.items.len()));
         }
     }
 
