@@ -365,3 +365,164 @@ fn a_priority_offer_and_stats_racing_a_batch_see_it_as_unbatched() {
         assert_eq!(sub.stats().delivered, n as u64 + 1);
     });
 }
+
+/// Wakes a [`park_loop`] dispatcher: one condition variable, as the thread driver's; and
+/// counts the dispatcher's waits.
+#[derive(Default)]
+struct Bell(Condvar, Tally);
+
+impl super::shell::Wake for Bell {
+    fn wake(&self, _: &SubscriptionShell, _: usize) {
+        self.0.notify_all();
+    }
+    fn wake_all(&self, _: &SubscriptionShell) {
+        self.0.notify_all();
+    }
+}
+
+/// A dispatcher that announces every idle poll and parks until a wake (the thread
+/// driver's loop without its spin): a lost wake-up leaves it parked with work queued.
+fn park_loop(sub: &SubscriptionShell, bell: &Bell) {
+    let mut locked = sub.lock();
+    loop {
+        match locked.step(0, true) {
+            super::shell::Step::Delivered => {}
+            super::shell::Step::Stopped => return,
+            super::shell::Step::Idle | super::shell::Step::WakeAt(_) => {
+                bell.1.add(0);
+                locked.park(&bell.0, None);
+            }
+        }
+    }
+}
+
+/// A serial subscription with a parking dispatcher on its own thread, whose handler
+/// records each message it runs, and whose ingress already has room reserved (one message,
+/// `primer`, went through the core and was delivered): later offers take the fast path.
+/// Returns once the dispatcher found nothing to do and waits (so the models spend no
+/// preemption on getting it there first).
+fn with_dispatcher(primer: usize) -> (Arc<SubscriptionShell>, Arc<Tally>, thread::JoinHandle<()>) {
+    let delivered = Arc::new(Tally::default());
+    let sub = {
+        let delivered = delivered.clone();
+        shell(&SubscribeOptions::default(), move |m| {
+            delivered.add(number(m));
+            Ok(())
+        })
+    };
+    sub.offer(&message(primer)).expect("room");
+    assert!(sub.step(0), "the primer is delivered");
+    let bell = Arc::new(Bell::default());
+    sub.set_waker(bell.clone());
+    let dispatcher = {
+        let sub = sub.clone();
+        let bell = bell.clone();
+        thread::spawn(move || park_loop(&sub, &bell))
+    };
+    bell.1.wait_for(1);
+    (sub, delivered, dispatcher)
+}
+
+/// Fast offers (`super::ingress`) from two publishers racing a dispatcher that moves the
+/// ingress in, goes idle and parks (R-EXE-1, R-ORD-1, R-DEL-6): every message is
+/// delivered exactly once, each publisher's in its offer order, and the counters book
+/// each once.
+///
+/// Guards against: a dispatcher that looks at the ingress and announces idle in two steps
+/// — a fast offer between them sees no flag and wakes nobody, and its message waits for
+/// ever (a deadlock here, at the default bound); a move that loses, repeats or reorders
+/// an offer. (A lock-free ingress was tried against it — BENCHMARKS.md, issue 36 — where
+/// the same deadlock is an idle check that misses a slot taken but not yet filled; that
+/// window takes `LOOM_MAX_PREEMPTIONS=3`.)
+#[test]
+fn fast_offers_racing_the_dispatcher_are_delivered_once_in_order_and_wake_it() {
+    check(|| {
+        // Publisher 1 offers `messages()`, publisher 2 one fewer: three (four) in all.
+        let counts = [messages(), messages() - 1];
+        let (sub, delivered, dispatcher) = with_dispatcher(1000);
+        let offer = move |sub: &SubscriptionShell, p: usize| {
+            for i in 0..counts[p - 1] {
+                sub.offer(&message(p * 100 + i)).expect("room");
+            }
+        };
+        let publisher = {
+            let sub = sub.clone();
+            thread::spawn(move || offer(&sub, 1))
+        };
+        // This thread is publisher 2.
+        offer(&sub, 2);
+        publisher.join().expect("a publisher returns");
+        let n = counts[0] + counts[1];
+        let all = delivered.wait_for(n + 1);
+        let sent = |p: usize| (0..counts[p - 1]).map(move |i| p * 100 + i);
+        let expected: Vec<usize> = sent(1).chain(sent(2)).chain([1000]).collect();
+        assert_eq!(all, expected, "each message delivered once");
+        let order = delivered.in_order();
+        for p in 1..=2 {
+            let mine: Vec<usize> = order.iter().copied().filter(|m| m / 100 == p).collect();
+            assert_eq!(mine, sent(p).collect::<Vec<_>>(), "publisher {p}'s order");
+        }
+        // The last handler may still be returning: read the counters once it stopped.
+        assert!(sub.close().is_empty(), "nothing left to abandon");
+        dispatcher.join().expect("the dispatcher stops at close");
+        let stats = sub.stats();
+        let total = n as u64 + 1;
+        assert_eq!((stats.offered, stats.accepted), (total, total));
+        assert_eq!(
+            (stats.delivered, stats.queued, stats.in_flight),
+            (total, 0, 0)
+        );
+    });
+}
+
+/// `close()` racing fast offers and a running dispatcher (R-CORE-6, R-DEL-6): each
+/// message ends exactly once — delivered, abandoned and reported by close, or refused
+/// `Closed` — in the publisher's order among those accepted, and the counters add up.
+///
+/// Guards against: a close that stops fast offers without first moving in what the
+/// ingress took (each offer returned `Ok`; the message is neither delivered nor
+/// abandoned), or that leaves room reserved so an offer lands after it; for a lock-free
+/// ingress, a close that does not wait for an offer that took its slot but has not filled
+/// it yet.
+#[test]
+fn close_racing_fast_offers_loses_and_double_counts_nothing() {
+    check(|| {
+        let n = messages();
+        let (sub, delivered, dispatcher) = with_dispatcher(1000);
+        let publisher = {
+            let sub = sub.clone();
+            thread::spawn(move || {
+                (0..n)
+                    .filter(|&i| match sub.offer(&message(i)) {
+                        Ok(()) => false,
+                        Err(r) => {
+                            assert_eq!(r, Refusal::Closed);
+                            true
+                        }
+                    })
+                    .collect::<Vec<_>>()
+            })
+        };
+        let abandoned: Vec<usize> = sub.close().iter().map(|m| number(m)).collect();
+        let refused = publisher.join().expect("the publisher returns");
+        dispatcher.join().expect("the dispatcher stops at close");
+        let delivered: Vec<usize> = delivered
+            .in_order()
+            .into_iter()
+            .filter(|&m| m != 1000)
+            .collect();
+        let accepted: Vec<usize> = delivered.iter().chain(&abandoned).copied().collect();
+        let expected: Vec<usize> = (0..n).filter(|i| !refused.contains(i)).collect();
+        assert_eq!(accepted, expected, "accepted ones in order, each once");
+        let stats = sub.stats();
+        assert_eq!(stats.offered, n as u64 + 1);
+        assert_eq!(stats.refused.closed, refused.len() as u64);
+        assert_eq!(stats.delivered, delivered.len() as u64 + 1);
+        assert_eq!(stats.dead_lettered.shutdown, abandoned.len() as u64);
+        assert_eq!(
+            stats.accepted,
+            stats.delivered + stats.dead_lettered.shutdown
+        );
+        assert_eq!((stats.queued, stats.in_flight), (0, 0));
+    });
+}
