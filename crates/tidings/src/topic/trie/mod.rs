@@ -51,7 +51,10 @@ use node::{NONE, Node, ROOT, bloom_bit, edge_key};
 ///   per trie and thread) and the state they end in: a topic matched again on this thread since
 ///   the trie last changed costs one lookup of the topic, whatever its number of words. The
 ///   memo is bounded (a few MiB per thread at the very worst, two tries per thread); when full,
-///   matching walks the steps it does not know, and forgets some topics to take new ones.
+///   matching walks the steps it does not know, and forgets some topics to take new ones. A
+///   full memo that answers few topics whole (topics too many and too varied for it) is
+///   emptied and left unused for a while, so such topics pay the walk alone, not the walk plus
+///   lookups that miss.
 /// * Matching reuses two per-thread buffers for the live nodes (they grow to the largest live
 ///   set seen on the thread, and a match nested in a callback gets fresh ones), and allocates
 ///   only when more than 8 distinct patterns' entry lists must be merged.
