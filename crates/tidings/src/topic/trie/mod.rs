@@ -23,7 +23,7 @@ mod walk;
 mod tests;
 
 use canonical::{Seg, canonical};
-use entries::{Lists, report, sorted_insert, sorted_remove};
+use entries::{Entries, Lists, report, sorted_insert, sorted_remove};
 use node::{NONE, Node, ROOT, bloom_bit, edge_key};
 
 /// A router from subscription [`Pattern`]s to values, answering "which subscriptions match this
@@ -78,7 +78,7 @@ use node::{NONE, Node, ROOT, bloom_bit, edge_key};
 /// memory this would fit in) panics.
 pub struct TopicTrie<V> {
     /// Literal patterns: full topic → entries sorted by id.
-    literal: HashMap<Box<str>, Vec<(u64, V)>, RandomState>,
+    literal: HashMap<Box<str>, Entries<V>, RandomState>,
     /// Words used by wildcard-trie edges → (word id, number of edges using it).
     words: HashMap<Box<str>, (u32, u32), RandomState>,
     /// Word ids released by `words`, for reuse.
@@ -362,7 +362,7 @@ impl<V> TopicTrie<V> {
         let literal = if self.literal_len == 0 {
             None
         } else {
-            self.literal.get(topic.as_str()).map(Vec::as_slice)
+            self.literal.get(topic.as_str()).map(Entries::as_slice)
         };
         if self.wild_len == 0 {
             for (id, v) in literal.into_iter().flatten() {

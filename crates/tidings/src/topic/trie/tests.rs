@@ -620,3 +620,15 @@ proptest! {
         prop_assert_eq!(node_count(&trie), 1);
     }
 }
+
+/// An inline entry list is the size of a `Vec`, so keeping the first entry inline grows
+/// neither the trie's nodes nor the literal table's slots.
+#[test]
+fn inline_entries_cost_no_space() {
+    use std::mem::size_of;
+    assert_eq!(
+        size_of::<super::entries::Entries<std::sync::Arc<()>>>(),
+        size_of::<Vec<(u64, std::sync::Arc<()>)>>()
+    );
+    assert!(size_of::<super::node::Node<std::sync::Arc<()>>>() <= 48);
+}
