@@ -25,6 +25,19 @@
 //! the cache is emptied, so it follows a changing set of hot topics instead of staying stuck on
 //! the first ones.
 //!
+//! # Thrashing
+//!
+//! When the topics are too many and too varied for the cache (most topics new, each walking
+//! into live sets never seen), a full cache costs more than it saves: every word is a lookup
+//! into tables far larger than the processor's caches, missing there, and the step is walked
+//! anyway. So a full cache keeps score: of the first `transitions / 16` topics it could not
+//! answer since it became full, if fewer than half as many were answered whole (every step
+//! known), it is thrashing. It is then emptied and left unused for the next
+//! `transitions` matches (the plain walk answers them, touching only the trie), after
+//! which it learns again from empty and is judged again. Each verdict of thrashing in a row
+//! doubles the next pause, up to 16 times the first; a verdict of useful resets it. The answer
+//! of a match never depends on any of this, only its cost.
+//!
 //! # Whole topics
 //!
 //! Besides its steps, a cache remembers up to [`MAX_TOPICS`] whole topics and the state their
@@ -166,6 +179,13 @@ pub(super) struct Dfa {
     topics: HashMap<Topic, Sid, RandomState>,
     /// Steps that could not be stored because the cache was full, since it was last emptied.
     full_misses: usize,
+    /// Since the cache was last found full: topics answered whole without a walk.
+    full_answered: usize,
+    /// Matches still to walk without the cache, which was found thrashing (see the module
+    /// docs).
+    bypass: usize,
+    /// Length of the next pause, if the cache is found thrashing again.
+    bypass_len: usize,
     /// Last use, for choosing which slot to reuse.
     used: u64,
     limits: Limits,
@@ -176,6 +196,18 @@ struct Limits {
     states: usize,
     transitions: usize,
     topics: usize,
+}
+
+impl Limits {
+    /// Topics a full cache could not answer before it is judged (thrashing or not).
+    fn window(self) -> usize {
+        (self.transitions / 16).max(1)
+    }
+
+    /// The first pause of a thrashing cache, in matches.
+    fn first_bypass(self) -> usize {
+        self.transitions.max(1)
+    }
 }
 
 const DEFAULT_LIMITS: Limits = Limits {
@@ -200,6 +232,9 @@ impl Dfa {
             transitions: HashMap::default(),
             topics: HashMap::default(),
             full_misses: 0,
+            full_answered: 0,
+            bypass: 0,
+            bypass_len: limits.first_bypass(),
             used: 0,
             limits,
         }
@@ -215,6 +250,26 @@ impl Dfa {
         // The remembered topics name states of this cache: they go with them.
         self.topics.clear();
         self.full_misses = 0;
+        self.full_answered = 0;
+    }
+
+    /// Whether this match should walk without the cache, which was found thrashing (see the
+    /// module docs); counts the match against the pause.
+    #[inline]
+    pub(super) fn bypassing(&mut self) -> bool {
+        if self.bypass == 0 {
+            return false;
+        }
+        self.bypass -= 1;
+        true
+    }
+
+    /// A topic was answered whole by the cache (every step known or learnt, or remembered).
+    #[inline]
+    pub(super) fn note_answered(&mut self) {
+        if self.full_misses > 0 {
+            self.full_answered += 1;
+        }
     }
 
     /// The start state, if known: the first state ever added (the walk adds it first).
@@ -311,11 +366,21 @@ impl Dfa {
         true
     }
 
-    /// A step was not stored for lack of room; after enough of them start over.
+    /// A step was not stored for lack of room (the topic is walked from there): judges a
+    /// thrashing cache (see the module docs), and after enough of them starts over.
     fn note_full(&mut self) {
         self.full_misses += 1;
+        let (uid, epoch) = (self.uid, self.epoch);
+        if self.full_misses == self.limits.window() {
+            if self.full_answered * 2 < self.full_misses {
+                self.reset(uid, epoch);
+                self.bypass = self.bypass_len;
+                self.bypass_len = (self.bypass_len * 2).min(self.limits.first_bypass() * 16);
+                return;
+            }
+            self.bypass_len = self.limits.first_bypass();
+        }
         if self.full_misses >= self.limits.transitions {
-            let (uid, epoch) = (self.uid, self.epoch);
             self.reset(uid, epoch);
         }
     }
@@ -364,7 +429,11 @@ pub(super) fn with<R>(uid: u64, epoch: u64, f: impl FnOnce(&mut Dfa) -> R) -> Op
                     let i = (0..slots.dfas.len())
                         .min_by_key(|&i| slots.dfas[i].used)
                         .unwrap_or(0);
-                    slots.dfas[i].reset(uid, epoch);
+                    let dfa = &mut slots.dfas[i];
+                    dfa.reset(uid, epoch);
+                    // Another trie: its workload has not been judged.
+                    dfa.bypass = 0;
+                    dfa.bypass_len = dfa.limits.first_bypass();
                     i
                 }
             };

@@ -22,7 +22,8 @@ impl<V> TopicTrie<V> {
     }
 
     /// The walk through this thread's memo `d` (see the type docs): known steps are one lookup;
-    /// an unknown step is walked and remembered; once the memo is full the rest is walked. The
+    /// an unknown step is walked and remembered; once the memo is full the rest is walked, and
+    /// while the memo is paused for thrashing (see `topic/dfa.rs`) all of it is. The
     /// live-set buffers are taken from `bufs` (filled from the per-thread ones on first need:
     /// a topic whose steps are all known needs none).
     pub(super) fn walk_memoised<'a>(
@@ -32,7 +33,13 @@ impl<V> TopicTrie<V> {
         bufs: &mut Option<(Vec<u32>, Vec<u32>)>,
         lists: &mut Lists<'a, V>,
     ) {
+        if d.bypassing() {
+            let (a, b) = bufs.get_or_insert_with(take_buffers);
+            self.start_set(a);
+            return self.walk_from(a, b, topic.words(), lists);
+        }
         if let Some(end) = d.topic(topic.as_str()) {
+            d.note_answered();
             for &i in d.state(end).finals.iter() {
                 lists.push(&self.nodes[i as usize].entries);
             }
@@ -55,6 +62,7 @@ impl<V> TopicTrie<V> {
         while let Some(word) = words.next() {
             if state.is_dead() {
                 // Nothing can match any more.
+                d.note_answered();
                 d.learn_topic(topic, state);
                 return;
             }
@@ -86,6 +94,7 @@ impl<V> TopicTrie<V> {
         }
         // Every step was known or learnt: no state id went stale, and the topic may be
         // remembered whole.
+        d.note_answered();
         d.learn_topic(topic, state);
         for &i in d.state(state).finals.iter() {
             lists.push(&self.nodes[i as usize].entries);

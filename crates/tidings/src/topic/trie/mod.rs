@@ -23,7 +23,7 @@ mod walk;
 mod tests;
 
 use canonical::{Seg, canonical};
-use entries::{Lists, report, sorted_insert, sorted_remove};
+use entries::{Entries, Lists, report, sorted_insert, sorted_remove};
 use node::{NONE, Node, ROOT, bloom_bit, edge_key};
 
 /// A router from subscription [`Pattern`]s to values, answering "which subscriptions match this
@@ -51,7 +51,10 @@ use node::{NONE, Node, ROOT, bloom_bit, edge_key};
 ///   per trie and thread) and the state they end in: a topic matched again on this thread since
 ///   the trie last changed costs one lookup of the topic, whatever its number of words. The
 ///   memo is bounded (a few MiB per thread at the very worst, two tries per thread); when full,
-///   matching walks the steps it does not know, and forgets some topics to take new ones.
+///   matching walks the steps it does not know, and forgets some topics to take new ones. A
+///   full memo that answers few topics whole (topics too many and too varied for it) is
+///   emptied and left unused for a while, so such topics pay the walk alone, not the walk plus
+///   lookups that miss.
 /// * Matching reuses two per-thread buffers for the live nodes (they grow to the largest live
 ///   set seen on the thread, and a match nested in a callback gets fresh ones), and allocates
 ///   only when more than 8 distinct patterns' entry lists must be merged.
@@ -75,7 +78,7 @@ use node::{NONE, Node, ROOT, bloom_bit, edge_key};
 /// memory this would fit in) panics.
 pub struct TopicTrie<V> {
     /// Literal patterns: full topic → entries sorted by id.
-    literal: HashMap<Box<str>, Vec<(u64, V)>, RandomState>,
+    literal: HashMap<Box<str>, Entries<V>, RandomState>,
     /// Words used by wildcard-trie edges → (word id, number of edges using it).
     words: HashMap<Box<str>, (u32, u32), RandomState>,
     /// Word ids released by `words`, for reuse.
@@ -359,7 +362,7 @@ impl<V> TopicTrie<V> {
         let literal = if self.literal_len == 0 {
             None
         } else {
-            self.literal.get(topic.as_str()).map(Vec::as_slice)
+            self.literal.get(topic.as_str()).map(Entries::as_slice)
         };
         if self.wild_len == 0 {
             for (id, v) in literal.into_iter().flatten() {

@@ -4,6 +4,8 @@
 //! children are fields of the node, literal-word children are entries of the trie's edge map
 //! keyed by [`edge_key`], so a node stays a few words whatever its fan-out.
 
+use super::entries::Entries;
+
 /// "No node": the root (0) is never anybody's child.
 pub(super) const NONE: u32 = 0;
 /// The root node: index 0 of the arena, never freed.
@@ -12,7 +14,7 @@ pub(super) const ROOT: u32 = 0;
 /// One trie node: the entries ending here and the wildcard children.
 pub(super) struct Node<V> {
     /// Entries whose (canonical) pattern ends here, sorted by id.
-    pub(super) entries: Vec<(u64, V)>,
+    pub(super) entries: Entries<V>,
     /// Child through `*`, or `NONE`.
     pub(super) star: u32,
     /// Child through `#`, or `NONE`.
@@ -30,7 +32,7 @@ impl<V> Node<V> {
     /// A fresh node (also what a freed arena slot is reset to).
     pub(super) fn new(is_hash: bool) -> Self {
         Self {
-            entries: Vec::new(),
+            entries: Entries::new(),
             star: NONE,
             hash: NONE,
             children: 0,

@@ -425,6 +425,62 @@ fn memo_stays_within_its_limits() {
     dfa::set_limits_for_this_thread(dfa::MAX_STATES, dfa::MAX_TRANSITIONS, dfa::MAX_TOPICS);
 }
 
+/// A full memo that answers no topic whole (every topic new) is emptied and left unused for a
+/// pause that doubles each time it is found thrashing again; the answers stay those of the walk
+/// throughout (R-RT-1).
+#[test]
+fn thrashing_memo_pauses_and_learns_again() {
+    // Window 1 topic, first pause 16 matches.
+    dfa::set_limits_for_this_thread(4, 16, 2);
+    let mut trie = TopicTrie::new();
+    for i in 0..50u64 {
+        trie.insert(&p(&format!("w{i}.*.#")), i, ());
+    }
+    let mut empty_runs = Vec::new();
+    let mut run = 0;
+    for n in 0..120u64 {
+        let i = n % 50;
+        assert_eq!(ids(&trie, &format!("w{i}.x.y")), [i], "match {n}"); // R-RT-1
+        let (states, ..) = dfa::with(trie.uid, trie.epoch, |d| d.len()).unwrap();
+        if states == 0 {
+            run += 1;
+        } else if run > 0 {
+            empty_runs.push(run);
+            run = 0;
+        }
+    }
+    // Each time: the match that finds the memo thrashing empties it, then the pause; the match
+    // after the pause learns again and the next one finds it full and thrashing again.
+    assert_eq!(empty_runs, [1 + 16, 1 + 32, 1 + 64]);
+    dfa::set_limits_for_this_thread(dfa::MAX_STATES, dfa::MAX_TRANSITIONS, dfa::MAX_TOPICS);
+}
+
+/// A full memo that still answers most topics whole is kept in use (R-RT-1).
+#[test]
+fn full_memo_answering_most_topics_is_kept() {
+    // Window 4 topics, first pause 64 matches.
+    dfa::set_limits_for_this_thread(4, 64, 8);
+    let mut trie = TopicTrie::new();
+    for i in 0..50u64 {
+        trie.insert(&p(&format!("w{i}.*.#")), i, ());
+    }
+    let memo_len = |trie: &TopicTrie<()>| dfa::with(trie.uid, trie.epoch, |d| d.len()).unwrap();
+    assert_eq!(ids(&trie, "w0.x.y"), [0]); // R-RT-1
+    let learnt = memo_len(&trie);
+    assert_eq!(learnt.0, 4, "the first topic fills the memo's states");
+    for n in 1..=4u64 {
+        // A new topic the full memo cannot take, then the known one, answered whole, twice.
+        assert_eq!(ids(&trie, &format!("w{n}.x.y")), [n]); // R-RT-1
+        assert_eq!(ids(&trie, "w0.x.y"), [0]); // R-RT-1
+        assert_eq!(ids(&trie, "w0.x.y"), [0]); // R-RT-1
+    }
+    // Judged at the fourth refusal: 6 answered whole against 4 refused, so not paused.
+    assert_eq!(memo_len(&trie), learnt);
+    assert_eq!(ids(&trie, "w5.x.y"), [5]); // R-RT-1
+    assert_eq!(memo_len(&trie), learnt);
+    dfa::set_limits_for_this_thread(dfa::MAX_STATES, dfa::MAX_TRANSITIONS, dfa::MAX_TOPICS);
+}
+
 /// A topic matched again is answered from the remembered whole topic, and a change of the
 /// wildcard side (insert or remove) is seen by the next match of that same topic (R-RT-1).
 #[test]
@@ -563,4 +619,18 @@ proptest! {
         prop_assert!(trie.is_empty());
         prop_assert_eq!(node_count(&trie), 1);
     }
+}
+
+/// An inline entry list is the size of a `Vec`, so keeping the first entry inline grows
+/// neither the trie's nodes nor the literal table's slots (on 64-bit targets, where the
+/// inline entry fills the two words a `Vec` uses for pointer and length).
+#[cfg(target_pointer_width = "64")]
+#[test]
+fn inline_entries_cost_no_space() {
+    use std::mem::size_of;
+    assert_eq!(
+        size_of::<super::entries::Entries<std::sync::Arc<()>>>(),
+        size_of::<Vec<(u64, std::sync::Arc<()>)>>()
+    );
+    assert!(size_of::<super::node::Node<std::sync::Arc<()>>>() <= 48);
 }
