@@ -514,16 +514,21 @@ mod tests {
             format!("✓{}.1", &id[3..]),
             format!("{id}.1.2"),
         ];
-        for value in &bad {
-            let header = |n: &str| (n == STAMP).then_some(value.as_str());
+        // A record of subject `a` whose headers `header` answers.
+        fn decode_headers<'a>(
+            header: &'a dyn Fn(&str) -> Option<&'a str>,
+        ) -> Result<Message, DecodeError> {
             let stored = Stored {
                 subject: "a",
                 payload: Bytes::new(),
                 sequence: 1,
                 published: SystemTime::UNIX_EPOCH,
-                header: &header,
+                header,
             };
-            let err = decode(&stored, &Limits::default()).expect_err(value);
+            decode(&stored, &Limits::default())
+        }
+        for value in &bad {
+            let err = decode_headers(&|n| (n == STAMP).then_some(value.as_str())).expect_err(value);
             assert_eq!(err.header.as_deref(), Some(STAMP), "{value:?}");
         }
         let good = format!("{id}.1500");
@@ -533,14 +538,7 @@ mod tests {
             TS => Some("9"),
             _ => None,
         };
-        let stored = Stored {
-            subject: "a",
-            payload: Bytes::new(),
-            sequence: 1,
-            published: SystemTime::UNIX_EPOCH,
-            header: &header,
-        };
-        let m = decode(&stored, &Limits::default()).expect("decodes");
+        let m = decode_headers(&header).expect("decodes");
         assert_eq!(
             m.id(),
             MessageId::from_u128(u128::from_str_radix(id, 16).expect("hex"))

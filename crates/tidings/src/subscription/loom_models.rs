@@ -257,6 +257,19 @@ fn redrive_racing_delivery_keeps_each_dead_letter_once() {
     });
 }
 
+/// A serial subscription (default options) whose handler records each message it runs.
+pub(crate) fn counting() -> (Arc<SubscriptionShell>, Arc<Tally>) {
+    let delivered = Arc::new(Tally::default());
+    let sub = {
+        let delivered = delivered.clone();
+        shell(&SubscribeOptions::default(), move |m| {
+            delivered.add(number(m));
+            Ok(())
+        })
+    };
+    (sub, delivered)
+}
+
 /// Messages a batch model queues before its dispatcher runs: the one its poll starts and
 /// the held ones after it (3, or 4 with `TIDINGS_LONG=1`).
 fn batch_messages() -> usize {
@@ -266,14 +279,7 @@ fn batch_messages() -> usize {
 /// A serial subscription whose handler counts each message it starts, with `n` messages
 /// queued: the dispatcher's first step starts one and holds the others as its batch.
 fn batched(n: usize) -> (Arc<SubscriptionShell>, Arc<Tally>) {
-    let started = Arc::new(Tally::default());
-    let sub = {
-        let started = started.clone();
-        shell(&SubscribeOptions::default(), move |m| {
-            started.add(number(m));
-            Ok(())
-        })
-    };
+    let (sub, started) = counting();
     for i in 0..n {
         sub.offer(&message(i)).expect("room");
     }
@@ -402,14 +408,7 @@ fn park_loop(sub: &SubscriptionShell, bell: &Bell) {
 /// Returns once the dispatcher found nothing to do and waits (so the models spend no
 /// preemption on getting it there first).
 fn with_dispatcher(primer: usize) -> (Arc<SubscriptionShell>, Arc<Tally>, thread::JoinHandle<()>) {
-    let delivered = Arc::new(Tally::default());
-    let sub = {
-        let delivered = delivered.clone();
-        shell(&SubscribeOptions::default(), move |m| {
-            delivered.add(number(m));
-            Ok(())
-        })
-    };
+    let (sub, delivered) = counting();
     sub.offer(&message(primer)).expect("room");
     assert!(sub.step(0), "the primer is delivered");
     let bell = Arc::new(Bell::default());

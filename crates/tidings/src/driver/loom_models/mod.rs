@@ -13,7 +13,7 @@ use crate::clock::SystemClock;
 use crate::handler::HandlerError;
 use crate::options::SubscribeOptions;
 use crate::subscription::core::Refusal;
-use crate::subscription::loom_models::{Tally, check, message, messages, number, shell};
+use crate::subscription::loom_models::{Tally, check, counting, message, messages, number, shell};
 use crate::subscription::shell::{Step, SubscriptionShell, Wake};
 use crate::sync::{AtomicBool, Mutex, Ordering, thread};
 
@@ -41,19 +41,6 @@ fn close_pool(pool: &Arc<Shared>, sub: &SubscriptionShell, workers: Vec<thread::
     for w in workers {
         w.join().expect("a pool worker returns");
     }
-}
-
-/// A subscription that counts what its handler saw.
-fn counting() -> (Arc<SubscriptionShell>, Arc<Tally>) {
-    let delivered = Arc::new(Tally::default());
-    let sub = {
-        let delivered = delivered.clone();
-        shell(&SubscribeOptions::default(), move |m| {
-            delivered.add(number(m));
-            Ok(())
-        })
-    };
-    (sub, delivered)
 }
 
 /// The pool's mailbox flag loses no wake-up (R-EXE-1): a publisher offering while a worker
