@@ -6,23 +6,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use tidings::embedded::{EmbeddedBackend, EmbeddedStreamOptions, Fsync};
 use tidings::*;
 
-fn broker(dir: &std::path::Path, clock: &ManualClock) -> Broker {
-    let backend =
-        EmbeddedBackend::new(dir).stream_defaults(EmbeddedStreamOptions::new().fsync(Fsync::Never));
-    let broker = Broker::builder()
-        .driver(Driver::Manual)
-        .clock(clock.clone())
-        .durable_backend(Arc::new(backend))
-        .build()
-        .expect("valid configuration");
-    broker
-        .create_stream(StreamConfig::new("jobs", ["jobs.#"]))
-        .expect("stream");
-    broker
-}
+#[path = "support/embedded.rs"]
+mod embedded;
+use embedded::jobs_broker;
 
 fn recorder() -> (Arc<Mutex<Vec<String>>>, impl Handler) {
     let seen = Arc::new(Mutex::new(Vec::new()));
@@ -41,7 +29,7 @@ fn recorder() -> (Arc<Mutex<Vec<String>>>, impl Handler) {
 fn delayed_messages_do_not_hold_back_messages_due_now() {
     let dir = tempfile::tempdir().expect("tempdir");
     let clock = ManualClock::new();
-    let broker = broker(dir.path(), &clock);
+    let broker = jobs_broker(dir.path(), &clock);
     let window = 8;
     for i in 0..(window * 4) {
         broker
@@ -94,7 +82,7 @@ fn delayed_messages_do_not_hold_back_messages_due_now() {
 fn held_messages_are_bounded_and_nothing_is_lost() {
     let dir = tempfile::tempdir().expect("tempdir");
     let clock = ManualClock::new();
-    let broker = broker(dir.path(), &clock);
+    let broker = jobs_broker(dir.path(), &clock);
     let held_limit = 4096;
     for i in 0..held_limit {
         broker

@@ -17,6 +17,10 @@ use tidings::{
     Message, MessageId, RateLimit, RateLimited, Retry, SubscribeOptions, Subscription,
 };
 
+#[path = "support/embedded.rs"]
+mod embedded;
+use embedded::jobs_broker;
+
 const SEC: Duration = Duration::from_secs(1);
 const NS: Duration = Duration::from_nanos(1);
 
@@ -28,26 +32,6 @@ fn manual() -> (ManualClock, Broker) {
         .build()
         .unwrap();
     (clock, broker)
-}
-
-/// A manual-driver broker on `clock` with the embedded log in `dir` (no fsync) and the
-/// stream `jobs` (`jobs.#`).
-fn durable_broker(dir: &std::path::Path, clock: &ManualClock) -> Broker {
-    use tidings::StreamConfig;
-    use tidings::embedded::{EmbeddedBackend, EmbeddedStreamOptions, Fsync};
-
-    let backend =
-        EmbeddedBackend::new(dir).stream_defaults(EmbeddedStreamOptions::new().fsync(Fsync::Never));
-    let broker = Broker::builder()
-        .driver(Driver::Manual)
-        .clock(clock.clone())
-        .durable_backend(Arc::new(backend))
-        .build()
-        .unwrap();
-    broker
-        .create_stream(StreamConfig::new("jobs", ["jobs.#"]))
-        .unwrap();
-    broker
 }
 
 fn limit(n: u32, per: Duration) -> SubscribeOptions {
@@ -256,7 +240,7 @@ fn two_rate_limits_on_one_subscription_are_refused() {
     assert!(broker.subscriptions().is_empty());
 
     let dir = tempfile::tempdir().unwrap();
-    let durable = durable_broker(dir.path(), &clock);
+    let durable = jobs_broker(dir.path(), &clock);
     let e = durable
         .subscribe(
             DurableSpec::new("jobs").name("w"),
@@ -662,7 +646,7 @@ fn a_durable_message_waiting_for_room_at_close_is_read_again_after_restart() {
     use tidings::DurableSpec;
 
     let dir = tempfile::tempdir().unwrap();
-    let open = |clock: &ManualClock| durable_broker(dir.path(), clock);
+    let open = |clock: &ManualClock| jobs_broker(dir.path(), clock);
 
     let clock = ManualClock::new();
     let broker = open(&clock);

@@ -23,14 +23,18 @@ use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 
 use crate::subscription::run_flags::RunFlags;
-use crate::subscription::shell::SubscriptionShell;
 use crate::sync::Mutex;
 
 /// A slot: its subscription's address (stable while the slot's task holds the
 /// subscription) and the slot's index.
 pub(crate) type SlotKey = (usize, usize);
 
-pub(crate) fn key_of(sub: &SubscriptionShell, worker: usize) -> SlotKey {
+// Only the tokio driver names its slots by this key.
+#[cfg(feature = "tokio")]
+pub(crate) fn key_of(
+    sub: &crate::subscription::shell::SubscriptionShell,
+    worker: usize,
+) -> SlotKey {
     (std::ptr::from_ref(sub) as usize, worker)
 }
 

@@ -257,6 +257,12 @@ fn redrive_racing_delivery_keeps_each_dead_letter_once() {
     });
 }
 
+/// A dispatcher thread stepping `sub`'s slot 0 until a step finds nothing to do.
+fn stepping(sub: &Arc<SubscriptionShell>) -> thread::JoinHandle<()> {
+    let sub = sub.clone();
+    thread::spawn(move || while sub.step(0) {})
+}
+
 /// A serial subscription (default options) whose handler records each message it runs.
 pub(crate) fn counting() -> (Arc<SubscriptionShell>, Arc<Tally>) {
     let delivered = Arc::new(Tally::default());
@@ -299,10 +305,7 @@ fn close_racing_a_batch_delivers_or_abandons_each_message_once() {
     check(|| {
         let n = batch_messages();
         let (sub, started) = batched(n);
-        let dispatcher = {
-            let sub = sub.clone();
-            thread::spawn(move || while sub.step(0) {})
-        };
+        let dispatcher = stepping(&sub);
         let abandoned: Vec<usize> = sub.close().iter().map(|m| number(m)).collect();
         // At most the one delivery started before close took the batch back starts late.
         let late = started.len();
@@ -334,10 +337,7 @@ fn a_priority_offer_and_stats_racing_a_batch_see_it_as_unbatched() {
     check(|| {
         let n = batch_messages();
         let (sub, started) = batched(n);
-        let dispatcher = {
-            let sub = sub.clone();
-            thread::spawn(move || while sub.step(0) {})
-        };
+        let dispatcher = stepping(&sub);
         let high = Arc::new(
             MessageBuilder::new("t")
                 .payload(n.to_string())
