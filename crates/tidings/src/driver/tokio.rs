@@ -391,11 +391,11 @@ async fn run_slot(sub: Arc<SubscriptionShell>, worker: usize, guard: TaskGuard, 
     loop {
         let announce = idle_polls >= grace;
         let step = match sub.async_handler() {
-            // The shell's delivery step (`Locked::step`), the slot marked in a handler call
-            // from the poll that hands the delivery out to its report (see `join`).
-            // The shell's step delivers a batch where the subscription allows one (N
-            // messages per lock, as on the other drivers), within what is left of this
-            // turn's `BATCH` deliveries.
+            // The shell's delivery step (`Locked::step_marked`), the slot marked in a
+            // handler call from the poll that hands the delivery out to its report (see
+            // `join`). It delivers a batch where the subscription allows one (N messages
+            // per lock, as on the other drivers), within what is left of this turn's
+            // `BATCH` deliveries.
             None => {
                 let mut locked = sub.lock();
                 let left = (BATCH - batch) as usize;
