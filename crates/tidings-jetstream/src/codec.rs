@@ -24,8 +24,8 @@
 //! The core-NATS transport sends the id and the timestamp as one `tidings-stamp` header
 //! instead of two: the client parses every header of every message it receives into a map
 //! of allocated names and values, and a transport message carries no more than these two
-//! fields most of the time. Stored records keep the two headers (other tools read them),
-//! and the decoder reads either form.
+//! fields most of the time. Stored records keep the two headers, so a stream's records read
+//! the same to every version, and the decoder reads either form.
 //!
 //! A record without `tidings-id` (published by another NATS client) still becomes a message:
 //! its id is derived from its stream sequence and its timestamp is the server's store time.
